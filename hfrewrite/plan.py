@@ -1,0 +1,99 @@
+"""The frozen facts that analysis hands to the rewrite passes.
+
+Analysis (torch.fx) fills these in; passes only read them. Attribute names (``q_proj``,
+``input_layernorm``...) are the names in the Hugging Face modeling source; sizes are those
+of the (shrunken) config that was traced and serve as evidence, not as constants to emit:
+the emitted file keeps the source's own expressions so it is right for every config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    """A pattern that did not match, and why. Never ``None``: ``--explain`` prints these."""
+
+    pattern: str  # e.g. "fuse_qkv"
+    module_class: str  # e.g. "LlamaAttention"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.module_class}: {self.pattern}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class LinearFact:
+    attr: str
+    in_features: int
+    out_features: int
+    bias: bool
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    module_class: str
+    q: LinearFact
+    k: LinearFact
+    v: LinearFact
+    o: LinearFact
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    # Per-head norms applied to q/k after the projection and before rope (qwen3), else None.
+    q_norm: str | None
+    k_norm: str | None
+    rope: bool  # rotary embedding applied to q and k before attention
+    scaling: float
+    sliding_window: int | None
+
+
+@dataclass(frozen=True)
+class MlpPlan:
+    module_class: str
+    gate: LinearFact
+    up: LinearFact
+    down: LinearFact
+    act_attr: str  # attribute holding the activation, e.g. "act_fn"
+    activation: str  # the config's activation name, e.g. "silu"
+
+
+@dataclass(frozen=True)
+class NormPlan:
+    module_class: str  # e.g. "LlamaRMSNorm"
+    kind: str  # "rms"
+    eps: float
+    weight_offset: float  # 0.0 for `weight * x`, 1.0 for `(1 + weight) * x`
+
+
+@dataclass(frozen=True)
+class ResidualBlock:
+    """``hidden = residual + block(norm(hidden))`` inside a decoder layer."""
+
+    norm: str  # e.g. "input_layernorm"
+    block: str  # e.g. "self_attn"
+
+
+@dataclass(frozen=True)
+class DecoderLayerPlan:
+    module_class: str
+    blocks: tuple[ResidualBlock, ...]  # in execution order
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    model_type: str
+    architecture: str  # the top-level class, e.g. "LlamaForCausalLM"
+    base_model_class: str  # e.g. "LlamaModel"
+    base_model_attr: str  # attribute of the CausalLM holding the base model, e.g. "model"
+    embed_tokens: str
+    layers: str
+    final_norm: str
+    lm_head: str
+    tie_word_embeddings: bool
+    decoder_layer: DecoderLayerPlan
+    attention: AttentionPlan
+    mlp: MlpPlan
+    norm: NormPlan
+    declined: tuple[NoMatch, ...] = field(default=())
