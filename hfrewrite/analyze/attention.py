@@ -1,0 +1,218 @@
+"""Attention facts: the q/k/v/o projections, heads, per-head norms, rope, scaling.
+
+Pattern (llama family, traced inline inside the decoder layer)::
+
+    q = q_proj(x) -> view/transpose [-> q_norm] [-> rope(cos, sin)]   (k alike, v no norm/rope)
+    out = o_proj(reshape(attention(q, k, v, scaling=..., sliding_window=...)))
+
+Preconditions (fail closed, each a NoMatch with a reason): exactly one group of three
+Linears reading the same input, each called once, feeding the attention leaf's q, k and
+v one each; k and v equal in out_features; one bias setting; out_features equal to heads
+times head_dim; at most one norm per q/k path and before the rope; rope on both q and k or
+on neither; exactly one Linear consuming the attention output, and it ends the block;
+no attention keyword that changes the math (softcap, sinks...).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import nn
+from torch.fx import Node
+
+from hfrewrite.plan import AttentionPlan, NoMatch
+from hfrewrite.trace import Traced, is_norm, opaque_attention, relative, value
+
+# Keywords of the attention call that do not change its math (at inference).
+_HARMLESS_KWARGS = frozenset(
+    {"dropout", "scaling", "sliding_window", "position_ids", "use_cache", "cache_position",
+     "past_key_values", "output_attentions"}
+)
+_ADD = (operator.add, torch.add, "add")
+_MUL = (operator.mul, torch.mul, "mul")
+
+
+def analyze_attention(traced: Traced, path: str) -> AttentionPlan | NoMatch:
+    """Facts of the attention submodule ``path`` of a traced decoder layer."""
+    cls = type(traced.module.get_submodule(path)).__name__
+
+    def no(pattern: str, reason: str) -> NoMatch:
+        return NoMatch(pattern, cls, reason)
+
+    nodes = traced.nodes_in(path)
+    scope = set(nodes)
+    linears = traced.linears_in(path)
+    names = [relative(n.target, path) for n in linears]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        return no("fuse_qkv", f"{', '.join(repeated)} called more than once")
+    groups: dict[Node, list[Node]] = {}
+    for n in linears:
+        groups.setdefault(n.args[0], []).append(n)
+    triples = [g for g in groups.values() if len(g) == 3]
+    if len(triples) != 1:
+        return no("fuse_qkv", f"{_count(len(triples))} group of three linears reading the same input")
+    calls = [n for n in nodes if n.op == "call_function" and n.target is opaque_attention]
+    if len(calls) != 1:
+        return no("vllm_attention", f"{_count(len(calls))} call through the attention interface")
+    call = calls[0]
+    q_arg, k_arg, v_arg = call.args[1:4]
+
+    feeders = {}
+    for role, arg in (("q", q_arg), ("k", k_arg), ("v", v_arg)):
+        found = _linears_feeding(arg, scope, traced)
+        if len(found) != 1 or found[0] not in triples[0]:
+            names3 = ", ".join(relative(n.target, path) for n in triples[0])
+            return no("fuse_qkv", f"the attention's {role} input does not come from exactly one of {names3}")
+        feeders[role] = found[0]
+    if len(set(feeders.values())) != 3:
+        return no("fuse_qkv", "q, k and v do not come from three different linears")
+    q, k, v = (traced.linear_fact(feeders[r], path) for r in "qkv")
+    if k.out_features != v.out_features:
+        return no("fuse_qkv", f"{k.attr} and {v.attr} differ in out_features ({k.out_features} != {v.out_features})")
+    if not q.bias == k.bias == v.bias:
+        return no("fuse_qkv", f"{q.attr}, {k.attr} and {v.attr} differ in bias")
+
+    qv, kv, vv = value(q_arg), value(k_arg), value(v_arg)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv)):
+        return no("vllm_attention", "q, k and v are not [batch, heads, seq, head_dim] tensors")
+    num_heads, head_dim, num_kv_heads = qv.shape[1], qv.shape[3], kv.shape[1]
+    if kv.shape[3] != head_dim or vv.shape[3] != head_dim or vv.shape[1] != num_kv_heads:
+        return no("vllm_attention", f"q, k and v shapes differ: {tuple(qv.shape)}, {tuple(kv.shape)}, {tuple(vv.shape)}")
+    if q.out_features != num_heads * head_dim or k.out_features != num_kv_heads * head_dim:
+        return no("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
+    if num_heads % num_kv_heads:
+        return no("vllm_attention", f"{num_heads} heads not divisible by {num_kv_heads} kv heads")
+
+    rope_in = {role: _rope_input(arg, scope, traced) for role, arg in (("q", q_arg), ("k", k_arg), ("v", v_arg))}
+    if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
+        return no("vllm_attention", "rotary embedding is not applied to exactly q and k")
+    head_norms = {}
+    for role, arg in (("q", q_arg), ("k", k_arg), ("v", v_arg)):
+        norms = [n for n in _path_nodes(arg, feeders[role], scope)
+                 if n.op == "call_module" and is_norm(traced.submodule(n))]
+        if len(norms) > 1 or (norms and role == "v"):
+            return no("vllm_attention", f"unsupported norms on the {role} path")
+        if norms and rope_in[role] is not None and norms[0] not in _ancestors(rope_in[role], scope):
+            return no("vllm_attention", f"the {role} norm is applied after the rotary embedding")
+        head_norms[role] = relative(norms[0].target, path) if norms else None
+
+    consumers = _linears_fed_by(call, scope, traced)
+    if len(consumers) != 1:
+        return no("vllm_attention", f"{_count(len(consumers))} linear consumes the attention output")
+    o_node = consumers[0]
+    if traced.outputs_of(path) != [o_node]:
+        return no("vllm_attention", "the output projection does not end the block")
+    o = traced.linear_fact(o_node, path)
+
+    for key in sorted(call.kwargs):
+        if key not in _HARMLESS_KWARGS and value(call.kwargs[key]) is not None:
+            return no("vllm_attention", f"the attention call passes {key}={value(call.kwargs[key])!r}")
+    if value(call.kwargs.get("dropout", 0.0)):
+        return no("vllm_attention", "attention dropout is not 0 at inference")
+    scaling = value(call.kwargs.get("scaling"))
+    sliding_window = value(call.kwargs.get("sliding_window"))
+    return AttentionPlan(
+        module_class=cls,
+        q=q, k=k, v=v, o=o,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        q_norm=head_norms["q"],
+        k_norm=head_norms["k"],
+        rope=rope_in["q"] is not None,
+        scaling=float(head_dim**-0.5 if scaling is None else scaling),
+        sliding_window=None if sliding_window is None else int(sliding_window),
+    )
+
+
+def _count(n: int) -> str:
+    return "no" if n == 0 else f"{n} instead of one"
+
+
+def _ancestors(node: Node, scope: set[Node]) -> list[Node]:
+    """``node`` and what it is computed from inside ``scope``, nearest first."""
+    seen, order, todo = {node}, [node], [node]
+    while todo:
+        for arg in todo.pop(0).all_input_nodes:
+            if arg in scope and arg not in seen:
+                seen.add(arg)
+                order.append(arg)
+                todo.append(arg)
+    return order
+
+
+def _is_linear(node: Node, traced: Traced) -> bool:
+    return node.op == "call_module" and isinstance(traced.submodule(node), nn.Linear)
+
+
+def _linears_feeding(node: Node, scope: set[Node], traced: Traced) -> list[Node]:
+    """The Linear nodes ``node`` is computed from, not looking past a Linear."""
+    seen, found, todo = {node}, [], [node]
+    while todo:
+        cur = todo.pop(0)
+        if _is_linear(cur, traced):
+            found.append(cur)
+            continue
+        for arg in cur.all_input_nodes:
+            if arg in scope and arg not in seen:
+                seen.add(arg)
+                todo.append(arg)
+    return found
+
+
+def _linears_fed_by(node: Node, scope: set[Node], traced: Traced) -> list[Node]:
+    """The Linear nodes computed from ``node``, not looking past a Linear."""
+    seen, found, todo = {node}, [], list(node.users)
+    while todo:
+        cur = todo.pop(0)
+        if cur in seen or cur not in scope:
+            continue
+        seen.add(cur)
+        if _is_linear(cur, traced):
+            found.append(cur)
+        else:
+            todo.extend(cur.users)
+    return found
+
+
+def _path_nodes(node: Node, source: Node, scope: set[Node]) -> list[Node]:
+    """Nodes between ``source`` and ``node`` (both excluded) on the data flow."""
+    above = set(_ancestors(node, scope))
+    return [n for n in above if n is not node and n is not source and source in _ancestors(n, scope)]
+
+
+def _op(node: object, ops: tuple) -> bool:
+    return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in ops
+
+
+def _rope_input(node: Node, scope: set[Node], traced: Traced) -> Node | None:
+    """``x`` when ``node`` is ``x * cos + rotate_half(x) * sin``, else None.
+
+    cos and sin are recognised as operands computed from no Linear of the block (the
+    position embeddings); rotate_half(x) as computed from x.
+    """
+    if not _op(node, _ADD) or len(node.args) != 2:
+        return None
+    muls = node.args
+    if not all(_op(m, _MUL) and len(m.args) == 2 for m in muls):
+        return None
+    for first, second in ((muls[0], muls[1]), (muls[1], muls[0])):
+        for x, cos in (first.args, first.args[::-1]):
+            if not isinstance(x, Node) or not _positional(cos, scope, traced):
+                continue
+            for rot, sin in (second.args, second.args[::-1]):
+                if (isinstance(rot, Node) and rot is not x and _depends_on(rot, x, scope)
+                        and _positional(sin, scope, traced)):
+                    return x
+    return None
+
+
+def _positional(node: object, scope: set[Node], traced: Traced) -> bool:
+    """A rope table: a tensor computed from no Linear of the block."""
+    return isinstance(node, Node) and not _linears_feeding(node, scope, traced)
+
+
+def _depends_on(node: object, source: Node, scope: set[Node]) -> bool:
+    return isinstance(node, Node) and source in _ancestors(node, scope)

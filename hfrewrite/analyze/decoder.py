@@ -1,0 +1,91 @@
+"""Decoder-layer facts: its ordered residual blocks.
+
+Pattern (pre-norm, llama family)::
+
+    residual = hidden; hidden = residual + self_attn(input_layernorm(hidden))
+    residual = hidden; hidden = residual + mlp(post_attention_layernorm(hidden))
+
+read backwards from the layer's output: each ``add(residual, branch)`` whose branch ends in
+a direct submodule ``block`` that reads ``norm(residual)``, ``norm`` a norm submodule
+(dtype casts of the stream, like mamba's ``residual.to(float32)``, are looked through).
+Preconditions (fail closed): the output is one tensor; every add on the residual stream is
+such a block; the stream starts at the layer's hidden-states input; each block takes
+exactly one input from the residual stream, and it is its norm.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Node
+
+from hfrewrite.plan import DecoderLayerPlan, NoMatch, ResidualBlock
+from hfrewrite.trace import Traced, is_norm, top_scope
+
+_ADD = (operator.add, torch.add, "add")
+_CASTS = ("to", "float", "type_as", "contiguous")
+
+
+def analyze_decoder(traced: Traced) -> DecoderLayerPlan | NoMatch:
+    """Residual blocks of a traced decoder layer, in execution order."""
+    cls = type(traced.module).__name__
+
+    def no(reason: str) -> NoMatch:
+        return NoMatch("fused_residual_norm", cls, reason)
+
+    (result,) = [n for n in traced.graph.nodes if n.op == "output"][0].args
+    if isinstance(result, (tuple, list)) and len(result) == 1:
+        result = result[0]
+    if not isinstance(result, Node):
+        return no("the layer does not return one hidden-states tensor")
+    blocks: list[ResidualBlock] = []
+    hidden = result
+    while hidden.op != "placeholder":
+        block = _residual_block(traced, hidden)
+        if isinstance(block, str):
+            return no(block)
+        blocks.insert(0, block[0])
+        hidden = block[1]
+    if hidden is not _first_placeholder(traced):
+        return no(f"the residual stream starts at {hidden.name}, not the hidden-states input")
+    if not blocks:
+        return no("no residual block")
+    return DecoderLayerPlan(cls, tuple(blocks))
+
+
+def _first_placeholder(traced: Traced) -> Node:
+    return next(n for n in traced.graph.nodes if n.op == "placeholder")
+
+
+def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | str:
+    """(block, residual input) for ``node = residual + block(norm(residual))``, or why not."""
+    if not (node.op in ("call_function", "call_method") and node.target in _ADD
+            and len(node.args) == 2 and all(isinstance(a, Node) for a in node.args)):
+        return f"{node.name} on the residual stream is not `residual + block(norm(residual))`"
+    for residual, branch in (node.args, node.args[::-1]):
+        block = top_scope(branch)
+        if block is None or "." in block or block == top_scope(residual):
+            continue
+        inside = set(traced.nodes_in(block))
+        if branch not in inside:
+            continue
+        entries = sorted({a for n in inside for a in n.all_input_nodes if a not in inside
+                          and a.op != "placeholder"}, key=_position(traced))
+        norms = [a for a in entries if a.op == "call_module" and is_norm(traced.submodule(a))]
+        if len(entries) == 1 and len(norms) == 1 and _uncast(norms[0].args[0]) is _uncast(residual):
+            return ResidualBlock(str(norms[0].target), block), _uncast(residual)
+        return f"{block} does not read exactly one norm of the residual ({', '.join(str(e) for e in entries)})"
+    return f"{node.name} adds no submodule output to the residual stream"
+
+
+def _uncast(node: object) -> object:
+    """``x`` for ``x.to(...)``, ``x.float()``, ``x.contiguous()`` (dtype casts keep the stream)."""
+    while isinstance(node, Node) and node.op == "call_method" and node.target in _CASTS:
+        node = node.args[0]
+    return node
+
+
+def _position(traced: Traced):
+    order = {n: i for i, n in enumerate(traced.graph.nodes)}
+    return order.__getitem__

@@ -1,0 +1,57 @@
+"""Norm facts: an RMSNorm's eps and weight offset.
+
+Pattern: ``x * rsqrt(mean(x**2) + eps) * (offset + weight)``, with offset 0 (llama's
+``weight * x``) or 1 (gemma's ``(1 + weight) * x``), which vLLM's ``RMSNorm`` (offset 0)
+and ``GemmaRMSNorm`` (offset 1) compute.
+
+How: trace the norm module on a small tensor and read eps as the float added to a
+``mean``; then run it with zero and with random weights to measure the offset and check
+that the whole formula holds (fail closed: LayerNorm, biases, other formulas do not).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import nn
+
+from hfrewrite.plan import NoMatch, NormPlan
+from hfrewrite.trace import trace
+
+_ADD = (operator.add, torch.add, "add")
+_MEAN = (torch.mean, "mean")
+
+
+def analyze_norm(module: nn.Module) -> NormPlan | NoMatch:
+    """Facts of one RMSNorm module instance."""
+    cls = type(module).__name__
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
+        return NoMatch("rms_norm", cls, "no 1-D weight parameter")
+    if sorted(n for n, _ in module.named_parameters()) != ["weight"]:
+        return NoMatch("rms_norm", cls, "parameters other than weight")
+    x = torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0))
+    graph = trace(module, (x,)).graph
+    eps = [a for n in graph.nodes if n.op in ("call_function", "call_method") and n.target in _ADD
+           for a in n.args if isinstance(a, float) and any(_is_mean(b) for b in n.args)]
+    if len(eps) != 1:
+        return NoMatch("rms_norm", cls, f"found {len(eps)} `mean(x**2) + eps` in forward, expected one")
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps[0])
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.zero_()
+            offset = round(float((module(x) / rms).mean()), 4)
+            weight.copy_(torch.rand_like(weight))
+            holds = torch.allclose(module(x), rms * (offset + weight), atol=1e-5)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    if offset not in (0.0, 1.0) or not holds:
+        return NoMatch("rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)")
+    return NormPlan(cls, "rms", eps[0], offset)
+
+
+def _is_mean(node: object) -> bool:
+    return getattr(node, "op", None) in ("call_function", "call_method") and node.target in _MEAN

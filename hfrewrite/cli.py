@@ -1,0 +1,174 @@
+"""The `hfrewrite` command: argument parsing and printing only.
+
+``convert`` resolves a model, generates its vLLM file and writes ``<out>/<model_type>.py``;
+``check`` regenerates generated files and diffs them; ``verify`` runs the generated file in
+real vLLM (hfrewrite.verify). Bad input raises HfrewriteError, printed as one line
+``hfrewrite: error: ...`` on stderr with exit code 2 and nothing written; anything else is
+a bug and keeps its traceback (exit code 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from hfrewrite import __version__
+from hfrewrite.errors import HfrewriteError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.list_passes:
+            return _list_passes()
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return args.run(args)
+    except HfrewriteError as exc:
+        message = " ".join(str(exc).split())  # always exactly one line
+        print(f"hfrewrite: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hfrewrite",
+        description="Rewrite a Hugging Face Transformers modeling file into a vLLM model file.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"hfrewrite {__version__}"
+    )
+    parser.add_argument(
+        "--list-passes",
+        action="store_true",
+        help="list the rewrite passes in pipeline order",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("convert", help="write <DIR>/<model_type>.py for a model")
+    p.add_argument(
+        "model", metavar="MODEL", help="local directory, Hub id or model type"
+    )
+    p.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        default=Path("out"),
+        metavar="DIR",
+        help="output directory (default: ./out)",
+    )
+    p.add_argument("--revision", help="Hub revision (branch, tag or commit)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="accept configs with auto_map (Hub code is never run)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="overwrite a different existing file"
+    )
+    p.add_argument(
+        "--explain", action="store_true", help="also list what was not fused and why"
+    )
+    p.set_defaults(run=_convert)
+
+    p = sub.add_parser("check", help="regenerate generated files and diff them")
+    p.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="files or directories"
+    )
+    p.add_argument("--fix", action="store_true", help="rewrite the files that differ")
+    p.set_defaults(run=_check)
+
+    p = sub.add_parser("verify", help="run the generated file in real vLLM against HF")
+    p.add_argument("model_type", metavar="MODEL_TYPE")
+    p.add_argument(
+        "--generated",
+        type=Path,
+        metavar="FILE",
+        help="generated file to verify (default: generate it now)",
+    )
+    p.set_defaults(run=_verify)
+    return parser
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from hfrewrite import convert
+    from hfrewrite.emit import write_atomic
+    from hfrewrite.resolve import resolve
+
+    resolved = resolve(args.model, args.revision, args.trust_remote_code)
+    generated = convert.generate(resolved)
+    out = args.output_dir / generated.filename
+    status = write_atomic(out, generated.text, force=args.force)
+
+    rows = [(r.module_class, r.fused) for r in generated.fused]
+    print(_table(("module class", "fused"), rows) if rows else "nothing fused")
+    if args.explain:
+        rows = [(n.module_class, n.pattern, n.reason) for n in generated.declined]
+        print()
+        print(
+            _table(("module class", "declined", "reason"), rows)
+            if rows
+            else "nothing declined"
+        )
+    print()
+    print(f"{'wrote' if status == 'written' else 'unchanged'} {out}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from hfrewrite.check import check_paths
+
+    report = check_paths(args.paths, fix=args.fix)
+    sys.stdout.write(report.format())
+    return report.exit_code
+
+
+def _verify(args: argparse.Namespace) -> int:
+    # TODO(verify): hfrewrite/verify.py (another engineer) provides main(args) -> int, reading
+    # args.model_type and args.generated. Imported lazily: it pulls in vLLM.
+    if importlib.util.find_spec("hfrewrite.verify") is None:
+        raise HfrewriteError(
+            "verify is not available yet (hfrewrite/verify.py is missing)"
+        )
+    return int(importlib.import_module("hfrewrite.verify").main(args) or 0)
+
+
+def _list_passes() -> int:
+    # The pass registry is hfrewrite.pipeline.PASSES (the lead's); imported lazily.
+    if importlib.util.find_spec("hfrewrite.pipeline") is None:
+        raise HfrewriteError(
+            "the pass registry is not available yet (hfrewrite/pipeline.py)"
+        )
+    passes = importlib.import_module("hfrewrite.pipeline").PASSES
+    entries = (
+        passes.items() if isinstance(passes, dict) else ((None, p) for p in passes)
+    )
+    rows = []
+    for i, (key, p) in enumerate(entries, 1):
+        name = key or getattr(p, "NAME", None) or getattr(p, "name", None)
+        name = name or getattr(p, "__name__", str(p)).rsplit(".", 1)[-1]
+        doc = (
+            "" if isinstance(p, str) else getattr(p, "summary", None) or p.__doc__ or ""
+        )
+        rows.append((str(i), str(name), doc.strip().split("\n")[0]))
+    print(_table(("#", "pass", "what it does"), rows))
+    return 0
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns, the last one unpadded."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    lines = []
+    for row in [head, *rows]:
+        cells = [c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

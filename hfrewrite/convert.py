@@ -1,0 +1,38 @@
+"""One conversion: resolved model -> analysis plan -> rewrite passes -> emitted text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from hfrewrite import emit
+from hfrewrite.analyze.model import analyze
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext
+from hfrewrite.pipeline import run_passes
+from hfrewrite.plan import NoMatch
+
+
+@dataclass(frozen=True)
+class Generated:
+    filename: str  # "<model_type>.py"
+    text: str  # the final file: header + formatted source
+    fused: tuple[FusionRow, ...]
+    declined: tuple[NoMatch, ...]
+
+
+def generate(resolved) -> Generated:
+    """The generated vLLM file for a resolved model; nothing is written here."""
+    plan = analyze(resolved.config)
+    try:
+        module = cst.parse_module(resolved.modeling_path.read_text(encoding="utf-8"))
+    except (OSError, cst.ParserSyntaxError) as exc:
+        raise HfrewriteError(f"cannot read {resolved.modeling_path}: {exc}") from None
+    result = run_passes(module, PassContext(plan=plan, modeling_file=resolved.modeling_path.name))
+    return Generated(
+        filename=f"{resolved.model_type}.py",
+        text=emit.render(resolved, result.module.code),
+        fused=result.fused,
+        declined=result.declined,
+    )

@@ -1,0 +1,152 @@
+"""Small libcst helpers shared by the passes: find, replace and build nodes."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite.errors import HfrewriteError
+
+_EMPTY = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    """Source text of a node."""
+    return _EMPTY.code_for_node(node)
+
+
+def stmt(src: str) -> cst.BaseStatement:
+    return cst.parse_statement(src)
+
+
+def stmts(src: str) -> list[cst.BaseStatement]:
+    """Parse statements; comment lines at the very top stay on the first statement."""
+    module = cst.parse_module(src)
+    body = list(module.body)
+    comments = [line for line in module.header if line.comment is not None]
+    if comments and body:
+        body[0] = body[0].with_changes(leading_lines=[*comments, *body[0].leading_lines])
+    return body
+
+
+def expr(src: str) -> cst.BaseExpression:
+    return cst.parse_expression(src)
+
+
+def find_class(module: cst.Module, name: str) -> cst.ClassDef:
+    for node in module.body:
+        if isinstance(node, cst.ClassDef) and node.name.value == name:
+            return node
+    raise HfrewriteError(f"class {name} not found in the modeling source")
+
+
+def replace_class(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
+    body = [new if isinstance(n, cst.ClassDef) and n.name.value == name else n for n in module.body]
+    return module.with_changes(body=body)
+
+
+def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    for node in cls.body.body:
+        if isinstance(node, cst.FunctionDef) and node.name.value == name:
+            return node
+    return None
+
+
+def set_method(cls: cst.ClassDef, fn: cst.FunctionDef) -> cst.ClassDef:
+    """Replace the method of the same name, or append it."""
+    name = fn.name.value
+    body = list(cls.body.body)
+    for i, node in enumerate(body):
+        if isinstance(node, cst.FunctionDef) and node.name.value == name:
+            body[i] = fn.with_changes(leading_lines=node.leading_lines, decorators=fn.decorators)
+            return cls.with_changes(body=cls.body.with_changes(body=body))
+    body.append(fn.with_changes(leading_lines=[cst.EmptyLine()]))
+    return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
+def with_body(fn: cst.FunctionDef, body: list[cst.BaseStatement]) -> cst.FunctionDef:
+    return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
+def self_attr_assigned(node: cst.BaseStatement) -> str | None:
+    """'x' for a statement `self.x = ...` (or `self.x: T = ...`), else None."""
+    if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+        return None
+    small = node.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+    elif isinstance(small, cst.AnnAssign):
+        target = small.target
+    else:
+        return None
+    if (
+        isinstance(target, cst.Attribute)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == "self"
+    ):
+        return target.attr.value
+    return None
+
+
+def assigned_value(node: cst.BaseStatement) -> cst.BaseExpression:
+    small = node.body[0]  # type: ignore[attr-defined]
+    return small.value
+
+
+def call_name(node: cst.BaseExpression) -> str | None:
+    """Dotted name of a call's function: 'nn.Linear', 'LlamaRMSNorm', 'self.q_proj'."""
+    if not isinstance(node, cst.Call):
+        return None
+    return dotted(node.func)
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
+    """The argument given by keyword or at a position (keywords win)."""
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position].value if position < len(positional) else None
+
+
+def leading_comments(node: cst.BaseStatement) -> list[cst.EmptyLine]:
+    """The comment lines above a statement (blank lines dropped)."""
+    lines = getattr(node, "leading_lines", ())
+    return [line for line in lines if line.comment is not None]
+
+
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+
+def names_used(node: cst.CSTNode) -> set[str]:
+    visitor = _Names()
+    node.visit(visitor)
+    return visitor.names
+
+
+class _SelfAttrs(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.attrs: set[str] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if isinstance(node.value, cst.Name) and node.value.value == "self":
+            self.attrs.add(node.attr.value)
+
+
+def self_attrs_used(node: cst.CSTNode) -> set[str]:
+    visitor = _SelfAttrs()
+    node.visit(visitor)
+    return visitor.attrs

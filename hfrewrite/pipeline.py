@@ -1,0 +1,86 @@
+"""The pass registry and the runner: order, imports once, match counts, failures that name the pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext
+from hfrewrite.passes import (
+    fuse_gate_up,
+    fuse_qkv,
+    fused_residual_norm,
+    load_weights,
+    parallel_embedding,
+    row_parallel,
+    strip_hf_runtime,
+    thread_layer_args,
+    vllm_attention,
+    vllm_model_interface,
+)
+from hfrewrite.plan import NoMatch
+from hfrewrite.target import import_of
+
+# The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
+PASSES: tuple[ModuleType, ...] = (
+    fuse_qkv,
+    vllm_attention,
+    fuse_gate_up,
+    row_parallel,
+    fused_residual_norm,
+    parallel_embedding,
+    vllm_model_interface,
+    thread_layer_args,
+    load_weights,
+    strip_hf_runtime,
+)
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    module: cst.Module
+    fused: tuple[FusionRow, ...]
+    declined: tuple[NoMatch, ...]
+    matches: dict[str, int]
+
+
+def describe(p: ModuleType) -> str:
+    """First line of a pass's docstring."""
+    return (p.__doc__ or "").strip().splitlines()[0]
+
+
+def run_passes(module: cst.Module, ctx: PassContext) -> RewriteResult:
+    imports: set[str] = set()
+    fused: list[FusionRow] = []
+    declined: list[NoMatch] = list(ctx.plan.declined)
+    matches: dict[str, int] = {}
+    for p in PASSES:
+        try:
+            result = p.run(module, ctx)
+        except HfrewriteError:
+            raise
+        except Exception as exc:  # a bug in a pass: name it
+            raise RuntimeError(f"pass {p.NAME} failed: {exc!r}") from exc
+        module = result.module
+        imports.update(result.imports)
+        fused.extend(result.fused)
+        declined.extend(result.declined)
+        matches[p.NAME] = result.matches
+    return RewriteResult(add_imports(module, imports), tuple(fused), tuple(declined), matches)
+
+
+def add_imports(module: cst.Module, symbols: set[str]) -> cst.Module:
+    """One `from m import a, b` per module, after the last top-level import (sorted later by ruff)."""
+    by_module: dict[str, list[str]] = {}
+    for symbol in sorted(symbols):
+        mod, name = import_of(symbol)
+        by_module.setdefault(mod, []).append(name)
+    lines = "".join(f"from {m} import {', '.join(names)}\n" for m, names in sorted(by_module.items()))
+    body = list(module.body)
+    last = max((i for i, n in enumerate(body) if isinstance(n, cst.SimpleStatementLine)
+                and isinstance(n.body[0], (cst.Import, cst.ImportFrom))), default=-1)
+    return module.with_changes(body=[*body[: last + 1], *t.stmts(lines), *body[last + 1 :]])

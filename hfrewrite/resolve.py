@@ -1,0 +1,261 @@
+"""Resolve a model id to its config and the installed modeling source it is rewritten from.
+
+A model id is, in this order: an existing local directory holding ``config.json``; a bare
+model type known to transformers (``llama``), built from the config class defaults; or a
+Hugging Face Hub id (``org/name``) whose ``config.json`` comes from the local cache, or the
+Hub when the cache lacks it. hfrewrite never runs Hub custom code: it rewrites only the
+modeling files of the installed transformers, so a config with ``auto_map`` is refused
+unless ``--trust-remote-code`` is given and an installed modeling file exists for its type.
+
+Transformers and huggingface_hub are imported lazily so that ``hfrewrite --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hfrewrite.errors import HfrewriteError
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a model came from, its config, and the modeling source to rewrite."""
+
+    model_id: (
+        str  # as the user gave it (never made absolute: it is recorded in headers)
+    )
+    source_kind: str  # "dir", "type" or "hub"
+    revision: str | None  # Hub revision as given; None for dirs and types
+    model_type: str  # e.g. "llama"
+    config: Any  # transformers.PretrainedConfig
+    modeling_path: Path  # installed transformers/models/<type>/modeling_<type>.py
+    modeling_module: str  # e.g. "transformers.models.llama.modeling_llama"
+    transformers_version: str
+    trust_remote_code: bool = False  # recorded so `check` re-resolves the same way
+
+
+def resolve(
+    model_id: str, revision: str | None = None, trust_remote_code: bool = False
+) -> ResolvedModel:
+    """Resolve ``model_id``; bad input raises HfrewriteError with a one-line message."""
+    if not model_id.strip():
+        raise HfrewriteError("empty model id")
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        _no_revision(model_id, revision, "a local directory")
+        data = _read_config(
+            path / "config.json", model_id, missing=f"no config.json in {model_id}"
+        )
+        kind = "dir"
+    elif path.exists():
+        raise HfrewriteError(
+            f"{model_id}: is a file; give the directory holding config.json"
+        )
+    elif _is_known_type(model_id):
+        _no_revision(model_id, revision, "a model type")
+        return _build(model_id, "type", None, model_id, None, trust_remote_code)
+    elif _looks_like_path(model_id):
+        raise HfrewriteError(f"{model_id}: no such directory")
+    else:
+        config_file = _hub_config(model_id, revision)
+        data = _read_config(
+            config_file, model_id, missing=f"no config.json in {model_id}"
+        )
+        kind = "hub"
+    model_type = _model_type(data, model_id, trust_remote_code)
+    return _build(model_id, kind, revision, model_type, data, trust_remote_code)
+
+
+def _no_revision(model_id: str, revision: str | None, what: str) -> None:
+    if revision is not None:
+        raise HfrewriteError(
+            f"{model_id}: --revision applies to Hub ids, not to {what}"
+        )
+
+
+def _looks_like_path(model_id: str) -> bool:
+    """True for strings that can only mean a local path (Hub ids are `name` or `org/name`)."""
+    return (
+        model_id.startswith((".", "/", "~"))
+        or model_id.count("/") > 1
+        or "\\" in model_id
+    )
+
+
+def _is_known_type(name: str) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return name in CONFIG_MAPPING
+
+
+def _read_config(file: Path, model_id: str, missing: str) -> dict:
+    """Parse config.json into a dict, with one-line errors for missing or malformed files."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HfrewriteError(missing) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HfrewriteError(f"{model_id}: cannot read config.json: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HfrewriteError(
+            f"{model_id}: config.json is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise HfrewriteError(
+            f"{model_id}: config.json must hold a JSON object, not {type(data).__name__}"
+        )
+    return data
+
+
+def _model_type(data: dict, model_id: str, trust_remote_code: bool) -> str:
+    """The config's model_type, after the custom-code and known-type checks."""
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise HfrewriteError(f"{model_id}: config.json has no model_type")
+    known = _is_known_type(model_type)
+    if "auto_map" in data:
+        if not trust_remote_code:
+            raise HfrewriteError(
+                f"{model_id}: config.json uses Hub custom code (auto_map); refusing without "
+                "--trust-remote-code"
+            )
+        if not known:
+            raise HfrewriteError(
+                f"{model_id}: model type {model_type!r} exists only as Hub custom code; hfrewrite "
+                "rewrites only installed transformers modeling files and "
+                f"transformers {_transformers_version()} has none for it"
+            )
+    elif not known:
+        raise HfrewriteError(
+            f"{model_id}: unknown model type {model_type!r} (not in transformers {_transformers_version()})"
+        )
+    return model_type
+
+
+def _build(
+    model_id: str,
+    kind: str,
+    revision: str | None,
+    model_type: str,
+    data: dict | None,
+    trust_remote_code: bool,
+) -> ResolvedModel:
+    """Build the config with the installed config class (never Hub code) and locate the source."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,
+        model_type_to_module_name,
+    )
+
+    module = model_type_to_module_name(model_type)
+    modeling_module = f"transformers.models.{module}.modeling_{module}"
+    modeling_path = _transformers_root() / "models" / module / f"modeling_{module}.py"
+    if not modeling_path.is_file():
+        raise HfrewriteError(
+            f"{model_id}: model type {model_type!r} has no installed modeling file "
+            f"transformers/models/{module}/modeling_{module}.py; hfrewrite rewrites only those"
+        )
+    try:
+        if data is None:
+            config = AutoConfig.for_model(model_type)
+        else:
+            config = CONFIG_MAPPING[model_type].from_dict(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise HfrewriteError(
+            f"{model_id}: invalid {model_type} config: {exc}"
+        ) from None
+    return ResolvedModel(
+        model_id=model_id,
+        source_kind=kind,
+        revision=revision,
+        model_type=model_type,
+        config=config,
+        modeling_path=modeling_path,
+        modeling_module=modeling_module,
+        transformers_version=_transformers_version(),
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _transformers_root() -> Path:
+    import transformers
+
+    return Path(transformers.__file__).parent
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _hub_config(model_id: str, revision: str | None) -> Path:
+    """config.json of a Hub repo: the local cache first, then the Hub unless offline."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    at = f"{model_id}@{revision}" if revision else model_id
+    try:
+        return Path(
+            hf_hub_download(
+                model_id, "config.json", revision=revision, local_files_only=True
+            )
+        )
+    except HFValidationError:
+        raise HfrewriteError(
+            f"{model_id}: not a local directory, a model type known to transformers "
+            f"{_transformers_version()}, or a valid Hub id"
+        ) from None
+    except (LocalEntryNotFoundError, EntryNotFoundError, OSError):
+        pass  # not cached: try the Hub below
+    offline = constants.is_offline_mode() or os.environ.get(
+        "HF_HUB_OFFLINE", ""
+    ).upper() in {
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    }
+    unreachable = (
+        f"{at}: not a local directory or a model type known to transformers "
+        f"{_transformers_version()}, and not in the local Hugging Face cache"
+    )
+    if offline:
+        raise HfrewriteError(
+            f"{unreachable}, and the Hub is unreachable (HF_HUB_OFFLINE is set)"
+        )
+    try:
+        return Path(hf_hub_download(model_id, "config.json", revision=revision))
+    except GatedRepoError:
+        raise HfrewriteError(
+            f"{at}: gated on the Hub; log in with `hf auth login` first"
+        ) from None
+    except RepositoryNotFoundError:
+        raise HfrewriteError(
+            f"{at}: not a local directory, a model type known to transformers "
+            f"{_transformers_version()}, or a Hub repository"
+        ) from None
+    except RevisionNotFoundError:
+        raise HfrewriteError(
+            f"{at}: revision {revision!r} not found on the Hub"
+        ) from None
+    except EntryNotFoundError:
+        raise HfrewriteError(f"{at}: the Hub repository has no config.json") from None
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise HfrewriteError(
+            f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})"
+        ) from None

@@ -1,0 +1,52 @@
+"""The one place that knows the vLLM API the emitted files target.
+
+Passes ask for vLLM names by symbol (``VLLM["QKVParallelLinear"]``); the import each symbol
+needs lives here, so following a vLLM API move is a one-line change.
+"""
+
+VLLM_VERSION = "0.32"
+
+# symbol -> module it is imported from, in vLLM 0.32
+VLLM: dict[str, str] = {
+    "support_torch_compile": "vllm.compilation.decorators",
+    "CacheConfig": "vllm.config",
+    "VllmConfig": "vllm.config",
+    "get_pp_group": "vllm.distributed",
+    "get_tensor_model_parallel_world_size": "vllm.distributed",
+    "get_act_and_mul_fn": "vllm.model_executor.layers.activation",
+    "Attention": "vllm.model_executor.layers.attention",
+    "RMSNorm": "vllm.model_executor.layers.layernorm",
+    "GemmaRMSNorm": "vllm.model_executor.layers.layernorm",
+    "MergedColumnParallelLinear": "vllm.model_executor.layers.linear",
+    "QKVParallelLinear": "vllm.model_executor.layers.linear",
+    "RowParallelLinear": "vllm.model_executor.layers.linear",
+    "LogitsProcessor": "vllm.model_executor.layers.logits_processor",
+    "QuantizationConfig": "vllm.model_executor.layers.quantization",
+    "get_rope": "vllm.model_executor.layers.rotary_embedding",
+    "ParallelLMHead": "vllm.model_executor.layers.vocab_parallel_embedding",
+    "VocabParallelEmbedding": "vllm.model_executor.layers.vocab_parallel_embedding",
+    "SupportsLoRA": "vllm.model_executor.models.interfaces",
+    "SupportsPP": "vllm.model_executor.models.interfaces",
+    "AutoWeightsLoader": "vllm.model_executor.models.utils",
+    "PPMissingLayer": "vllm.model_executor.models.utils",
+    "WeightsMapper": "vllm.model_executor.models.utils",
+    "extract_layer_index": "vllm.model_executor.models.utils",
+    "make_empty_intermediate_tensors_factory": "vllm.model_executor.models.utils",
+    "make_layers": "vllm.model_executor.models.utils",
+    "maybe_prefix": "vllm.model_executor.models.utils",
+    "IntermediateTensors": "vllm.sequence",
+}
+
+# Non-vLLM symbols the templates use.
+OTHER: dict[str, str] = {
+    "Iterable": "collections.abc",
+    "islice": "itertools",
+}
+
+
+def import_of(symbol: str) -> tuple[str, str]:
+    """(module, name) to import for a symbol a pass emits."""
+    module = VLLM.get(symbol) or OTHER.get(symbol)
+    if module is None:
+        raise KeyError(f"hfrewrite.target does not know where {symbol!r} lives")
+    return module, symbol

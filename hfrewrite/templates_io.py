@@ -1,0 +1,34 @@
+"""Load a template from ``templates/`` as a libcst tree with its names replaced."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+import libcst as cst
+
+
+@cache
+def _parsed(name: str) -> cst.Module:
+    return cst.parse_module(files("hfrewrite.templates").joinpath(name).read_text())
+
+
+class _Rename(cst.CSTTransformer):
+    def __init__(self, names: dict[str, str], attrs: dict[str, str]) -> None:
+        self.names, self.attrs = names, attrs
+
+    def leave_Name(self, original, updated):
+        return updated.with_changes(value=self.names.get(updated.value, updated.value))
+
+    def leave_Attribute(self, original, updated):
+        new = self.attrs.get(updated.attr.value)
+        return updated.with_changes(attr=cst.Name(new)) if new else updated
+
+
+def template_class(file: str, cls: str, names: dict[str, str], attrs: dict[str, str]) -> cst.ClassDef:
+    """Class ``cls`` of ``templates/<file>`` with Name and attribute renames applied."""
+    for node in _parsed(file).body:
+        if isinstance(node, cst.ClassDef) and node.name.value == cls:
+            # attribute names first, so that `self.model` -> `self.<attr>` sees the old names
+            return node.visit(_Rename(names, attrs))
+    raise KeyError(f"templates/{file} has no class {cls}")

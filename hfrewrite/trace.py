@@ -1,0 +1,267 @@
+"""The value-carrying torch.fx tracer that analysis reads.
+
+transformers 5.x ships no fx tracer, and plain ``torch.fx.symbolic_trace`` fails on its
+modeling code: forwards are wrapped by decorators (``co_varnames is too small``) and
+shapes are iterated (``(*input_shape, -1, self.head_dim)``). This tracer runs the module
+on small example tensors while it records: every node keeps the concrete value it
+computed in ``node.meta["value"]``, so ``.shape``, ``len``, iteration and ``if`` on a
+traced value use the real value (and are baked into the graph as constants).
+
+Leaves (one node each, never traced through): ``nn.Linear``, ``nn.Embedding``, norm
+modules (class name ending in ``Norm``), activation modules, and the attention function
+:func:`opaque_attention`, which a model reaches through ``config._attn_implementation
+= ATTN_IMPLEMENTATION``. Everything else is inlined; each node's
+``meta["nn_module_stack"]`` says which submodules it ran in.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+from torch.fx import Graph, GraphModule, Node, Proxy, Tracer
+from torch.fx._symbolic_trace import _maybe_revert_all_patches
+from torch.fx.node import map_aggregate
+from torch.fx.proxy import Attribute
+from torch.utils import _pytree as pytree
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hfrewrite.plan import LinearFact
+
+ATTN_IMPLEMENTATION = "hfrewrite_opaque"
+
+_ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations")
+
+
+def opaque_attention(module, query, key, value, attention_mask, **kwargs):
+    """The attention leaf: one graph node with args (module, q, k, v, mask) and kwargs.
+
+    Outside tracing it computes SDPA attention, so a traced graph still runs.
+    """
+    for arg in (query, key, value):
+        if isinstance(arg, ValueProxy):
+            return arg.tracer.create_proxy(
+                "call_function",
+                opaque_attention,
+                (module, query, key, value, attention_mask),
+                kwargs,
+            )
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, opaque_attention)
+
+
+class ValueProxy(Proxy):
+    """A proxy that also knows the concrete value its node computed."""
+
+    @property
+    def value(self) -> Any:
+        return self.node.meta["value"]
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.node.meta["value"], name)
+        if isinstance(attr, torch.Tensor):
+            return self.tracer.create_proxy("call_function", getattr, (self, name), {})
+        if callable(attr):
+            return Attribute(self, name)  # a method: recorded when called
+        return attr  # shape, dtype, ndim...: the concrete value
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __iter__(self):
+        return iter([self[i] for i in range(len(self.value))])
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def keys(self):
+        return self.value.keys()
+
+    def __setitem__(self, key: Any, item: Any) -> None:  # recorded, and applied to the value
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
+
+
+def _value_of(arg: Any) -> Any:
+    if isinstance(arg, Attribute):
+        return getattr(_value_of(arg.root), arg.attr)
+    if isinstance(arg, ValueProxy):
+        return arg.value
+    return arg
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A norm leaf: a childless module whose class name ends in ``Norm``."""
+    return type(module).__name__.endswith("Norm") and not any(module.children())
+
+
+def is_leaf(module: nn.Module) -> bool:
+    return (
+        isinstance(module, (nn.Linear, nn.Embedding))
+        or is_norm(module)
+        or type(module).__module__ in _ACTIVATION_MODULES
+    )
+
+
+class ValueTracer(Tracer):
+    """A Tracer whose proxies carry values; see the module docstring."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        super().__init__(autowrap_modules=(), param_shapes_constant=False)
+        self.example = (args, kwargs)
+        self.placeholders: list[torch.Tensor] = []
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return is_leaf(m)
+
+    def call_module(self, m, forward, args, kwargs):
+        if m not in self.submodule_paths:  # built on the fly, e.g. ``ACT2FN[name](x)``
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def proxy(self, node: Node) -> ValueProxy:
+        return ValueProxy(node, self)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None,
+                     proxy_factory_fn=None):
+        value = self._evaluate(kind, target, args, kwargs)
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, self.proxy)
+        proxy.node.meta["value"] = value
+        return proxy
+
+    def _evaluate(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        args = map_aggregate(args, _value_of)
+        kwargs = map_aggregate(kwargs, _value_of)
+        with _maybe_revert_all_patches():  # run real modules, not the tracing patches
+            if kind == "placeholder":
+                return self.placeholders[-1]
+            if kind == "get_attr":
+                return operator_attrgetter(self.root, target)
+            if kind == "call_module":
+                return self.root.get_submodule(target)(*args, **kwargs)
+            if kind == "call_method":
+                return getattr(args[0], target)(*args[1:], **kwargs)
+            if kind == "call_function":
+                return target(*args, **kwargs)
+        raise AssertionError(f"unexpected node kind {kind}")
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        """Placeholders for the tensors in the example call; the rest stays concrete."""
+        forward = inspect.unwrap(type(self.root).forward)
+        params = list(inspect.signature(forward).parameters)[1:]
+        leaves, spec = pytree.tree_flatten_with_path(self.example)
+        values = []
+        for path, leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                self.placeholders.append(leaf.clone())
+                name = _placeholder_name(path, params)
+                leaf = self.create_proxy("placeholder", name, (), {})
+            values.append(leaf)
+        args, kwargs = pytree.tree_unflatten(values, spec)
+
+        def root(module):
+            return forward(module, *args, **kwargs)
+
+        return root, [self.root]
+
+
+def operator_attrgetter(root: nn.Module, target: str) -> Any:
+    value: Any = root
+    for atom in target.split("."):
+        value = getattr(value, atom)
+    return value
+
+
+def _placeholder_name(path: tuple, params: list[str]) -> str:
+    """Key path into ``(args, kwargs)`` -> a name: ``position_embeddings_1``, ``arg0``."""
+    head, rest = path[1], pytree.keystr(path[2:])
+    if path[0].idx == 1:
+        first = head.key
+    else:  # a positional argument: use the forward's parameter name when it has one
+        first = params[head.idx] if head.idx < len(params) else f"arg{head.idx}"
+    return re.sub(r"\W+", "_", f"{first}{rest}").strip("_")
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A traced module: its graph (values in ``node.meta["value"]``) and example call."""
+
+    module: nn.Module
+    graph_module: GraphModule
+    inputs: tuple[torch.Tensor, ...]  # the example tensors, in placeholder order
+
+    @property
+    def graph(self) -> Graph:
+        return self.graph_module.graph
+
+    def submodule(self, node: Node) -> nn.Module:
+        """The module a ``call_module`` node (or a module ``get_attr`` node) refers to."""
+        return self.module.get_submodule(node.target)
+
+    def nodes_in(self, path: str) -> list[Node]:
+        """Nodes computed inside submodule ``path`` ("" = all but I/O), in graph order."""
+        return [
+            n for n in self.graph.nodes
+            if n.op not in ("placeholder", "output")
+            and (not path or path in _scopes(n))
+        ]
+
+    def outputs_of(self, path: str) -> list[Node]:
+        """Nodes inside ``path`` whose value is used outside it, in graph order."""
+        nodes = self.nodes_in(path)
+        inside = set(nodes)
+        return [n for n in nodes if any(u not in inside for u in n.users)]
+
+    def linears_in(self, path: str) -> list[Node]:
+        """``nn.Linear`` call nodes inside ``path``, in graph order."""
+        return [
+            n for n in self.nodes_in(path)
+            if n.op == "call_module" and isinstance(self.submodule(n), nn.Linear)
+        ]
+
+    def linear_fact(self, node: Node, path: str) -> LinearFact:
+        """The facts of a Linear call node; ``attr`` is relative to submodule ``path``."""
+        linear = self.submodule(node)
+        return LinearFact(
+            relative(node.target, path),
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+        )
+
+
+def relative(target: str, path: str) -> str:
+    """``self_attn.q_proj`` relative to ``self_attn`` -> ``q_proj``."""
+    return target[len(path) + 1 :] if path else target
+
+
+def _scopes(node: Node) -> list[str]:
+    """Qualified names of the modules a node ran in, outermost first."""
+    return [q for q, _ in node.meta.get("nn_module_stack", {}).values()]
+
+
+def top_scope(node: Node) -> str | None:
+    """The outermost submodule a node ran in, or None at the root."""
+    scopes = _scopes(node)
+    return scopes[0] if scopes else None
+
+
+def value(node: Any) -> Any:
+    """The concrete value a node computed (constants are their own value)."""
+    return node.meta["value"] if isinstance(node, Node) else node
+
+
+def trace(module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> Traced:
+    """Trace ``module(*args, **kwargs)``; tensors in args/kwargs become placeholders."""
+    tracer = ValueTracer(tuple(args), dict(kwargs or {}))
+    with torch.no_grad():
+        graph = tracer.trace(module)
+    gm = GraphModule(tracer.root, graph, type(module).__name__)
+    return Traced(module, gm, tuple(tracer.placeholders))

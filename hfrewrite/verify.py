@@ -1,0 +1,557 @@
+"""Prove a generated vLLM model file in real vLLM.
+
+A tiny random-weight Hugging Face checkpoint is decoded greedily three ways: by
+Hugging Face ``generate`` (the reference), by vLLM running the generated model file,
+and by vLLM's own implementation of the architecture (when it has one). The generated
+file passes when its tokens equal both and its chosen-token logprobs agree within
+``LOGPROB_TOL``. The structure of the loaded vLLM module (which fused parallel linear
+layers each decoder layer uses) is reported next to vLLM's native structure.
+
+Process model: ``verify``/``verify_many`` run everything in one subprocess
+(``python -m hfrewrite.verify_worker``), so this module never imports vLLM in the
+caller. Inside that worker all Hugging Face runs happen first, then every vLLM run
+builds one in-process ``LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), drops it and
+builds the next: vLLM is imported once per batch, however many checkpoints it holds.
+
+The in-process primitives (``hf_greedy``, ``vllm_greedy``, ``vllm_run``,
+``inspect_structure``) are public too; ``vllm_*`` need the environment from
+``vllm_env`` to be set before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Token ids < 500 of varied lengths (1 to 40); fits the default vocab (512) and
+# max_model_len (128) with 16 new tokens.
+DEFAULT_PROMPTS: tuple[tuple[int, ...], ...] = (
+    (7,),
+    (5, 6, 7, 8, 9),
+    (100, 200, 300, 400, 17, 42, 250, 3, 99, 480, 11, 12, 13),
+    tuple((i * 37 + 11) % 497 + 3 for i in range(40)),
+)
+LOGPROB_TOL = 1e-4
+MAX_MODEL_LEN = 128
+KV_CACHE_BYTES = 64 << 20  # plenty for tiny models; a freed LLM returns it
+
+TINY_DEFAULTS: dict[str, Any] = dict(
+    hidden_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,  # the CPU attention backend needs head_dim >= 32
+    intermediate_size=256,
+    num_hidden_layers=2,
+    vocab_size=512,
+    max_position_embeddings=256,
+)
+
+# Linear-layer kinds counted per decoder layer, most specific first.
+LINEAR_KINDS = (
+    "QKVParallelLinear",
+    "MergedColumnParallelLinear",
+    "RowParallelLinear",
+    "ColumnParallelLinear",
+    "ReplicatedLinear",
+    "Linear",  # torch.nn.Linear: not a vLLM parallel layer
+)
+
+Tokens = list[list[int]]
+Logprobs = list[list[float]]
+
+
+# --------------------------------------------------------------------------- checkpoint
+
+
+def make_tiny_checkpoint(
+    model_type: str, out_dir: Path, seed: int = 0, **config_overrides: Any
+) -> Path:
+    """Write a tiny random-weight float32 HF checkpoint (safetensors, no tokenizer).
+
+    ``config_overrides`` go to ``AutoConfig.for_model`` on top of ``TINY_DEFAULTS``,
+    e.g. ``tie_word_embeddings=True``, ``attention_bias=True``, ``head_dim=64``,
+    ``rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}``.
+    Init is widened so greedy decoding does not collapse into repeats: matrices and
+    biases ~ N(0, 0.2), 1-D weights (norms) ~ N(1, 0.2).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{**TINY_DEFAULTS, **config_overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # tied weights appear once
+            if param.ndim >= 2 or name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            else:
+                param.normal_(1.0, 0.2)
+    model.config.architectures = [type(model).__name__]
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def checkpoint_architecture(ckpt: Path) -> str:
+    """The first entry of ``architectures`` in the checkpoint's config.json."""
+    return json.loads((Path(ckpt) / "config.json").read_text())["architectures"][0]
+
+
+# --------------------------------------------------------------------------- in-process runs
+
+
+def hf_greedy(
+    ckpt: Path, prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS, max_tokens: int = 16
+) -> tuple[Tokens, Logprobs]:
+    """Greedy tokens and their logprobs from Hugging Face ``generate`` (float32).
+
+    Each prompt runs alone (no padding). EOS does not stop generation, as with
+    vLLM's ``ignore_eos=True``; logprobs come from the raw logits.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    gen_config = model.generation_config
+    gen_config.eos_token_id = None
+    gen_config.pad_token_id = 0
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=gen_config,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            new = out.sequences[0, ids.shape[1] :].tolist()
+            lps = [
+                torch.log_softmax(step[0].float(), -1)[tok].item()
+                for step, tok in zip(out.logits, new)
+            ]
+            tokens.append(new)
+            logprobs.append(lps)
+    return tokens, logprobs
+
+
+def vllm_env(cache_root: Path | str) -> dict[str, str]:
+    """Environment for running vLLM on CPU in-process (set before importing vLLM)."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: ~3 s per LLM()
+        "VLLM_CACHE_ROOT": str(cache_root),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        # vLLM torch.compile's a logprob helper even with enforce_eager: ~15 s of
+        # inductor C++ compile on first use. Eager is numerically identical.
+        "TORCHDYNAMO_DISABLE": "1",
+    }
+
+
+_module_counter = itertools.count()
+
+
+def load_generated_class(path: Path, architecture: str) -> type:
+    """Import the file at ``path`` under a unique module name; return its class."""
+    name = f"hfrewrite_generated_{next(_module_counter)}_{Path(path).stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, architecture)
+
+
+@contextmanager
+def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
+    """Register ``model_cls`` (or vLLM's native class when None) under ``architecture``
+    for the duration; restore the previous registry entry after. Yields whether an
+    implementation is registered (False: vLLM has no native one).
+
+    Native classes are registered as class objects: a lazy entry would cost a ~12 s
+    inspection subprocess on each first use.
+    """
+    from vllm import ModelRegistry
+
+    models = ModelRegistry.models
+    previous = models.get(architecture)
+    if model_cls is None:
+        entry = _NATIVE.get(architecture)
+        if entry is None:
+            yield False
+            return
+        model_cls = entry.load_model_cls()
+    ModelRegistry.register_model(architecture, model_cls)
+    try:
+        yield True
+    finally:
+        if previous is None:
+            models.pop(architecture, None)
+        else:
+            models[architecture] = previous
+
+
+def _native_snapshot() -> dict:
+    """vLLM's built-in registry entries, taken before anything is registered."""
+    from vllm import ModelRegistry
+
+    return {
+        arch: entry
+        for arch, entry in ModelRegistry.models.items()
+        if getattr(entry, "module_name", "").startswith("vllm.model_executor.models.")
+    }
+
+
+_NATIVE: dict = {}
+
+
+def vllm_run(
+    ckpt: Path,
+    prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS,
+    max_tokens: int = 16,
+    generated_module: Path | None = None,
+    architecture: str | None = None,
+) -> dict[str, Any] | None:
+    """Greedy-decode ``ckpt`` in one in-process vLLM ``LLM`` and inspect its module.
+
+    With ``generated_module``, its ``architecture`` class replaces vLLM's for this run;
+    without, vLLM's native class runs (None is returned when vLLM has none). Returns
+    ``{"tokens", "logprobs", "structure", "model_class", "init_s", "gen_s"}``.
+    """
+    global _NATIVE
+    from vllm import LLM, SamplingParams
+
+    if not _NATIVE:
+        _NATIVE = _native_snapshot()
+    architecture = architecture or checkpoint_architecture(ckpt)
+    cls = load_generated_class(generated_module, architecture) if generated_module else None
+    with _registered(architecture, cls) as available:
+        if not available:
+            return None
+        t0 = time.perf_counter()
+        llm = LLM(
+            model=str(ckpt),
+            skip_tokenizer_init=True,
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            enforce_eager=True,
+            model_impl="vllm",  # never fall back to the Transformers backend
+            kv_cache_memory_bytes=KV_CACHE_BYTES,
+            seed=0,
+        )
+        try:
+            t1 = time.perf_counter()
+            params = SamplingParams(
+                temperature=0,
+                max_tokens=max_tokens,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=1,
+            )
+            outs = llm.generate(
+                [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
+            )
+            t2 = time.perf_counter()
+            tokens = [list(o.outputs[0].token_ids) for o in outs]
+            logprobs = [
+                [pos[tok].logprob for pos, tok in zip(o.outputs[0].logprobs, toks)]
+                for o, toks in zip(outs, tokens)
+            ]
+            structure, model_class = llm.apply_model(
+                lambda m: (inspect_structure(m), f"{type(m).__module__}.{type(m).__name__}")
+            )[0]
+        finally:
+            del llm
+            gc.collect()
+    return {
+        "tokens": tokens,
+        "logprobs": logprobs,
+        "structure": structure,
+        "model_class": model_class,
+        "init_s": t1 - t0,
+        "gen_s": t2 - t1,
+    }
+
+
+def vllm_greedy(
+    ckpt: Path,
+    prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS,
+    max_tokens: int = 16,
+    generated_module: Path | None = None,
+    architecture: str | None = None,
+) -> tuple[Tokens, Logprobs] | None:
+    """Greedy tokens and chosen-token logprobs from vLLM, in this process (see
+    ``vllm_run``). None when native is asked for and vLLM has no implementation."""
+    run = vllm_run(ckpt, prompts, max_tokens, generated_module, architecture)
+    return None if run is None else (run["tokens"], run["logprobs"])
+
+
+def inspect_structure(model: Any) -> list[dict[str, int]]:
+    """Per decoder layer, how many modules of each ``LINEAR_KINDS`` kind it holds.
+
+    Decoder layers are the longest ``nn.ModuleList`` whose name ends in ``layers``.
+    A module counts under the first kind found in its class's MRO, so a subclass of
+    ``QKVParallelLinear`` counts as QKV, not as ``ColumnParallelLinear``.
+    """
+    import torch.nn as nn
+
+    lists = [
+        mod
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.ModuleList) and name.split(".")[-1].endswith("layers")
+    ]
+    if not lists:
+        return []
+    layers = max(lists, key=len)
+    result = []
+    for layer in layers:
+        counts = dict.fromkeys(LINEAR_KINDS, 0)
+        for mod in layer.modules():
+            for klass in type(mod).__mro__:
+                kind = "Linear" if klass is nn.Linear else klass.__name__
+                if kind in counts and (kind != "Linear" or klass is nn.Linear):
+                    counts[kind] += 1
+                    break
+        result.append(counts)
+    return result
+
+
+# --------------------------------------------------------------------------- subprocess
+
+
+def run_worker(
+    runs: Sequence[dict[str, Any]], timeout: float = 900
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Execute ``runs`` in one ``hfrewrite.verify_worker`` subprocess.
+
+    Each run is ``{"kind": "hf" | "vllm", "ckpt", "prompts", "max_tokens",
+    "generated_module", "architecture"}``. Returns one result per run (``{"error":
+    ...}`` for a run that raised or never ran) and worker info (``import_s``,
+    ``wall_s``, ``returncode``, ``stderr_tail``).
+    """
+    with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
+        tmp = Path(tmp)
+        job, out = tmp / "job.json", tmp / "out.json"
+        job.write_text(json.dumps({"runs": list(runs)}, default=str))
+        env = {**os.environ, **{k: v for k, v in vllm_env(tmp / "vllm-cache").items()
+                                if k not in os.environ}}
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "hfrewrite.verify_worker", str(job), str(out)],
+                env=env, capture_output=True, text=True, timeout=timeout,
+            )
+            rc, stderr = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, stderr = None, f"worker timed out after {timeout} s\n{exc.stderr or ''}"
+        wall = time.perf_counter() - t0
+        data = json.loads(out.read_text()) if out.exists() else {}
+    results = data.get("results") or [None] * len(runs)
+    tail = stderr[-4000:] if isinstance(stderr, str) else str(stderr)[-4000:]
+    missing = {"error": f"worker exited ({rc}) before this run:\n{tail}"}
+    results = [missing if r is None else r for r in results]
+    info = {"import_s": data.get("import_s"), "wall_s": wall, "returncode": rc,
+            "stderr_tail": tail}
+    return results, info
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of proving one generated model file on one checkpoint.
+
+    Token/logprob fields are per prompt. ``native_*`` are None when vLLM has no
+    native implementation of ``architecture``; ``logprob_diff_*`` are max |diff|
+    of the chosen-token logprobs over the prefix where the tokens agree.
+    """
+
+    ckpt: str
+    architecture: str
+    generated_module: str
+    hf_tokens: Tokens | None
+    generated_tokens: Tokens | None
+    native_tokens: Tokens | None
+    logprob_diff_native: float | None
+    logprob_diff_hf: float | None
+    generated_structure: list[dict[str, int]] | None
+    native_structure: list[dict[str, int]] | None
+    generated_class: str | None
+    ok: bool
+    problems: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def structure_matches_native(self) -> bool | None:
+        """Same per-layer linear-layer counts as vLLM's native model (None: no native)."""
+        if self.native_structure is None or self.generated_structure is None:
+            return None
+        return self.generated_structure == self.native_structure
+
+    def summary(self) -> str:
+        """One paragraph for humans."""
+        verdict = "OK" if self.ok else "FAILED"
+        n = len(self.hf_tokens or [])
+        parts = [
+            f"{verdict}: {Path(self.generated_module).name} as {self.architecture} on "
+            f"{self.ckpt}, {n} prompts.",
+        ]
+        if self.native_tokens is None:
+            parts.append("vLLM has no native implementation to compare with.")
+        fmt = lambda x: "n/a" if x is None else f"{x:.2e}"  # noqa: E731
+        parts.append(
+            f"max |logprob diff| vs native {fmt(self.logprob_diff_native)}, "
+            f"vs HF {fmt(self.logprob_diff_hf)} (tolerance {LOGPROB_TOL:g})."
+        )
+        if self.generated_structure:
+            layer0 = {k: v for k, v in self.generated_structure[0].items() if v}
+            parts.append(
+                f"Decoder layer linears: {layer0}"
+                + {True: " (same as native).", False: f" (native: "
+                   f"{ {k: v for k, v in (self.native_structure or [{}])[0].items() if v} }).",
+                   None: "."}[self.structure_matches_native]
+            )
+        if self.problems:
+            parts.append("Problems: " + "; ".join(self.problems))
+        if self.timings:
+            parts.append(
+                "Timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
+            )
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    """One (checkpoint, generated file) pair for ``verify_many``."""
+
+    ckpt: Path
+    generated_module: Path
+    architecture: str | None = None
+    prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS
+    max_tokens: int = 16
+
+
+def _max_diff(toks_a, lps_a, toks_b, lps_b) -> float | None:
+    """Max |lp_a - lp_b| over each prompt's prefix where the tokens agree."""
+    diffs = []
+    for ta, la, tb, lb in zip(toks_a, lps_a, toks_b, lps_b):
+        for x, y, p, q in zip(ta, tb, la, lb):
+            if x != y:
+                break
+            diffs.append(abs(p - q))
+    return max(diffs) if diffs else None
+
+
+def _first_mismatch(name: str, got: Tokens, want: Tokens) -> str | None:
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            j = next((k for k, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+            return f"prompt {i}: tokens differ from {name} at step {j} ({g[j:j+3]} vs {w[j:j+3]})"
+    if len(got) != len(want):
+        return f"{len(got)} outputs vs {len(want)} from {name}"
+    return None
+
+
+def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) -> VerifyReport:
+    problems = [f"{what} run failed: {r['error']}" for what, r in
+                (("HF", hf), ("generated", gen), ("native", nat or {})) if "error" in r]
+    hf_ok, gen_ok = "error" not in hf, "error" not in gen
+    nat_ok = nat is not None and "error" not in nat
+    diff_native = diff_hf = None
+    if gen_ok:
+        if not gen["model_class"].startswith("hfrewrite_generated_"):
+            problems.append(f"vLLM ran {gen['model_class']}, not the generated class")
+        refs = [("HF", hf)] if hf_ok else []
+        refs += [("native", nat)] if nat_ok else []
+        for name, ref in refs:
+            if (msg := _first_mismatch(name, gen["tokens"], ref["tokens"])):
+                problems.append(msg)
+        if hf_ok:
+            diff_hf = _max_diff(gen["tokens"], gen["logprobs"], hf["tokens"], hf["logprobs"])
+        if nat_ok:
+            diff_native = _max_diff(gen["tokens"], gen["logprobs"], nat["tokens"], nat["logprobs"])
+        for name, diff in (("native", diff_native), ("HF", diff_hf)):
+            if diff is not None and diff > LOGPROB_TOL:
+                problems.append(f"logprobs differ from {name} by {diff:.2e}")
+    timings = {}
+    for name, r in (("hf", hf), ("generated", gen), ("native", nat or {})):
+        for key in ("seconds", "init_s", "gen_s"):
+            if key in r:
+                timings[f"{name}_{key}"] = r[key]
+    return VerifyReport(
+        ckpt=str(case.ckpt),
+        architecture=arch,
+        generated_module=str(case.generated_module),
+        hf_tokens=hf.get("tokens"),
+        generated_tokens=gen.get("tokens"),
+        native_tokens=nat.get("tokens") if nat_ok else None,
+        logprob_diff_native=diff_native,
+        logprob_diff_hf=diff_hf,
+        generated_structure=gen.get("structure"),
+        native_structure=nat.get("structure") if nat_ok else None,
+        generated_class=gen.get("model_class"),
+        ok=not problems,
+        problems=tuple(problems),
+        timings=timings,
+    )
+
+
+def verify_many(cases: Sequence[VerifyCase], timeout: float = 900) -> list[VerifyReport]:
+    """Verify several cases in one worker process (vLLM imported once).
+
+    Per case: HF ``generate``, vLLM with the generated file, vLLM native.
+    """
+    runs = []
+    for case in cases:
+        arch = case.architecture or checkpoint_architecture(case.ckpt)
+        common = {"ckpt": str(case.ckpt), "prompts": [list(p) for p in case.prompts],
+                  "max_tokens": case.max_tokens, "architecture": arch}
+        runs += [
+            {"kind": "hf", **common, "generated_module": None},
+            {"kind": "vllm", **common, "generated_module": str(case.generated_module)},
+            {"kind": "vllm", **common, "generated_module": None},
+        ]
+    results, info = run_worker(runs, timeout)
+    reports = []
+    for i, case in enumerate(cases):
+        hf, gen, nat = results[3 * i : 3 * i + 3]
+        if nat.get("unsupported"):
+            nat = None
+        report = _report(case, runs[3 * i]["architecture"], hf, gen, nat)
+        for key in ("import_s", "wall_s"):
+            if info.get(key) is not None:
+                report.timings[f"worker_{key}"] = info[key]
+        reports.append(report)
+    return reports
+
+
+def verify(
+    ckpt: Path,
+    generated_module: Path,
+    architecture: str | None = None,
+    prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS,
+    max_tokens: int = 16,
+    timeout: float = 600,
+) -> VerifyReport:
+    """Prove ``generated_module`` on ``ckpt``: tokens must equal HF's and vLLM
+    native's, chosen-token logprobs within ``LOGPROB_TOL``. ``architecture`` defaults
+    to the checkpoint's (the class name looked up in the generated file)."""
+    case = VerifyCase(Path(ckpt), Path(generated_module), architecture, prompts, max_tokens)
+    return verify_many([case], timeout)[0]

@@ -1,0 +1,57 @@
+"""Subprocess worker for ``hfrewrite.verify``: ``python -m hfrewrite.verify_worker JOB OUT``.
+
+JOB is JSON ``{"runs": [...]}`` (see ``verify.run_worker``). All Hugging Face runs go
+first (vLLM's CPU worker later binds threads and memory), then the vLLM runs, each in
+its own in-process ``LLM``. OUT is rewritten after every run, so a crash keeps the
+results so far. Expects the environment of ``verify.vllm_env``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def main(job_path: str, out_path: str) -> int:
+    from hfrewrite import verify
+
+    runs = json.loads(Path(job_path).read_text())["runs"]
+    results: list[dict | None] = [None] * len(runs)
+    state = {"import_s": None}
+
+    def flush() -> None:  # null marks a run not done yet
+        Path(out_path).write_text(json.dumps({"results": results, **state}))
+
+    order = sorted(range(len(runs)), key=lambda i: runs[i]["kind"] != "hf")
+    for i in order:
+        run = runs[i]
+        t0 = time.perf_counter()
+        try:
+            if run["kind"] == "hf":
+                tokens, logprobs = verify.hf_greedy(
+                    run["ckpt"], run["prompts"], run["max_tokens"]
+                )
+                result = {"tokens": tokens, "logprobs": logprobs}
+            else:
+                if state["import_s"] is None:
+                    import vllm.entrypoints.llm  # noqa: F401  (timed once)
+
+                    state["import_s"] = time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                result = verify.vllm_run(
+                    run["ckpt"], run["prompts"], run["max_tokens"],
+                    run["generated_module"], run["architecture"],
+                ) or {"unsupported": True}
+        except Exception:
+            result = {"error": traceback.format_exc(limit=-6)}
+        result["seconds"] = time.perf_counter() - t0
+        results[i] = result
+        flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,123 @@
+"""Fuse the gate/up projections into ``MergedColumnParallelLinear`` + an ``*AndMul`` activation.
+
+Matches the MLP class::
+
+    self.gate_proj = nn.Linear(H, I, bias=B)
+    self.up_proj = nn.Linear(H, I, bias=B)
+    self.act_fn = ACT2FN[config.hidden_act]
+    ...
+    self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+
+Emits::
+
+    self.gate_up_proj = MergedColumnParallelLinear(H, [I] * 2, bias=B, ...)
+    self.act_fn = get_act_and_mul_fn(config.hidden_act)
+    ...
+    gate_up, _ = self.gate_up_proj(x)
+    ... self.act_fn(gate_up) ...
+
+``get_act_and_mul_fn`` picks vLLM's ``SiluAndMul`` (or ``GeluAndMul``...) from the same config
+value the source reads, so the file stays right for every config of the type.
+
+Preconditions (else refused with the reason): the plan found ``mul(act(gate(x)), up(x))`` on
+one ``x`` with an activation vLLM has an ``*AndMul`` for; in the source gate and up share
+input size and bias expressions, the activation is ``ACT2FN[...]``, and the product appears
+exactly once, with gate and up called nowhere else.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "fuse_gate_up"
+
+
+class _FuseProduct(cst.CSTTransformer):
+    """act(gate(x)) * up(x) -> act(gate_up); remembers x."""
+
+    def __init__(self, gate: str, up: str, act: str) -> None:
+        self.gate, self.up, self.act = f"self.{gate}", f"self.{up}", f"self.{act}"
+        self.inputs: list[str] = []
+
+    def _proj_input(self, node: cst.BaseExpression, proj: str) -> str | None:
+        if t.call_name(node) == proj and len(node.args) == 1:
+            return t.code(node.args[0].value)
+        return None
+
+    def leave_BinaryOperation(self, original, updated):
+        if not isinstance(updated.operator, cst.Multiply):
+            return updated
+        for act_call, up_call in ((updated.left, updated.right), (updated.right, updated.left)):
+            if t.call_name(act_call) != self.act or len(act_call.args) != 1:
+                continue
+            x_gate = self._proj_input(act_call.args[0].value, self.gate)
+            x_up = self._proj_input(up_call, self.up)
+            if x_gate is not None and x_gate == x_up:
+                self.inputs.append(x_gate)
+                return t.expr(f"{self.act}(gate_up)")
+        return updated
+
+
+def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef:
+    name = cls.name.value
+    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+    body = list(init.body.body)
+    where = {t.self_attr_assigned(s): i for i, s in enumerate(body)}
+    if not all(a in where for a in (gate, up, act)):
+        raise HfrewriteError(f"{name}: {NAME}: {gate}/{up}/{act} are not all assigned in __init__")
+    g, u, a = (t.assigned_value(body[where[x]]) for x in (gate, up, act))
+    if t.call_name(g) != "nn.Linear" or t.call_name(u) != "nn.Linear":
+        raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")
+    g_in, g_out, g_bias = t.arg(g, 0, "in_features"), t.arg(g, 1, "out_features"), t.arg(g, 2, "bias")
+    u_in, u_out, u_bias = t.arg(u, 0, "in_features"), t.arg(u, 1, "out_features"), t.arg(u, 2, "bias")
+    if t.code(g_in) != t.code(u_in):
+        raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
+    if (g_bias and t.code(g_bias)) != (u_bias and t.code(u_bias)):
+        raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} differ in their bias setting")
+    if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
+        raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
+    act_key = t.code(a.slice[0].slice.value)
+    sizes = f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
+    bias = t.code(g_bias) if g_bias is not None else "True"
+    merged = t.stmt(
+        "self.gate_up_proj = MergedColumnParallelLinear(\n"
+        f"    {t.code(g_in)},\n    {sizes},\n    bias={bias},\n"
+        '    quant_config=quant_config,\n    prefix=f"{prefix}.gate_up_proj",\n)\n'
+    ).with_changes(leading_lines=body[where[gate]].leading_lines)
+    new_body = []
+    for i, s in enumerate(body):
+        if i == where[gate]:
+            new_body.append(merged)
+        elif i == where[act]:
+            new_body.append(t.stmt(f"self.{act} = get_act_and_mul_fn({act_key})\n").with_changes(
+                leading_lines=s.leading_lines))
+        elif i != where[up]:
+            new_body.append(s)
+    init = t.with_body(init, new_body)
+
+    fuser = _FuseProduct(gate, up, act)
+    fwd_body = list(forward.body.body)
+    for i, s in enumerate(fwd_body):
+        new = s.visit(fuser)
+        if new is not s and fuser.inputs and t.code(new) != t.code(s):
+            fwd_body[i:i + 1] = [t.stmt(f"gate_up, _ = self.gate_up_proj({fuser.inputs[-1]})\n"), new]
+            break
+    if len(fuser.inputs) != 1 or {gate, up} & t.self_attrs_used(cst.Module(fwd_body)):
+        raise HfrewriteError(f"{name}: {NAME}: `act({gate}(x)) * {up}(x)` is not the only use of {gate}/{up}")
+    forward = t.with_body(forward, fwd_body)
+    return t.set_method(t.set_method(cls, init), forward)
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    mlp = ctx.plan.mlp
+    cls = rewrite_mlp(t.find_class(module, mlp.module_class), mlp.gate.attr, mlp.up.attr, mlp.act_attr)
+    return PassResult(
+        module=t.replace_class(module, mlp.module_class, cls),
+        imports=("MergedColumnParallelLinear", "get_act_and_mul_fn"),
+        fused=(FusionRow(mlp.module_class, f"{mlp.gate.attr}+{mlp.up.attr} -> MergedColumnParallelLinear + {mlp.activation} *AndMul"),),
+        matches=1,
+    )

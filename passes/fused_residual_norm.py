@@ -1,0 +1,125 @@
+"""Use vLLM's ``RMSNorm`` and fold the residual adds of a decoder layer into it.
+
+Matches the RMSNorm class of the plan (fx: ``weight * x * rsqrt(mean(x^2) + eps)``, or
+``(1 + weight) * ...``) built as ``Norm(size, eps=...)``, and a decoder layer whose forward is
+a sequence of pre-norm residual blocks ``h = residual + block(norm(h))``.
+
+Emits ``RMSNorm(size, eps=...)`` (``GemmaRMSNorm`` for the ``1 + weight`` form) at every
+construction site, and the decoder-layer forward of vLLM's ``llama.py``, where each norm
+returns ``(normed, residual)`` and performs the previous block's residual add::
+
+    if residual is None:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+    else:
+        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+    hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+    hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+    hidden_states = self.mlp(hidden_states)
+    return hidden_states, residual
+
+Comments above the source's block calls (``# Self Attention``) are kept.
+
+Preconditions: the norm class's ``__init__`` takes ``(size, eps)``; the plan lists at least
+one residual block; each block and norm is called in the source forward.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "fused_residual_norm"
+_VLLM_NORM = {0.0: "RMSNorm", 1.0: "GemmaRMSNorm"}
+
+
+class _RenameCalls(cst.CSTTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new, self.count = old, new, 0
+
+    def leave_Call(self, original, updated):
+        if t.dotted(updated.func) == self.old:
+            self.count += 1
+            return updated.with_changes(func=cst.Name(self.new))
+        return updated
+
+
+def _index_calling(body, attr: str) -> int:
+    for i, s in enumerate(body):
+        if attr in t.self_attrs_used(s):
+            return i
+    raise HfrewriteError(f"{NAME}: self.{attr} is not called in the decoder layer forward")
+
+
+def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) -> cst.FunctionDef:
+    src = list(fwd.body.body)
+    out: list[cst.BaseStatement] = []
+    start = 0
+    for i, b in enumerate(blocks):
+        end = _index_calling(src, b.block) + 1
+        # comments between the previous block call and this one, e.g. "# Fully Connected"
+        comments = [c for s in src[start:end] for c in t.leading_comments(s)]
+        start = end
+        if i == 0:
+            norm = t.stmts(
+                "if residual is None:\n"
+                "    residual = hidden_states\n"
+                f"    hidden_states = self.{b.norm}(hidden_states)\n"
+                "else:\n"
+                f"    hidden_states, residual = self.{b.norm}(hidden_states, residual)\n"
+            )
+        else:
+            norm = t.stmts(f"hidden_states, residual = self.{b.norm}(hidden_states, residual)\n")
+        norm[0] = norm[0].with_changes(leading_lines=[*([cst.EmptyLine()] if i else []), *comments])
+        call = (f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
+                if b.block in attention_blocks else f"self.{b.block}(hidden_states)")
+        out += [*norm, t.stmt(f"hidden_states = {call}\n")]
+    out.append(t.stmt("return hidden_states, residual\n"))
+    sig = t.stmt(
+        "def forward(\n    self,\n    positions: torch.Tensor,\n    hidden_states: torch.Tensor,\n"
+        "    residual: torch.Tensor | None,\n) -> tuple[torch.Tensor, torch.Tensor]:\n    pass\n"
+    )
+    return t.with_body(fwd.with_changes(params=sig.params, returns=sig.returns), out)
+
+
+def _blocks_of_class(cls: cst.ClassDef, class_name: str) -> set[str]:
+    init = t.find_method(cls, "__init__")
+    return {
+        t.self_attr_assigned(s)
+        for s in init.body.body
+        if t.self_attr_assigned(s) and t.call_name(t.assigned_value(s)) == class_name
+    }
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan
+    vllm_norm = _VLLM_NORM.get(plan.norm.weight_offset)
+    if plan.norm.kind != "rms" or vllm_norm is None:
+        raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: not an RMSNorm vLLM has")
+    norm_init = t.find_method(t.find_class(module, plan.norm.module_class), "__init__")
+    params = [p.name.value for p in norm_init.params.params][1:]
+    if params[:2] != ["hidden_size", "eps"] and len(params) != 2:
+        raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: __init__ is not (size, eps)")
+    if not plan.decoder_layer.blocks:
+        raise HfrewriteError(f"{plan.decoder_layer.module_class}: {NAME}: no residual blocks found")
+
+    renamer = _RenameCalls(plan.norm.module_class, vllm_norm)
+    module = module.visit(renamer)
+    layer = t.find_class(module, plan.decoder_layer.module_class)
+    attention_blocks = _blocks_of_class(layer, plan.attention.module_class)
+    layer = t.set_method(layer, decoder_forward(t.find_method(layer, "forward"), plan.decoder_layer.blocks,
+                                                attention_blocks))
+    module = t.replace_class(module, plan.decoder_layer.module_class, layer)
+    return PassResult(
+        module=module,
+        imports=(vllm_norm,),
+        fused=(
+            FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)"),
+            FusionRow(plan.decoder_layer.module_class,
+                      f"{len(plan.decoder_layer.blocks)} residual adds fused into the norms"),
+        ),
+        matches=renamer.count,
+    )

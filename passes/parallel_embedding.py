@@ -1,0 +1,115 @@
+"""Vocabulary-parallel input embedding and LM head, with weight tying and pipeline stages.
+
+Matches ``self.embed_tokens = nn.Embedding(V, H, ...)`` in the base model and
+``self.lm_head = nn.Linear(H, V, bias=False)`` in the causal-LM class; the tie target comes
+from the source's ``_tied_weights_keys`` (``{"lm_head.weight": "model.embed_tokens.weight"}``).
+
+Emits, as vLLM's ``llama.py`` does::
+
+    if get_pp_group().is_first_rank or (config.tie_word_embeddings and get_pp_group().is_last_rank):
+        self.embed_tokens = VocabParallelEmbedding(V, H, quant_config=..., prefix=...)
+    else:
+        self.embed_tokens = PPMissingLayer()
+    ...
+    if get_pp_group().is_last_rank:
+        self.lm_head = ParallelLMHead(V, H, quant_config=..., prefix=...)
+        if config.tie_word_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(V)
+    else:
+        self.lm_head = PPMissingLayer()
+
+Preconditions: the embedding is ``nn.Embedding`` and the head an ``nn.Linear`` without bias.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "parallel_embedding"
+
+
+def _replace_assignment(cls: cst.ClassDef, attr: str, build) -> cst.ClassDef:
+    init = t.find_method(cls, "__init__")
+    body = list(init.body.body)
+    for i, s in enumerate(body):
+        if t.self_attr_assigned(s) == attr:
+            new = build(t.assigned_value(s))
+            new[0] = new[0].with_changes(leading_lines=s.leading_lines)
+            body[i:i + 1] = new
+            return t.set_method(cls, t.with_body(init, body))
+    raise HfrewriteError(f"{cls.name.value}: {NAME}: self.{attr} is not assigned in __init__")
+
+
+def _tie_target(cls: cst.ClassDef, lm_head: str) -> str | None:
+    """'model.embed_tokens' from `_tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}`."""
+    for s in cls.body.body:
+        if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], (cst.Assign, cst.AnnAssign)):
+            small = s.body[0]
+            target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+            if t.dotted(target) == "_tied_weights_keys" and isinstance(small.value, cst.Dict):
+                for el in small.value.elements:
+                    key, value = el.key.evaluated_value, el.value.evaluated_value
+                    if key == f"{lm_head}.weight":
+                        return value.removesuffix(".weight")
+    return None
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan
+    embed, head = plan.embed_tokens, plan.lm_head
+
+    def embedding(call: cst.BaseExpression):
+        if t.call_name(call) != "nn.Embedding":
+            raise HfrewriteError(f"{plan.base_model_class}: {NAME}: self.{embed} is not nn.Embedding")
+        vocab, hidden = t.code(t.arg(call, 0, "num_embeddings")), t.code(t.arg(call, 1, "embedding_dim"))
+        return t.stmts(
+            "if get_pp_group().is_first_rank or (\n"
+            "    config.tie_word_embeddings and get_pp_group().is_last_rank\n"
+            "):\n"
+            f"    self.{embed} = VocabParallelEmbedding(\n"
+            f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n'
+            "    )\n"
+            "else:\n"
+            f"    self.{embed} = PPMissingLayer()\n"
+        )
+
+    causal = t.find_class(module, plan.architecture)
+    tie = _tie_target(causal, head)
+
+    def lm_head(call: cst.BaseExpression):
+        bias = t.arg(call, 2, "bias")
+        if t.call_name(call) != "nn.Linear" or bias is None or t.code(bias) != "False":
+            raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear(..., bias=False)")
+        hidden, vocab = t.code(t.arg(call, 0, "in_features")), t.code(t.arg(call, 1, "out_features"))
+        tying = (
+            "    if config.tie_word_embeddings:\n"
+            f"        self.{head} = self.{head}.tie_weights(self.{tie})\n"
+        ) if tie else ""
+        return t.stmts(
+            "if get_pp_group().is_last_rank:\n"
+            f"    self.{head} = ParallelLMHead(\n"
+            f'        {vocab}, {hidden}, quant_config=quant_config, prefix=maybe_prefix(prefix, "{head}")\n'
+            "    )\n"
+            f"{tying}"
+            f"    self.logits_processor = LogitsProcessor({vocab})\n"
+            "else:\n"
+            f"    self.{head} = PPMissingLayer()\n"
+        )
+
+    base = _replace_assignment(t.find_class(module, plan.base_model_class), embed, embedding)
+    module = t.replace_class(module, plan.base_model_class, base)
+    module = t.replace_class(module, plan.architecture, _replace_assignment(causal, head, lm_head))
+    rows = [FusionRow(plan.base_model_class, f"{embed} -> VocabParallelEmbedding"),
+            FusionRow(plan.architecture, f"{head} -> ParallelLMHead" + (f" (tied to {tie})" if tie else ""))]
+    return PassResult(
+        module=module,
+        imports=("VocabParallelEmbedding", "ParallelLMHead", "LogitsProcessor", "PPMissingLayer",
+                 "get_pp_group", "maybe_prefix"),
+        fused=tuple(rows),
+        matches=2,
+    )

@@ -1,0 +1,77 @@
+"""Turn the projections that produce a block's output into ``RowParallelLinear``.
+
+Matches ``self.<o> = nn.Linear(I, H, bias=B)`` for the attention output projection and the
+MLP down projection named in the plan (fx: the linear producing the block's output).
+
+Emits ``RowParallelLinear(I, H, bias=B, quant_config=..., prefix=...)``; vLLM's parallel
+linears return ``(output, bias)``, so ``y = self.o(x)`` becomes ``y, _ = self.o(x)`` and a
+call nested in an expression becomes ``self.o(x)[0]``.
+
+Preconditions: the attribute is built with ``nn.Linear`` in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "row_parallel"
+
+
+class _Unpack(cst.CSTTransformer):
+    """Assign-level rewrite first (so the call is not subscripted), then nested calls."""
+
+    def __init__(self, attr: str) -> None:
+        self.func = f"self.{attr}"
+
+    def leave_Assign(self, original, updated):
+        if (
+            len(updated.targets) == 1
+            and isinstance(updated.targets[0].target, cst.Name)
+            and isinstance(updated.value, cst.Subscript)
+            and t.call_name(updated.value.value) == self.func
+        ):
+            target = cst.Tuple([cst.Element(updated.targets[0].target), cst.Element(cst.Name("_"))],
+                               lpar=[], rpar=[])
+            return updated.with_changes(targets=[cst.AssignTarget(target)], value=updated.value.value)
+        return updated
+
+    def leave_Call(self, original, updated):
+        if t.call_name(updated) == self.func:
+            return cst.Subscript(updated, [cst.SubscriptElement(cst.Index(cst.Integer("0")))])
+        return updated
+
+
+def rewrite(cls: cst.ClassDef, attr: str) -> cst.ClassDef:
+    name = cls.name.value
+    init = t.find_method(cls, "__init__")
+    body = list(init.body.body)
+    for i, s in enumerate(body):
+        if t.self_attr_assigned(s) == attr:
+            call = t.assigned_value(s)
+            if t.call_name(call) != "nn.Linear":
+                raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
+            size_in, size_out, bias = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features"), t.arg(call, 2, "bias")
+            bias_src = t.code(bias) if bias is not None else "True"
+            body[i] = t.stmt(
+                f"self.{attr} = RowParallelLinear(\n    {t.code(size_in)},\n    {t.code(size_out)},\n"
+                f"    bias={bias_src},\n    quant_config=quant_config,\n"
+                f'    prefix=f"{{prefix}}.{attr}",\n)\n'
+            ).with_changes(leading_lines=s.leading_lines)
+            break
+    else:
+        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not assigned in __init__")
+    cls = t.set_method(cls, t.with_body(init, body))
+    return cls.visit(_Unpack(attr))
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    rows = []
+    for cls_name, attr in ((ctx.plan.attention.module_class, ctx.plan.attention.o.attr),
+                           (ctx.plan.mlp.module_class, ctx.plan.mlp.down.attr)):
+        module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr))
+        rows.append(FusionRow(cls_name, f"{attr} -> RowParallelLinear"))
+    return PassResult(module=module, imports=("RowParallelLinear",), fused=tuple(rows), matches=len(rows))

@@ -1,0 +1,167 @@
+"""Remove what vLLM does not use from the Hugging Face source.
+
+Matches what is left of the Transformers runtime after the other passes:
+
+* decorators and base classes imported from Transformers internals (relative imports such
+  as ``@auto_docstring``, ``GradientCheckpointingLayer``) -> dropped / ``nn.Module``;
+  ``super().__init__(config)`` -> ``super().__init__()``;
+* relative imports: the model's configuration class becomes
+  ``from transformers import LlamaConfig``; every other Transformers import goes;
+* top-level definitions no longer reachable from the architecture class (rotary helpers,
+  ``repeat_kv``, ``eager_attention_forward``, the HF norm and rotary classes, the
+  ``PreTrainedModel`` and task-head classes, ``logger``, ``__all__``);
+* ``self.x = ...`` assignments in ``__init__`` whose attribute nothing reads any more
+  (``self.is_causal``, ``self.attention_dropout``, ``self.gradient_checkpointing``...).
+
+Emits the same module minus those; kept classes keep their names, docstrings and comments.
+
+Preconditions: none; removal is by reachability, so nothing the model uses can go.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.pass_api import PassContext, PassResult
+
+NAME = "strip_hf_runtime"
+# Attributes vLLM itself reads from model objects (e.g. `model.config`), never pruned.
+READ_BY_VLLM = {"config", "make_empty_intermediate_tensors"}
+
+
+def _defined_name(node: cst.CSTNode) -> str | None:
+    if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
+        return node.name.value
+    if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], (cst.Assign, cst.AnnAssign)):
+        small = node.body[0]
+        target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+        return target.value if isinstance(target, cst.Name) else None
+    return None
+
+
+def _relative_imports(module: cst.Module) -> tuple[set[str], list[tuple[str, str]]]:
+    """Names imported from Transformers internals, and (module, name) of configuration classes."""
+    names, configs = set(), []
+    for node in module.body:
+        if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.ImportFrom):
+            imp = node.body[0]
+            if imp.relative and not isinstance(imp.names, cst.ImportStar):
+                source = t.dotted(imp.module) if imp.module else ""
+                for alias in imp.names:
+                    names.add(alias.evaluated_alias or alias.evaluated_name)
+                    if source.startswith("configuration_"):
+                        configs.append(alias.evaluated_name)
+    return names, configs
+
+
+class _DropHfRuntime(cst.CSTTransformer):
+    def __init__(self, hf_names: set[str]) -> None:
+        self.hf_names = hf_names
+
+    def leave_ClassDef(self, original, updated):
+        decorators = [d for d in updated.decorators if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names]
+        bases = [b for b in updated.bases if t.dotted(b.value) not in self.hf_names]
+        if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
+            bases = [cst.Arg(t.expr("nn.Module")), *bases]
+        return updated.with_changes(decorators=decorators, bases=bases)
+
+    def leave_FunctionDef(self, original, updated):
+        decorators = [d for d in updated.decorators if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names]
+        return updated.with_changes(decorators=decorators)
+
+    def leave_Call(self, original, updated):
+        if t.code(updated.func) == "super().__init__" and updated.args:
+            return updated.with_changes(args=[])
+        return updated
+
+
+def _reachable(module: cst.Module, root: str) -> set[str]:
+    defs = {n: node for node in module.body if (n := _defined_name(node))}
+    seen, todo = set(), [root]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in defs:
+            continue
+        seen.add(name)
+        todo.extend(t.names_used(defs[name]) - seen)
+    return seen
+
+
+class _PruneAttributes(cst.CSTTransformer):
+    """Drop `self.x = ...` from a class's __init__ when nothing reads `self.x` in that class
+    and no other class reads it through a submodule (`self.model.x`)."""
+
+    def __init__(self, cross_reads: set[str]) -> None:
+        self.cross_reads = cross_reads
+        self.read: list[set[str]] = []
+        self.in_init = 0
+
+    def visit_ClassDef(self, node):
+        reader = _ReadAttributes()
+        node.visit(reader)
+        self.read.append(reader.self_reads | self.cross_reads | READ_BY_VLLM)
+
+    def leave_ClassDef(self, original, updated):
+        self.read.pop()
+        return updated
+
+    def visit_FunctionDef(self, node):
+        self.in_init += node.name.value == "__init__"
+
+    def leave_FunctionDef(self, original, updated):
+        self.in_init -= original.name.value == "__init__"
+        return updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        attr = t.self_attr_assigned(updated)
+        if self.in_init and self.read and attr and attr not in self.read[-1]:
+            return cst.RemoveFromParent()
+        return updated
+
+
+class _ReadAttributes(cst.CSTVisitor):
+    """`self.x` reads, and `self.<sub>.x` reads (a class reaching into a submodule)."""
+
+    def __init__(self) -> None:
+        self.self_reads: set[str] = set()
+        self.cross_reads: set[str] = set()
+
+    def visit_Assign(self, node):
+        # the target `self.x` of an assignment is not a read; its value may be
+        node.value.visit(self)
+        for target in node.targets:
+            if not (isinstance(target.target, cst.Attribute) and t.dotted(target.target.value) == "self"):
+                target.visit(self)
+        return False
+
+    def visit_Attribute(self, node):
+        base = t.dotted(node.value) or ""
+        if base == "self":
+            self.self_reads.add(node.attr.value)
+        elif base.startswith("self."):
+            self.cross_reads.add(node.attr.value)
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    hf_names, configs = _relative_imports(module)
+    module = module.visit(_DropHfRuntime(hf_names))
+    for _ in range(3):  # pruning an attribute can orphan a class, which can orphan another attribute
+        keep = _reachable(module, ctx.plan.architecture)
+        body = [n for n in module.body if _defined_name(n) is None or _defined_name(n) in keep]
+        module = module.with_changes(body=body)
+        reader = _ReadAttributes()
+        module.visit(reader)
+        module = module.visit(_PruneAttributes(reader.cross_reads))
+    body = []
+    for node in module.body:
+        if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.ImportFrom) and node.body[0].relative:
+            continue
+        body.append(node)
+    module = module.with_changes(body=body)
+    config_imports = "".join(f"from transformers import {c}\n" for c in configs)
+    if config_imports:
+        at = max(i for i, n in enumerate(module.body) if isinstance(n, cst.SimpleStatementLine)
+                 and isinstance(n.body[0], (cst.Import, cst.ImportFrom))) + 1
+        module = module.with_changes(body=[*module.body[:at], *t.stmts(config_imports), *module.body[at:]])
+    return PassResult(module=module, matches=len(hf_names))

@@ -1,0 +1,111 @@
+"""Thread ``cache_config``, ``quant_config`` and ``prefix`` through the layer classes.
+
+Matches every class ``__init__`` that, after the earlier passes, reads one of those names
+(vLLM layers need them: ``prefix`` names each weight, ``quant_config`` picks the kernels,
+``cache_config`` configures the KV cache of ``Attention``), or builds such a class as
+``self.x = Cls(...)``.
+
+Emits keyword parameters ``cache_config: CacheConfig | None = None``,
+``quant_config: QuantizationConfig | None = None``, ``prefix: str = ""`` on those classes, and
+``cache_config=cache_config, ..., prefix=f"{prefix}.x"`` at each construction site.
+
+Preconditions: none beyond the earlier passes; classes whose ``__init__`` defines the names
+itself (the vLLM model interface) are left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.pass_api import PassContext, PassResult
+
+NAME = "thread_layer_args"
+ARGS = {
+    "cache_config": "cache_config: CacheConfig | None = None",
+    "quant_config": "quant_config: QuantizationConfig | None = None",
+    "prefix": 'prefix: str = ""',
+}
+
+
+def _assigned_names(fn: cst.FunctionDef) -> set[str]:
+    names = {p.name.value for p in (*fn.params.params, *fn.params.kwonly_params)}
+    for s in fn.body.body:
+        if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign):
+            for tgt in s.body[0].targets:
+                if isinstance(tgt.target, cst.Name):
+                    names.add(tgt.target.value)
+    return names
+
+
+def _needs(module: cst.Module) -> dict[str, list[str]]:
+    """Class -> which of ARGS its __init__ must accept (fixpoint over construction sites)."""
+    inits = {
+        n.name.value: t.find_method(n, "__init__")
+        for n in module.body
+        if isinstance(n, cst.ClassDef) and t.find_method(n, "__init__") is not None
+    }
+    own = {c: _assigned_names(fn) for c, fn in inits.items()}
+    needs = {c: {a for a in ARGS if a in t.names_used(fn) and a not in own[c]} for c, fn in inits.items()}
+    changed = True
+    while changed:
+        changed = False
+        for c, fn in inits.items():
+            for s in fn.body.body:
+                callee = t.call_name(t.assigned_value(s)) if t.self_attr_assigned(s) else None
+                extra = {a for a in needs.get(callee, ()) if a not in own[c]} - needs[c]
+                if extra:
+                    needs[c] |= extra | {"prefix"}
+                    changed = True
+    return {c: [a for a in ARGS if a in n] for c, n in needs.items() if n}
+
+
+class _Thread(cst.CSTTransformer):
+    def __init__(self, needs: dict[str, list[str]]) -> None:
+        self.needs = needs
+        self.cls: list[str] = []
+        self.fn: list[str] = []
+
+    def visit_ClassDef(self, node):
+        self.cls.append(node.name.value)
+
+    def leave_ClassDef(self, original, updated):
+        self.cls.pop()
+        return updated
+
+    def visit_FunctionDef(self, node):
+        self.fn.append(node.name.value)
+
+    def leave_FunctionDef(self, original, updated):
+        self.fn.pop()
+        if updated.name.value != "__init__" or not self.cls or self.cls[-1] not in self.needs:
+            return updated
+        have = {p.name.value for p in updated.params.params}
+        extra = [a for a in self.needs[self.cls[-1]] if a not in have]
+        sig = t.stmt(f"def f(self, {', '.join(ARGS[a] for a in extra)}): pass\n").params.params[1:]
+        return updated.with_changes(params=updated.params.with_changes(params=[*updated.params.params, *sig]))
+
+    def leave_SimpleStatementLine(self, original, updated):
+        attr = t.self_attr_assigned(updated)
+        if not attr or self.fn[-1:] != ["__init__"]:
+            return updated
+        call = t.assigned_value(updated)
+        wanted = self.needs.get(t.call_name(call) or "", [])
+        have = {a.keyword.value for a in getattr(call, "args", ()) if a.keyword}
+        extra = [a for a in wanted if a not in have]
+        if not extra:
+            return updated
+        values = {"prefix": f'f"{{prefix}}.{attr}"'}
+        new_args = [cst.Arg(t.expr(values.get(a, a)), keyword=cst.Name(a)) for a in extra]
+        args = list(call.args)
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        small = updated.body[0].with_changes(value=call.with_changes(args=[*args, *new_args]))
+        return updated.with_changes(body=[small])
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    needs = _needs(module)
+    imports = tuple(sym for a, sym in (("cache_config", "CacheConfig"), ("quant_config", "QuantizationConfig"))
+                    if any(a in n for n in needs.values()))
+    return PassResult(module=module.visit(_Thread(needs)), imports=imports, matches=len(needs))

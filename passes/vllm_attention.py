@@ -1,0 +1,131 @@
+"""Replace the Hugging Face attention call with vLLM ``Attention`` and ``get_rope``.
+
+Matches the attention class after ``fuse_qkv``: ``forward`` starts from
+``qkv, _ = self.qkv_proj(x)`` / ``q, k, v = qkv.split(...)``, then reshapes to
+``[batch, heads, seq, head_dim]``, optionally applies per-head q/k norms, applies rotary
+embeddings from ``position_embeddings``, updates the HF cache and calls
+``ALL_ATTENTION_FUNCTIONS``. vLLM owns the cache, the masks and the layout, so the body
+after the split becomes vLLM's (as in its ``qwen3.py`` for q/k norms)::
+
+    q, k = self.rotary_emb(positions, q, k)
+    attn_output = self.attn(q, k, v)
+    attn_output = self.o_proj(attn_output)
+
+``__init__`` gains ``self.rotary_emb = get_rope(...)`` and ``self.attn = Attention(...)``;
+the ``scaling=`` and ``sliding_window=`` expressions of the source's attention call are
+carried over verbatim, so config-dependent sliding windows survive.
+
+Preconditions: the plan found rope on q and k (neox ``rotate_half`` form) and the source
+defines ``rotate_half``; the attention call passes ``scaling=``; ``forward`` starts with the
+``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "vllm_attention"
+
+_PER_HEAD_NORM = """\
+{x}_by_head = {x}.view(*{x}.shape[:-1], {x}.shape[-1] // {head_dim}, {head_dim})
+{x}_by_head = self.{norm}({x}_by_head)
+{x} = {x}_by_head.view({x}.shape)
+"""
+
+
+class _FindAttentionCall(cst.CSTVisitor):
+    """The call `attention_interface(self, q, k, v, mask, **kw)`: its keyword arguments."""
+
+    def __init__(self) -> None:
+        self.kwargs: dict[str, cst.BaseExpression] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if t.dotted(node.func) == "attention_interface":
+            self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+
+
+def _has_function(module: cst.Module, name: str) -> bool:
+    return any(isinstance(n, cst.FunctionDef) and n.name.value == name for n in module.body)
+
+
+def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.ClassDef:
+    att = ctx.plan.attention
+    name = cls.name.value
+    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+    finder = _FindAttentionCall()
+    forward.visit(finder)
+    if finder.kwargs is None or "scaling" not in finder.kwargs:
+        raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
+    if not att.rope or not neox:
+        raise HfrewriteError(f"{name}: {NAME}: rotary embedding is not the neox rotate_half form")
+    assigned = {t.self_attr_assigned(s) for s in init.body.body}
+    if {"attn", "rotary_emb"} & assigned:
+        raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
+    body = list(forward.body.body)
+    split_at = next(
+        (i for i, s in enumerate(body) if "qkv.split(" in t.code(s)), None
+    )
+    if split_at is None:
+        raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
+
+    scaling = t.code(finder.kwargs["scaling"])
+    window = t.code(finder.kwargs["sliding_window"]) if "sliding_window" in finder.kwargs else "None"
+    head_dim = "self.head_dim"
+    init = t.with_body(init, [*init.body.body, *t.stmts(
+        "self.rotary_emb = get_rope(\n"
+        f"    {head_dim},\n"
+        "    max_position=config.max_position_embeddings,\n"
+        "    rope_parameters=config.rope_parameters,\n"
+        "    is_neox_style=True,\n"
+        ")\n"
+        "self.attn = Attention(\n"
+        "    self.num_heads,\n"
+        f"    {head_dim},\n"
+        f"    {scaling},\n"
+        "    num_kv_heads=self.num_kv_heads,\n"
+        "    cache_config=cache_config,\n"
+        "    quant_config=quant_config,\n"
+        f"    per_layer_sliding_window={window},\n"
+        '    prefix=f"{prefix}.attn",\n'
+        ")\n"
+    )])
+
+    tail = ""
+    if att.q_norm and att.k_norm:
+        tail += "# Per-head q/k norms, as in the source, before the rotary embedding.\n"
+        tail += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=head_dim)
+        tail += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=head_dim)
+    elif att.q_norm or att.k_norm:
+        raise HfrewriteError(f"{name}: {NAME}: only one of q/k has a per-head norm")
+    tail += (
+        "q, k = self.rotary_emb(positions, q, k)\n"
+        "attn_output = self.attn(q, k, v)\n"
+        f"attn_output = self.{att.o.attr}(attn_output)\n"
+        "return attn_output\n"
+    )
+    params = t.stmt(
+        "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n"
+        "    pass\n"
+    )
+    forward = forward.with_changes(params=params.params, returns=params.returns)
+    forward = t.with_body(forward, [*body[split_at - 1 : split_at + 1], *t.stmts(tail)])
+    return t.set_method(t.set_method(cls, init), forward)
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    att = ctx.plan.attention
+    cls = t.find_class(module, att.module_class)
+    cls = rewrite_attention(cls, ctx, neox=_has_function(module, "rotate_half"))
+    rows = [FusionRow(att.module_class, "attention interface -> vllm Attention + get_rope")]
+    if att.q_norm:
+        rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept per head"))
+    return PassResult(
+        module=t.replace_class(module, att.module_class, cls),
+        imports=("Attention", "get_rope"),
+        fused=tuple(rows),
+        matches=1,
+    )

@@ -1,0 +1,146 @@
+"""Give the base model and the causal-LM class vLLM's model interface.
+
+Matches the plan's base model (``LlamaModel``) and top-level class (``LlamaForCausalLM``).
+
+Emits, following vLLM's ``llama.py``:
+
+* base model: ``@support_torch_compile``, ``nn.Module`` base, ``__init__(*, vllm_config,
+  prefix="")`` whose body keeps the source's statements, with the decoder stack
+  ``nn.ModuleList([Layer(config, i) for i in range(N)])`` rewritten to
+  ``make_layers(N, lambda prefix: Layer(config, extract_layer_index(prefix), ...))`` and the
+  final norm built on the last pipeline stage only; ``embed_input_ids`` and the pipeline-
+  parallel ``forward(input_ids, positions, intermediate_tensors, inputs_embeds)`` from
+  ``templates/causal_lm.py``.
+* causal LM: the template class (``SupportsLoRA``, ``SupportsPP``, ``compute_logits``,
+  ``load_weights``...) with the source's LM-head statements spliced into ``__init__``.
+
+Preconditions: the decoder stack is a ``ModuleList`` comprehension over ``range(N)``; the
+final norm and the stack are assigned in ``__init__``; the causal-LM ``__init__`` builds the
+base model under the plan's attribute name.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.templates_io import template_class
+
+NAME = "vllm_model_interface"
+TEMPLATE = "causal_lm.py"
+
+
+def _is_call_to(node: cst.BaseStatement, name: str) -> bool:
+    """`super().__init__(...)` / `self.post_init()` style expression statements."""
+    return (
+        isinstance(node, cst.SimpleStatementLine)
+        and isinstance(node.body[0], cst.Expr)
+        and isinstance(node.body[0].value, cst.Call)
+        and t.code(node.body[0].value.func) == name
+    )
+
+
+def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
+    """`make_layers(...)` source for `nn.ModuleList([Layer(...) for i in range(N)])`."""
+    lc = value.args[0].value if t.call_name(value) == "nn.ModuleList" and value.args else None
+    gen = lc.for_in if isinstance(lc, cst.ListComp) else None
+    if gen is None or gen.inner_for_in is not None or t.call_name(gen.iter) != "range" \
+            or not isinstance(gen.target, cst.Name) or not isinstance(lc.elt, cst.Call):
+        raise HfrewriteError(f"{cls}: {NAME}: self.{attr} is not ModuleList([... for i in range(N)])")
+    index, count = gen.target.value, t.code(gen.iter.args[0].value)
+    layer = lc.elt
+    args = [
+        a.with_changes(value=t.expr("extract_layer_index(prefix)"))
+        if isinstance(a.value, cst.Name) and a.value.value == index else a
+        for a in layer.args
+    ]
+    extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
+    call = f"{t.code(layer.func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
+    return (
+        f"self.start_layer, self.end_layer, self.{attr} = make_layers(\n"
+        f"    {count},\n    lambda prefix: {call},\n"
+        f'    prefix=f"{{prefix}}.{attr}",\n)\n'
+    )
+
+
+def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
+    plan = ctx.plan
+    name = cls.name.value
+    tpl = template_class(TEMPLATE, "TemplateModel", {"TemplateModel": name},
+                         {"embed_tokens": plan.embed_tokens, "layers": plan.layers, "norm": plan.final_norm})
+    init = t.find_method(cls, "__init__")
+    body: list[cst.BaseStatement] = list(t.find_method(tpl, "__init__").body.body)
+    hidden = None
+    for s in init.body.body:
+        attr = t.self_attr_assigned(s)
+        if _is_call_to(s, "super().__init__") or _is_call_to(s, "self.post_init"):
+            continue
+        if attr == plan.layers:
+            new = t.stmts(_layer_stack(t.assigned_value(s), name, attr))
+        elif attr == plan.final_norm:
+            norm = t.assigned_value(s)
+            hidden = t.code(norm.args[0].value) if isinstance(norm, cst.Call) and norm.args else None
+            new = t.stmts(
+                "if get_pp_group().is_last_rank:\n"
+                f"    self.{attr} = {t.code(norm)}\n"
+                "else:\n"
+                f"    self.{attr} = PPMissingLayer()\n"
+            )
+        else:
+            body.append(s)
+            continue
+        new[0] = new[0].with_changes(leading_lines=s.leading_lines)
+        body.extend(new)
+    if hidden is None:
+        raise HfrewriteError(f"{name}: {NAME}: final norm self.{plan.final_norm} not built in __init__")
+    body += t.stmts(
+        "self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(\n"
+        f'    ["hidden_states", "residual"], {hidden}\n)\n'
+    )
+    new_init = t.with_body(t.find_method(tpl, "__init__"), body)
+    members = [m for m in cls.body.body if not isinstance(m, cst.FunctionDef)]
+    methods = [new_init, t.find_method(tpl, "embed_input_ids"), t.find_method(tpl, "forward")]
+    methods = [m.with_changes(leading_lines=[cst.EmptyLine()] if (members or i) else []) for i, m in enumerate(methods)]
+    return cls.with_changes(
+        decorators=[cst.Decorator(cst.Name("support_torch_compile"))],
+        bases=[cst.Arg(t.expr("nn.Module"))],
+        body=cls.body.with_changes(body=[*members, *methods]),
+    )
+
+
+def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
+    plan = ctx.plan
+    tpl = template_class(
+        TEMPLATE, "TemplateForCausalLM",
+        {"TemplateForCausalLM": plan.architecture, "TemplateModel": plan.base_model_class},
+        {"model": plan.base_model_attr, "lm_head": plan.lm_head},
+    )
+    source_init = t.find_method(cls, "__init__")
+    head = [s for s in source_init.body.body if plan.lm_head in t.self_attrs_used(s)]
+    if not head:
+        raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{plan.lm_head} not built in __init__")
+    init = t.find_method(tpl, "__init__")
+    body = list(init.body.body)
+    at = next(i for i, s in enumerate(body) if t.self_attr_assigned(s) == plan.base_model_attr) + 1
+    body[at:at] = head
+    return t.set_method(tpl, t.with_body(init, body)).with_changes(leading_lines=cls.leading_lines)
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan
+    base = rewrite_base_model(t.find_class(module, plan.base_model_class), ctx)
+    module = t.replace_class(module, plan.base_model_class, base)
+    module = t.replace_class(module, plan.architecture, rewrite_causal_lm(t.find_class(module, plan.architecture), ctx))
+    return PassResult(
+        module=module,
+        imports=("support_torch_compile", "VllmConfig", "IntermediateTensors", "get_pp_group", "PPMissingLayer",
+                 "make_layers", "extract_layer_index", "make_empty_intermediate_tensors_factory", "maybe_prefix",
+                 "islice", "Iterable", "SupportsLoRA", "SupportsPP", "AutoWeightsLoader"),
+        fused=(
+            FusionRow(plan.base_model_class, f"{plan.layers} -> make_layers (pipeline parallel), torch.compile"),
+            FusionRow(plan.architecture, "vLLM model interface (SupportsLoRA, SupportsPP)"),
+        ),
+        matches=2,
+    )

@@ -1,0 +1,43 @@
+"""Hand-written plans for pass tests (what analysis finds for tiny llama/qwen3 configs)."""
+
+from hfrewrite.plan import (
+    AttentionPlan, DecoderLayerPlan, LinearFact, MlpPlan, ModelPlan, NormPlan, ResidualBlock,
+)
+
+
+def llama_like(prefix: str = "Llama", model_type: str = "llama", qk_norm: bool = False,
+               qkv_bias: bool = False) -> ModelPlan:
+    return ModelPlan(
+        model_type=model_type,
+        architecture=f"{prefix}ForCausalLM",
+        base_model_class=f"{prefix}Model",
+        base_model_attr="model",
+        embed_tokens="embed_tokens",
+        layers="layers",
+        final_norm="norm",
+        lm_head="lm_head",
+        tie_word_embeddings=False,
+        decoder_layer=DecoderLayerPlan(
+            f"{prefix}DecoderLayer",
+            (ResidualBlock("input_layernorm", "self_attn"), ResidualBlock("post_attention_layernorm", "mlp")),
+        ),
+        attention=AttentionPlan(
+            module_class=f"{prefix}Attention",
+            q=LinearFact("q_proj", 128, 128, qkv_bias),
+            k=LinearFact("k_proj", 128, 64, qkv_bias),
+            v=LinearFact("v_proj", 128, 64, qkv_bias),
+            o=LinearFact("o_proj", 128, 128, False),
+            num_heads=4, num_kv_heads=2, head_dim=32,
+            q_norm="q_norm" if qk_norm else None,
+            k_norm="k_norm" if qk_norm else None,
+            rope=True, scaling=32**-0.5, sliding_window=None,
+        ),
+        mlp=MlpPlan(
+            module_class=f"{prefix}MLP",
+            gate=LinearFact("gate_proj", 128, 256, False),
+            up=LinearFact("up_proj", 128, 256, False),
+            down=LinearFact("down_proj", 256, 128, False),
+            act_attr="act_fn", activation="silu",
+        ),
+        norm=NormPlan(f"{prefix}RMSNorm", "rms", 1e-6, 0.0),
+    )

@@ -1,0 +1,117 @@
+"""emit: header round trip, canonical formatting, determinism, atomic write and --force."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hfrewrite import __version__, emit
+from hfrewrite.errors import HfrewriteError
+
+LICENSE = "# coding=utf-8\n# Copyright 2024 The HuggingFace Team. All rights reserved.\n"
+BODY = LICENSE + (
+    '"""Doc."""\nimport torch\nfrom torch import nn\nimport os\n'
+    "x = {'b': 2, 'a': 1}\nclass A(nn.Module):\n  pass\n"
+)
+
+
+def fake_resolved(model_id="llama", kind="type", revision=None, trust=False):
+    """What emit reads of a ResolvedModel (no transformers import needed)."""
+    return SimpleNamespace(
+        model_id=model_id,
+        source_kind=kind,
+        revision=revision,
+        model_type="llama",
+        modeling_module="transformers.models.llama.modeling_llama",
+        transformers_version="5.19.0",
+        trust_remote_code=trust,
+    )
+
+
+def test_header_names_source_and_round_trips():
+    r = fake_resolved()
+    h = emit.header(r)
+    assert "transformers/models/llama/modeling_llama.py (transformers 5.19.0)" in h
+    assert f"hfrewrite {__version__}" in h
+    assert "# Regenerate: hfrewrite convert llama -o <dir> --force\n" in h
+    assert (
+        '# hfrewrite-source: {"hfrewrite": "0.1.0", "model": "llama", '
+        '"revision": null, "transformers": "5.19.0"}\n' in h
+    )
+    assert emit.parse_header(h + "\nimport torch\n") == emit.record_for(r)
+
+
+def test_header_with_revision_and_remote_code_round_trips():
+    r = fake_resolved("org/my model", "hub", revision="v1", trust=True)
+    h = emit.header(r)
+    assert "hfrewrite convert 'org/my model' --revision v1 --trust-remote-code" in h
+    rec = emit.parse_header(h)
+    assert (rec.model, rec.revision, rec.trust_remote_code) == ("org/my model", "v1", True)
+
+
+def test_header_has_no_machine_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = emit.header(fake_resolved("./ckpt", "dir"))
+    assert "./ckpt (local directory)" in h and str(tmp_path) not in h
+
+
+def test_parse_header_absent_or_malformed():
+    assert emit.parse_header("import torch\n# hfrewrite-source: {}\n") is None
+    with pytest.raises(HfrewriteError, match="malformed hfrewrite-source"):
+        emit.parse_header("# hfrewrite-source: {not json\n")
+
+
+def test_render_formats_with_header_then_license():
+    out = emit.render(fake_resolved(), BODY)
+    h = emit.header(fake_resolved())
+    assert out.startswith(h + "\n" + LICENSE)
+    assert "import os\n\nimport torch\nfrom torch import nn\n" in out  # sorted
+    assert "x = {\"b\": 2, \"a\": 1}\n" in out and "    pass\n" in out  # formatted
+    assert emit.render(fake_resolved(), out[len(h) :]) == out  # canonical: a fixed point
+
+
+def test_render_refuses_code_that_does_not_parse():
+    with pytest.raises(HfrewriteError, match="does not parse before formatting.*line 7: .def f"):
+        emit.render(fake_resolved(), "def f(:\n    pass\n")
+
+
+RENDER_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_emit import BODY, fake_resolved
+from hfrewrite.emit import render
+sys.stdout.write(render(fake_resolved(), BODY))
+"""
+
+
+def test_render_is_byte_identical_across_hash_seeds():
+    script = RENDER_SCRIPT.format(tests=str(Path(__file__).parent))
+    outs = []
+    for seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, env=env, check=True
+        )
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1]
+    assert outs[0].decode() == emit.render(fake_resolved(), BODY)
+
+
+def test_write_atomic_new_same_and_different(tmp_path):
+    target = tmp_path / "out" / "llama.py"
+    assert emit.write_atomic(target, "a = 1\n", force=False) == "written"
+    assert target.read_text() == "a = 1\n"
+    mtime = target.stat().st_mtime_ns
+    assert emit.write_atomic(target, "a = 1\n", force=False) == "unchanged"
+    assert target.stat().st_mtime_ns == mtime
+    with pytest.raises(HfrewriteError, match="exists and differs; use --force"):
+        emit.write_atomic(target, "a = 2\n", force=False)
+    assert target.read_text() == "a = 1\n"
+    assert emit.write_atomic(target, "a = 2\n", force=True) == "written"
+    assert target.read_text() == "a = 2\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["llama.py"]  # no temp left
