@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.fx import Node
 
-from hfrewrite.plan import AttentionPlan, NoMatch
+from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
 from hfrewrite.trace import Traced, is_norm, opaque_attention, relative, value
 
 # Keywords of the attention call that do not change its math (at inference).
@@ -33,98 +33,141 @@ _ADD = (operator.add, torch.add, "add")
 _MUL = (operator.mul, torch.mul, "mul")
 
 
+class _Declined(Exception):
+    def __init__(self, pattern: str, reason: str) -> None:
+        super().__init__(reason)
+        self.pattern, self.reason = pattern, reason
+
+
 def analyze_attention(traced: Traced, path: str) -> AttentionPlan | NoMatch:
-    """Facts of the attention submodule ``path`` of a traced decoder layer."""
+    """Facts of the attention submodule ``path`` ("" = the root) of a traced module."""
     cls = type(traced.module.get_submodule(path)).__name__
+    try:
+        return _analyze(traced, path, cls)
+    except _Declined as d:
+        return NoMatch(d.pattern, cls, d.reason)
 
-    def no(pattern: str, reason: str) -> NoMatch:
-        return NoMatch(pattern, cls, reason)
 
-    nodes = traced.nodes_in(path)
-    scope = set(nodes)
+def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
+    scope = set(traced.nodes_in(path))
+    group = _qkv_group(traced, path)
+    call = _attention_call(traced, path)
+    args = dict(zip("qkv", call.args[1:4]))
+    feeders = {role: _feeder(traced, path, scope, arg, group, role) for role, arg in args.items()}
+    if len(set(feeders.values())) != 3:
+        raise _Declined("fuse_qkv", "q, k and v do not come from three different linears")
+    q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
+    if k.out_features != v.out_features:
+        raise _Declined("fuse_qkv", f"{k.attr} and {v.attr} differ in out_features "
+                                    f"({k.out_features} != {v.out_features})")
+    if not q.bias == k.bias == v.bias:
+        raise _Declined("fuse_qkv", f"{q.attr}, {k.attr} and {v.attr} differ in bias")
+    num_heads, num_kv_heads, head_dim = _heads(args, q, k)
+
+    rope_in = {role: _rope_input(arg, scope, traced) for role, arg in args.items()}
+    if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
+        raise _Declined("vllm_attention", "rotary embedding is not applied to exactly q and k")
+    norms = {role: _head_norm(traced, path, scope, args[role], feeders[role], rope_in[role], role)
+             for role in "qkv"}
+    if norms["v"] is not None:
+        raise _Declined("vllm_attention", f"a norm ({norms['v']}) on the v path")
+
+    o_node = _output_projection(traced, path, scope, call)
+    for key in sorted(call.kwargs):
+        if key not in _HARMLESS_KWARGS and value(call.kwargs[key]) is not None:
+            raise _Declined("vllm_attention",
+                            f"the attention call passes {key}={value(call.kwargs[key])!r}")
+    if value(call.kwargs.get("dropout", 0.0)):
+        raise _Declined("vllm_attention", "attention dropout is not 0 at inference")
+    scaling = value(call.kwargs.get("scaling"))
+    window = value(call.kwargs.get("sliding_window"))
+    return AttentionPlan(
+        module_class=cls,
+        q=q, k=k, v=v, o=traced.linear_fact(o_node, path),
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        q_norm=norms["q"], k_norm=norms["k"],
+        rope=rope_in["q"] is not None,
+        scaling=float(head_dim**-0.5 if scaling is None else scaling),
+        sliding_window=None if window is None else int(window),
+    )
+
+
+def _qkv_group(traced: Traced, path: str) -> list[Node]:
+    """The one group of three Linears reading the same input, each called once."""
     linears = traced.linears_in(path)
     names = [relative(n.target, path) for n in linears]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        return no("fuse_qkv", f"{', '.join(repeated)} called more than once")
-    groups: dict[Node, list[Node]] = {}
+        raise _Declined("fuse_qkv", f"{', '.join(repeated)} called more than once")
+    groups: dict[Node, list[Node]] = {}  # insertion (graph) order
     for n in linears:
         groups.setdefault(n.args[0], []).append(n)
     triples = [g for g in groups.values() if len(g) == 3]
     if len(triples) != 1:
-        return no("fuse_qkv", f"{_count(len(triples))} group of three linears reading the same input")
-    calls = [n for n in nodes if n.op == "call_function" and n.target is opaque_attention]
+        raise _Declined("fuse_qkv", f"{_count(len(triples))} group of three linears "
+                                    "reading the same input")
+    return triples[0]
+
+
+def _attention_call(traced: Traced, path: str) -> Node:
+    calls = [n for n in traced.nodes_in(path)
+             if n.op == "call_function" and n.target is opaque_attention]
     if len(calls) != 1:
-        return no("vllm_attention", f"{_count(len(calls))} call through the attention interface")
-    call = calls[0]
-    q_arg, k_arg, v_arg = call.args[1:4]
+        raise _Declined("vllm_attention",
+                        f"{_count(len(calls))} call through the attention interface")
+    if not all(isinstance(a, Node) for a in calls[0].args[1:4]):
+        raise _Declined("vllm_attention", "q, k or v of the attention call is a constant")
+    return calls[0]
 
-    feeders = {}
-    for role, arg in (("q", q_arg), ("k", k_arg), ("v", v_arg)):
-        found = _linears_feeding(arg, scope, traced)
-        if len(found) != 1 or found[0] not in triples[0]:
-            names3 = ", ".join(relative(n.target, path) for n in triples[0])
-            return no("fuse_qkv", f"the attention's {role} input does not come from exactly one of {names3}")
-        feeders[role] = found[0]
-    if len(set(feeders.values())) != 3:
-        return no("fuse_qkv", "q, k and v do not come from three different linears")
-    q, k, v = (traced.linear_fact(feeders[r], path) for r in "qkv")
-    if k.out_features != v.out_features:
-        return no("fuse_qkv", f"{k.attr} and {v.attr} differ in out_features ({k.out_features} != {v.out_features})")
-    if not q.bias == k.bias == v.bias:
-        return no("fuse_qkv", f"{q.attr}, {k.attr} and {v.attr} differ in bias")
 
-    qv, kv, vv = value(q_arg), value(k_arg), value(v_arg)
+def _feeder(traced: Traced, path: str, scope: set[Node], arg: Node, group: list[Node],
+            role: str) -> Node:
+    """The one Linear of the q/k/v group that the attention's ``role`` input comes from."""
+    found = _linears_feeding(arg, scope, traced)
+    if len(found) != 1 or found[0] not in group:
+        names = ", ".join(relative(n.target, path) for n in group)
+        raise _Declined("fuse_qkv", f"the attention's {role} input does not come from "
+                                    f"exactly one of {names}")
+    return found[0]
+
+
+def _heads(args: dict, q: LinearFact, k: LinearFact) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim) from the [batch, heads, seq, head_dim] q/k/v values."""
+    qv, kv, vv = (value(args[role]) for role in "qkv")
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv)):
-        return no("vllm_attention", "q, k and v are not [batch, heads, seq, head_dim] tensors")
-    num_heads, head_dim, num_kv_heads = qv.shape[1], qv.shape[3], kv.shape[1]
-    if kv.shape[3] != head_dim or vv.shape[3] != head_dim or vv.shape[1] != num_kv_heads:
-        return no("vllm_attention", f"q, k and v shapes differ: {tuple(qv.shape)}, {tuple(kv.shape)}, {tuple(vv.shape)}")
-    if q.out_features != num_heads * head_dim or k.out_features != num_kv_heads * head_dim:
-        return no("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
-    if num_heads % num_kv_heads:
-        return no("vllm_attention", f"{num_heads} heads not divisible by {num_kv_heads} kv heads")
+        raise _Declined("vllm_attention", "q, k and v are not [batch, heads, seq, head_dim]")
+    heads, kv_heads, head_dim = qv.shape[1], kv.shape[1], qv.shape[3]
+    if kv.shape[3] != head_dim or vv.shape[3] != head_dim or vv.shape[1] != kv_heads:
+        raise _Declined("vllm_attention", f"q, k and v shapes differ: {tuple(qv.shape)}, "
+                                          f"{tuple(kv.shape)}, {tuple(vv.shape)}")
+    if q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim:
+        raise _Declined("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
+    if heads % kv_heads:
+        raise _Declined("vllm_attention", f"{heads} heads not divisible by {kv_heads} kv heads")
+    return heads, kv_heads, head_dim
 
-    rope_in = {role: _rope_input(arg, scope, traced) for role, arg in (("q", q_arg), ("k", k_arg), ("v", v_arg))}
-    if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
-        return no("vllm_attention", "rotary embedding is not applied to exactly q and k")
-    head_norms = {}
-    for role, arg in (("q", q_arg), ("k", k_arg), ("v", v_arg)):
-        norms = [n for n in _path_nodes(arg, feeders[role], scope)
-                 if n.op == "call_module" and is_norm(traced.submodule(n))]
-        if len(norms) > 1 or (norms and role == "v"):
-            return no("vllm_attention", f"unsupported norms on the {role} path")
-        if norms and rope_in[role] is not None and norms[0] not in _ancestors(rope_in[role], scope):
-            return no("vllm_attention", f"the {role} norm is applied after the rotary embedding")
-        head_norms[role] = relative(norms[0].target, path) if norms else None
 
+def _head_norm(traced: Traced, path: str, scope: set[Node], arg: Node, source: Node,
+               rope_in: Node | None, role: str) -> str | None:
+    """The attribute of the one norm between a projection and the rope, or None."""
+    norms = [n for n in _path_nodes(arg, source, scope)
+             if n.op == "call_module" and is_norm(traced.submodule(n))]
+    if len(norms) > 1:
+        raise _Declined("vllm_attention", f"{len(norms)} norms on the {role} path")
+    if norms and rope_in is not None and norms[0] not in _ancestors(rope_in, scope):
+        raise _Declined("vllm_attention", f"the {role} norm is applied after the rotary embedding")
+    return relative(norms[0].target, path) if norms else None
+
+
+def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) -> Node:
+    """The one Linear that consumes the attention output and ends the block."""
     consumers = _linears_fed_by(call, scope, traced)
     if len(consumers) != 1:
-        return no("vllm_attention", f"{_count(len(consumers))} linear consumes the attention output")
-    o_node = consumers[0]
-    if traced.outputs_of(path) != [o_node]:
-        return no("vllm_attention", "the output projection does not end the block")
-    o = traced.linear_fact(o_node, path)
-
-    for key in sorted(call.kwargs):
-        if key not in _HARMLESS_KWARGS and value(call.kwargs[key]) is not None:
-            return no("vllm_attention", f"the attention call passes {key}={value(call.kwargs[key])!r}")
-    if value(call.kwargs.get("dropout", 0.0)):
-        return no("vllm_attention", "attention dropout is not 0 at inference")
-    scaling = value(call.kwargs.get("scaling"))
-    sliding_window = value(call.kwargs.get("sliding_window"))
-    return AttentionPlan(
-        module_class=cls,
-        q=q, k=k, v=v, o=o,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        q_norm=head_norms["q"],
-        k_norm=head_norms["k"],
-        rope=rope_in["q"] is not None,
-        scaling=float(head_dim**-0.5 if scaling is None else scaling),
-        sliding_window=None if sliding_window is None else int(sliding_window),
-    )
+        raise _Declined("vllm_attention",
+                        f"{_count(len(consumers))} linear consumes the attention output")
+    if traced.outputs_of(path) != consumers:
+        raise _Declined("vllm_attention", "the output projection does not end the block")
+    return consumers[0]
 
 
 def _count(n: int) -> str:
