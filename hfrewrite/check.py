@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfrewrite import __version__, convert
+from hfrewrite import __version__
 from hfrewrite.emit import SourceRecord, parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.resolve import resolve
@@ -101,11 +101,12 @@ def check_paths(paths: list[Path], fix: bool) -> CheckReport:
 
 
 def _check_file(file: Path, text: str, record: SourceRecord, fix: bool) -> FileResult:
+    from hfrewrite import convert  # the pipeline (torch) loads only when needed
+
     try:
         resolved = resolve(record.model, record.revision, record.trust_remote_code)
-        new = convert.generate(
-            resolved
-        ).text  # looked up at call time (tests replace it)
+        # convert.generate is looked up at call time, so tests can replace it.
+        new = convert.generate(resolved).text
     except HfrewriteError as exc:
         raise HfrewriteError(f"{file}: cannot regenerate: {exc}") from None
     installed = resolved.transformers_version

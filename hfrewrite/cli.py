@@ -96,16 +96,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from hfrewrite import convert
     from hfrewrite.emit import write_atomic
     from hfrewrite.resolve import resolve
 
     resolved = resolve(args.model, args.revision, args.trust_remote_code)
+    from hfrewrite import convert  # after resolve: bad input fails before torch loads
+
     generated = convert.generate(resolved)
     out = args.output_dir / generated.filename
     status = write_atomic(out, generated.text, force=args.force)
 
-    rows = [(r.module_class, r.fused) for r in generated.fused]
+    # Grouped by module class (classes in order of first appearance, rows in pass order).
+    classes = list(dict.fromkeys(r.module_class for r in generated.fused))
+    rows = sorted(
+        ((r.module_class, r.fused) for r in generated.fused),
+        key=lambda row: classes.index(row[0]),
+    )
     print(_table(("module class", "fused"), rows) if rows else "nothing fused")
     if args.explain:
         rows = [(n.module_class, n.pattern, n.reason) for n in generated.declined]
@@ -135,7 +141,12 @@ def _verify(args: argparse.Namespace) -> int:
         raise HfrewriteError(
             "verify is not available yet (hfrewrite/verify.py is missing)"
         )
-    return int(importlib.import_module("hfrewrite.verify").main(args) or 0)
+    verify = importlib.import_module("hfrewrite.verify")
+    if not hasattr(verify, "main"):
+        raise HfrewriteError(
+            "verify is not wired yet (hfrewrite.verify has no main(args))"
+        )
+    return int(verify.main(args) or 0)
 
 
 def _list_passes() -> int:

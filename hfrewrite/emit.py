@@ -2,8 +2,8 @@
 
 Every generated file starts with ``header(...)``; the CLI and ``check`` both use it, and
 ``check`` reads the machine-readable ``# hfrewrite-source: {...}`` line back with
-``parse_header``. ``render`` is the last step of generation: header + body, imports sorted
-and formatted by the pinned ruff, parse-checked. It fails loudly rather than return
+``parse_header``. ``render`` is the last step of generation: header + body, unused imports
+dropped and imports sorted (ruff F401, I), formatted by the pinned ruff, parse-checked. It fails loudly rather than return
 unformatted text. Output depends only on its inputs: no timestamps, no paths of this
 machine, and ruff runs isolated from any project config, in an empty directory.
 """
@@ -125,7 +125,7 @@ def parse_header(text: str) -> SourceRecord | None:
 
 
 def render(resolved, body: str) -> str:
-    """Header + body, imports sorted and formatted by the pinned ruff, checked to parse.
+    """Header + body, imports cleaned and sorted, formatted by the pinned ruff, parse-checked.
 
     ``body`` is the rewritten module, starting with the source file's license comments,
     which stay right after the header.

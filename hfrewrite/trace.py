@@ -42,14 +42,17 @@ _ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations"
 def opaque_attention(module, query, key, value, attention_mask, **kwargs):
     """The attention leaf: one graph node with args (module, q, k, v, mask) and kwargs.
 
-    Outside tracing it computes SDPA attention, so a traced graph still runs.
+    Outside tracing it computes SDPA attention, so a traced graph still runs. A graph
+    cannot name its own root module: when the traced root calls it, the node's module
+    argument is None (its value is still computed with the module).
     """
     for arg in (query, key, value):
         if isinstance(arg, ValueProxy):
+            named = None if module is arg.tracer.root else module
             return arg.tracer.create_proxy(
                 "call_function",
                 opaque_attention,
-                (module, query, key, value, attention_mask),
+                (named, query, key, value, attention_mask),
                 kwargs,
             )
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -85,8 +88,11 @@ class ValueProxy(Proxy):
     def keys(self):
         return self.value.keys()
 
-    def __setitem__(self, key: Any, item: Any) -> None:  # recorded, and applied to the value
-        self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
+    def __setitem__(self, key: Any, item: Any) -> None:
+        """Recorded as ``operator.setitem``, and applied to the value."""
+        self.tracer.create_proxy(
+            "call_function", operator.setitem, (self, key, item), {}
+        )
 
 
 def _value_of(arg: Any) -> Any:
@@ -129,10 +135,29 @@ class ValueTracer(Tracer):
     def proxy(self, node: Node) -> ValueProxy:
         return ValueProxy(node, self)
 
-    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None,
-                     proxy_factory_fn=None):
+    def create_node(
+        self, kind, target, args, kwargs, name=None, type_expr=None
+    ) -> Node:
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind == "get_attr":  # also those made for constants, parameters and modules
+            with _maybe_revert_all_patches():
+                node.meta["value"] = _get_attr(self.root, target)
+        return node
+
+    def create_proxy(
+        self,
+        kind,
+        target,
+        args,
+        kwargs,
+        name=None,
+        type_expr=None,
+        proxy_factory_fn=None,
+    ):
         value = self._evaluate(kind, target, args, kwargs)
-        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, self.proxy)
+        proxy = super().create_proxy(
+            kind, target, args, kwargs, name, type_expr, self.proxy
+        )
         proxy.node.meta["value"] = value
         return proxy
 
@@ -143,12 +168,14 @@ class ValueTracer(Tracer):
             if kind == "placeholder":
                 return self.placeholders[-1]
             if kind == "get_attr":
-                return operator_attrgetter(self.root, target)
+                return _get_attr(self.root, target)
             if kind == "call_module":
                 return self.root.get_submodule(target)(*args, **kwargs)
             if kind == "call_method":
                 return getattr(args[0], target)(*args[1:], **kwargs)
             if kind == "call_function":
+                if target is opaque_attention and args[0] is None:
+                    args = (self.root, *args[1:])  # see opaque_attention
                 return target(*args, **kwargs)
         raise AssertionError(f"unexpected node kind {kind}")
 
@@ -172,7 +199,7 @@ class ValueTracer(Tracer):
         return root, [self.root]
 
 
-def operator_attrgetter(root: nn.Module, target: str) -> Any:
+def _get_attr(root: nn.Module, target: str) -> Any:
     value: Any = root
     for atom in target.split("."):
         value = getattr(value, atom)
@@ -180,7 +207,7 @@ def operator_attrgetter(root: nn.Module, target: str) -> Any:
 
 
 def _placeholder_name(path: tuple, params: list[str]) -> str:
-    """Key path into ``(args, kwargs)`` -> a name: ``position_embeddings_1``, ``arg0``."""
+    """A key path into ``(args, kwargs)`` -> ``position_embeddings_1``, ``arg0``..."""
     head, rest = path[1], pytree.keystr(path[2:])
     if path[0].idx == 1:
         first = head.key
@@ -191,7 +218,7 @@ def _placeholder_name(path: tuple, params: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Traced:
-    """A traced module: its graph (values in ``node.meta["value"]``) and example call."""
+    """A traced module: its graph (values in ``node.meta["value"]``) and inputs."""
 
     module: nn.Module
     graph_module: GraphModule
@@ -202,13 +229,14 @@ class Traced:
         return self.graph_module.graph
 
     def submodule(self, node: Node) -> nn.Module:
-        """The module a ``call_module`` node (or a module ``get_attr`` node) refers to."""
+        """The module a ``call_module`` (or module ``get_attr``) node refers to."""
         return self.module.get_submodule(node.target)
 
     def nodes_in(self, path: str) -> list[Node]:
-        """Nodes computed inside submodule ``path`` ("" = all but I/O), in graph order."""
+        """Nodes computed inside submodule ``path`` ("": all but I/O), in order."""
         return [
-            n for n in self.graph.nodes
+            n
+            for n in self.graph.nodes
             if n.op not in ("placeholder", "output")
             and (not path or path in _scopes(n))
         ]
@@ -222,12 +250,13 @@ class Traced:
     def linears_in(self, path: str) -> list[Node]:
         """``nn.Linear`` call nodes inside ``path``, in graph order."""
         return [
-            n for n in self.nodes_in(path)
+            n
+            for n in self.nodes_in(path)
             if n.op == "call_module" and isinstance(self.submodule(n), nn.Linear)
         ]
 
     def linear_fact(self, node: Node, path: str) -> LinearFact:
-        """The facts of a Linear call node; ``attr`` is relative to submodule ``path``."""
+        """The facts of a Linear call node, ``attr`` relative to submodule ``path``."""
         linear = self.submodule(node)
         return LinearFact(
             relative(node.target, path),

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -188,7 +189,12 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
     inspection subprocess on each first use.
     """
     from vllm import ModelRegistry
+    from vllm.model_executor.model_loader import utils as loader_utils
 
+    # vLLM caches the resolved class per (model path, architectures, ...): without
+    # clearing it, a native run after a generated run of the same checkpoint in one
+    # process silently reuses the generated class (and vice versa).
+    loader_utils._MODEL_ARCH_BY_HASH.clear()
     models = ModelRegistry.models
     previous = models.get(architecture)
     if model_cls is None:
@@ -201,6 +207,7 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
     try:
         yield True
     finally:
+        loader_utils._MODEL_ARCH_BY_HASH.clear()
         if previous is None:
             models.pop(architecture, None)
         else:
@@ -221,6 +228,10 @@ def _native_snapshot() -> dict:
 _NATIVE: dict = {}
 
 
+class VllmRunError(RuntimeError):
+    """A vLLM run failed; the message holds the original traceback as text."""
+
+
 def vllm_run(
     ckpt: Path,
     prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS,
@@ -232,10 +243,12 @@ def vllm_run(
 
     With ``generated_module``, its ``architecture`` class replaces vLLM's for this run;
     without, vLLM's native class runs (None is returned when vLLM has none). Returns
-    ``{"tokens", "logprobs", "structure", "model_class", "init_s", "gen_s"}``.
+    ``{"tokens", "logprobs", "structure", "model_class", "init_s", "gen_s"}``; raises
+    ``VllmRunError`` after tearing the failed engine down, so the next run can start.
     """
     global _NATIVE
-    from vllm import LLM, SamplingParams
+    from vllm.distributed import parallel_state
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     if not _NATIVE:
         _NATIVE = _native_snapshot()
@@ -244,41 +257,54 @@ def vllm_run(
     with _registered(architecture, cls) as available:
         if not available:
             return None
-        t0 = time.perf_counter()
-        llm = LLM(
-            model=str(ckpt),
-            skip_tokenizer_init=True,
-            dtype="float32",
-            max_model_len=MAX_MODEL_LEN,
-            enforce_eager=True,
-            model_impl="vllm",  # never fall back to the Transformers backend
-            kv_cache_memory_bytes=KV_CACHE_BYTES,
-            seed=0,
-        )
+        error = None
         try:
-            t1 = time.perf_counter()
-            params = SamplingParams(
-                temperature=0,
-                max_tokens=max_tokens,
-                ignore_eos=True,
-                detokenize=False,
-                logprobs=1,
-            )
-            outs = llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
-            )
-            t2 = time.perf_counter()
-            tokens = [list(o.outputs[0].token_ids) for o in outs]
-            logprobs = [
-                [pos[tok].logprob for pos, tok in zip(o.outputs[0].logprobs, toks)]
-                for o, toks in zip(outs, tokens)
-            ]
-            structure, model_class = llm.apply_model(
-                lambda m: (inspect_structure(m), f"{type(m).__module__}.{type(m).__name__}")
-            )[0]
-        finally:
-            del llm
-            gc.collect()
+            result = _run_engine(ckpt, prompts, max_tokens)
+        except Exception:
+            # Keep only text: the traceback's frames would keep the engine alive, and
+            # its deferred shutdown would later tear down the *next* engine's state.
+            error = traceback.format_exc()
+    # The engine shuts down (distributed env included) once unreferenced; collect
+    # only when a reference cycle kept it alive (each collect costs ~1 s).
+    if parallel_state._WORLD is not None or error is not None:
+        gc.collect()
+        cleanup_dist_env_and_memory()
+    if error is not None:
+        raise VllmRunError(error)
+    return result
+
+
+def _run_engine(ckpt: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -> dict:
+    """Build an ``LLM`` for whatever class is registered, decode, inspect, drop it."""
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=str(ckpt),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=True,
+        model_impl="vllm",  # never fall back to the Transformers backend
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        seed=0,
+    )
+    t1 = time.perf_counter()
+    params = SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, logprobs=1
+    )
+    outs = llm.generate(
+        [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
+    )
+    t2 = time.perf_counter()
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [
+        [pos[tok].logprob for pos, tok in zip(o.outputs[0].logprobs, toks)]
+        for o, toks in zip(outs, tokens)
+    ]
+    structure, model_class = llm.apply_model(
+        lambda m: (inspect_structure(m), f"{type(m).__module__}.{type(m).__name__}")
+    )[0]
     return {
         "tokens": tokens,
         "logprobs": logprobs,
@@ -396,6 +422,7 @@ class VerifyReport:
     generated_class: str | None
     ok: bool
     problems: tuple[str, ...] = ()
+    errors: dict[str, str] = field(default_factory=dict)  # run -> traceback text
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -469,15 +496,23 @@ def _first_mismatch(name: str, got: Tokens, want: Tokens) -> str | None:
     return None
 
 
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else text
+
+
 def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) -> VerifyReport:
-    problems = [f"{what} run failed: {r['error']}" for what, r in
-                (("HF", hf), ("generated", gen), ("native", nat or {})) if "error" in r]
+    errors = {what: r["error"] for what, r in
+              (("hf", hf), ("generated", gen), ("native", nat or {})) if "error" in r}
+    problems = [f"{what} run failed: {_last_line(err)}" for what, err in errors.items()]
     hf_ok, gen_ok = "error" not in hf, "error" not in gen
     nat_ok = nat is not None and "error" not in nat
     diff_native = diff_hf = None
     if gen_ok:
         if not gen["model_class"].startswith("hfrewrite_generated_"):
             problems.append(f"vLLM ran {gen['model_class']}, not the generated class")
+        if nat_ok and not nat["model_class"].startswith("vllm.model_executor.models."):
+            problems.append(f"native run used {nat['model_class']}, not vLLM's class")
         refs = [("HF", hf)] if hf_ok else []
         refs += [("native", nat)] if nat_ok else []
         for name, ref in refs:
@@ -509,6 +544,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) 
         generated_class=gen.get("model_class"),
         ok=not problems,
         problems=tuple(problems),
+        errors=errors,
         timings=timings,
     )
 

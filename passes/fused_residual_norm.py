@@ -73,7 +73,7 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
             )
         else:
             norm = t.stmts(f"hidden_states, residual = self.{b.norm}(hidden_states, residual)\n")
-        norm[0] = norm[0].with_changes(leading_lines=[*([cst.EmptyLine()] if i else []), *comments])
+        norm[0] = norm[0].with_changes(leading_lines=[*([cst.EmptyLine(indent=False)] if i else []), *comments])
         call = (f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
                 if b.block in attention_blocks else f"self.{b.block}(hidden_states)")
         out += [*norm, t.stmt(f"hidden_states = {call}\n")]
@@ -82,7 +82,8 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
         "def forward(\n    self,\n    positions: torch.Tensor,\n    hidden_states: torch.Tensor,\n"
         "    residual: torch.Tensor | None,\n) -> tuple[torch.Tensor, torch.Tensor]:\n    pass\n"
     )
-    return t.with_body(fwd.with_changes(params=sig.params, returns=sig.returns), out)
+    return t.with_body(fwd.with_changes(params=sig.params, returns=sig.returns,
+                                         whitespace_before_params=sig.whitespace_before_params), out)
 
 
 def _blocks_of_class(cls: cst.ClassDef, class_name: str) -> set[str]:

@@ -20,6 +20,8 @@ Preconditions: none; removal is by reachability, so nothing the model uses can g
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from hfrewrite import cst_tools as t
@@ -88,12 +90,27 @@ def _reachable(module: cst.Module, root: str) -> set[str]:
     return seen
 
 
+def _stateless_classes(module: cst.Module) -> set[str]:
+    """Module classes that hold no checkpoint state: no parameters, no persistent buffers,
+    no layers (HF's rotary embedding). Dropping an unused one cannot orphan a weight."""
+    classes = {n.name.value: t.code(n) for n in module.body if isinstance(n, cst.ClassDef)}
+    return {
+        name for name, src in classes.items()
+        if "Parameter" not in src and "persistent=True" not in src
+        and not re.search(r"nn\.(?!Buffer\b|Module\b)[A-Z]\w*\(", src)
+        and not any(f"{other}(" in src for other in classes if other != name)
+    }
+
+
 class _PruneAttributes(cst.CSTTransformer):
     """Drop `self.x = ...` from a class's __init__ when nothing reads `self.x` in that class
-    and no other class reads it through a submodule (`self.model.x`)."""
+    and no other class reads it through a submodule (`self.model.x`). A value that builds
+    something is dropped only when it is a stateless class of this module, so the set of
+    checkpoint weights never changes."""
 
-    def __init__(self, cross_reads: set[str]) -> None:
+    def __init__(self, cross_reads: set[str], stateless: set[str]) -> None:
         self.cross_reads = cross_reads
+        self.stateless = stateless
         self.read: list[set[str]] = []
         self.in_init = 0
 
@@ -116,8 +133,22 @@ class _PruneAttributes(cst.CSTTransformer):
     def leave_SimpleStatementLine(self, original, updated):
         attr = t.self_attr_assigned(updated)
         if self.in_init and self.read and attr and attr not in self.read[-1]:
-            return cst.RemoveFromParent()
+            value = t.assigned_value(updated)
+            builds = [c for c in _calls(value) if c not in ("getattr", "max", "min", "int", "float")]
+            if all(c in self.stateless for c in builds):
+                return cst.RemoveFromParent()
         return updated
+
+
+def _calls(node: cst.CSTNode) -> list[str]:
+    found: list[str] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(t.dotted(call.func) or "?")
+
+    node.visit(_Calls())
+    return found
 
 
 class _ReadAttributes(cst.CSTVisitor):
@@ -152,7 +183,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = module.with_changes(body=body)
         reader = _ReadAttributes()
         module.visit(reader)
-        module = module.visit(_PruneAttributes(reader.cross_reads))
+        module = module.visit(_PruneAttributes(reader.cross_reads, _stateless_classes(module)))
     body = []
     for node in module.body:
         if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.ImportFrom) and node.body[0].relative:

@@ -5,7 +5,7 @@ Matches the attention class after ``fuse_qkv``: ``forward`` starts from
 ``[batch, heads, seq, head_dim]``, optionally applies per-head q/k norms, applies rotary
 embeddings from ``position_embeddings``, updates the HF cache and calls
 ``ALL_ATTENTION_FUNCTIONS``. vLLM owns the cache, the masks and the layout, so the body
-after the split becomes vLLM's (as in its ``qwen3.py`` for q/k norms)::
+after the split becomes vLLM's (as in its ``qwen3.py`` for q/k norms). Emits::
 
     q, k = self.rotary_emb(positions, q, k)
     attn_output = self.attn(q, k, v)
@@ -111,7 +111,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
         "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n"
         "    pass\n"
     )
-    forward = forward.with_changes(params=params.params, returns=params.returns)
+    forward = forward.with_changes(params=params.params, returns=params.returns,
+                                whitespace_before_params=params.whitespace_before_params)
     forward = t.with_body(forward, [*body[split_at - 1 : split_at + 1], *t.stmts(tail)])
     return t.set_method(t.set_method(cls, init), forward)
 

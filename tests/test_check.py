@@ -6,6 +6,7 @@ exercise regenerate-and-diff, not the rewrite passes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -68,7 +69,9 @@ def test_hand_edit_is_reported_then_fixed(golden):
 
 def test_transformers_version_drift_is_named(golden):
     f = golden / "llama.py"
-    f.write_text(f.read_text().replace('"transformers": "5.19.0"', '"transformers": "5.0.0"'))
+    f.write_text(
+        f.read_text().replace('"transformers": "5.19.0"', '"transformers": "5.0.0"')
+    )
     text = check_paths([f], fix=False).format()
     assert "generated with transformers 5.0.0; installed is 5.19.0" in text
 
@@ -79,3 +82,18 @@ def test_no_generated_files_is_an_error(tmp_path):
         check_paths([tmp_path], fix=False)
     with pytest.raises(HfrewriteError, match="no such file or directory"):
         check_paths([tmp_path / "missing"], fix=False)
+
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+
+
+def test_golden_files_are_up_to_date():
+    """The real pipeline regenerates every file in golden/ byte for byte (CI runs this)."""
+    report = check_paths([GOLDEN], fix=False)
+    assert {r.path.name for r in report.results} >= {
+        "llama.py",
+        "mistral.py",
+        "qwen2.py",
+        "qwen3.py",
+    }
+    assert report.exit_code == 0, report.format().replace(str(GOLDEN), "golden")

@@ -28,8 +28,14 @@ def fake_generate(resolved):
     return SimpleNamespace(
         filename=f"{resolved.model_type}.py",
         text=emit.render(resolved, BODY),
-        fused=(SimpleNamespace(module_class="LlamaAttention", fused="q+k+v -> QKVParallelLinear"),),
-        declined=(NoMatch("fuse_gate_up", "LlamaMLP", "gate and up read different inputs"),),
+        fused=(
+            SimpleNamespace(
+                module_class="LlamaAttention", fused="q+k+v -> QKVParallelLinear"
+            ),
+        ),
+        declined=(
+            NoMatch("fuse_gate_up", "LlamaMLP", "gate and up read different inputs"),
+        ),
     )
 
 
@@ -38,7 +44,9 @@ def offline(tmp_path, monkeypatch):
     """Fake pipeline, empty offline HF cache."""
     monkeypatch.setattr(convert, "generate", fake_generate)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(
+        huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache")
+    )
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
@@ -66,7 +74,10 @@ def test_convert_refuses_to_clobber_without_force(tmp_path, capsys):
     target.write_text("hand written\n")
     code, out, err = run(capsys, "convert", "llama", "-o", tmp_path)
     assert code == 2 and out == ""
-    assert err == f"hfrewrite: error: {target} exists and differs; use --force to overwrite it\n"
+    assert (
+        err
+        == f"hfrewrite: error: {target} exists and differs; use --force to overwrite it\n"
+    )
     assert target.read_text() == "hand written\n"
     assert run(capsys, "convert", "llama", "-o", tmp_path, "--force")[0] == 0
     assert emit.parse_header(target.read_text()) is not None
@@ -106,7 +117,14 @@ def bad_unknown_name(tmp_path):
 
 @pytest.mark.parametrize(
     "case",
-    [bad_dir_missing, bad_dir_malformed, bad_auto_map, bad_unknown_type, bad_unknown_id, bad_unknown_name],
+    [
+        bad_dir_missing,
+        bad_dir_malformed,
+        bad_auto_map,
+        bad_unknown_type,
+        bad_unknown_id,
+        bad_unknown_name,
+    ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(case, tmp_path, capsys):
     model, message = case(tmp_path)
@@ -154,6 +172,7 @@ def test_console_script_bad_input(tmp_path):
     exe = Path(sys.executable).with_name("hfrewrite")
     proc = subprocess.run(
         [str(exe), "convert", str(tmp_path / "m"), "-o", str(tmp_path / "out")],
+        check=False,
         capture_output=True,
         text=True,
     )

@@ -13,10 +13,12 @@ import pytest
 from hfrewrite import __version__, emit
 from hfrewrite.errors import HfrewriteError
 
-LICENSE = "# coding=utf-8\n# Copyright 2024 The HuggingFace Team. All rights reserved.\n"
+LICENSE = (
+    "# coding=utf-8\n# Copyright 2024 The HuggingFace Team. All rights reserved.\n"
+)
 BODY = LICENSE + (
     '"""Doc."""\nimport torch\nfrom torch import nn\nimport os\n'
-    "x = {'b': 2, 'a': 1}\nclass A(nn.Module):\n  pass\n"
+    "x = {'b': 2, 'a': 1}\nclass A(nn.Module):\n  pass\nY = (os.sep, torch.float32)\n"
 )
 
 
@@ -51,7 +53,11 @@ def test_header_with_revision_and_remote_code_round_trips():
     h = emit.header(r)
     assert "hfrewrite convert 'org/my model' --revision v1 --trust-remote-code" in h
     rec = emit.parse_header(h)
-    assert (rec.model, rec.revision, rec.trust_remote_code) == ("org/my model", "v1", True)
+    assert (rec.model, rec.revision, rec.trust_remote_code) == (
+        "org/my model",
+        "v1",
+        True,
+    )
 
 
 def test_header_has_no_machine_paths(tmp_path, monkeypatch):
@@ -71,12 +77,21 @@ def test_render_formats_with_header_then_license():
     h = emit.header(fake_resolved())
     assert out.startswith(h + "\n" + LICENSE)
     assert "import os\n\nimport torch\nfrom torch import nn\n" in out  # sorted
-    assert "x = {\"b\": 2, \"a\": 1}\n" in out and "    pass\n" in out  # formatted
-    assert emit.render(fake_resolved(), out[len(h) :]) == out  # canonical: a fixed point
+    assert 'x = {"b": 2, "a": 1}\n' in out and "    pass\n" in out  # formatted
+    assert (
+        emit.render(fake_resolved(), out[len(h) :]) == out
+    )  # canonical: a fixed point
+
+
+def test_render_drops_unused_imports():
+    out = emit.render(fake_resolved(), "import os\nimport torch\n\nX = torch.float32\n")
+    assert "import os" not in out and "import torch\n" in out
 
 
 def test_render_refuses_code_that_does_not_parse():
-    with pytest.raises(HfrewriteError, match="does not parse before formatting.*line 7: .def f"):
+    with pytest.raises(
+        HfrewriteError, match="does not parse before formatting.*line 7: .def f"
+    ):
         emit.render(fake_resolved(), "def f(:\n    pass\n")
 
 
@@ -114,4 +129,6 @@ def test_write_atomic_new_same_and_different(tmp_path):
     assert target.read_text() == "a = 1\n"
     assert emit.write_atomic(target, "a = 2\n", force=True) == "written"
     assert target.read_text() == "a = 2\n"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["llama.py"]  # no temp left
+    assert sorted(p.name for p in target.parent.iterdir()) == [
+        "llama.py"
+    ]  # no temp left

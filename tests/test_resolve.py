@@ -69,7 +69,9 @@ def test_hub_id_from_local_cache(hub_cache):
 
 
 def test_hub_id_not_cached_and_offline(hub_cache):
-    with pytest.raises(HfrewriteError, match="not in the local Hugging Face cache.*unreachable"):
+    with pytest.raises(
+        HfrewriteError, match="not in the local Hugging Face cache.*unreachable"
+    ):
         resolve("org/absent")
 
 
@@ -105,8 +107,12 @@ def test_auto_map_refused_without_trust(tmp_path):
 
 
 def test_auto_map_custom_type_has_no_installed_source(tmp_path):
-    d = write_config(tmp_path / "m", {"model_type": "mycustom", "auto_map": {"AutoConfig": "x.Y"}})
-    with pytest.raises(HfrewriteError, match="only installed transformers modeling files"):
+    d = write_config(
+        tmp_path / "m", {"model_type": "mycustom", "auto_map": {"AutoConfig": "x.Y"}}
+    )
+    with pytest.raises(
+        HfrewriteError, match="only installed transformers modeling files"
+    ):
         resolve(str(d), trust_remote_code=True)
 
 

@@ -2,15 +2,19 @@
 
 Pattern (llama family, traced inline inside the decoder layer)::
 
-    q = q_proj(x) -> view/transpose [-> q_norm] [-> rope(cos, sin)]   (k alike, v no norm/rope)
+    q = q_proj(x) -> view/transpose [-> q_norm] [-> x * cos + rotate_half(x) * sin]
+    k alike; v = v_proj(x) -> view/transpose (no norm, no rope)
     out = o_proj(reshape(attention(q, k, v, scaling=..., sliding_window=...)))
 
+The q/k/v roles come from data flow into the attention leaf's arguments, not from
+attribute names. vLLM emits ``QKVParallelLinear`` + ``get_rope`` + ``Attention``.
+
 Preconditions (fail closed, each a NoMatch with a reason): exactly one group of three
-Linears reading the same input, each called once, feeding the attention leaf's q, k and
-v one each; k and v equal in out_features; one bias setting; out_features equal to heads
-times head_dim; at most one norm per q/k path and before the rope; rope on both q and k or
-on neither; exactly one Linear consuming the attention output, and it ends the block;
-no attention keyword that changes the math (softcap, sinks...).
+Linears reading the same input, each called once, feeding the leaf's q, k and v one
+each; k and v equal in out_features; one bias setting; out_features equal to heads times
+head_dim; at most one norm per q/k path, before the rope; rope on both q and k or on
+neither; exactly one Linear consumes the attention output and it ends the block; no
+attention keyword that changes the math (softcap, sinks...).
 """
 
 from __future__ import annotations
@@ -26,8 +30,16 @@ from hfrewrite.trace import Traced, is_norm, opaque_attention, relative, value
 
 # Keywords of the attention call that do not change its math (at inference).
 _HARMLESS_KWARGS = frozenset(
-    {"dropout", "scaling", "sliding_window", "position_ids", "use_cache", "cache_position",
-     "past_key_values", "output_attentions"}
+    {
+        "dropout",
+        "scaling",
+        "sliding_window",
+        "position_ids",
+        "use_cache",
+        "cache_position",
+        "past_key_values",
+        "output_attentions",
+    }
 )
 _ADD = (operator.add, torch.add, "add")
 _MUL = (operator.mul, torch.mul, "mul")
@@ -53,39 +65,61 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
     group = _qkv_group(traced, path)
     call = _attention_call(traced, path)
     args = dict(zip("qkv", call.args[1:4]))
-    feeders = {role: _feeder(traced, path, scope, arg, group, role) for role, arg in args.items()}
+    feeders = {
+        role: _feeder(traced, path, scope, arg, group, role)
+        for role, arg in args.items()
+    }
     if len(set(feeders.values())) != 3:
-        raise _Declined("fuse_qkv", "q, k and v do not come from three different linears")
+        raise _Declined(
+            "fuse_qkv", "q, k and v do not come from three different linears"
+        )
     q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
     if k.out_features != v.out_features:
-        raise _Declined("fuse_qkv", f"{k.attr} and {v.attr} differ in out_features "
-                                    f"({k.out_features} != {v.out_features})")
+        raise _Declined(
+            "fuse_qkv",
+            f"{k.attr} and {v.attr} differ in out_features "
+            f"({k.out_features} != {v.out_features})",
+        )
     if not q.bias == k.bias == v.bias:
         raise _Declined("fuse_qkv", f"{q.attr}, {k.attr} and {v.attr} differ in bias")
     num_heads, num_kv_heads, head_dim = _heads(args, q, k)
 
     rope_in = {role: _rope_input(arg, scope, traced) for role, arg in args.items()}
     if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
-        raise _Declined("vllm_attention", "rotary embedding is not applied to exactly q and k")
-    norms = {role: _head_norm(traced, path, scope, args[role], feeders[role], rope_in[role], role)
-             for role in "qkv"}
+        raise _Declined(
+            "vllm_attention", "rotary embedding is not applied to exactly q and k"
+        )
+    norms = {
+        role: _head_norm(
+            traced, path, scope, args[role], feeders[role], rope_in[role], role
+        )
+        for role in "qkv"
+    }
     if norms["v"] is not None:
         raise _Declined("vllm_attention", f"a norm ({norms['v']}) on the v path")
 
     o_node = _output_projection(traced, path, scope, call)
     for key in sorted(call.kwargs):
         if key not in _HARMLESS_KWARGS and value(call.kwargs[key]) is not None:
-            raise _Declined("vllm_attention",
-                            f"the attention call passes {key}={value(call.kwargs[key])!r}")
+            raise _Declined(
+                "vllm_attention",
+                f"the attention call passes {key}={value(call.kwargs[key])!r}",
+            )
     if value(call.kwargs.get("dropout", 0.0)):
         raise _Declined("vllm_attention", "attention dropout is not 0 at inference")
     scaling = value(call.kwargs.get("scaling"))
     window = value(call.kwargs.get("sliding_window"))
     return AttentionPlan(
         module_class=cls,
-        q=q, k=k, v=v, o=traced.linear_fact(o_node, path),
-        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        q_norm=norms["q"], k_norm=norms["k"],
+        q=q,
+        k=k,
+        v=v,
+        o=traced.linear_fact(o_node, path),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        q_norm=norms["q"],
+        k_norm=norms["k"],
         rope=rope_in["q"] is not None,
         scaling=float(head_dim**-0.5 if scaling is None else scaling),
         sliding_window=None if window is None else int(window),
@@ -104,58 +138,91 @@ def _qkv_group(traced: Traced, path: str) -> list[Node]:
         groups.setdefault(n.args[0], []).append(n)
     triples = [g for g in groups.values() if len(g) == 3]
     if len(triples) != 1:
-        raise _Declined("fuse_qkv", f"{_count(len(triples))} group of three linears "
-                                    "reading the same input")
+        raise _Declined(
+            "fuse_qkv",
+            f"{_count(len(triples))} group of three linears reading the same input",
+        )
     return triples[0]
 
 
 def _attention_call(traced: Traced, path: str) -> Node:
-    calls = [n for n in traced.nodes_in(path)
-             if n.op == "call_function" and n.target is opaque_attention]
+    calls = [
+        n
+        for n in traced.nodes_in(path)
+        if n.op == "call_function" and n.target is opaque_attention
+    ]
     if len(calls) != 1:
-        raise _Declined("vllm_attention",
-                        f"{_count(len(calls))} call through the attention interface")
+        raise _Declined(
+            "vllm_attention",
+            f"{_count(len(calls))} call through the attention interface",
+        )
     if not all(isinstance(a, Node) for a in calls[0].args[1:4]):
-        raise _Declined("vllm_attention", "q, k or v of the attention call is a constant")
+        raise _Declined(
+            "vllm_attention", "q, k or v of the attention call is a constant"
+        )
     return calls[0]
 
 
-def _feeder(traced: Traced, path: str, scope: set[Node], arg: Node, group: list[Node],
-            role: str) -> Node:
-    """The one Linear of the q/k/v group that the attention's ``role`` input comes from."""
+def _feeder(
+    traced: Traced, path: str, scope: set[Node], arg: Node, group: list[Node], role: str
+) -> Node:
+    """The Linear of the q/k/v group that the attention's ``role`` input comes from."""
     found = _linears_feeding(arg, scope, traced)
     if len(found) != 1 or found[0] not in group:
         names = ", ".join(relative(n.target, path) for n in group)
-        raise _Declined("fuse_qkv", f"the attention's {role} input does not come from "
-                                    f"exactly one of {names}")
+        raise _Declined(
+            "fuse_qkv",
+            f"the attention's {role} input does not come from exactly one of {names}",
+        )
     return found[0]
 
 
 def _heads(args: dict, q: LinearFact, k: LinearFact) -> tuple[int, int, int]:
-    """(heads, kv heads, head_dim) from the [batch, heads, seq, head_dim] q/k/v values."""
+    """(heads, kv heads, head_dim) from the [batch, heads, seq, head_dim] values."""
     qv, kv, vv = (value(args[role]) for role in "qkv")
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv)):
-        raise _Declined("vllm_attention", "q, k and v are not [batch, heads, seq, head_dim]")
+        raise _Declined(
+            "vllm_attention", "q, k and v are not [batch, heads, seq, head_dim]"
+        )
     heads, kv_heads, head_dim = qv.shape[1], kv.shape[1], qv.shape[3]
     if kv.shape[3] != head_dim or vv.shape[3] != head_dim or vv.shape[1] != kv_heads:
-        raise _Declined("vllm_attention", f"q, k and v shapes differ: {tuple(qv.shape)}, "
-                                          f"{tuple(kv.shape)}, {tuple(vv.shape)}")
+        raise _Declined(
+            "vllm_attention",
+            f"q, k and v shapes differ: {tuple(qv.shape)}, "
+            f"{tuple(kv.shape)}, {tuple(vv.shape)}",
+        )
     if q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim:
-        raise _Declined("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
+        raise _Declined(
+            "fuse_qkv", f"out_features are not heads * head_dim ({head_dim})"
+        )
     if heads % kv_heads:
-        raise _Declined("vllm_attention", f"{heads} heads not divisible by {kv_heads} kv heads")
+        raise _Declined(
+            "vllm_attention", f"{heads} heads not divisible by {kv_heads} kv heads"
+        )
     return heads, kv_heads, head_dim
 
 
-def _head_norm(traced: Traced, path: str, scope: set[Node], arg: Node, source: Node,
-               rope_in: Node | None, role: str) -> str | None:
+def _head_norm(
+    traced: Traced,
+    path: str,
+    scope: set[Node],
+    arg: Node,
+    source: Node,
+    rope_in: Node | None,
+    role: str,
+) -> str | None:
     """The attribute of the one norm between a projection and the rope, or None."""
-    norms = [n for n in _path_nodes(arg, source, scope)
-             if n.op == "call_module" and is_norm(traced.submodule(n))]
+    norms = [
+        n
+        for n in _path_nodes(arg, source, scope)
+        if n.op == "call_module" and is_norm(traced.submodule(n))
+    ]
     if len(norms) > 1:
         raise _Declined("vllm_attention", f"{len(norms)} norms on the {role} path")
     if norms and rope_in is not None and norms[0] not in _ancestors(rope_in, scope):
-        raise _Declined("vllm_attention", f"the {role} norm is applied after the rotary embedding")
+        raise _Declined(
+            "vllm_attention", f"the {role} norm is applied after the rotary embedding"
+        )
     return relative(norms[0].target, path) if norms else None
 
 
@@ -163,10 +230,14 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
     """The one Linear that consumes the attention output and ends the block."""
     consumers = _linears_fed_by(call, scope, traced)
     if len(consumers) != 1:
-        raise _Declined("vllm_attention",
-                        f"{_count(len(consumers))} linear consumes the attention output")
+        raise _Declined(
+            "vllm_attention",
+            f"{_count(len(consumers))} linear consumes the attention output",
+        )
     if traced.outputs_of(path) != consumers:
-        raise _Declined("vllm_attention", "the output projection does not end the block")
+        raise _Declined(
+            "vllm_attention", "the output projection does not end the block"
+        )
     return consumers[0]
 
 
@@ -174,12 +245,12 @@ def _count(n: int) -> str:
     return "no" if n == 0 else f"{n} instead of one"
 
 
-def _ancestors(node: Node, scope: set[Node]) -> list[Node]:
-    """``node`` and what it is computed from inside ``scope``, nearest first."""
+def _ancestors(node: Node, scope: set[Node] | None) -> list[Node]:
+    """``node`` and what it is computed from inside ``scope`` (None: anywhere)."""
     seen, order, todo = {node}, [node], [node]
     while todo:
         for arg in todo.pop(0).all_input_nodes:
-            if arg in scope and arg not in seen:
+            if (scope is None or arg in scope) and arg not in seen:
                 seen.add(arg)
                 order.append(arg)
                 todo.append(arg)
@@ -222,19 +293,27 @@ def _linears_fed_by(node: Node, scope: set[Node], traced: Traced) -> list[Node]:
 
 def _path_nodes(node: Node, source: Node, scope: set[Node]) -> list[Node]:
     """Nodes between ``source`` and ``node`` (both excluded) on the data flow."""
-    above = set(_ancestors(node, scope))
-    return [n for n in above if n is not node and n is not source and source in _ancestors(n, scope)]
+    return [
+        n
+        for n in _ancestors(node, scope)
+        if n is not node and n is not source and source in _ancestors(n, scope)
+    ]
 
 
 def _op(node: object, ops: tuple) -> bool:
-    return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in ops
+    return (
+        isinstance(node, Node)
+        and node.op in ("call_function", "call_method")
+        and node.target in ops
+    )
 
 
 def _rope_input(node: Node, scope: set[Node], traced: Traced) -> Node | None:
     """``x`` when ``node`` is ``x * cos + rotate_half(x) * sin``, else None.
 
-    cos and sin are recognised as operands computed from no Linear of the block (the
-    position embeddings); rotate_half(x) as computed from x.
+    cos and sin are recognised as operands computed from the layer's inputs (the
+    position embeddings) through no Linear of the block; rotate_half(x) as computed
+    from x.
     """
     if not _op(node, _ADD) or len(node.args) != 2:
         return None
@@ -246,15 +325,21 @@ def _rope_input(node: Node, scope: set[Node], traced: Traced) -> Node | None:
             if not isinstance(x, Node) or not _positional(cos, scope, traced):
                 continue
             for rot, sin in (second.args, second.args[::-1]):
-                if (isinstance(rot, Node) and rot is not x and _depends_on(rot, x, scope)
-                        and _positional(sin, scope, traced)):
+                if (
+                    isinstance(rot, Node)
+                    and rot is not x
+                    and _depends_on(rot, x, scope)
+                    and _positional(sin, scope, traced)
+                ):
                     return x
     return None
 
 
 def _positional(node: object, scope: set[Node], traced: Traced) -> bool:
-    """A rope table: a tensor computed from no Linear of the block."""
-    return isinstance(node, Node) and not _linears_feeding(node, scope, traced)
+    """A rope table: computed from a layer input, through no Linear of the block."""
+    if not isinstance(node, Node) or _linears_feeding(node, scope, traced):
+        return False
+    return any(n.op == "placeholder" for n in _ancestors(node, None))
 
 
 def _depends_on(node: object, source: Node, scope: set[Node]) -> bool:

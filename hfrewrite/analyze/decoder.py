@@ -5,12 +5,14 @@ Pattern (pre-norm, llama family)::
     residual = hidden; hidden = residual + self_attn(input_layernorm(hidden))
     residual = hidden; hidden = residual + mlp(post_attention_layernorm(hidden))
 
-read backwards from the layer's output: each ``add(residual, branch)`` whose branch ends in
-a direct submodule ``block`` that reads ``norm(residual)``, ``norm`` a norm submodule
+read backwards from the layer's output: each ``add(residual, branch)`` whose branch ends
+in a direct submodule ``block`` that reads ``norm(residual)``, ``norm`` a norm submodule
 (dtype casts of the stream, like mamba's ``residual.to(float32)``, are looked through).
-Preconditions (fail closed): the output is one tensor; every add on the residual stream is
-such a block; the stream starts at the layer's hidden-states input; each block takes
-exactly one input from the residual stream, and it is its norm.
+vLLM fuses each ``residual + ...; norm(...)`` pair into ``norm(hidden, residual)``.
+
+Preconditions (fail closed): the output is one tensor; every add on the residual stream
+is such a block; the stream starts at the layer's first (hidden-states) input; apart
+from layer inputs (position embeddings...), each block reads only its norm's output.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def analyze_decoder(traced: Traced) -> DecoderLayerPlan | NoMatch:
     def no(reason: str) -> NoMatch:
         return NoMatch("fused_residual_norm", cls, reason)
 
-    (result,) = [n for n in traced.graph.nodes if n.op == "output"][0].args
+    (result,) = next(n for n in traced.graph.nodes if n.op == "output").args
     if isinstance(result, (tuple, list)) and len(result) == 1:
         result = result[0]
     if not isinstance(result, Node):
@@ -48,7 +50,9 @@ def analyze_decoder(traced: Traced) -> DecoderLayerPlan | NoMatch:
         blocks.insert(0, block[0])
         hidden = block[1]
     if hidden is not _first_placeholder(traced):
-        return no(f"the residual stream starts at {hidden.name}, not the hidden-states input")
+        return no(
+            f"the residual stream starts at {hidden.name}, not the hidden-states input"
+        )
     if not blocks:
         return no("no residual block")
     return DecoderLayerPlan(cls, tuple(blocks))
@@ -59,33 +63,42 @@ def _first_placeholder(traced: Traced) -> Node:
 
 
 def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | str:
-    """(block, residual input) for ``node = residual + block(norm(residual))``, or why not."""
-    if not (node.op in ("call_function", "call_method") and node.target in _ADD
-            and len(node.args) == 2 and all(isinstance(a, Node) for a in node.args)):
-        return f"{node.name} on the residual stream is not `residual + block(norm(residual))`"
+    """(block, residual) for ``node = residual + block(norm(residual))``, or why not."""
+    if not (
+        node.op in ("call_function", "call_method")
+        and node.target in _ADD
+        and len(node.args) == 2
+        and all(isinstance(a, Node) for a in node.args)
+    ):
+        return f"{node.name} on the residual stream is not `residual + block(...)`"
     for residual, branch in (node.args, node.args[::-1]):
         block = top_scope(branch)
-        if block is None or "." in block or block == top_scope(residual):
+        if block is None or block == top_scope(residual):
             continue
-        inside = set(traced.nodes_in(block))
-        if branch not in inside:
-            continue
-        entries = sorted({a for n in inside for a in n.all_input_nodes if a not in inside
-                          and a.op != "placeholder"}, key=_position(traced))
-        norms = [a for a in entries if a.op == "call_module" and is_norm(traced.submodule(a))]
-        if len(entries) == 1 and len(norms) == 1 and _uncast(norms[0].args[0]) is _uncast(residual):
-            return ResidualBlock(str(norms[0].target), block), _uncast(residual)
-        return f"{block} does not read exactly one norm of the residual ({', '.join(str(e) for e in entries)})"
+        nodes = traced.nodes_in(block)
+        inside = set(nodes)
+        reads = [  # what the block reads from outside itself, layer inputs aside
+            a
+            for n in nodes
+            for a in n.all_input_nodes
+            if a not in inside and a.op != "placeholder"
+        ]
+        reads = list(dict.fromkeys(reads))
+        norm = reads[0] if len(reads) == 1 else None
+        if (
+            norm is not None
+            and norm.op == "call_module"
+            and is_norm(traced.submodule(norm))
+            and _uncast(norm.args[0]) is _uncast(residual)
+        ):
+            return ResidualBlock(str(norm.target), block), _uncast(residual)
+        names = ", ".join(a.name for a in reads)
+        return f"{block} does not read only a norm of the residual (it reads {names})"
     return f"{node.name} adds no submodule output to the residual stream"
 
 
 def _uncast(node: object) -> object:
-    """``x`` for ``x.to(...)``, ``x.float()``, ``x.contiguous()`` (dtype casts keep the stream)."""
+    """``x`` for ``x.to(...)``, ``x.float()``...: casts keep the residual stream."""
     while isinstance(node, Node) and node.op == "call_method" and node.target in _CASTS:
         node = node.args[0]
     return node
-
-
-def _position(traced: Traced):
-    order = {n: i for i, n in enumerate(traced.graph.nodes)}
-    return order.__getitem__

@@ -44,16 +44,29 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
         return no("the block output is not one linear projection")
     down = outputs[0]
     product = down.args[0]
-    if not (product.op in ("call_function", "call_method") and product.target in _MUL
-            and len(product.args) == 2 and not product.kwargs):
-        return no(f"{relative(down.target, path)} does not read a product act(gate(x)) * up(x)")
+    if not (
+        product.op in ("call_function", "call_method")
+        and product.target in _MUL
+        and len(product.args) == 2
+        and not product.kwargs
+    ):
+        return no(
+            f"{relative(down.target, path)} does not read a product act(gate(x)) * up(x)"
+        )
     for act, up in (product.args, product.args[::-1]):
-        if (act.op == "call_module" and act.args and act.args[0] in linears
-                and up in linears and act.args[0] is not up):
+        if (
+            act.op == "call_module"
+            and act.args
+            and act.args[0] in linears
+            and up in linears
+            and act.args[0] is not up
+        ):
             gate = act.args[0]
             break
     else:
-        return no("the product is not act(linear(x)) * linear(x) with the activation a module attribute")
+        return no(
+            "the product is not act(linear(x)) * linear(x) with the activation a module attribute"
+        )
     if gate.args[0] is not up.args[0]:
         return no("gate and up projections read different inputs")
     g, u, d = (traced.linear_fact(n, path) for n in (gate, up, down))
@@ -63,5 +76,7 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
     if activation not in ACT_AND_MUL:
         return no(f"vLLM has no fused *AndMul for activation {activation!r}")
     if type(act_module) is not type(ACT2FN[activation]):
-        return no(f"{relative(act.target, path)} is {type(act_module).__name__}, not the config's {activation!r}")
+        return no(
+            f"{relative(act.target, path)} is {type(act_module).__name__}, not the config's {activation!r}"
+        )
     return MlpPlan(cls, g, u, d, relative(act.target, path), activation)

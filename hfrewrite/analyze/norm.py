@@ -33,10 +33,19 @@ def analyze_norm(module: nn.Module) -> NormPlan | NoMatch:
         return NoMatch("rms_norm", cls, "parameters other than weight")
     x = torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0))
     graph = trace(module, (x,)).graph
-    eps = [a for n in graph.nodes if n.op in ("call_function", "call_method") and n.target in _ADD
-           for a in n.args if isinstance(a, float) and any(_is_mean(b) for b in n.args)]
+    eps = [
+        a
+        for n in graph.nodes
+        if n.op in ("call_function", "call_method") and n.target in _ADD
+        for a in n.args
+        if isinstance(a, float) and any(_is_mean(b) for b in n.args)
+    ]
     if len(eps) != 1:
-        return NoMatch("rms_norm", cls, f"found {len(eps)} `mean(x**2) + eps` in forward, expected one")
+        return NoMatch(
+            "rms_norm",
+            cls,
+            f"found {len(eps)} `mean(x**2) + eps` in forward, expected one",
+        )
     rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps[0])
     saved = weight.detach().clone()
     try:
@@ -49,9 +58,14 @@ def analyze_norm(module: nn.Module) -> NormPlan | NoMatch:
         with torch.no_grad():
             weight.copy_(saved)
     if offset not in (0.0, 1.0) or not holds:
-        return NoMatch("rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)")
+        return NoMatch(
+            "rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)"
+        )
     return NormPlan(cls, "rms", eps[0], offset)
 
 
 def _is_mean(node: object) -> bool:
-    return getattr(node, "op", None) in ("call_function", "call_method") and node.target in _MEAN
+    return (
+        getattr(node, "op", None) in ("call_function", "call_method")
+        and node.target in _MEAN
+    )

@@ -1,0 +1,272 @@
+"""analyze(): the plan facts per model type and variant, errors, and NoMatch reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from hfrewrite.analyze.attention import analyze_attention
+from hfrewrite.analyze.decoder import analyze_decoder
+from hfrewrite.analyze.mlp import analyze_mlp
+from hfrewrite.analyze.model import analyze
+from hfrewrite.analyze.norm import analyze_norm
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
+from hfrewrite.trace import opaque_attention, trace
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only add contention
+    yield
+    torch.set_num_threads(threads)
+
+
+def plan_of(model_type: str, **overrides):
+    return analyze(transformers.AutoConfig.for_model(model_type, **overrides))
+
+
+@pytest.mark.parametrize(
+    "model_type, qkv_bias, q_norm, kv_heads, window",
+    [
+        ("llama", False, None, 4, None),  # defaults: kv heads == heads (MHA)
+        ("mistral", False, None, 2, 4096),  # GQA, sliding window on every layer
+        ("qwen2", True, None, 4, None),
+        ("qwen3", False, "q_norm", 4, None),
+    ],
+)
+def test_default_configs(model_type, qkv_bias, q_norm, kv_heads, window):
+    plan = plan_of(model_type)
+    prefix = {
+        "llama": "Llama",
+        "mistral": "Mistral",
+        "qwen2": "Qwen2",
+        "qwen3": "Qwen3",
+    }[model_type]
+    assert plan.model_type == model_type
+    assert plan.architecture == f"{prefix}ForCausalLM"
+    assert (plan.base_model_class, plan.base_model_attr) == (f"{prefix}Model", "model")
+    assert (plan.embed_tokens, plan.layers, plan.final_norm, plan.lm_head) == (
+        "embed_tokens",
+        "layers",
+        "norm",
+        "lm_head",
+    )
+    assert plan.tie_word_embeddings is False
+    assert plan.decoder_layer.module_class == f"{prefix}DecoderLayer"
+    assert plan.decoder_layer.blocks == (
+        ResidualBlock("input_layernorm", "self_attn"),
+        ResidualBlock("post_attention_layernorm", "mlp"),
+    )
+    a = plan.attention
+    assert a.module_class == f"{prefix}Attention"
+    assert a.q == LinearFact("q_proj", 128, 128, qkv_bias)
+    assert a.k == LinearFact("k_proj", 128, kv_heads * 32, qkv_bias)
+    assert a.v == LinearFact("v_proj", 128, kv_heads * 32, qkv_bias)
+    assert a.o == LinearFact("o_proj", 128, 128, False)
+    assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, kv_heads, 32)
+    assert (a.q_norm, a.k_norm) == (q_norm, q_norm and "k_norm")
+    assert a.rope is True
+    assert a.scaling == pytest.approx(32**-0.5)
+    assert a.sliding_window == window
+    m = plan.mlp
+    assert (m.module_class, m.act_attr, m.activation) == (
+        f"{prefix}MLP",
+        "act_fn",
+        "silu",
+    )
+    assert (m.gate, m.up, m.down) == (
+        LinearFact("gate_proj", 128, 256, False),
+        LinearFact("up_proj", 128, 256, False),
+        LinearFact("down_proj", 256, 128, False),
+    )
+    assert plan.norm == NormPlan(f"{prefix}RMSNorm", "rms", 1e-6, 0.0)
+    assert plan.declined == ()
+
+
+def test_variants_biases_mqa_tying():
+    plan = plan_of(
+        "llama",
+        attention_bias=True,
+        mlp_bias=True,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        hidden_act="gelu",
+        rms_norm_eps=1e-5,
+    )
+    a = plan.attention
+    assert a.q.bias and a.k.bias and a.v.bias and a.o.bias
+    assert (a.num_kv_heads, a.k.out_features) == (1, 32)
+    assert plan.mlp.gate.bias and plan.mlp.down.bias and plan.mlp.activation == "gelu"
+    assert plan.tie_word_embeddings is True
+    assert plan.norm.eps == 1e-5
+
+
+def test_explicit_head_dim_and_mha():
+    # head_dim 128 * 16 heads != hidden 1024: shrunk to 64 * 4 heads != hidden 128
+    plan = plan_of(
+        "qwen3",
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128,
+    )
+    a = plan.attention
+    assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 4, 64)
+    assert (a.q.out_features, a.o.in_features, a.o.out_features) == (256, 256, 128)
+    assert a.scaling == pytest.approx(64**-0.5)
+
+
+def test_mixed_sliding_window_is_declined_not_fatal():
+    plan = plan_of(
+        "qwen2", use_sliding_window=True, max_window_layers=2, sliding_window=16
+    )
+    assert plan.attention.sliding_window is None  # layer 0 is full attention
+    assert plan.declined == (
+        NoMatch(
+            "uniform_sliding_window",
+            "Qwen2Attention",
+            "layers differ in sliding_window [None, 16]; the plan keeps layer 0's",
+        ),
+    )
+
+
+def test_linear_attention_model_is_refused():
+    with pytest.raises(HfrewriteError) as e:
+        plan_of("qwen3_next")
+    assert str(e.value) == (
+        "qwen3_next: Qwen3NextGatedDeltaNet: fuse_qkv: no group of three linears reading the same input"
+    )
+
+
+def test_model_without_attention_and_mlp_blocks_is_refused():
+    with pytest.raises(HfrewriteError) as e:
+        plan_of("mamba")
+    assert str(e.value) == (
+        "mamba: MambaBlock: fused_residual_norm: "
+        "expected two residual blocks (attention, MLP), found norm->mixer"
+    )
+
+
+def test_activation_without_fused_kernel_is_refused():
+    with pytest.raises(
+        HfrewriteError,
+        match="LlamaMLP: fuse_gate_up: vLLM has no fused \\*AndMul for activation 'relu'",
+    ):
+        plan_of("llama", hidden_act="relu")
+
+
+class HandAttention(nn.Module):
+    """q/k/v/o attention through the attention interface, with adjustable projections."""
+
+    def __init__(self, k_out=64, v_out=64, q_bias=False, interface=True):
+        super().__init__()
+        self.q_proj = nn.Linear(32, 64, bias=q_bias)
+        self.k_proj = nn.Linear(32, k_out, bias=False)
+        self.v_proj = nn.Linear(32, v_out, bias=False)
+        self.o_proj = nn.Linear(64, 32, bias=False)
+        self.interface = interface
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q, k, v = (
+            p(x).view(batch, seq, -1, 16).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        if self.interface:
+            out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
+        else:
+            out = torch.softmax(q @ k.transpose(2, 3) * 0.25, -1) @ v
+            out = out.transpose(1, 2)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+def attention_of(module):
+    return analyze_attention(trace(module, (torch.randn(2, 3, 32),)), "")
+
+
+def test_hand_attention_matches():
+    plan = attention_of(HandAttention())
+    assert (plan.num_heads, plan.num_kv_heads, plan.head_dim) == (4, 4, 16)
+    assert (plan.q_norm, plan.rope, plan.scaling, plan.sliding_window) == (
+        None,
+        False,
+        0.25,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "module, reason",
+    [
+        (
+            HandAttention(k_out=32),
+            "fuse_qkv: k_proj and v_proj differ in out_features (32 != 64)",
+        ),
+        (
+            HandAttention(q_bias=True),
+            "fuse_qkv: q_proj, k_proj and v_proj differ in bias",
+        ),
+        (
+            HandAttention(interface=False),
+            "vllm_attention: no call through the attention interface",
+        ),
+    ],
+)
+def test_attention_no_match_reasons(module, reason):
+    assert str(attention_of(module)) == f"HandAttention: {reason}"
+
+
+class FunctionalMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(8, 16), nn.Linear(8, 16)
+        self.down_proj = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_mlp_activation_must_be_a_module_attribute():
+    result = analyze_mlp(trace(FunctionalMlp(), (torch.randn(2, 8),)), "", "silu")
+    assert isinstance(result, NoMatch) and result.pattern == "fuse_gate_up"
+    assert "activation a module attribute" in result.reason
+
+
+class GemmaStyleRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.zeros(dim)), eps
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(
+            x.float().pow(2).mean(-1, keepdim=True) + self.eps
+        )
+        return out * (1.0 + self.weight.float())
+
+
+def test_norm_facts():
+    assert analyze_norm(GemmaStyleRMSNorm(8)) == NormPlan(
+        "GemmaStyleRMSNorm", "rms", 1e-5, 1.0
+    )
+    refused = analyze_norm(nn.LayerNorm(8))
+    assert isinstance(refused, NoMatch) and refused.pattern == "rms_norm"
+
+
+class PostNormLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp, self.norm = nn.Sequential(nn.Linear(8, 8)), nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm(x + self.mlp(x))
+
+
+def test_decoder_post_norm_is_no_match():
+    result = analyze_decoder(trace(PostNormLayer(), (torch.randn(2, 8),)))
+    assert isinstance(result, NoMatch) and result.pattern == "fused_residual_norm"

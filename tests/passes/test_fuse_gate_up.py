@@ -1,0 +1,195 @@
+"""fuse_gate_up: act(gate(x)) * up(x) -> MergedColumnParallelLinear + *AndMul."""
+
+import pytest
+
+from harness import rewrite
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.passes import fuse_gate_up
+from plans import llama_like
+
+
+BEFORE_LLAMA_MLP = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+"""
+
+AFTER_LLAMA_MLP = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size,
+            [config.intermediate_size] * 2,
+            bias=config.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = get_act_and_mul_fn(config.hidden_act)
+
+    def forward(self, x):
+        gate_up, _ = self.gate_up_proj(x)
+        down_proj = self.down_proj(self.act_fn(gate_up))
+        return down_proj
+"""
+
+
+def test_llama_mlp():
+    assert rewrite(fuse_gate_up, BEFORE_LLAMA_MLP, llama_like()) == AFTER_LLAMA_MLP
+
+
+BEFORE_UP_TIMES_ACT_ORDER = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.up_proj(x) * self.act_fn(self.gate_proj(x)))
+        return down_proj
+"""
+
+AFTER_UP_TIMES_ACT_ORDER = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size,
+            [config.intermediate_size] * 2,
+            bias=config.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = get_act_and_mul_fn(config.hidden_act)
+
+    def forward(self, x):
+        gate_up, _ = self.gate_up_proj(x)
+        down_proj = self.down_proj(self.act_fn(gate_up))
+        return down_proj
+"""
+
+
+def test_up_times_act_order():
+    assert rewrite(fuse_gate_up, BEFORE_UP_TIMES_ACT_ORDER, llama_like()) == AFTER_UP_TIMES_ACT_ORDER
+
+
+BEFORE_OTHER_CLASS_UNTOUCHED = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+
+
+class VisionMLP(nn.Module):
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)) * self.up_proj(x))
+"""
+
+AFTER_OTHER_CLASS_UNTOUCHED = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size,
+            [config.intermediate_size] * 2,
+            bias=config.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = get_act_and_mul_fn(config.hidden_act)
+
+    def forward(self, x):
+        gate_up, _ = self.gate_up_proj(x)
+        down_proj = self.down_proj(self.act_fn(gate_up))
+        return down_proj
+
+
+class VisionMLP(nn.Module):
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)) * self.up_proj(x))
+"""
+
+
+def test_other_class_untouched():
+    assert rewrite(fuse_gate_up, BEFORE_OTHER_CLASS_UNTOUCHED, llama_like()) == AFTER_OTHER_CLASS_UNTOUCHED
+
+
+REFUSED_NOT_ACT2FN = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = nn.GELU()
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+"""
+
+
+def test_refuses_not_act2fn():
+    with pytest.raises(HfrewriteError, match='is not ACT2FN'):
+        rewrite(fuse_gate_up, REFUSED_NOT_ACT2FN, llama_like())
+
+
+REFUSED_DIFFERENT_INPUTS = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x + 1))
+        return down_proj
+"""
+
+
+def test_refuses_different_inputs():
+    with pytest.raises(HfrewriteError, match='only use'):
+        rewrite(fuse_gate_up, REFUSED_DIFFERENT_INPUTS, llama_like())
+
+
+REFUSED_DIFFERENT_BIAS = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+"""
+
+
+def test_refuses_different_bias():
+    with pytest.raises(HfrewriteError, match='bias'):
+        rewrite(fuse_gate_up, REFUSED_DIFFERENT_BIAS, llama_like())

@@ -1,0 +1,150 @@
+"""fuse_qkv: q/k/v linears -> QKVParallelLinear + split."""
+
+import pytest
+
+from harness import rewrite
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.passes import fuse_qkv
+from plans import llama_like
+
+
+BEFORE_LLAMA_ATTENTION = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states).view(hidden_shape)
+        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        value_states = self.v_proj(hidden_states).view(hidden_shape)
+        return query_states, key_states, value_states
+"""
+
+AFTER_LLAMA_ATTENTION = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        tp_size = get_tensor_model_parallel_world_size()
+        self.total_num_heads = config.num_attention_heads
+        self.total_num_kv_heads = config.num_key_value_heads
+        # Heads are sharded over tensor-parallel ranks; kv heads are replicated when
+        # there are fewer of them than ranks.
+        self.num_heads = self.total_num_heads // tp_size
+        self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size=config.hidden_size,
+            head_size=self.head_dim,
+            total_num_heads=self.total_num_heads,
+            total_num_kv_heads=self.total_num_kv_heads,
+            bias=config.attention_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+        )
+
+    def forward(self, hidden_states):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query_states = q.view(hidden_shape)
+        key_states = k.view(hidden_shape)
+        value_states = v.view(hidden_shape)
+        return query_states, key_states, value_states
+"""
+
+
+def test_llama_attention():
+    assert rewrite(fuse_qkv, BEFORE_LLAMA_ATTENTION, llama_like()) == AFTER_LLAMA_ATTENTION
+
+
+REFUSED_DIFFERENT_BIAS = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states).view(hidden_shape)
+        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        value_states = self.v_proj(hidden_states).view(hidden_shape)
+        return query_states, key_states, value_states
+"""
+
+
+def test_refuses_different_bias():
+    with pytest.raises(HfrewriteError, match='differ in their bias'):
+        rewrite(fuse_qkv, REFUSED_DIFFERENT_BIAS, llama_like())
+
+
+REFUSED_K_V_DIFFER = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states).view(hidden_shape)
+        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        value_states = self.v_proj(hidden_states).view(hidden_shape)
+        return query_states, key_states, value_states
+"""
+
+
+def test_refuses_k_v_differ():
+    with pytest.raises(HfrewriteError, match='differ in out_features'):
+        rewrite(fuse_qkv, REFUSED_K_V_DIFFER, llama_like())
+
+
+REFUSED_Q_CALLED_TWICE = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states).view(hidden_shape)
+        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        value_states = self.v_proj(hidden_states).view(hidden_shape)
+        return self.q_proj(hidden_states), key_states, value_states
+"""
+
+
+def test_refuses_q_called_twice():
+    with pytest.raises(HfrewriteError, match='called once'):
+        rewrite(fuse_qkv, REFUSED_Q_CALLED_TWICE, llama_like())
+
+
+REFUSED_NOT_HEADS_TIMES_HEAD_DIM = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states).view(hidden_shape)
+        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        value_states = self.v_proj(hidden_states).view(hidden_shape)
+        return query_states, key_states, value_states
+"""
+
+
+def test_refuses_not_heads_times_head_dim():
+    with pytest.raises(HfrewriteError, match='heads \\* head_dim'):
+        rewrite(fuse_qkv, REFUSED_NOT_HEADS_TIMES_HEAD_DIM, llama_like())

@@ -1,0 +1,97 @@
+"""strip_hf_runtime: Transformers runtime removed by reachability."""
+
+import pytest
+
+from harness import rewrite
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.passes import strip_hf_runtime
+from plans import llama_like
+
+
+BEFORE_HF_RUNTIME_REMOVED = """\
+# Copyright header kept
+import torch
+from torch import nn
+
+from ...modeling_layers import GradientCheckpointingLayer
+from ...utils import auto_docstring
+from .configuration_llama import LlamaConfig
+
+logger = logging.get_logger(__name__)
+
+
+def rotate_half(x):
+    return x
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    pass
+
+
+class LlamaDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.is_causal = True
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.mlp = nn.Identity()
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+@auto_docstring
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__(config)
+        self.config = config
+        self.layer = LlamaDecoderLayer(config)
+
+
+class LlamaForSequenceClassification(GenericForSequenceClassification, LlamaPreTrainedModel): ...
+
+
+__all__ = ["LlamaForCausalLM", "LlamaForSequenceClassification"]
+"""
+
+AFTER_HF_RUNTIME_REMOVED = """\
+# Copyright header kept
+import torch
+from torch import nn
+from transformers import LlamaConfig
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.mlp = nn.Identity()
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.layer = LlamaDecoderLayer(config)
+"""
+
+
+def test_hf_runtime_removed():
+    assert rewrite(strip_hf_runtime, BEFORE_HF_RUNTIME_REMOVED, llama_like()) == AFTER_HF_RUNTIME_REMOVED
+
+
+UNCHANGED_CLEAN_MODULE = """\
+import torch
+from torch import nn
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+"""
+
+
+def test_leaves_clean_module_unchanged():
+    assert rewrite(strip_hf_runtime, UNCHANGED_CLEAN_MODULE, llama_like()) == UNCHANGED_CLEAN_MODULE

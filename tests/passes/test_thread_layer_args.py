@@ -1,0 +1,77 @@
+"""thread_layer_args: cache_config / quant_config / prefix threaded through layer classes."""
+
+import pytest
+
+from harness import rewrite
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.passes import thread_layer_args
+from plans import llama_like
+
+
+BEFORE_LAYER_CLASSES = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.down_proj = RowParallelLinear(1, 2, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn = Attention(4, 32, 0.1, cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)
+        self.mlp = LlamaMLP(config)
+
+
+class Helper(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.scale = size
+"""
+
+AFTER_LAYER_CLASSES = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""):
+        super().__init__()
+        self.down_proj = RowParallelLinear(1, 2, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx, cache_config: CacheConfig | None = None, quant_config: QuantizationConfig | None = None, prefix: str = ""):
+        super().__init__()
+        self.attn = Attention(4, 32, 0.1, cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx, cache_config: CacheConfig | None = None, quant_config: QuantizationConfig | None = None, prefix: str = ""):
+        super().__init__()
+        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx, cache_config = cache_config, quant_config = quant_config, prefix = f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config, quant_config = quant_config, prefix = f"{prefix}.mlp")
+
+
+class Helper(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.scale = size
+"""
+
+
+def test_layer_classes():
+    assert rewrite(thread_layer_args, BEFORE_LAYER_CLASSES, llama_like()) == AFTER_LAYER_CLASSES
+
+
+UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS = """\
+class Helper(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.scale = size
+"""
+
+
+def test_leaves_class_without_vllm_layers_unchanged():
+    assert rewrite(thread_layer_args, UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS, llama_like()) == UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS

@@ -1,0 +1,161 @@
+"""vllm_model_interface: vLLM's model interface for the base model and the causal LM."""
+
+import pytest
+
+from harness import rewrite
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.passes import vllm_model_interface
+from plans import llama_like
+
+
+BEFORE_LLAMA_MODEL_AND_CAUSAL_LM = """\
+@auto_docstring
+class LlamaModel(LlamaPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # Initialize weights and apply final processing
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None):
+        return BaseModelOutputWithPast(last_hidden_state=input_ids)
+
+
+class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = LlamaModel(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+
+    def forward(self, input_ids, labels=None):
+        return CausalLMOutputWithPast(logits=self.lm_head(self.model(input_ids)))
+"""
+
+AFTER_LLAMA_MODEL_AND_CAUSAL_LM = """\
+@support_torch_compile
+class LlamaModel(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        cache_config = vllm_config.cache_config
+        quant_config = vllm_config.quant_config
+        self.config = config
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers,
+            lambda prefix: LlamaDecoderLayer(config, extract_layer_index(prefix), cache_config=cache_config, quant_config=quant_config, prefix=prefix),
+            prefix=f"{prefix}.layers",
+        )
+        if get_pp_group().is_last_rank:
+            self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        else:
+            self.norm = PPMissingLayer()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size
+        )
+    
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+    
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if get_pp_group().is_first_rank:
+            if inputs_embeds is not None:
+                hidden_states = inputs_embeds
+            else:
+                hidden_states = self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            assert intermediate_tensors is not None
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
+            hidden_states, residual = layer(positions, hidden_states, residual)
+
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors(
+                {"hidden_states": hidden_states, "residual": residual}
+            )
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        quant_config = vllm_config.quant_config
+        self.config = config
+        self.model = LlamaModel(
+            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
+        )
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.make_empty_intermediate_tensors = (
+            self.model.make_empty_intermediate_tensors
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        # Reads the original Hugging Face checkpoint names; fused projections are
+        # loaded shard by shard through `hf_to_vllm_mapper`.
+        loader = AutoWeightsLoader(self)
+        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+"""
+
+
+def test_llama_model_and_causal_lm():
+    assert rewrite(vllm_model_interface, BEFORE_LLAMA_MODEL_AND_CAUSAL_LM, llama_like()) == AFTER_LLAMA_MODEL_AND_CAUSAL_LM
+
+
+REFUSED_LAYERS_NOT_MODULE_LIST = """\
+@auto_docstring
+class LlamaModel(LlamaPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.layers = make_stack(
+            [LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # Initialize weights and apply final processing
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None):
+        return BaseModelOutputWithPast(last_hidden_state=input_ids)
+
+
+class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = LlamaModel(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+
+    def forward(self, input_ids, labels=None):
+        return CausalLMOutputWithPast(logits=self.lm_head(self.model(input_ids)))
+"""
+
+
+def test_refuses_layers_not_module_list():
+    with pytest.raises(HfrewriteError, match='ModuleList'):
+        rewrite(vllm_model_interface, REFUSED_LAYERS_NOT_MODULE_LIST, llama_like())

@@ -1,0 +1,27 @@
+"""The pass registry: every file in passes/ is registered once, in one order, under a unique name."""
+
+from pathlib import Path
+
+from hfrewrite.pipeline import PASSES, describe
+
+PASSES_DIR = Path(__file__).resolve().parents[1] / "passes"
+
+
+def test_every_pass_file_is_registered_once():
+    files = sorted(p.stem for p in PASSES_DIR.glob("*.py") if p.stem != "__init__")
+    registered = [Path(p.__file__).stem for p in PASSES]
+    assert sorted(registered) == files
+    assert len(set(registered)) == len(registered)
+
+
+def test_pass_names_are_unique_and_match_their_files():
+    names = [p.NAME for p in PASSES]
+    assert len(set(names)) == len(names)
+    assert names == [Path(p.__file__).stem for p in PASSES]
+
+
+def test_every_pass_documents_pattern_and_output():
+    for p in PASSES:
+        doc = p.__doc__ or ""
+        assert describe(p), p.NAME
+        assert "Matches" in doc and ("Emits" in doc or "Emit" in doc) and "Preconditions" in doc, p.NAME
