@@ -25,3 +25,9 @@ def test_every_pass_documents_pattern_and_output():
         doc = p.__doc__ or ""
         assert describe(p), p.NAME
         assert "Matches" in doc and ("Emits" in doc or "Emit" in doc) and "Preconditions" in doc, p.NAME
+
+
+def test_docs_list_every_pass_in_order():
+    doc = (PASSES_DIR.parent / "docs" / "passes.md").read_text()
+    headings = [line.split("`")[1] for line in doc.splitlines() if line.startswith("## ")]
+    assert headings == [p.NAME for p in PASSES]

@@ -28,7 +28,8 @@ from torch.fx import Node
 from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
 from hfrewrite.trace import Traced, is_norm, opaque_attention, relative, value
 
-# Keywords of the attention call that do not change its math (at inference).
+# Keywords of the attention call that do not change its math (at inference); any other
+# keyword must be None or False (flags like output_router_logits pass through **kwargs).
 _HARMLESS_KWARGS = frozenset(
     {
         "dropout",
@@ -99,12 +100,14 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
         raise _Declined("vllm_attention", f"a norm ({norms['v']}) on the v path")
 
     o_node = _output_projection(traced, path, scope, call)
-    for key in sorted(call.kwargs):
-        if key not in _HARMLESS_KWARGS and value(call.kwargs[key]) is not None:
-            raise _Declined(
-                "vllm_attention",
-                f"the attention call passes {key}={value(call.kwargs[key])!r}",
+    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
+        passed = value(call.kwargs[key])
+        if passed is not None and passed is not False:
+            shown = (
+                f"a {tuple(passed.shape)} tensor" if torch.is_tensor(passed) else passed
             )
+            reason = f"the attention call passes {key}={shown!r}"
+            raise _Declined("vllm_attention", reason)
     if value(call.kwargs.get("dropout", 0.0)):
         raise _Declined("vllm_attention", "attention dropout is not 0 at inference")
     scaling = value(call.kwargs.get("scaling"))

@@ -3,10 +3,11 @@
 Pattern (llama family): ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, which vLLM
 writes as ``down_proj(act_and_mul(gate_up_proj(x)))``.
 
-Preconditions (fail closed): the block's one output is a Linear (down) reading a product
-of ``act(gate(x))`` and ``up(x)``; gate and up are Linears on the same x, each called
-once, with equal out_features and bias; act is a module attribute of the block, of the
-class transformers builds for the config's activation, and vLLM has an ``*AndMul`` for it.
+Preconditions (fail closed): the block has three Linears, each called once; its one
+output is a Linear (down) reading a product ``act(gate(x)) * up(x)``; gate and up read
+the same x and have equal out_features and bias; act is a module attribute of the block,
+of the class transformers builds for the config's activation, and vLLM has an
+``*AndMul`` for that activation.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch.fx import Node
 from transformers.activations import ACT2FN
 
 from hfrewrite.plan import MlpPlan, NoMatch
@@ -28,7 +30,7 @@ _MUL = (operator.mul, torch.mul, "mul")
 
 
 def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch:
-    """Facts of the MLP submodule ``path``; ``activation`` is the config's name for it."""
+    """Facts of the MLP submodule ``path``; ``activation``: the config's name of it."""
     cls = type(traced.module.get_submodule(path)).__name__
 
     def no(reason: str) -> NoMatch:
@@ -39,23 +41,25 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         return no(f"{', '.join(repeated)} called more than once")
+    if len(linears) != 3:
+        return no(f"{len(linears)} linears instead of gate, up and down")
     outputs = traced.outputs_of(path)
     if len(outputs) != 1 or outputs[0] not in linears:
         return no("the block output is not one linear projection")
     down = outputs[0]
     product = down.args[0]
     if not (
-        product.op in ("call_function", "call_method")
+        isinstance(product, Node)
+        and product.op in ("call_function", "call_method")
         and product.target in _MUL
         and len(product.args) == 2
         and not product.kwargs
     ):
-        return no(
-            f"{relative(down.target, path)} does not read a product act(gate(x)) * up(x)"
-        )
+        return no(f"{relative(down.target, path)} does not read a product of two")
     for act, up in (product.args, product.args[::-1]):
         if (
-            act.op == "call_module"
+            isinstance(act, Node)
+            and act.op == "call_module"
             and act.args
             and act.args[0] in linears
             and up in linears
@@ -64,9 +68,7 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
             gate = act.args[0]
             break
     else:
-        return no(
-            "the product is not act(linear(x)) * linear(x) with the activation a module attribute"
-        )
+        return no("the product is not act_module(linear(x)) * linear(x)")
     if gate.args[0] is not up.args[0]:
         return no("gate and up projections read different inputs")
     g, u, d = (traced.linear_fact(n, path) for n in (gate, up, down))
@@ -75,8 +77,8 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
     act_module = traced.submodule(act)
     if activation not in ACT_AND_MUL:
         return no(f"vLLM has no fused *AndMul for activation {activation!r}")
+    act_attr = relative(act.target, path)
     if type(act_module) is not type(ACT2FN[activation]):
-        return no(
-            f"{relative(act.target, path)} is {type(act_module).__name__}, not the config's {activation!r}"
-        )
-    return MlpPlan(cls, g, u, d, relative(act.target, path), activation)
+        kind = type(act_module).__name__
+        return no(f"{act_attr} is {kind}, not the config's {activation!r}")
+    return MlpPlan(cls, g, u, d, act_attr, activation)

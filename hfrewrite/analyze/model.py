@@ -82,21 +82,31 @@ def shrink_config(
     sizes |= {"vocab_size": VOCAB, "num_attention_heads": HEADS, **_OTHER_SIZES}
     for name, size in sizes.items():
         if isinstance(getattr(small, name, None), int):
-            setattr(small, name, size)
+            _set(small, name, size)
     if kv:
-        small.num_key_value_heads = 1 if kv == 1 else HEADS if kv == heads else 2
+        _set(
+            small, "num_key_value_heads", 1 if kv == 1 else HEADS if kv == heads else 2
+        )
     if head_dim:
-        small.head_dim = 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS
+        _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
     types = getattr(config, "layer_types", None)
     distinct = list(dict.fromkeys(types)) if types else []
-    small.num_hidden_layers = n = max(2, len(distinct))
-    if distinct and not isinstance(getattr(type(small), "layer_types", None), property):
-        small.layer_types = distinct + distinct[-1:] * (n - len(distinct))
+    n = max(2, len(distinct))
+    _set(small, "num_hidden_layers", n)
+    if distinct:
+        _set(small, "layer_types", distinct + distinct[-1:] * (n - len(distinct)))
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
-        small.pad_token_id = None
+        _set(small, "pad_token_id", None)
     small._attn_implementation = ATTN_IMPLEMENTATION
     return small
+
+
+def _set(config, name: str, value) -> None:
+    """Set a config field, unless the config computes it (a read-only property)."""
+    attr = getattr(type(config), name, None)
+    if not (isinstance(attr, property) and attr.fset is None):
+        setattr(config, name, value)
 
 
 def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
@@ -106,7 +116,12 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         model = transformers.AutoModelForCausalLM.from_config(
             small, dtype=torch.float32
         )
-    except (ValueError, KeyError, ImportError) as e:
+    except KeyError as e:
+        if ATTN_IMPLEMENTATION not in str(e):
+            raise _Refused(f"cannot build a causal LM: {_line(e)}") from e
+        reason = "attention is not dispatched through transformers' AttentionInterface"
+        raise _Refused(f"{reason} ({_line(e)})") from e
+    except (ValueError, ImportError) as e:
         raise _Refused(f"cannot build a causal LM from the config: {_line(e)}") from e
     model.eval()
     base_attr = getattr(model, "base_model_prefix", "")

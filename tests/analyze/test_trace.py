@@ -74,7 +74,7 @@ def passthrough(fn):
 
 
 class ShapeLogic(nn.Module):
-    """Iterates shapes, branches on values, assigns items, builds a module on the fly."""
+    """Iterates shapes, branches on values, assigns items, builds a module inline."""
 
     def __init__(self):
         super().__init__()
