@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from hfrewrite.errors import HfrewriteError
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _quiet_libraries()
     try:
         if args.list_passes:
             return _list_passes()
@@ -33,6 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # always exactly one line
         print(f"hfrewrite: error: {message}", file=sys.stderr)
         return 2
+
+
+def _quiet_libraries() -> None:
+    """Keep stderr for hfrewrite's own messages: torch's "Triton not available" notice
+    (triton is removed on CPU machines) and transformers' fallback-kernel warnings, emitted
+    while hfrewrite builds models for tracing, are noise to a user of the CLI."""
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _parser() -> argparse.ArgumentParser:
