@@ -80,6 +80,8 @@ class ValueProxy(Proxy):
         return len(self.value)
 
     def __iter__(self):
+        if isinstance(self.value, dict):
+            return iter(self.value)
         return iter([self[i] for i in range(len(self.value))])
 
     def __bool__(self) -> bool:
@@ -288,7 +290,11 @@ def value(node: Any) -> Any:
 
 
 def trace(module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> Traced:
-    """Trace ``module(*args, **kwargs)``; tensors in args/kwargs become placeholders."""
+    """Trace ``module(*args, **kwargs)``; tensors in args/kwargs become placeholders.
+
+    Tensors the forward creates (not parameters or buffers) are stored on ``module`` as
+    ``_tensor_constant<N>`` attributes, as ``torch.fx`` does.
+    """
     tracer = ValueTracer(tuple(args), dict(kwargs or {}))
     with torch.no_grad():
         graph = tracer.trace(module)

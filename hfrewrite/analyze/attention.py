@@ -90,6 +90,13 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
         raise _Declined(
             "vllm_attention", "rotary embedding is not applied to exactly q and k"
         )
+    for role in "qkv":
+        stop = rope_in[role] if rope_in[role] is not None else args[role]
+        if _reads_positions(stop, feeders[role], scope):
+            reason = (
+                f"the {role} path mixes in layer inputs other than by rotate_half rope"
+            )
+            raise _Declined("vllm_attention", reason)
     norms = {
         role: _head_norm(
             traced, path, scope, args[role], feeders[role], rope_in[role], role
@@ -103,10 +110,9 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
     for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
-            shown = (
-                f"a {tuple(passed.shape)} tensor" if torch.is_tensor(passed) else passed
-            )
-            reason = f"the attention call passes {key}={shown!r}"
+            tensor = torch.is_tensor(passed)
+            shown = f"<{tuple(passed.shape)} tensor>" if tensor else repr(passed)
+            reason = f"the attention call passes {key}={shown}"
             raise _Declined("vllm_attention", reason)
     if value(call.kwargs.get("dropout", 0.0)):
         raise _Declined("vllm_attention", "attention dropout is not 0 at inference")
@@ -301,6 +307,19 @@ def _path_nodes(node: Node, source: Node, scope: set[Node]) -> list[Node]:
         for n in _ancestors(node, scope)
         if n is not node and n is not source and source in _ancestors(n, scope)
     ]
+
+
+def _reads_positions(node: Node, source: Node, scope: set[Node]) -> bool:
+    """Whether the path source -> node (node included) reads a layer-input-derived
+    tensor other than through ``source``: a rope form this analysis does not know."""
+    path = {*_path_nodes(node, source, scope), node}
+    return any(
+        arg not in path
+        and arg is not source
+        and any(n.op == "placeholder" for n in _ancestors(arg, None))
+        for n in path
+        for arg in n.all_input_nodes
+    )
 
 
 def _op(node: object, ops: tuple) -> bool:

@@ -171,12 +171,14 @@ class HandAttention(nn.Module):
         self.o_proj = nn.Linear(64, 32, bias=False)
         self.interface = interface
 
-    def forward(self, x):
+    def forward(self, x, pos=None):
         batch, seq, _ = x.shape
         q, k, v = (
             p(x).view(batch, seq, -1, 16).transpose(1, 2)
             for p in (self.q_proj, self.k_proj, self.v_proj)
         )
+        if pos is not None:  # a position-dependent q/k transform that is not rope
+            q, k = q * pos, k * pos
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         if self.interface:
@@ -187,8 +189,8 @@ class HandAttention(nn.Module):
         return self.o_proj(out.reshape(batch, seq, -1))
 
 
-def attention_of(module):
-    return analyze_attention(trace(module, (torch.randn(2, 3, 32),)), "")
+def attention_of(module, *extra):
+    return analyze_attention(trace(module, (torch.randn(2, 3, 32), *extra)), "")
 
 
 def test_hand_attention_matches():
@@ -221,6 +223,14 @@ def test_hand_attention_matches():
 )
 def test_attention_no_match_reasons(module, reason):
     assert str(attention_of(module)) == f"HandAttention: {reason}"
+
+
+def test_unknown_position_transform_is_no_match():
+    result = attention_of(HandAttention(), torch.randn(3, 16))
+    assert str(result) == (
+        "HandAttention: vllm_attention: "
+        "the q path mixes in layer inputs other than by rotate_half rope"
+    )
 
 
 class FunctionalMlp(nn.Module):
