@@ -11,7 +11,7 @@ HFR     := $(VENV)/bin/hfrewrite
 STAMP   := $(VENV)/.hfrewrite-setup
 GOLDEN_TYPES := llama mistral qwen2 qwen3
 
-.PHONY: setup demo test golden
+.PHONY: setup demo test golden docs
 
 setup: $(STAMP)
 
@@ -41,3 +41,6 @@ test: setup
 
 golden: setup
 	for t in $(GOLDEN_TYPES); do $(HFR) convert $$t -o golden --force || exit 1; done
+
+docs: setup
+	$(PY) -m hfrewrite.passes_doc docs/passes.md

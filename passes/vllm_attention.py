@@ -17,7 +17,10 @@ carried over verbatim, so config-dependent sliding windows survive.
 
 Preconditions: the plan found rope on q and k (neox ``rotate_half`` form) and the source
 defines ``rotate_half``; the attention call passes ``scaling=``; ``forward`` starts with the
-``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names.
+``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
+source only reshapes q/k/v, applies the plan's q/k norms, ``apply_rotary_pos_emb``, the cache
+update, the attention call and the output projection -- a conditional rope (NoPE layers,
+smollm3) or any other op is refused rather than dropped.
 """
 
 from __future__ import annotations
@@ -48,6 +51,34 @@ class _FindAttentionCall(cst.CSTVisitor):
             self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
 
 
+# What an attention forward may do besides projecting, for the rewrite to be faithful:
+# reshape q/k/v, apply the plan's per-head norms, the rope helper, the HF cache update, the
+# attention interface and the output projection. Anything else is refused (fail closed).
+_LAYOUT_METHODS = {"view", "transpose", "reshape", "contiguous", "flatten", "unsqueeze"}
+_ALLOWED_CALLS = _LAYOUT_METHODS | {"apply_rotary_pos_emb", "attention_interface", "get_interface", "getattr"}
+
+
+class _Calls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        self.names.append(func.attr.value if isinstance(func, cst.Attribute) else t.dotted(func) or "?")
+
+
+def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
+    """True for a statement the vLLM rewrite would silently drop the meaning of."""
+    if isinstance(statement, cst.If):
+        # only the HF cache update is allowed to be conditional
+        return "past_key_values" not in t.code(statement.test)
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return True
+    calls = _Calls()
+    statement.visit(calls)
+    return any(c not in allowed_calls for c in calls.names)
+
+
 def _has_function(module: cst.Module, name: str) -> bool:
     return any(isinstance(n, cst.FunctionDef) and n.name.value == name for n in module.body)
 
@@ -71,6 +102,12 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
     )
     if split_at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
+
+    allowed = _ALLOWED_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    for statement in body[split_at + 1 :]:
+        if _unrecognised(statement, allowed):
+            line = " ".join(t.code(statement).split())[:80]
+            raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
 
     scaling = t.code(finder.kwargs["scaling"])
     window = t.code(finder.kwargs["sliding_window"]) if "sliding_window" in finder.kwargs else "None"

@@ -18,6 +18,8 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ("qwen3_next", "Qwen3NextGatedDeltaNet: fuse_qkv: no group of three linears"),
         # GPT-2 projects q/k/v with one Conv1D: not three linears on one input.
         ("gpt2", "GPT2Attention: fuse_qkv: no group of three linears"),
+        # SmolLM3 skips rope on some layers (`if self.use_rope:`): not dropped, refused.
+        ("smollm3", "SmolLM3Attention: vllm_attention: forward does something"),
     ],
 )
 def test_unmatched_architecture_is_refused(tmp_path, model_type, reason):

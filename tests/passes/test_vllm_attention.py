@@ -145,6 +145,76 @@ def test_refuses_not_neox_rope():
         rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, llama_like())
 
 
+REFUSED_CONDITIONAL_ROPE = """\
+def rotate_half(x):
+    return x
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.scaling = self.head_dim**-0.5
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query_states = q.view(hidden_shape).transpose(1, 2)
+        key_states = k.view(hidden_shape).transpose(1, 2)
+        value_states = v.view(hidden_shape).transpose(1, 2)
+        if self.use_rope:
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, sliding_window=self.sliding_window, **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+"""
+
+
+def test_refuses_conditional_rope():
+    with pytest.raises(HfrewriteError, match='would not: if self.use_rope'):
+        rewrite(vllm_attention, REFUSED_CONDITIONAL_ROPE, llama_like())
+
+
+REFUSED_EXTRA_OP_ON_Q = """\
+def rotate_half(x):
+    return x
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.scaling = self.head_dim**-0.5
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query_states = q.view(hidden_shape).transpose(1, 2)
+        key_states = k.view(hidden_shape).transpose(1, 2)
+        value_states = v.view(hidden_shape).transpose(1, 2)
+        query_states = torch.clamp(query_states, -5, 5)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, sliding_window=self.sliding_window, **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+"""
+
+
+def test_refuses_extra_op_on_q():
+    with pytest.raises(HfrewriteError, match='would not: query_states = torch.clamp'):
+        rewrite(vllm_attention, REFUSED_EXTRA_OP_ON_Q, llama_like())
+
+
 REFUSED_NO_SPLIT = """\
 def rotate_half(x):
     return x
