@@ -15,7 +15,15 @@ builds the next: vLLM is imported once per batch, however many checkpoints it ho
 
 The in-process primitives (``hf_greedy``, ``vllm_greedy``, ``vllm_run``,
 ``inspect_structure``) are public too; ``vllm_*`` need the environment from
-``vllm_env`` to be set before vLLM is imported.
+``vllm_env`` to be set before vLLM is imported. ``make_tiny_checkpoint`` builds test
+checkpoints, ``write_vllm_standin`` copies vLLM's own model file as a known-good (or
+deliberately broken) stand-in, ``main`` backs ``hfrewrite verify``.
+
+vLLM facts this relies on (0.32, CPU): several ``LLM`` instances in one process work
+when each is dropped before the next (its shutdown tears the distributed env down);
+vLLM caches the resolved model class per checkpoint path (cleared around each run);
+a lazily registered class costs a ~12 s inspection subprocess (classes are registered
+as objects); a torch.compile'd logprob helper costs ~15 s (``TORCHDYNAMO_DISABLE``).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,16 +57,16 @@ LOGPROB_TOL = 1e-4
 MAX_MODEL_LEN = 128
 KV_CACHE_BYTES = 64 << 20  # plenty for tiny models; a freed LLM returns it
 
-TINY_DEFAULTS: dict[str, Any] = dict(
-    hidden_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,  # the CPU attention backend needs head_dim >= 32
-    intermediate_size=256,
-    num_hidden_layers=2,
-    vocab_size=512,
-    max_position_embeddings=256,
-)
+TINY_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,  # the CPU attention backend needs head_dim >= 32
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
 
 # Linear-layer kinds counted per decoder layer, most specific first.
 LINEAR_KINDS = (
@@ -110,6 +119,33 @@ def checkpoint_architecture(ckpt: Path) -> str:
     return json.loads((Path(ckpt) / "config.json").read_text())["architectures"][0]
 
 
+def write_vllm_standin(
+    dst: Path, name: str = "llama", replace: dict[str, str] | None = None
+) -> Path:
+    """Write vLLM's own ``vllm/model_executor/models/<name>.py`` to ``dst``, relative
+    imports made absolute, as a stand-in for a generated file (a known-good reference).
+
+    ``replace`` maps exact source snippets (each must occur once) to substitutes, to
+    make deliberately broken variants. Reads vLLM's source without importing vLLM.
+    """
+    spec = importlib.util.find_spec("vllm.model_executor.models")
+    src = (Path(spec.submodule_search_locations[0]) / f"{name}.py").read_text()
+    src = re.sub(
+        r"^(\s*)from \.(\w+) import",
+        r"\1from vllm.model_executor.models.\2 import",
+        src,
+        flags=re.MULTILINE,
+    )
+    for old, new in (replace or {}).items():
+        if src.count(old) != 1:
+            raise ValueError(f"snippet not exactly once in vLLM's {name}.py: {old!r}")
+        src = src.replace(old, new)
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(src)
+    return dst
+
+
 # --------------------------------------------------------------------------- in-process runs
 
 
@@ -137,7 +173,6 @@ def hf_greedy(
                 attention_mask=torch.ones_like(ids),
                 generation_config=gen_config,
                 max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
                 do_sample=False,
                 output_logits=True,
                 return_dict_in_generate=True,
@@ -253,14 +288,18 @@ def vllm_run(
     if not _NATIVE:
         _NATIVE = _native_snapshot()
     architecture = architecture or checkpoint_architecture(ckpt)
-    cls = load_generated_class(generated_module, architecture) if generated_module else None
+    cls = (
+        load_generated_class(generated_module, architecture)
+        if generated_module
+        else None
+    )
     with _registered(architecture, cls) as available:
         if not available:
             return None
         error = None
         try:
             result = _run_engine(ckpt, prompts, max_tokens)
-        except Exception:
+        except Exception:  # noqa: BLE001  (reported, not swallowed)
             # Keep only text: the traceback's frames would keep the engine alive, and
             # its deferred shutdown would later tear down the *next* engine's state.
             error = traceback.format_exc()
@@ -291,7 +330,11 @@ def _run_engine(ckpt: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -
     )
     t1 = time.perf_counter()
     params = SamplingParams(
-        temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, logprobs=1
+        temperature=0,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=1,
     )
     outs = llm.generate(
         [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
@@ -335,7 +378,7 @@ def inspect_structure(model: Any) -> list[dict[str, int]]:
     A module counts under the first kind found in its class's MRO, so a subclass of
     ``QKVParallelLinear`` counts as QKV, not as ``ColumnParallelLinear``.
     """
-    import torch.nn as nn
+    from torch import nn
 
     lists = [
         mod
@@ -350,9 +393,9 @@ def inspect_structure(model: Any) -> list[dict[str, int]]:
         counts = dict.fromkeys(LINEAR_KINDS, 0)
         for mod in layer.modules():
             for klass in type(mod).__mro__:
-                kind = "Linear" if klass is nn.Linear else klass.__name__
-                if kind in counts and (kind != "Linear" or klass is nn.Linear):
-                    counts[kind] += 1
+                name = klass.__name__
+                if klass is nn.Linear or (name in counts and name != "Linear"):
+                    counts[name] += 1
                     break
         result.append(counts)
     return result
@@ -375,25 +418,42 @@ def run_worker(
         tmp = Path(tmp)
         job, out = tmp / "job.json", tmp / "out.json"
         job.write_text(json.dumps({"runs": list(runs)}, default=str))
-        env = {**os.environ, **{k: v for k, v in vllm_env(tmp / "vllm-cache").items()
-                                if k not in os.environ}}
+        env = {
+            **os.environ,
+            **{
+                k: v
+                for k, v in vllm_env(tmp / "vllm-cache").items()
+                if k not in os.environ
+            },
+        }
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "hfrewrite.verify_worker", str(job), str(out)],
-                env=env, capture_output=True, text=True, timeout=timeout,
+                check=False,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
             )
             rc, stderr = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as exc:
-            rc, stderr = None, f"worker timed out after {timeout} s\n{exc.stderr or ''}"
+            out_err = (exc.stdout or b"") + (exc.stderr or b"")  # bytes, even if text
+            if isinstance(out_err, bytes):
+                out_err = out_err.decode(errors="replace")
+            rc, stderr = None, f"{out_err}\nworker timed out after {timeout} s"
         wall = time.perf_counter() - t0
         data = json.loads(out.read_text()) if out.exists() else {}
     results = data.get("results") or [None] * len(runs)
-    tail = stderr[-4000:] if isinstance(stderr, str) else str(stderr)[-4000:]
+    tail = stderr[-4000:]
     missing = {"error": f"worker exited ({rc}) before this run:\n{tail}"}
     results = [missing if r is None else r for r in results]
-    info = {"import_s": data.get("import_s"), "wall_s": wall, "returncode": rc,
-            "stderr_tail": tail}
+    info = {
+        "import_s": data.get("import_s"),
+        "wall_s": wall,
+        "returncode": rc,
+        "stderr_tail": tail,
+    }
     return results, info
 
 
@@ -437,31 +497,39 @@ class VerifyReport:
         verdict = "OK" if self.ok else "FAILED"
         n = len(self.hf_tokens or [])
         parts = [
-            f"{verdict}: {Path(self.generated_module).name} as {self.architecture} on "
-            f"{self.ckpt}, {n} prompts.",
+            f"{verdict}: {Path(self.generated_module).name} as {self.architecture} "
+            + f"on {self.ckpt}, {n} prompts."
         ]
         if self.native_tokens is None:
             parts.append("vLLM has no native implementation to compare with.")
-        fmt = lambda x: "n/a" if x is None else f"{x:.2e}"  # noqa: E731
+
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.2e}"
+
         parts.append(
             f"max |logprob diff| vs native {fmt(self.logprob_diff_native)}, "
             f"vs HF {fmt(self.logprob_diff_hf)} (tolerance {LOGPROB_TOL:g})."
         )
         if self.generated_structure:
-            layer0 = {k: v for k, v in self.generated_structure[0].items() if v}
             parts.append(
-                f"Decoder layer linears: {layer0}"
-                + {True: " (same as native).", False: f" (native: "
-                   f"{ {k: v for k, v in (self.native_structure or [{}])[0].items() if v} }).",
-                   None: "."}[self.structure_matches_native]
+                f"Decoder layer 0 linears: {_nonzero(self.generated_structure)}"
             )
+            if self.structure_matches_native is False:
+                parts.append(f"(native: {_nonzero(self.native_structure)}).")
+            elif self.structure_matches_native:
+                parts.append("(same as native).")
         if self.problems:
-            parts.append("Problems: " + "; ".join(self.problems))
+            parts.append("Problems: " + "; ".join(self.problems) + ".")
         if self.timings:
             parts.append(
-                "Timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
+                "Timings: "
+                + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
             )
         return " ".join(parts)
+
+
+def _nonzero(structure: list[dict[str, int]]) -> dict[str, int]:
+    return {k: v for k, v in structure[0].items() if v} if structure else {}
 
 
 @dataclass(frozen=True)
@@ -489,8 +557,10 @@ def _max_diff(toks_a, lps_a, toks_b, lps_b) -> float | None:
 def _first_mismatch(name: str, got: Tokens, want: Tokens) -> str | None:
     for i, (g, w) in enumerate(zip(got, want)):
         if g != w:
-            j = next((k for k, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
-            return f"prompt {i}: tokens differ from {name} at step {j} ({g[j:j+3]} vs {w[j:j+3]})"
+            j = next(
+                (k for k, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w))
+            )
+            return f"prompt {i}: tokens differ from {name} at step {j} ({g[j : j + 3]} vs {w[j : j + 3]})"
     if len(got) != len(want):
         return f"{len(got)} outputs vs {len(want)} from {name}"
     return None
@@ -501,9 +571,15 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
-def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) -> VerifyReport:
-    errors = {what: r["error"] for what, r in
-              (("hf", hf), ("generated", gen), ("native", nat or {})) if "error" in r}
+def _report(
+    case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, worker: dict
+) -> VerifyReport:
+    """Judge one case from its three run results (``nat`` None: no native class)."""
+    errors = {
+        what: r["error"]
+        for what, r in (("hf", hf), ("generated", gen), ("native", nat or {}))
+        if "error" in r
+    }
     problems = [f"{what} run failed: {_last_line(err)}" for what, err in errors.items()]
     hf_ok, gen_ok = "error" not in hf, "error" not in gen
     nat_ok = nat is not None and "error" not in nat
@@ -516,12 +592,16 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) 
         refs = [("HF", hf)] if hf_ok else []
         refs += [("native", nat)] if nat_ok else []
         for name, ref in refs:
-            if (msg := _first_mismatch(name, gen["tokens"], ref["tokens"])):
+            if msg := _first_mismatch(name, gen["tokens"], ref["tokens"]):
                 problems.append(msg)
         if hf_ok:
-            diff_hf = _max_diff(gen["tokens"], gen["logprobs"], hf["tokens"], hf["logprobs"])
+            diff_hf = _max_diff(
+                gen["tokens"], gen["logprobs"], hf["tokens"], hf["logprobs"]
+            )
         if nat_ok:
-            diff_native = _max_diff(gen["tokens"], gen["logprobs"], nat["tokens"], nat["logprobs"])
+            diff_native = _max_diff(
+                gen["tokens"], gen["logprobs"], nat["tokens"], nat["logprobs"]
+            )
         for name, diff in (("native", diff_native), ("HF", diff_hf)):
             if diff is not None and diff > LOGPROB_TOL:
                 problems.append(f"logprobs differ from {name} by {diff:.2e}")
@@ -530,6 +610,9 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) 
         for key in ("seconds", "init_s", "gen_s"):
             if key in r:
                 timings[f"{name}_{key}"] = r[key]
+    for key in ("import_s", "wall_s"):
+        if worker.get(key) is not None:
+            timings[f"worker_{key}"] = worker[key]
     return VerifyReport(
         ckpt=str(case.ckpt),
         architecture=arch,
@@ -549,32 +632,47 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None) 
     )
 
 
-def verify_many(cases: Sequence[VerifyCase], timeout: float = 900) -> list[VerifyReport]:
+def verify_many(
+    cases: Sequence[VerifyCase], timeout: float | None = None
+) -> list[VerifyReport]:
     """Verify several cases in one worker process (vLLM imported once).
 
-    Per case: HF ``generate``, vLLM with the generated file, vLLM native.
+    Per case: HF ``generate``, vLLM with the generated file, vLLM native. HF and
+    native runs shared by several cases (same checkpoint, prompts, length) run once.
+    ``timeout`` (seconds, whole batch) defaults to 120 + 30 per run.
     """
-    runs = []
+    runs: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+
+    def add(run: dict[str, Any]) -> int:
+        key = json.dumps(run, sort_keys=True)
+        if key not in index:
+            index[key] = len(runs)
+            runs.append(run)
+        return index[key]
+
+    plan = []
     for case in cases:
         arch = case.architecture or checkpoint_architecture(case.ckpt)
-        common = {"ckpt": str(case.ckpt), "prompts": [list(p) for p in case.prompts],
-                  "max_tokens": case.max_tokens, "architecture": arch}
-        runs += [
-            {"kind": "hf", **common, "generated_module": None},
-            {"kind": "vllm", **common, "generated_module": str(case.generated_module)},
-            {"kind": "vllm", **common, "generated_module": None},
-        ]
+        common = {
+            "ckpt": str(case.ckpt),
+            "prompts": [list(p) for p in case.prompts],
+            "max_tokens": case.max_tokens,
+            "architecture": arch,
+        }
+        hf = add({"kind": "hf", **common, "generated_module": None})
+        gen = add(
+            {"kind": "vllm", **common, "generated_module": str(case.generated_module)}
+        )
+        nat = add({"kind": "vllm", **common, "generated_module": None})
+        plan.append((case, arch, hf, gen, nat))
+    if timeout is None:
+        timeout = 120 + 30 * len(runs)  # measured: ~5 s per vLLM run, 2 busy cores
     results, info = run_worker(runs, timeout)
     reports = []
-    for i, case in enumerate(cases):
-        hf, gen, nat = results[3 * i : 3 * i + 3]
-        if nat.get("unsupported"):
-            nat = None
-        report = _report(case, runs[3 * i]["architecture"], hf, gen, nat)
-        for key in ("import_s", "wall_s"):
-            if info.get(key) is not None:
-                report.timings[f"worker_{key}"] = info[key]
-        reports.append(report)
+    for case, arch, hf, gen, nat in plan:
+        native = None if results[nat].get("unsupported") else results[nat]
+        reports.append(_report(case, arch, results[hf], results[gen], native, info))
     return reports
 
 
@@ -584,10 +682,60 @@ def verify(
     architecture: str | None = None,
     prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS,
     max_tokens: int = 16,
-    timeout: float = 600,
+    timeout: float | None = None,
 ) -> VerifyReport:
     """Prove ``generated_module`` on ``ckpt``: tokens must equal HF's and vLLM
     native's, chosen-token logprobs within ``LOGPROB_TOL``. ``architecture`` defaults
     to the checkpoint's (the class name looked up in the generated file)."""
-    case = VerifyCase(Path(ckpt), Path(generated_module), architecture, prompts, max_tokens)
+    case = VerifyCase(
+        Path(ckpt), Path(generated_module), architecture, prompts, max_tokens
+    )
     return verify_many([case], timeout)[0]
+
+
+# --------------------------------------------------------------------------- CLI
+
+# Tiny-checkpoint variants `hfrewrite verify` proves a file on (valid for any
+# llama-like config): GQA untied, MQA tied, MHA with head_dim != hidden/heads.
+CLI_VARIANTS: dict[str, dict[str, Any]] = {
+    "gqa": {},
+    "mqa-tied": {"num_key_value_heads": 1, "tie_word_embeddings": True},
+    "mha-head-dim-64": {"num_key_value_heads": 4, "head_dim": 64},
+}
+
+
+def main(args: Any) -> int:
+    """``hfrewrite verify MODEL_TYPE [--generated FILE]``: prove the generated file
+    (generated now when not given) on ``CLI_VARIANTS`` tiny checkpoints; print one
+    summary per checkpoint. Exit code 0 when all pass, 1 otherwise."""
+    from hfrewrite.errors import HfrewriteError
+
+    with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
+        tmp = Path(tmp)
+        generated = args.generated
+        if generated is None:
+            from hfrewrite import convert
+            from hfrewrite.resolve import resolve
+
+            result = convert.generate(resolve(args.model_type))
+            generated = tmp / result.filename
+            generated.write_text(result.text)
+        elif not Path(generated).is_file():
+            raise HfrewriteError(f"{generated}: no such file")
+        cases = []
+        for seed, (name, overrides) in enumerate(CLI_VARIANTS.items()):
+            try:
+                ckpt = make_tiny_checkpoint(
+                    args.model_type, tmp / name, seed=seed, **overrides
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise HfrewriteError(
+                    f"{args.model_type}: cannot build a tiny checkpoint: "
+                    + str(exc).split(". ")[0][:200]
+                ) from None
+            cases.append(VerifyCase(ckpt, Path(generated).resolve()))
+        reports = verify_many(cases)
+    for name, report in zip(CLI_VARIANTS, reports):
+        print(f"[{name}] {report.summary()}\n")
+    print("verified" if all(r.ok for r in reports) else "FAILED")
+    return 0 if all(r.ok for r in reports) else 1

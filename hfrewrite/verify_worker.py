@@ -42,10 +42,13 @@ def main(job_path: str, out_path: str) -> int:
                     state["import_s"] = time.perf_counter() - t0
                     t0 = time.perf_counter()
                 result = verify.vllm_run(
-                    run["ckpt"], run["prompts"], run["max_tokens"],
-                    run["generated_module"], run["architecture"],
+                    run["ckpt"],
+                    run["prompts"],
+                    run["max_tokens"],
+                    run["generated_module"],
+                    run["architecture"],
                 ) or {"unsupported": True}
-        except Exception:
+        except Exception:  # noqa: BLE001  (reported in the result)
             result = {"error": traceback.format_exc(limit=-6)}
         result["seconds"] = time.perf_counter() - t0
         results[i] = result
