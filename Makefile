@@ -35,6 +35,7 @@ demo: setup
 test: export VLLM_CPU_KVCACHE_SPACE = 1
 test: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
 test: export HF_HUB_OFFLINE = 1
+test: export HFREWRITE_REQUIRE_VLLM = 1
 test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
 test: setup
 	$(PY) -m pytest -q

@@ -1,13 +1,15 @@
 """End-to-end fixtures: real vLLM on CPU, tiny checkpoints, stand-in model files.
 
 Tests that run vLLM carry ``@pytest.mark.vllm``; they are skipped where vLLM is not
-installed. vLLM itself runs in a ``hfrewrite.verify_worker`` subprocess, which
+installed (``make test`` sets ``HFREWRITE_REQUIRE_VLLM=1``, so there a missing vLLM is an
+error, not a skip). vLLM itself runs in a ``hfrewrite.verify_worker`` subprocess, which
 inherits the environment set here. Stand-in model files: ``verify.write_vllm_standin``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -17,6 +19,8 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def pytest_collection_modifyitems(config, items):
+    if not HAVE_VLLM and os.environ.get("HFREWRITE_REQUIRE_VLLM") == "1":
+        raise pytest.UsageError("HFREWRITE_REQUIRE_VLLM=1 but vLLM is not installed (make setup)")
     skip = pytest.mark.skip(reason="vLLM is not installed")
     for item in items:
         if not HAVE_VLLM and item.get_closest_marker("vllm"):
