@@ -65,7 +65,6 @@ class LlamaMLP(nn.Module):
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
     ):
         super().__init__()
-        self.config = config
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -102,7 +101,6 @@ class LlamaAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        self.config = config
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
@@ -146,7 +144,6 @@ class LlamaAttention(nn.Module):
             num_kv_heads=self.num_kv_heads,
             cache_config=cache_config,
             quant_config=quant_config,
-            per_layer_sliding_window=None,
             prefix=f"{prefix}.attn",
         )
 

@@ -53,7 +53,6 @@ class MistralMLP(nn.Module):
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
     ):
         super().__init__()
-        self.config = config
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(

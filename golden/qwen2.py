@@ -53,7 +53,6 @@ class Qwen2MLP(nn.Module):
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
     ):
         super().__init__()
-        self.config = config
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -93,7 +92,6 @@ class Qwen2Attention(nn.Module):
         self.layer_type = (
             config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
         )
-        self.config = config
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )

@@ -67,7 +67,6 @@ class Qwen3MLP(nn.Module):
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
     ):
         super().__init__()
-        self.config = config
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -107,7 +106,6 @@ class Qwen3Attention(nn.Module):
         self.layer_type = (
             config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
         )
-        self.config = config
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )

@@ -28,7 +28,7 @@ from hfrewrite import cst_tools as t
 from hfrewrite.pass_api import PassContext, PassResult
 
 NAME = "strip_hf_runtime"
-# Attributes vLLM itself reads from model objects (e.g. `model.config`), never pruned.
+# Attributes vLLM itself reads from the model classes (those built from `vllm_config`).
 READ_BY_VLLM = {"config", "make_empty_intermediate_tensors"}
 
 
@@ -117,7 +117,9 @@ class _PruneAttributes(cst.CSTTransformer):
     def visit_ClassDef(self, node):
         reader = _ReadAttributes()
         node.visit(reader)
-        self.read.append(reader.self_reads | self.cross_reads | READ_BY_VLLM)
+        init = t.find_method(node, "__init__")
+        model_class = init is not None and "vllm_config" in t.names_used(init.params)
+        self.read.append(reader.self_reads | self.cross_reads | (READ_BY_VLLM if model_class else set()))
 
     def leave_ClassDef(self, original, updated):
         self.read.pop()

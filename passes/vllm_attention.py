@@ -110,7 +110,10 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
             raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
 
     scaling = t.code(finder.kwargs["scaling"])
-    window = t.code(finder.kwargs["sliding_window"]) if "sliding_window" in finder.kwargs else "None"
+    window = (
+        f"    per_layer_sliding_window={t.code(finder.kwargs['sliding_window'])},\n"
+        if "sliding_window" in finder.kwargs else ""
+    )
     head_dim = "self.head_dim"
     init = t.with_body(init, [*init.body.body, *t.stmts(
         "self.rotary_emb = get_rope(\n"
@@ -126,7 +129,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
         "    num_kv_heads=self.num_kv_heads,\n"
         "    cache_config=cache_config,\n"
         "    quant_config=quant_config,\n"
-        f"    per_layer_sliding_window={window},\n"
+        f"{window}"
         '    prefix=f"{prefix}.attn",\n'
         ")\n"
     )])

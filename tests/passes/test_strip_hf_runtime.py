@@ -72,7 +72,6 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.config = config
         self.layer = LlamaDecoderLayer(config)
 """
 
@@ -87,8 +86,9 @@ from torch import nn
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config):
+    def __init__(self, *, vllm_config, prefix=""):
         super().__init__()
+        config = vllm_config.model_config.hf_config
         self.config = config
 """
 
