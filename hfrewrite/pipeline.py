@@ -11,6 +11,7 @@ from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext
 from hfrewrite.passes import (
+    fuse_experts,
     fuse_gate_up,
     fuse_qkv,
     fused_residual_norm,
@@ -30,6 +31,7 @@ PASSES: tuple[ModuleType, ...] = (
     fuse_qkv,
     vllm_attention,
     fuse_gate_up,
+    fuse_experts,
     row_parallel,
     fused_residual_norm,
     parallel_embedding,

@@ -60,6 +60,29 @@ class MlpPlan:
 
 
 @dataclass(frozen=True)
+class MoePlan:
+    """A sparse MoE block: router -> softmax -> top-k -> (renormalise) -> fused experts,
+    optionally plus a shared expert MLP scaled by ``sigmoid(shared_expert_gate(x))``."""
+
+    module_class: str  # e.g. "Qwen3MoeSparseMoeBlock"
+    router: str  # attribute of the router module, e.g. "gate"
+    router_class: str
+    experts: str  # attribute of the experts module, e.g. "experts"
+    experts_class: str
+    num_experts: int
+    top_k: int
+    scoring: str  # "softmax"
+    renormalize: bool  # as traced; the source's own condition is emitted
+    activation: str  # the config's activation name
+    shared_expert: str | None  # attribute of the shared expert MLP, if any
+    shared_expert_gate: str | None  # attribute of its sigmoid gate Linear, if any
+    # Per-expert weight names in Hub checkpoints: (gate, down, up), e.g. ("w1", "w2", "w3")
+    checkpoint_expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")
+    # Hub checkpoint name -> module name substrings, e.g. ((".block_sparse_moe.", ".mlp."),)
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class NormPlan:
     module_class: str  # e.g. "LlamaRMSNorm"
     kind: str  # "rms"
@@ -94,6 +117,7 @@ class ModelPlan:
     tie_word_embeddings: bool
     decoder_layer: DecoderLayerPlan
     attention: AttentionPlan
-    mlp: MlpPlan
+    mlp: MlpPlan | None  # the dense MLP class (dense layers, shared experts), if any
     norm: NormPlan
     declined: tuple[NoMatch, ...] = field(default=())
+    moe: MoePlan | None = None  # the sparse MoE block, if any layer has one

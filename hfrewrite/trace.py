@@ -8,7 +8,7 @@ computed in ``node.meta["value"]``, so ``.shape``, ``len``, iteration and ``if``
 traced value use the real value (and are baked into the graph as constants).
 
 Leaves (one node each, never traced through): ``nn.Linear``, ``nn.Embedding``, norm
-modules (class name ending in ``Norm``), activation modules, and the attention function
+modules (class name ending in ``Norm``), activation modules, stacked MoE experts, and the attention function
 :func:`opaque_attention`, which a model reaches through ``config._attn_implementation
 = ATTN_IMPLEMENTATION``. Everything else is inlined; each node's
 ``meta["nn_module_stack"]`` says which submodules it ran in.
@@ -110,10 +110,17 @@ def is_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("Norm") and not any(module.children())
 
 
+def is_experts(module: nn.Module) -> bool:
+    """Stacked MoE experts (transformers 5.x ``@use_experts_implementation``): a module
+    holding 3-D ``[num_experts, out, in]`` parameters, traced as one leaf."""
+    return any(p.dim() == 3 for p in module.parameters(recurse=False))
+
+
 def is_leaf(module: nn.Module) -> bool:
     return (
         isinstance(module, (nn.Linear, nn.Embedding))
         or is_norm(module)
+        or is_experts(module)
         or type(module).__module__ in _ACTIVATION_MODULES
     )
 

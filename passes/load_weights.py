@@ -27,29 +27,73 @@ from hfrewrite.pass_api import FusionRow, PassContext, PassResult
 NAME = "load_weights"
 
 
+def _mlp_sites(module: cst.Module, mlp_class: str) -> list[str]:
+    """Attributes under which the MLP class is built (`self.mlp = MLP(...)`), sorted."""
+    sites = set()
+    for node in module.body:
+        if isinstance(node, cst.ClassDef) and (init := t.find_method(node, "__init__")):
+            for s in _all_statements(init):
+                attr = t.self_attr_assigned(s)
+                if attr and t.call_name(t.assigned_value(s)) == mlp_class:
+                    sites.add(attr)
+    return sorted(sites)
+
+
+def _all_statements(node: cst.CSTNode) -> list[cst.BaseStatement]:
+    found: list[cst.BaseStatement] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, s: cst.SimpleStatementLine) -> None:
+            found.append(s)
+
+    node.visit(_Collect())
+    return found
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
-    att, mlp = plan.attention, plan.mlp
-    stacks = {
-        "qkv_proj": [(att.q.attr, '"q"'), (att.k.attr, '"k"'), (att.v.attr, '"v"')],
-        "gate_up_proj": [(mlp.gate.attr, "0"), (mlp.up.attr, "1")],
-    }
+    att, mlp, moe = plan.attention, plan.mlp, plan.moe
+    stacks = {"qkv_proj": [(att.q.attr, f".{att.q.attr}", '"q"'), (att.k.attr, f".{att.k.attr}", '"k"'),
+                           (att.v.attr, f".{att.v.attr}", '"v"')]}
+    if mlp is not None:
+        # With stacked experts, per-expert `experts.N.gate_proj` must reach the fused-MoE
+        # loader untouched: qualify the dense MLP keys by where the MLP class is built.
+        sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]
+        stacks["gate_up_proj"] = [
+            (mlp.gate.attr, f"{f'.{site}' if site else ''}.{attr}", shard)
+            for site in sites for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
+        ]
+        stacks["gate_up_proj"] = [(mlp.gate.attr if s == "0" else mlp.up.attr, key, s)
+                                  for _, key, s in stacks["gate_up_proj"]]
     cls = t.find_class(module, plan.architecture)
     load = t.find_method(cls, "load_weights")
     if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):
         raise HfrewriteError(f"{plan.architecture}: {NAME}: no load_weights using self.hf_to_vllm_mapper")
-    packed = ", ".join(f'"{fused}": [{", ".join(repr(s) for s, _ in parts)}]' for fused, parts in stacks.items())
+    packed = ", ".join(
+        f'"{fused}": [{", ".join(dict.fromkeys(repr(name) for name, _, _ in parts))}]'
+        for fused, parts in stacks.items()
+    )
     stacked = "".join(
-        f'        ".{src}": (".{fused}", {shard}),\n' for fused, parts in stacks.items() for src, shard in parts
+        f'        "{key}": (".{fused}", {shard}),\n' if "." not in key[1:] else
+        f'        "{key}": ("{key.rsplit(".", 1)[0]}.{fused}", {shard}),\n'
+        for fused, parts in stacks.items() for _, key, shard in parts
+    )
+    renames = moe.checkpoint_renames if moe is not None else ()
+    substr = "".join(f'        "{old}": "{new}",\n' for old, new in renames)
+    mapper = "hf_to_vllm_mapper = WeightsMapper(\n"
+    if substr:
+        mapper += f"    orig_to_new_substr={{\n{substr}    }},\n"
+    mapper += f"    orig_to_new_stacked={{\n{stacked}    }}\n)\n"
+    comment = (
+        "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
+        "# loaded into its shard (weight_name: (param_name, shard_id))"
+        + ("; per-expert and stacked\n# expert tensors go to the fused-MoE loader as they are.\n" if moe else ".\n")
     )
     members = t.stmts(
         f"packed_modules_mapping = {{{packed}}}\n".replace("'", '"')
-        + "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
-        "# loaded into its shard (weight_name: (param_name, shard_id)).\n"
-        "hf_to_vllm_mapper = WeightsMapper(\n"
-        f"    orig_to_new_stacked={{\n{stacked}    }}\n"
-        ")\n"
-        f'embedding_modules = {{"{plan.embed_tokens}": "input_embeddings", "{plan.lm_head}": "output_embeddings"}}\n'
+        + comment
+        + mapper
+        + f'embedding_modules = {{"{plan.embed_tokens}": "input_embeddings", "{plan.lm_head}": "output_embeddings"}}\n'
     )
     body = list(cls.body.body)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])

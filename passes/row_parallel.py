@@ -70,8 +70,10 @@ def rewrite(cls: cst.ClassDef, attr: str) -> cst.ClassDef:
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = []
-    for cls_name, attr in ((ctx.plan.attention.module_class, ctx.plan.attention.o.attr),
-                           (ctx.plan.mlp.module_class, ctx.plan.mlp.down.attr)):
+    targets = [(ctx.plan.attention.module_class, ctx.plan.attention.o.attr)]
+    if ctx.plan.mlp is not None:
+        targets.append((ctx.plan.mlp.module_class, ctx.plan.mlp.down.attr))
+    for cls_name, attr in targets:
         module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr))
         rows.append(FusionRow(cls_name, f"{attr} -> RowParallelLinear"))
     return PassResult(module=module, imports=("RowParallelLinear",), fused=tuple(rows), matches=len(rows))

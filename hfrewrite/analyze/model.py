@@ -25,10 +25,12 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.decoder import analyze_decoder
+from hfrewrite.analyze.checkpoint import checkpoint_renames, expert_checkpoint_names
 from hfrewrite.analyze.mlp import analyze_mlp
+from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.plan import AttentionPlan, ModelPlan, NoMatch
+from hfrewrite.plan import AttentionPlan, MlpPlan, ModelPlan, MoePlan, NoMatch
 from hfrewrite.trace import ATTN_IMPLEMENTATION, Traced, is_norm, trace
 
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 128, 4, 256, 256
@@ -95,6 +97,10 @@ def shrink_config(
     _set(small, "num_hidden_layers", n)
     if distinct:
         _set(small, "layer_types", distinct + distinct[-1:] * (n - len(distinct)))
+    if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
+        # MoE models whose config can make some layers dense: trace one of each kind.
+        _set(small, "mlp_only_layers", [0])
+        _set(small, "decoder_sparse_step", 1)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
         _set(small, "pad_token_id", None)
@@ -138,8 +144,9 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         for layer, (args, kwargs) in zip(layers, _layer_inputs(model, layers))
     ]
     activation = getattr(config, "hidden_act", None) or ""
-    per_layer = [_layer_facts(t, activation) for t in traces]
-    decoder, attention, mlp = per_layer[0]
+    per_layer = [_layer_facts(t, activation, config) for t in traces]
+    decoder, attention = per_layer[0][:2]
+    mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
     declined = _compare_layers(per_layer)
 
     final_norm = _one_child(base, "final norm", is_norm)
@@ -177,6 +184,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         mlp=mlp,
         norm=norms[0],
         declined=declined,
+        moe=moe,
     )
 
 
@@ -240,31 +248,63 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
         raise _Refused(f"{type(layer).__name__}: trace: {_line(e)}") from e
 
 
-def _layer_facts(traced: Traced, activation: str) -> tuple:
-    """(DecoderLayerPlan, AttentionPlan, MlpPlan) of one traced decoder layer."""
+def _layer_facts(traced: Traced, activation: str, config) -> tuple:
+    """(DecoderLayerPlan, AttentionPlan, MlpPlan | None, MoePlan | None) of one layer:
+    its MLP block is either a dense gated MLP or a sparse MoE block (whose shared
+    expert, if any, is a dense MLP too)."""
     decoder = _required(analyze_decoder(traced))
     if len(decoder.blocks) != 2:
         found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
         reason = "expected two residual blocks (attention, MLP), found"
         _refuse("fused_residual_norm", traced.module, f"{reason} {found}")
     attention = _required(analyze_attention(traced, decoder.blocks[0].block))
-    mlp = _required(analyze_mlp(traced, decoder.blocks[1].block, activation))
-    return decoder, attention, mlp
+    block = decoder.blocks[1].block
+    mlp = analyze_mlp(traced, block, activation)
+    if not isinstance(mlp, NoMatch):
+        return decoder, attention, mlp, None
+    moe = analyze_moe(traced, block, activation, config)
+    if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
+        _required(mlp)  # no experts at all: the dense MLP's reason is the one to give
+    moe = _required(moe)
+    names = expert_checkpoint_names(config.model_type)
+    moe = dataclasses.replace(
+        moe,
+        checkpoint_expert_names=names or moe.checkpoint_expert_names,
+        checkpoint_renames=checkpoint_renames(config.model_type),
+    )
+    shared = None
+    if moe.shared_expert:
+        shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", activation))
+    return decoder, attention, shared, moe
+
+
+def _one_kind(plans: list, kind: type):
+    """The plan of one kind all layers share (sizes aside), or None when no layer has one."""
+    found = [p for p in plans if p is not None]
+    if not found:
+        return None
+    shapes = {_without_sizes(p) for p in found}
+    if len(shapes) != 1:
+        raise _Refused(NoMatch("uniform_layers", found[0].module_class, f"layers differ in their {kind.__name__}"))
+    return found[0]
+
+
+def _without_sizes(plan):
+    if isinstance(plan, MlpPlan):
+        return (plan.module_class, plan.gate.attr, plan.up.attr, plan.down.attr, plan.gate.bias, plan.act_attr)
+    return plan
 
 
 def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
-    """Layers must agree; a differing sliding window is kept as a declined fact."""
+    """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
+    window is kept as a declined fact."""
     first = per_layer[0]
-    for i, (decoder, attention, mlp) in enumerate(per_layer[1:], start=1):
-        if (decoder, _no_window(attention), mlp) != (
-            first[0],
-            _no_window(first[1]),
-            first[2],
-        ):
+    for i, (decoder, attention, _, _) in enumerate(per_layer[1:], start=1):
+        if (decoder, _no_window(attention)) != (first[0], _no_window(first[1])):
             raise _Refused(
                 NoMatch("uniform_layers", decoder.module_class, f"layer {i} differs")
             )
-    windows = [attention.sliding_window for _, attention, _ in per_layer]
+    windows = [attention.sliding_window for _, attention, _, _ in per_layer]
     if len(set(windows)) == 1:
         return ()
     reason = f"layers differ in sliding_window {windows}; the plan keeps layer 0's"

@@ -1,0 +1,41 @@
+"""Checkpoint-layout facts from transformers' own load-time conversion table.
+
+Hub checkpoints of MoE models keep one tensor per expert (``experts.N.w1.weight``) and
+sometimes other module names (mixtral's ``block_sparse_moe``); transformers 5.x merges and
+renames them at load time (``transformers.conversion_mapping``). The generated vLLM file
+loads the Hub layout directly, so the same facts are read here: the per-expert names for
+(gate, down, up) and plain substring renames.
+"""
+
+from __future__ import annotations
+
+import re
+
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+_EXPERT_NAME = re.compile(r"experts\.\*\.(\w+)\.weight$")
+
+
+def expert_checkpoint_names(model_type: str) -> tuple[str, str, str] | None:
+    """(gate, down, up) per-expert weight names of Hub checkpoints, or None if unknown."""
+    gate = up = down = None
+    for rule in get_checkpoint_conversion_mapping(model_type) or ():
+        targets = " ".join(getattr(rule, "target_patterns", ()) or ())
+        names = [m.group(1) for p in getattr(rule, "source_patterns", ()) or () if (m := _EXPERT_NAME.search(p))]
+        if targets.endswith("gate_up_proj") and len(names) == 2:
+            gate, up = names
+        elif targets.endswith("down_proj") and len(names) == 1:
+            down = names[0]
+    return (gate, down, up) if gate and down and up else None
+
+
+def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
+    """Plain substring renames (Hub name -> module name), e.g. (".block_sparse_moe.", ".mlp.")."""
+    renames = []
+    for rule in get_checkpoint_conversion_mapping(model_type) or ():
+        if type(rule).__name__ != "WeightRenaming":
+            continue
+        for source, target in zip(rule.source_patterns, rule.target_patterns):
+            if re.escape(source).replace("\\.", ".") == source and re.escape(target).replace("\\.", ".") == target:
+                renames.append((source, target))
+    return tuple(renames)

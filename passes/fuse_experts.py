@@ -1,0 +1,188 @@
+"""Replace a sparse MoE block's router and Python expert loop with vLLM's fused MoE.
+
+Matches the plan's MoE block, built in the source as::
+
+    self.gate = TopKRouter(config)      # weight [E, H]; softmax -> top-k -> (w /= w.sum)
+    self.experts = Experts(config)      # gate_up_proj [E, 2I, H], down_proj [E, H, I]
+    self.shared_expert = MLP(config, ...)                       # optional
+    self.shared_expert_gate = nn.Linear(H, 1, bias=False)       # optional
+
+Emits, in the idiom of vLLM's ``mixtral.py``::
+
+    self.gate = GateLinear(H, E, prefix=...)
+    self.experts = FusedMoEFactory(num_experts=E, top_k=K, hidden_size=H,
+        intermediate_size=I, renormalize=R, activation=A, ckpt_names=(...), ...)
+    ...
+    router_logits, _ = self.gate(hidden_states)
+    final_hidden_states = self.experts(hidden_states, router_logits)
+
+``E``, ``K``, ``H``, ``I`` and ``A`` are the expressions the source's router and experts
+classes assign (``config.num_experts``...); ``R`` is the condition guarding the source's
+renormalisation (``config.norm_topk_prob``), ``True`` when it is unconditional. The shared
+expert is kept (its MLP class is fused by ``fuse_gate_up``) and added to the routed output,
+scaled by ``sigmoid`` of its gate, now a ``ReplicatedLinear``. The HF router and experts
+classes become unreachable and are stripped.
+
+Preconditions: the plan found the MoE block (fx, checked by replaying it numerically);
+the router and experts are built from the block's ``config``; every size the emitted call
+needs is a plain ``self.x = <expr>`` in their ``__init__``; the source's renormalisation
+agrees with the plan.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "fuse_experts"
+
+
+def _init_exprs(cls: cst.ClassDef) -> dict[str, str]:
+    """`self.x = expr` in __init__ -> {"x": "expr"}."""
+    init = t.find_method(cls, "__init__")
+    return {
+        attr: t.code(t.assigned_value(s))
+        for s in init.body.body
+        if (attr := t.self_attr_assigned(s))
+    }
+
+
+def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str | None:
+    """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None."""
+    found: list[str] = []
+
+    class _Find(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.conditions: list[str] = []
+
+        def visit_If(self, node: cst.If) -> None:
+            self.conditions.append(t.code(node.test))
+
+        def leave_If(self, node: cst.If) -> None:
+            self.conditions.pop()
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.operator, cst.DivideAssign) and ".sum(" in t.code(node.value):
+                found.append(" and ".join(self.conditions) or "True")
+
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            if isinstance(node.operator, cst.Divide) and ".sum(" in t.code(node.right):
+                found.append(" and ".join(self.conditions) or "True")
+
+    t.find_method(router, "forward").visit(_Find())
+    if len(found) > 1:
+        raise HfrewriteError(f"{name}: {NAME}: the router renormalises more than once")
+    if not found:
+        return None
+    condition = found[0]
+    for attr, expr in attrs.items():  # `self.norm_topk_prob` -> `config.norm_topk_prob`
+        condition = condition.replace(f"self.{attr}", expr)
+    if "self." in condition:
+        raise HfrewriteError(f"{name}: {NAME}: renormalisation depends on {condition}")
+    return condition
+
+
+def rewrite_block(module: cst.Module, ctx: PassContext) -> cst.ClassDef:
+    moe = ctx.plan.moe
+    name = moe.module_class
+    block = t.find_class(module, name)
+    init = t.find_method(block, "__init__")
+    built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
+    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
+        call = built.get(attr)
+        if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
+            raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
+    router = _init_exprs(t.find_class(module, moe.router_class))
+    experts = _init_exprs(t.find_class(module, moe.experts_class))
+    act = experts.get("act_fn", "")
+    if not act.startswith("ACT2FN["):
+        raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
+    sizes = {
+        "num_experts": router.get("num_experts") or experts.get("num_experts"),
+        "top_k": router.get("top_k"),
+        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim"),
+        "intermediate_size": experts.get("intermediate_dim"),
+    }
+    missing = [k for k, v in sizes.items() if not v]
+    if missing:
+        raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
+    renormalize = _renormalize(t.find_class(module, moe.router_class), router, name)
+    if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
+        raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
+    ckpt = moe.checkpoint_expert_names
+    ckpt_arg = "" if ckpt == ("gate_proj", "down_proj", "up_proj") else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
+
+    new_init: list[cst.BaseStatement] = []
+    for s in init.body.body:
+        attr = t.self_attr_assigned(s)
+        if attr is None:
+            if t.code(s).strip() != "super().__init__()":
+                continue
+            new = s
+        elif attr == moe.router:
+            new = t.stmt(
+                f"self.{attr} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
+                f'    prefix=f"{{prefix}}.{attr}",\n)\n'
+            )
+        elif attr == moe.experts:
+            new = t.stmt(
+                f"self.{attr} = FusedMoEFactory(\n"
+                + "".join(f"    {k}={v},\n" for k, v in sizes.items())
+                + f"    renormalize={renormalize or 'False'},\n"
+                f"    activation={act[len('ACT2FN['):-1]},\n"
+                "    quant_config=quant_config,\n"
+                f'    prefix=f"{{prefix}}.{attr}",\n'
+                f"{ckpt_arg})\n"
+            )
+        elif attr == moe.shared_expert_gate:
+            call = t.assigned_value(s)
+            bias = t.arg(call, 2, "bias")
+            new = t.stmt(
+                f"self.{attr} = ReplicatedLinear(\n    {t.code(t.arg(call, 0, 'in_features'))},\n"
+                f"    {t.code(t.arg(call, 1, 'out_features'))},\n    bias={t.code(bias) if bias else 'True'},\n"
+                f'    quant_config=None,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
+            )
+        elif attr == moe.shared_expert:
+            new = s
+        else:
+            continue  # training-only knobs (jitter noise...) and router copies of config
+        new_init.append(new.with_changes(leading_lines=s.leading_lines))
+
+    body = "orig_shape = hidden_states.shape\nhidden_states = hidden_states.view(-1, orig_shape[-1])\n"
+    if moe.shared_expert:
+        body += f"shared_output = self.{moe.shared_expert}(hidden_states)\n"
+        if moe.shared_expert_gate:
+            body += f"shared_output = torch.sigmoid(self.{moe.shared_expert_gate}(hidden_states)[0]) * shared_output\n"
+    body += (
+        f"router_logits, _ = self.{moe.router}(hidden_states)\n"
+        f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits)\n"
+    )
+    if moe.shared_expert:
+        body += "final_hidden_states = final_hidden_states + shared_output\n"
+    body += "return final_hidden_states.view(orig_shape)\n"
+    forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
+    forward = t.with_body(forward, t.stmts(body))
+    block = t.set_method(block, t.with_body(init, new_init))
+    return t.set_method(block, forward)
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    moe = ctx.plan.moe
+    if moe is None:
+        return PassResult(module=module)
+    block = rewrite_block(module, ctx)
+    rows = [FusionRow(moe.module_class, f"{moe.router} -> GateLinear; {moe.experts} ({moe.num_experts} experts, "
+                                        f"top-{moe.top_k}, {moe.scoring}) -> FusedMoEFactory")]
+    imports = ["GateLinear", "FusedMoEFactory"]
+    if moe.shared_expert_gate:
+        rows.append(FusionRow(moe.module_class, f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept"))
+        imports.append("ReplicatedLinear")
+    return PassResult(
+        module=t.replace_class(module, moe.module_class, block),
+        imports=tuple(imports),
+        fused=tuple(rows),
+        matches=1,
+    )
