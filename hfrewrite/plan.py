@@ -47,6 +47,9 @@ class AttentionPlan:
     rope: bool  # rotary embedding applied to q and k before attention
     scaling: float
     sliding_window: int | None
+    # What the q/k norms normalise over: "head" (each head_dim slice, qwen3) or
+    # "all_heads" (the whole projection, olmoe); None without q/k norms.
+    qk_norm_over: str | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,20 @@ _PER_HEAD_NORM = """\
 """
 
 
+_ALL_HEADS_NORM = """\
+# q/k norms over all heads, as in the source: under tensor parallelism each
+# rank holds a slice of the heads: gather, normalise, take its slice back.
+if self.tp_size > 1:
+    q = tensor_model_parallel_all_gather(q.contiguous())
+    k = tensor_model_parallel_all_gather(k.contiguous())
+q = self.{q_norm}(q)
+k = self.{k_norm}(k)
+if self.tp_size > 1:
+    q = q.chunk(self.tp_size, dim=-1)[self.tp_rank]
+    k = k.chunk(self.tp_size, dim=-1)[self.tp_rank]
+"""
+
+
 class _FindAttentionCall(cst.CSTVisitor):
     """The call `attention_interface(self, q, k, v, mask, **kw)`: its keyword arguments."""
 
@@ -65,6 +79,47 @@ class _Calls(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         self.names.append(func.attr.value if isinstance(func, cst.Attribute) else t.dotted(func) or "?")
+
+
+# In-place elementwise ops on q/k/v that a config can switch on (olmoe's clip_qkv): the
+# source's `if` is carried over verbatim, with q/k/v renamed to vLLM's names.
+_INPLACE_ELEMENTWISE = {"clamp_", "clip_"}
+
+
+def _state_names(body: list[cst.BaseStatement]) -> dict[str, str]:
+    """HF names of the q/k/v tensors -> "q"/"k"/"v" (`query_states = q.view(...)` ...)."""
+    names = {"q": "q", "k": "k", "v": "v"}
+    for statement in body:
+        if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
+            assign = statement.body[0]
+            sources = {names[n] for n in t.names_used(assign.value) if n in names}
+            targets = [e.value for tgt in assign.targets for e in
+                       (tgt.target.elements if isinstance(tgt.target, cst.Tuple) else [cst.Element(tgt.target)])
+                       if isinstance(e.value, cst.Name)]
+            if len(sources) == 1 and len(targets) == 1:
+                names[targets[0].value] = sources.pop()
+    return names
+
+
+def _carried_conditional(statement: cst.BaseStatement, states: dict[str, str]) -> cst.If | None:
+    """`if <config test>: q.clamp_(...)`-style statement, renamed to q/k/v, or None."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None:
+        return None
+    if t.names_used(statement.test) & set(states):
+        return None
+    for line in statement.body.body:
+        call = line.body[0].value if isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr) else None
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                and isinstance(call.func.value, cst.Name) and call.func.value.value in states
+                and call.func.attr.value in _INPLACE_ELEMENTWISE
+                and not (t.names_used(cst.Module([cst.SimpleStatementLine([cst.Expr(a.value) for a in call.args])]) if call.args else set()) & set(states))):
+            return None
+
+    class _Rename(cst.CSTTransformer):
+        def leave_Name(self, original, updated):
+            return updated.with_changes(value=states.get(updated.value, updated.value))
+
+    return statement.visit(_Rename())
 
 
 def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
@@ -104,8 +159,12 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
     allowed = _ALLOWED_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    states = _state_names(body[split_at + 1 :])
+    carried: list[cst.If] = []
     for statement in body[split_at + 1 :]:
-        if _unrecognised(statement, allowed):
+        if (conditional := _carried_conditional(statement, states)) is not None:
+            carried.append(conditional)
+        elif _unrecognised(statement, allowed):
             line = " ".join(t.code(statement).split())[:80]
             raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
 
@@ -135,12 +194,19 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
     )])
 
     tail = ""
-    if att.q_norm and att.k_norm:
+    if att.qk_norm_over == "head":
         tail += "# Per-head q/k norms, as in the source, before the rotary embedding.\n"
         tail += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=head_dim)
         tail += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=head_dim)
+    elif att.qk_norm_over == "all_heads":
+        tail += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
+        init = t.with_body(init, [*init.body.body, *t.stmts(
+            "self.tp_size = get_tensor_model_parallel_world_size()\n"
+            "self.tp_rank = get_tensor_model_parallel_rank()\n"
+        )])
     elif att.q_norm or att.k_norm:
-        raise HfrewriteError(f"{name}: {NAME}: only one of q/k has a per-head norm")
+        raise HfrewriteError(f"{name}: {NAME}: q/k norms of unknown extent")
+    tail += "".join(t.code(c) for c in carried)
     tail += (
         "q, k = self.rotary_emb(positions, q, k)\n"
         "attn_output = self.attn(q, k, v)\n"
@@ -162,11 +228,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     cls = t.find_class(module, att.module_class)
     cls = rewrite_attention(cls, ctx, neox=_has_function(module, "rotate_half"))
     rows = [FusionRow(att.module_class, "attention interface -> vllm Attention + get_rope")]
+    imports = ["Attention", "get_rope"]
     if att.q_norm:
-        rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept per head"))
+        rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over})"))
+    if att.qk_norm_over == "all_heads":
+        imports += ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
+                    "tensor_model_parallel_all_gather"]
     return PassResult(
         module=t.replace_class(module, att.module_class, cls),
-        imports=("Attention", "get_rope"),
+        imports=tuple(imports),
         fused=tuple(rows),
         matches=1,
     )

@@ -105,6 +105,21 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
     }
     if norms["v"] is not None:
         raise _Declined("vllm_attention", f"a norm ({norms['v']}) on the v path")
+    if (norms["q"] is None) != (norms["k"] is None):
+        raise _Declined("vllm_attention", "a norm on only one of the q and k paths")
+    qk_norm_over = None
+    if norms["q"] is not None:
+        widths = {
+            traced.module.get_submodule(f"{path}.{norms[r]}").weight.shape[-1]
+            for r in "qk"
+        }
+        if widths == {head_dim}:
+            qk_norm_over = "head"
+        elif widths <= {num_heads * head_dim, num_kv_heads * head_dim}:
+            qk_norm_over = "all_heads"
+        else:
+            reason = f"q/k norm widths {sorted(widths)} are neither head_dim nor all heads"
+            raise _Declined("vllm_attention", reason)
 
     o_node = _output_projection(traced, path, scope, call)
     for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
@@ -132,6 +147,7 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
         rope=rope_in["q"] is not None,
         scaling=float(head_dim**-0.5 if scaling is None else scaling),
         sliding_window=None if window is None else int(window),
+        qk_norm_over=qk_norm_over,
     )
 
 
