@@ -41,3 +41,18 @@ def llama_like(prefix: str = "Llama", model_type: str = "llama", qk_norm: bool =
         ),
         norm=NormPlan(f"{prefix}RMSNorm", "rms", 1e-6, 0.0),
     )
+
+
+def qwen_moe(shared: bool = False) -> ModelPlan:
+    """A qwen2/3-MoE-like plan: MoE blocks, an optional shared expert of the MLP class."""
+    import dataclasses
+
+    from hfrewrite.plan import MoePlan
+
+    moe = MoePlan(
+        module_class="MoeBlock", router="gate", router_class="TopKRouter", experts="experts",
+        experts_class="Experts", num_experts=8, top_k=2, scoring="softmax", renormalize=True,
+        activation="silu", shared_expert="shared_expert" if shared else None,
+        shared_expert_gate="shared_expert_gate" if shared else None,
+    )
+    return dataclasses.replace(llama_like("Qwen3Moe", "qwen3_moe"), moe=moe)

@@ -77,6 +77,81 @@ def test_sliding_window_carried_over():
     assert rewrite(vllm_attention, BEFORE_SLIDING_WINDOW_CARRIED_OVER, llama_like()) == AFTER_SLIDING_WINDOW_CARRIED_OVER
 
 
+BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER = """\
+def rotate_half(x):
+    return x
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.scaling = self.head_dim**-0.5
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query_states = q.view(hidden_shape).transpose(1, 2)
+        key_states = k.view(hidden_shape).transpose(1, 2)
+        value_states = v.view(hidden_shape).transpose(1, 2)
+        if self.config.clip_qkv is not None:
+            query_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            value_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, sliding_window=self.sliding_window, **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+"""
+
+AFTER_CLIP_QKV_CONDITIONAL_CARRIED_OVER = """\
+def rotate_half(x):
+    return x
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.scaling = self.head_dim**-0.5
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+        self.rotary_emb = get_rope(
+            self.head_dim,
+            max_position=config.max_position_embeddings,
+            rope_parameters=config.rope_parameters,
+            is_neox_style=True,
+        )
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            self.scaling,
+            num_kv_heads=self.num_kv_heads,
+            cache_config=cache_config,
+            quant_config=quant_config,
+            per_layer_sliding_window=self.sliding_window,
+            prefix=f"{prefix}.attn",
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.config.clip_qkv is not None:
+            q.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            v.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+        q, k = self.rotary_emb(positions, q, k)
+        attn_output = self.attn(q, k, v)
+        attn_output = self.o_proj(attn_output)
+        return attn_output
+"""
+
+
+def test_clip_qkv_conditional_carried_over():
+    assert rewrite(vllm_attention, BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER, llama_like()) == AFTER_CLIP_QKV_CONDITIONAL_CARRIED_OVER
+
+
 REFUSED_NO_SCALING = """\
 def rotate_half(x):
     return x
@@ -178,6 +253,43 @@ class LlamaAttention(nn.Module):
 def test_refuses_conditional_rope():
     with pytest.raises(HfrewriteError, match='would not: if self.use_rope'):
         rewrite(vllm_attention, REFUSED_CONDITIONAL_ROPE, llama_like())
+
+
+REFUSED_CONDITIONAL_READS_A_STATE = """\
+def rotate_half(x):
+    return x
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.scaling = self.head_dim**-0.5
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query_states = q.view(hidden_shape).transpose(1, 2)
+        key_states = k.view(hidden_shape).transpose(1, 2)
+        value_states = v.view(hidden_shape).transpose(1, 2)
+        if query_states.max() > 1:
+            query_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+            value_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, sliding_window=self.sliding_window, **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+"""
+
+
+def test_refuses_conditional_reads_a_state():
+    with pytest.raises(HfrewriteError, match='would not: if query_states.max'):
+        rewrite(vllm_attention, REFUSED_CONDITIONAL_READS_A_STATE, llama_like())
 
 
 REFUSED_EXTRA_OP_ON_Q = """\

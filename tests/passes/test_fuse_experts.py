@@ -1,0 +1,206 @@
+"""fuse_experts: router + expert loop -> GateLinear + FusedMoEFactory."""
+
+import pytest
+
+from harness import rewrite
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.passes import fuse_experts
+from plans import qwen_moe
+
+
+BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE = """\
+class TopKRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.num_experts
+        self.norm_topk_prob = config.norm_topk_prob
+        self.hidden_dim = config.hidden_size
+
+    def forward(self, hidden_states):
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        return router_logits, router_top_value, router_indices
+
+
+class Experts(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.hidden_dim = config.hidden_size
+        self.intermediate_dim = config.moe_intermediate_size
+        self.act_fn = ACT2FN[config.hidden_act]
+
+
+class MoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.experts = Experts(config)
+        self.gate = TopKRouter(config)
+        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)
+        self.shared_expert_gate = torch.nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        _, routing_weights, selected_experts = self.gate(hidden_states)
+        return self.experts(hidden_states, selected_experts, routing_weights).reshape(batch_size, sequence_length, hidden_dim)
+"""
+
+AFTER_RENORMALISATION_CONDITION_FROM_SOURCE = """\
+class TopKRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.num_experts
+        self.norm_topk_prob = config.norm_topk_prob
+        self.hidden_dim = config.hidden_size
+
+    def forward(self, hidden_states):
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        return router_logits, router_top_value, router_indices
+
+
+class Experts(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.hidden_dim = config.hidden_size
+        self.intermediate_dim = config.moe_intermediate_size
+        self.act_fn = ACT2FN[config.hidden_act]
+
+
+class MoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.experts = FusedMoEFactory(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            renormalize=config.norm_topk_prob,
+            activation=config.hidden_act,
+            quant_config=quant_config,
+            prefix=f"{prefix}.experts",
+        )
+        self.gate = GateLinear(
+            config.hidden_size,
+            config.num_experts,
+            prefix=f"{prefix}.gate",
+        )
+        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)
+        self.shared_expert_gate = ReplicatedLinear(
+            config.hidden_size,
+            1,
+            bias=False,
+            quant_config=None,
+            prefix=f"{prefix}.shared_expert_gate",
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        orig_shape = hidden_states.shape
+        hidden_states = hidden_states.view(-1, orig_shape[-1])
+        shared_output = self.shared_expert(hidden_states)
+        shared_output = torch.sigmoid(self.shared_expert_gate(hidden_states)[0]) * shared_output
+        router_logits, _ = self.gate(hidden_states)
+        final_hidden_states = self.experts(hidden_states, router_logits)
+        final_hidden_states = final_hidden_states + shared_output
+        return final_hidden_states.view(orig_shape)
+"""
+
+
+def test_renormalisation_condition_from_source():
+    assert rewrite(fuse_experts, BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE, qwen_moe(shared=True)) == AFTER_RENORMALISATION_CONDITION_FROM_SOURCE
+
+
+REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG = """\
+class TopKRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.num_experts
+        self.norm_topk_prob = config.norm_topk_prob
+        self.hidden_dim = config.hidden_size
+
+    def forward(self, hidden_states):
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        return router_logits, router_top_value, router_indices
+
+
+class Experts(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.hidden_dim = config.hidden_size
+        self.intermediate_dim = config.moe_intermediate_size
+        self.act_fn = ACT2FN[config.hidden_act]
+
+
+class MoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.experts = Experts(other)
+        self.gate = TopKRouter(config)
+        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)
+        self.shared_expert_gate = torch.nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        _, routing_weights, selected_experts = self.gate(hidden_states)
+        return self.experts(hidden_states, selected_experts, routing_weights).reshape(batch_size, sequence_length, hidden_dim)
+"""
+
+
+def test_refuses_experts_not_built_from_config():
+    with pytest.raises(HfrewriteError, match='is not Experts\\(config\\)'):
+        rewrite(fuse_experts, REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG, qwen_moe(shared=True))
+
+
+REFUSED_NO_RENORMALISATION_IN_SOURCE = """\
+class TopKRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.num_experts
+        self.norm_topk_prob = config.norm_topk_prob
+        self.hidden_dim = config.hidden_size
+
+    def forward(self, hidden_states):
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        return router_logits, router_top_value, router_indices
+
+
+class Experts(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.hidden_dim = config.hidden_size
+        self.intermediate_dim = config.moe_intermediate_size
+        self.act_fn = ACT2FN[config.hidden_act]
+
+
+class MoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.experts = Experts(config)
+        self.gate = TopKRouter(config)
+        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)
+        self.shared_expert_gate = torch.nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        _, routing_weights, selected_experts = self.gate(hidden_states)
+        return self.experts(hidden_states, selected_experts, routing_weights).reshape(batch_size, sequence_length, hidden_dim)
+"""
+
+
+def test_refuses_no_renormalisation_in_source():
+    with pytest.raises(HfrewriteError, match='disagrees with the trace'):
+        rewrite(fuse_experts, REFUSED_NO_RENORMALISATION_IN_SOURCE, qwen_moe(shared=True))
