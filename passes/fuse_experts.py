@@ -85,7 +85,8 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
     return condition
 
 
-def rewrite_block(module: cst.Module, ctx: PassContext) -> cst.ClassDef:
+def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
+    """The rewritten block and the emitted renormalisation expression."""
     moe = ctx.plan.moe
     name = moe.module_class
     block = t.find_class(module, name)
@@ -166,16 +167,22 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> cst.ClassDef:
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
     forward = t.with_body(forward, t.stmts(body))
     block = t.set_method(block, t.with_body(init, new_init))
-    return t.set_method(block, forward)
+    return t.set_method(block, forward), renormalize or "False"
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     moe = ctx.plan.moe
     if moe is None:
         return PassResult(module=module)
-    block = rewrite_block(module, ctx)
-    rows = [FusionRow(moe.module_class, f"{moe.router} -> GateLinear; {moe.experts} ({moe.num_experts} experts, "
-                                        f"top-{moe.top_k}, {moe.scoring}) -> FusedMoEFactory")]
+    block, renormalize = rewrite_block(module, ctx)
+    gate, down, up = moe.checkpoint_expert_names
+    rows = [
+        FusionRow(moe.module_class, f"router {moe.router}: F.linear -> {moe.scoring} -> top-k -> "
+                                    f"renormalize={renormalize} (traced: {moe.renormalize}) -> GateLinear"),
+        FusionRow(moe.module_class, f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
+                                    f"(checkpoint experts.N.{{{gate},{up},{down}}})"),
+    ]
+    rows += [FusionRow(moe.module_class, f"checkpoint rename {old!r} -> {new!r}") for old, new in moe.checkpoint_renames]
     imports = ["GateLinear", "FusedMoEFactory"]
     if moe.shared_expert_gate:
         rows.append(FusionRow(moe.module_class, f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept"))
