@@ -37,8 +37,12 @@ import torch
 from torch import nn
 from transformers import MixtralConfig
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import CacheConfig, VllmConfig
-from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.config import CacheConfig, VllmConfig, get_current_vllm_config
+from vllm.distributed import (
+    get_ep_group,
+    get_pp_group,
+    get_tensor_model_parallel_world_size,
+)
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -50,7 +54,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
+from vllm.model_executor.models.interfaces import (
+    MixtureOfExperts,
+    SupportsLoRA,
+    SupportsPP,
+)
 from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     PPMissingLayer,
@@ -68,6 +76,14 @@ class MixtralSparseMoeBlock(nn.Module):
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
     ):
         super().__init__()
+        # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.
+        parallel_config = get_current_vllm_config().parallel_config
+        self.ep_size = get_ep_group().device_group.size()
+        self.n_routed_experts = config.num_local_experts
+        self.n_logical_experts = self.n_routed_experts
+        self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts
+        self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
+        self.n_local_physical_experts = self.n_physical_experts // self.ep_size
         self.gate = GateLinear(
             config.hidden_size,
             config.num_local_experts,
@@ -79,6 +95,8 @@ class MixtralSparseMoeBlock(nn.Module):
             hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
             renormalize=True,
+            enable_eplb=parallel_config.enable_eplb,
+            num_redundant_experts=self.n_redundant_experts,
             activation=config.hidden_act,
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
@@ -280,7 +298,7 @@ class MixtralModel(nn.Module):
         return hidden_states
 
 
-class MixtralForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+class MixtralForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
     # Hugging Face checkpoints keep the fused projections apart: each tensor is
     # loaded into its shard (weight_name: (param_name, shard_id)); per-expert and stacked
@@ -324,6 +342,26 @@ class MixtralForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             self.model.make_empty_intermediate_tensors
         )
 
+        # Expert-parallel load balancing (EPLB) bookkeeping, read by vLLM.
+        moe_blocks = [
+            layer.mlp
+            for layer in self.model.layers
+            if not isinstance(layer, PPMissingLayer)
+            and isinstance(layer.mlp, MixtralSparseMoeBlock)
+        ]
+        if not moe_blocks:
+            raise RuntimeError("No MoE layer found in the model's layers.")
+        example = moe_blocks[0]
+        self.moe_layers = [block.experts for block in moe_blocks]
+        self.num_moe_layers = len(self.moe_layers)
+        self.num_expert_groups = 1
+        self.num_shared_experts = 0
+        self.num_logical_experts = example.n_logical_experts
+        self.num_physical_experts = example.n_physical_experts
+        self.num_local_physical_experts = example.n_local_physical_experts
+        self.num_routed_experts = example.n_routed_experts
+        self.num_redundant_experts = example.n_redundant_experts
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
@@ -344,3 +382,20 @@ class MixtralForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
         return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+
+    def update_physical_experts_metadata(
+        self, num_physical_experts: int, num_local_physical_experts: int
+    ) -> None:
+        assert self.num_local_physical_experts == num_local_physical_experts
+        self.num_physical_experts = num_physical_experts
+        self.num_local_physical_experts = num_local_physical_experts
+        self.num_redundant_experts = num_physical_experts - self.num_logical_experts
+        for layer in self.model.layers:
+            if isinstance(layer, PPMissingLayer):
+                continue
+            if isinstance(layer.mlp, MixtralSparseMoeBlock):
+                block = layer.mlp
+                block.n_local_physical_experts = num_local_physical_experts
+                block.n_physical_experts = num_physical_experts
+                block.n_redundant_experts = self.num_redundant_experts
+                block.experts.update_expert_map()

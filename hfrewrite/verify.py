@@ -28,6 +28,7 @@ as objects); a torch.compile'd logprob helper costs ~15 s (``TORCHDYNAMO_DISABLE
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import itertools
@@ -70,6 +71,8 @@ TINY_DEFAULTS: dict[str, Any] = {
 
 # Linear-layer kinds counted per decoder layer, most specific first.
 LINEAR_KINDS = (
+    "MoERunner",  # vLLM's fused MoE (FusedMoEFactory), one per MoE layer
+    "GateLinear",  # vLLM's MoE router
     "QKVParallelLinear",
     "MergedColumnParallelLinear",
     "RowParallelLinear",
@@ -273,13 +276,20 @@ def vllm_run(
     max_tokens: int = 16,
     generated_module: Path | None = None,
     architecture: str | None = None,
+    *,
+    as_registered: bool = False,
+    llm_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Greedy-decode ``ckpt`` in one in-process vLLM ``LLM`` and inspect its module.
 
     With ``generated_module``, its ``architecture`` class replaces vLLM's for this run;
-    without, vLLM's native class runs (None is returned when vLLM has none). Returns
-    ``{"tokens", "logprobs", "structure", "model_class", "init_s", "gen_s"}``; raises
-    ``VllmRunError`` after tearing the failed engine down, so the next run can start.
+    without, vLLM's native class runs (None is returned when vLLM has none). With
+    ``as_registered``, the registry is left as vLLM found it (a plugin or an edited vLLM
+    tree decides the class). ``llm_kwargs`` go to ``LLM`` (``tensor_parallel_size``: the
+    class must then be registered in the workers too, i.e. by a plugin). Returns
+    ``{"tokens", "logprobs", "structure", "model_class", "model_file", "supports_pp",
+    "init_s", "gen_s"}``; raises ``VllmRunError`` after tearing the failed engine down,
+    so the next run can start.
     """
     global _NATIVE
     from vllm.distributed import parallel_state
@@ -293,12 +303,16 @@ def vllm_run(
         if generated_module
         else None
     )
-    with _registered(architecture, cls) as available:
+    with (
+        contextlib.nullcontext(True)
+        if as_registered
+        else _registered(architecture, cls)
+    ) as available:
         if not available:
             return None
         error = None
         try:
-            result = _run_engine(ckpt, prompts, max_tokens)
+            result = _run_engine(ckpt, prompts, max_tokens, llm_kwargs)
         except Exception:  # noqa: BLE001  (reported, not swallowed)
             # Keep only text: the traceback's frames would keep the engine alive, and
             # its deferred shutdown would later tear down the *next* engine's state.
@@ -313,7 +327,12 @@ def vllm_run(
     return result
 
 
-def _run_engine(ckpt: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -> dict:
+def _run_engine(
+    ckpt: Path,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    llm_kwargs: dict[str, Any] | None = None,
+) -> dict:
     """Build an ``LLM`` for whatever class is registered, decode, inspect, drop it."""
     from vllm import LLM, SamplingParams
 
@@ -327,6 +346,7 @@ def _run_engine(ckpt: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -
         model_impl="vllm",  # never fall back to the Transformers backend
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         seed=0,
+        **(llm_kwargs or {}),
     )
     t1 = time.perf_counter()
     params = SamplingParams(
@@ -345,16 +365,29 @@ def _run_engine(ckpt: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -
         [pos[tok].logprob for pos, tok in zip(o.outputs[0].logprobs, toks)]
         for o, toks in zip(outs, tokens)
     ]
-    structure, model_class = llm.apply_model(
-        lambda m: (inspect_structure(m), f"{type(m).__module__}.{type(m).__name__}")
-    )[0]
+    # A module-level function: with tensor parallelism it is pickled to the workers.
+    facts = llm.apply_model(_model_facts)[0]
     return {
         "tokens": tokens,
         "logprobs": logprobs,
-        "structure": structure,
-        "model_class": model_class,
+        **facts,
         "init_s": t1 - t0,
         "gen_s": t2 - t1,
+    }
+
+
+def _model_facts(model: Any) -> dict[str, Any]:
+    """What ran: linear-layer structure, class, its file, vLLM's ``supports_pp`` and, for
+    a ``MixtureOfExperts`` model, how many MoE layers it declares."""
+    from vllm.model_executor.models.interfaces import is_mixture_of_experts, supports_pp
+
+    cls = type(model)
+    return {
+        "structure": inspect_structure(model),
+        "model_class": f"{cls.__module__}.{cls.__name__}",
+        "model_file": getattr(sys.modules.get(cls.__module__), "__file__", None),
+        "supports_pp": bool(supports_pp(model)),
+        "num_moe_layers": model.num_moe_layers if is_mixture_of_experts(model) else None,
     }
 
 
@@ -405,14 +438,19 @@ def inspect_structure(model: Any) -> list[dict[str, int]]:
 
 
 def run_worker(
-    runs: Sequence[dict[str, Any]], timeout: float = 900
+    runs: Sequence[dict[str, Any]],
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Execute ``runs`` in one ``hfrewrite.verify_worker`` subprocess.
 
     Each run is ``{"kind": "hf" | "vllm", "ckpt", "prompts", "max_tokens",
-    "generated_module", "architecture"}``. Returns one result per run (``{"error":
-    ...}`` for a run that raised or never ran) and worker info (``import_s``,
-    ``wall_s``, ``returncode``, ``stderr_tail``).
+    "generated_module", "architecture"}``, vLLM runs optionally with
+    ``"as_registered": true`` and ``"llm_kwargs": {...}`` (see ``vllm_run``). ``env``
+    overrides the worker's environment (``PYTHONPATH`` for a plugin or a vLLM tree,
+    ``VLLM_CPU_OMP_THREADS_BIND`` for tensor parallelism). Returns one result per run
+    (``{"error": ...}`` for a run that raised or never ran) and worker info
+    (``import_s``, ``wall_s``, ``returncode``, ``stderr_tail``).
     """
     with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
         tmp = Path(tmp)
@@ -425,6 +463,7 @@ def run_worker(
                 for k, v in vllm_env(tmp / "vllm-cache").items()
                 if k not in os.environ
             },
+            **(env or {}),
         }
         t0 = time.perf_counter()
         try:
@@ -482,6 +521,7 @@ class VerifyReport:
     generated_class: str | None
     ok: bool
     problems: tuple[str, ...] = ()
+    generated_facts: dict[str, Any] = field(default_factory=dict)  # supports_pp, num_moe_layers
     errors: dict[str, str] = field(default_factory=dict)  # run -> traceback text
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -625,6 +665,7 @@ def _report(
         generated_structure=gen.get("structure"),
         native_structure=nat.get("structure") if nat_ok else None,
         generated_class=gen.get("model_class"),
+        generated_facts={k: gen.get(k) for k in ("supports_pp", "num_moe_layers")},
         ok=not problems,
         problems=tuple(problems),
         errors=errors,

@@ -122,7 +122,18 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         if attr is None:
             if t.code(s).strip() != "super().__init__()":
                 continue
-            new = s
+            new_init.append(s)
+            new_init.extend(t.stmts(
+                "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.\n"
+                "parallel_config = get_current_vllm_config().parallel_config\n"
+                "self.ep_size = get_ep_group().device_group.size()\n"
+                f"self.n_routed_experts = {sizes['num_experts']}\n"
+                "self.n_logical_experts = self.n_routed_experts\n"
+                "self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts\n"
+                "self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts\n"
+                "self.n_local_physical_experts = self.n_physical_experts // self.ep_size\n"
+            ))
+            continue
         elif attr == moe.router:
             new = t.stmt(
                 f"self.{attr} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
@@ -133,6 +144,8 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
                 f"self.{attr} = FusedMoEFactory(\n"
                 + "".join(f"    {k}={v},\n" for k, v in sizes.items())
                 + f"    renormalize={renormalize or 'False'},\n"
+                "    enable_eplb=parallel_config.enable_eplb,\n"
+                "    num_redundant_experts=self.n_redundant_experts,\n"
                 f"    activation={act[len('ACT2FN['):-1]},\n"
                 "    quant_config=quant_config,\n"
                 f'    prefix=f"{{prefix}}.{attr}",\n'
@@ -183,7 +196,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                                     f"(checkpoint experts.N.{{{gate},{up},{down}}})"),
     ]
     rows += [FusionRow(moe.module_class, f"checkpoint rename {old!r} -> {new!r}") for old, new in moe.checkpoint_renames]
-    imports = ["GateLinear", "FusedMoEFactory"]
+    imports = ["GateLinear", "FusedMoEFactory", "get_current_vllm_config", "get_ep_group"]
     if moe.shared_expert_gate:
         rows.append(FusionRow(moe.module_class, f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept"))
         imports.append("ReplicatedLinear")

@@ -28,8 +28,14 @@ from hfrewrite import cst_tools as t
 from hfrewrite.pass_api import PassContext, PassResult
 
 NAME = "strip_hf_runtime"
-# Attributes vLLM itself reads from the model classes (those built from `vllm_config`).
-READ_BY_VLLM = {"config", "make_empty_intermediate_tensors"}
+# Attributes vLLM itself reads from the model classes (those built from `vllm_config`),
+# including its MixtureOfExperts protocol.
+READ_BY_VLLM = {
+    "config", "make_empty_intermediate_tensors", "moe_layers", "num_moe_layers",
+    "num_expert_groups", "num_logical_experts", "num_physical_experts",
+    "num_local_physical_experts", "num_routed_experts", "num_shared_experts",
+    "num_redundant_experts",
+}
 
 
 def _defined_name(node: cst.CSTNode) -> str | None:
@@ -154,7 +160,9 @@ def _calls(node: cst.CSTNode) -> list[str]:
 
 
 class _ReadAttributes(cst.CSTVisitor):
-    """`self.x` reads, and `self.<sub>.x` reads (a class reaching into a submodule)."""
+    """`self.x` reads, and `<other>.x` reads of other objects (a class reaching into a
+    submodule, `self.model.embed_tokens`, or into a block, `block.n_logical_experts`);
+    reads of config and library attributes do not count."""
 
     def __init__(self) -> None:
         self.self_reads: set[str] = set()
@@ -172,7 +180,8 @@ class _ReadAttributes(cst.CSTVisitor):
         base = t.dotted(node.value) or ""
         if base == "self":
             self.self_reads.add(node.attr.value)
-        elif base.startswith("self."):
+        elif base and base.split(".")[0] not in ("config", "torch", "nn", "F") and not base.endswith("_config"):
+            # another object's attribute: `self.model.embed_tokens`, `block.n_logical_experts`
             self.cross_reads.add(node.attr.value)
 
 

@@ -99,6 +99,9 @@ def test_moe_layers_use_fused_experts(reports, case):
             assert layer["MoERunner"] == 0 and layer["MergedColumnParallelLinear"] == 1, layer
         else:
             assert layer["MoERunner"] == 1 and layer["GateLinear"] == 1, layer
+    # vLLM sees the MixtureOfExperts interface, counting exactly the sparse layers.
+    assert reports[case].generated_facts["num_moe_layers"] == len(structure) - len(dense)
+    assert reports[case].generated_facts["supports_pp"] is True
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"])

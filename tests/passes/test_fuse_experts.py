@@ -76,12 +76,22 @@ class Experts(nn.Module):
 class MoeBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
+        # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.
+        parallel_config = get_current_vllm_config().parallel_config
+        self.ep_size = get_ep_group().device_group.size()
+        self.n_routed_experts = config.num_experts
+        self.n_logical_experts = self.n_routed_experts
+        self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts
+        self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
+        self.n_local_physical_experts = self.n_physical_experts // self.ep_size
         self.experts = FusedMoEFactory(
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
             intermediate_size=config.moe_intermediate_size,
             renormalize=config.norm_topk_prob,
+            enable_eplb=parallel_config.enable_eplb,
+            num_redundant_experts=self.n_redundant_experts,
             activation=config.hidden_act,
             quant_config=quant_config,
             prefix=f"{prefix}.experts",

@@ -1,0 +1,49 @@
+"""Declare vLLM's ``MixtureOfExperts`` on the causal LM of a MoE model.
+
+Matches the causal-LM class built by ``vllm_model_interface`` when the plan has a MoE block
+(whose ``fuse_experts`` rewrite keeps the ``n_*_experts`` bookkeeping, as vLLM's blocks do).
+
+Emits, from ``templates/moe.py`` (vLLM's ``qwen3_moe.py`` idiom): the ``MixtureOfExperts``
+base; in ``__init__`` the list of the fused-MoE runners of the sparse layers
+(``moe_layers``) and the expert counts vLLM's expert-parallel load balancer (EPLB) reads;
+and ``update_physical_experts_metadata``.
+
+Preconditions: the plan found a MoE block; the decoder layer's MLP attribute is the last
+residual block; the causal LM holds the base model under the plan's attribute.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.templates_io import template_class
+
+NAME = "moe_interface"
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    """The causal LM declares vLLM's ``MixtureOfExperts`` with its EPLB bookkeeping."""
+    plan, moe = ctx.plan, ctx.plan.moe
+    if moe is None:
+        return PassResult(module=module)
+    mlp_attr = plan.decoder_layer.blocks[-1].block
+    tpl = template_class(
+        "moe.py", "TemplateMoeForCausalLM",
+        {"TemplateSparseMoeBlock": moe.module_class},
+        {"model": plan.base_model_attr, "layers": plan.layers, "mlp": mlp_attr, "experts": moe.experts},
+    )
+    causal = t.find_class(module, plan.architecture)
+    init = t.find_method(causal, "__init__")
+    extra = list(t.find_method(tpl, "__init__").body.body)
+    extra[0] = extra[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *extra[0].leading_lines])
+    causal = t.set_method(causal, t.with_body(init, [*init.body.body, *extra]))
+    causal = t.set_method(causal, t.find_method(tpl, "update_physical_experts_metadata"))
+    causal = causal.with_changes(bases=[*causal.bases, cst.Arg(cst.Name("MixtureOfExperts"))])
+    return PassResult(
+        module=t.replace_class(module, plan.architecture, causal),
+        imports=("MixtureOfExperts", "PPMissingLayer"),
+        fused=(FusionRow(plan.architecture, "MixtureOfExperts (expert-parallel load balancing bookkeeping)"),),
+        matches=1,
+    )

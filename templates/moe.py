@@ -1,0 +1,54 @@
+"""vLLM-side members of a mixture-of-experts causal LM (vLLM 0.32's ``MixtureOfExperts``).
+
+Parsed with libcst by ``passes/fuse_experts.py``, never imported at run time. The pass
+renames ``TemplateSparseMoeBlock`` to the model's MoE block class and ``TemplateDecoderLayer``
+to its decoder layer, ``mlp``/``experts``/``layers`` to the attribute names the plan found,
+splices ``__init__``'s statements into the causal LM's ``__init__`` and adds the method.
+Follows vLLM's own ``qwen3_moe.py``.
+"""
+
+from torch import nn
+from vllm.model_executor.models.utils import PPMissingLayer
+
+
+class TemplateMoeForCausalLM(nn.Module):
+    def __init__(self) -> None:
+        # Expert-parallel load balancing (EPLB) bookkeeping, read by vLLM.
+        moe_blocks = [
+            layer.mlp
+            for layer in self.model.layers
+            if not isinstance(layer, PPMissingLayer)
+            and isinstance(layer.mlp, TemplateSparseMoeBlock)
+        ]
+        if not moe_blocks:
+            raise RuntimeError("No MoE layer found in the model's layers.")
+        example = moe_blocks[0]
+        self.moe_layers = [block.experts for block in moe_blocks]
+        self.num_moe_layers = len(self.moe_layers)
+        self.num_expert_groups = 1
+        self.num_shared_experts = 0
+        self.num_logical_experts = example.n_logical_experts
+        self.num_physical_experts = example.n_physical_experts
+        self.num_local_physical_experts = example.n_local_physical_experts
+        self.num_routed_experts = example.n_routed_experts
+        self.num_redundant_experts = example.n_redundant_experts
+
+    def update_physical_experts_metadata(
+        self, num_physical_experts: int, num_local_physical_experts: int
+    ) -> None:
+        assert self.num_local_physical_experts == num_local_physical_experts
+        self.num_physical_experts = num_physical_experts
+        self.num_local_physical_experts = num_local_physical_experts
+        self.num_redundant_experts = num_physical_experts - self.num_logical_experts
+        for layer in self.model.layers:
+            if isinstance(layer, PPMissingLayer):
+                continue
+            if isinstance(layer.mlp, TemplateSparseMoeBlock):
+                block = layer.mlp
+                block.n_local_physical_experts = num_local_physical_experts
+                block.n_physical_experts = num_physical_experts
+                block.n_redundant_experts = self.num_redundant_experts
+                block.experts.update_expert_map()
+
+
+TemplateSparseMoeBlock = nn.Module  # placeholder name, renamed by the pass
