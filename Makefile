@@ -9,7 +9,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 HFR     := $(VENV)/bin/hfrewrite
 STAMP   := $(VENV)/.hfrewrite-setup
-GOLDEN_TYPES := llama mistral qwen2 qwen3
+GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe
 
 .PHONY: setup demo test golden docs
 
