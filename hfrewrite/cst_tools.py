@@ -87,6 +87,20 @@ def self_attr_assigned(node: cst.BaseStatement) -> str | None:
     return None
 
 
+def init_assignments(cls: cst.ClassDef, attrs: tuple[str, ...], who: str):
+    """(``__init__``, its statements, {attr: index}) for a class whose ``__init__`` assigns
+    every one of ``attrs``; raises naming ``who`` (the pass) otherwise."""
+    init = find_method(cls, "__init__")
+    body = list(init.body.body) if init else []
+    where = {self_attr_assigned(s): i for i, s in enumerate(body)}
+    missing = [a for a in attrs if a not in where]
+    if missing:
+        raise HfrewriteError(
+            f"{cls.name.value}: {who}: {'/'.join(missing)} not assigned in __init__"
+        )
+    return init, body, where
+
+
 def assigned_value(node: cst.BaseStatement) -> cst.BaseExpression:
     small = node.body[0]  # type: ignore[attr-defined]
     return small.value

@@ -64,11 +64,8 @@ class _FuseProduct(cst.CSTTransformer):
 
 def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef:
     name = cls.name.value
-    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
-    body = list(init.body.body)
-    where = {t.self_attr_assigned(s): i for i, s in enumerate(body)}
-    if not all(a in where for a in (gate, up, act)):
-        raise HfrewriteError(f"{name}: {NAME}: {gate}/{up}/{act} are not all assigned in __init__")
+    init, body, where = t.init_assignments(cls, (gate, up, act), NAME)
+    forward = t.find_method(cls, "forward")
     g, u, a = (t.assigned_value(body[where[x]]) for x in (gate, up, act))
     if t.call_name(g) != "nn.Linear" or t.call_name(u) != "nn.Linear":
         raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")

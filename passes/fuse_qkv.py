@@ -62,11 +62,8 @@ class _ReplaceCalls(cst.CSTTransformer):
 
 def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef:
     name = cls.name.value
-    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
-    body = list(init.body.body)
-    where = {t.self_attr_assigned(s): i for i, s in enumerate(body)}
-    if not all(a in where for a in (q, k, v)):
-        raise HfrewriteError(f"{name}: {NAME}: {q}/{k}/{v} are not all assigned in __init__")
+    init, body, where = t.init_assignments(cls, (q, k, v), NAME)
+    forward = t.find_method(cls, "forward")
     parts = {a: _linear_parts(body[where[a]], name, a) for a in (q, k, v)}
     (q_in, q_heads, head_dim, q_bias), (k_in, k_heads, k_dim, k_bias), (v_in, v_heads, v_dim, v_bias) = (
         parts[q], parts[k], parts[v])
