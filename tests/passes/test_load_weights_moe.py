@@ -1,9 +1,7 @@
 """load_weights: HF checkpoint names mapped onto the fused shards."""
 
-import pytest
 
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import load_weights
 from plans import qwen_moe
 

@@ -1,9 +1,7 @@
 """moe_interface: vLLM's MixtureOfExperts on the causal LM of a MoE model."""
 
-import pytest
 
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import moe_interface
 from plans import llama_like, qwen_moe
 

@@ -1,9 +1,7 @@
 """strip_hf_runtime: Transformers runtime removed by reachability."""
 
-import pytest
 
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import strip_hf_runtime
 from plans import llama_like
 

@@ -1,9 +1,7 @@
 """thread_layer_args: cache_config / quant_config / prefix threaded through layer classes."""
 
-import pytest
 
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import thread_layer_args
 from plans import llama_like
 
