@@ -3,6 +3,13 @@
 Each ``.py`` file whose header has a ``# hfrewrite-source:`` line is regenerated in memory
 from the model id and revision it records and compared byte for byte. Differences are
 reported as unified diffs with the command that updates them; ``fix`` rewrites the files.
+
+With ``vllm_tree`` (a vLLM source checkout) the tree's ``vllm/model_executor/models`` is
+checked too, and so is its registry: every entry that maps an architecture to a generated
+module (``hfrewrite_*``, or any module with an hfrewrite header) must name a module that
+exists and defines the class. A plugin package's ``__init__.py`` (``convert --plugin``) must
+be what hfrewrite writes for its ``ARCHITECTURES``, each naming a module and class of the
+package. Such problems fail the check and are not fixed by ``fix``.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from pathlib import Path
 from hfrewrite import __version__
 from hfrewrite.emit import SourceRecord, parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
+from hfrewrite.plugin import is_plugin_init, plugin_problems
 from hfrewrite.resolve import resolve
 
 
@@ -32,6 +40,9 @@ class CheckReport:
     paths: tuple[Path, ...]  # as given, for the update command
     results: tuple[FileResult, ...]
     skipped: tuple[Path, ...]  # .py files without an hfrewrite-source line
+    vllm_tree: Path | None = None  # as given, for the update command
+    # Broken registry entries, hand-edited plugin __init__.py files (not fixed by --fix).
+    problems: tuple[str, ...] = ()
 
     @property
     def differing(self) -> tuple[FileResult, ...]:
@@ -39,8 +50,15 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when any file differs (and was not fixed), else 0."""
-        return 1 if self.differing else 0
+        """1 when any file differs (and was not fixed) or there are problems, else 0."""
+        return 1 if self.differing or self.problems else 0
+
+    @property
+    def update_command(self) -> str:
+        parts = ["hfrewrite", "check", *(shlex.quote(str(p)) for p in self.paths)]
+        if self.vllm_tree is not None:
+            parts += ["--vllm-tree", shlex.quote(str(self.vllm_tree))]
+        return " ".join([*parts, "--fix"])
 
     def format(self) -> str:
         """The human report: one line per file, version notes, diffs, the update command."""
@@ -65,39 +83,63 @@ class CheckReport:
             lines.append(
                 f"skipped {len(self.skipped)} .py file(s) without an hfrewrite-source line"
             )
+        lines += [f"problem: {p}" for p in self.problems]
         fixed = [r for r in self.results if r.status == "fixed"]
         if self.differing:
-            where = " ".join(shlex.quote(str(p)) for p in self.paths)
             lines.append(
                 f"{len(self.differing)} of {len(self.results)} generated file(s) differ from "
                 "what hfrewrite generates now."
             )
-            lines.append(f"Update them with: hfrewrite check {where} --fix")
+            lines.append(f"Update them with: {self.update_command}")
         elif fixed:
             lines.append(f"fixed {len(fixed)} of {len(self.results)} generated file(s)")
-        else:
+        elif not self.problems:
             lines.append(f"all {len(self.results)} generated file(s) up to date")
+        if self.problems:
+            lines.append(
+                f"{len(self.problems)} problem(s); --fix rewrites generated model files "
+                "only: rerun `hfrewrite convert` or edit the registry"
+            )
         return "\n".join(lines) + "\n"
 
 
-def check_paths(paths: list[Path], fix: bool) -> CheckReport:
-    """Regenerate every hfrewrite-generated file under ``paths`` and compare (or fix)."""
+def check_paths(
+    paths: list[Path], fix: bool, vllm_tree: Path | None = None
+) -> CheckReport:
+    """Regenerate every hfrewrite-generated file under ``paths`` (and in ``vllm_tree``)
+    and compare (or fix)."""
+    scan = list(paths)
+    problems: tuple[str, ...] = ()
+    if vllm_tree is not None:
+        from hfrewrite.vllm_tree import models_dir, registry_problems
+
+        scan.append(models_dir(vllm_tree))
+        problems = registry_problems(vllm_tree)
     results: list[FileResult] = []
     skipped: list[Path] = []
-    for file in _python_files(paths):
+    for file in _python_files(scan):
         text = _read(file)
         try:
             record = parse_header(text)
         except HfrewriteError as exc:
             raise HfrewriteError(f"{file}: {exc}") from None
         if record is None:
-            skipped.append(file)
+            if file.name == "__init__.py" and is_plugin_init(text):
+                problems += plugin_problems(file)  # a plugin package hfrewrite wrote
+            else:
+                skipped.append(file)
             continue
         results.append(_check_file(file, text, record, fix))
     if not results:
-        where = ", ".join(str(p) for p in paths)
+        where = ", ".join(str(p) for p in scan)
         raise HfrewriteError(f"no hfrewrite-generated .py files under {where}")
-    return CheckReport(tuple(Path(p) for p in paths), tuple(results), tuple(skipped))
+    return CheckReport(
+        tuple(Path(p) for p in paths),
+        tuple(results),
+        tuple(skipped),
+        None if vllm_tree is None else Path(vllm_tree),
+        problems,
+    )
 
 
 def _check_file(file: Path, text: str, record: SourceRecord, fix: bool) -> FileResult:

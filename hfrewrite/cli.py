@@ -1,10 +1,11 @@
 """The `hfrewrite` command: argument parsing and printing only.
 
-``convert`` resolves a model, generates its vLLM file and writes ``<out>/<model_type>.py``;
-``check`` regenerates generated files and diffs them; ``verify`` runs the generated file in
-real vLLM (hfrewrite.verify). Bad input raises HfrewriteError, printed as one line
-``hfrewrite: error: ...`` on stderr with exit code 2 and nothing written; anything else is
-a bug and keeps its traceback (exit code 1).
+``convert`` resolves a model, generates its vLLM file and writes ``<out>/<model_type>.py``,
+or into a vLLM source tree (``--vllm-tree``: hfrewrite.vllm_tree) or a plugin package
+(``--plugin``: hfrewrite.plugin); ``check`` regenerates generated files and diffs them;
+``verify`` runs the generated file in real vLLM (hfrewrite.verify). Bad input raises
+HfrewriteError, printed as one line ``hfrewrite: error: ...`` on stderr with exit code 2
+and nothing written; anything else is a bug and keeps its traceback (exit code 1).
 """
 
 from __future__ import annotations
@@ -65,13 +66,32 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "model", metavar="MODEL", help="local directory, Hub id or model type"
     )
-    p.add_argument(
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
         "-o",
         "--output-dir",
         type=Path,
-        default=Path("out"),
+        default=None,
         metavar="DIR",
         help="output directory (default: ./out)",
+    )
+    where.add_argument(
+        "--vllm-tree",
+        type=Path,
+        metavar="PATH",
+        help="vLLM source checkout: write vllm/model_executor/models/hfrewrite_<type>.py "
+        "and register it in registry.py",
+    )
+    where.add_argument(
+        "--plugin",
+        type=Path,
+        metavar="DIR",
+        help="write (or extend) an installable vLLM plugin package in DIR",
+    )
+    p.add_argument(
+        "--plugin-name",
+        metavar="NAME",
+        help="Python package name of the plugin (default: DIR's name)",
     )
     p.add_argument("--revision", help="Hub revision (branch, tag or commit)")
     p.add_argument(
@@ -80,7 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         help="accept configs with auto_map (Hub code is never run)",
     )
     p.add_argument(
-        "--force", action="store_true", help="overwrite a different existing file"
+        "--force",
+        action="store_true",
+        help="overwrite a different existing file; with --vllm-tree, also remap "
+        "architectures mapped to modules hfrewrite did not generate; with --plugin, "
+        "also replace package files hfrewrite did not write",
     )
     p.add_argument(
         "--explain", action="store_true", help="also list what was not fused and why"
@@ -89,7 +113,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="regenerate generated files and diff them")
     p.add_argument(
-        "paths", nargs="+", type=Path, metavar="PATH", help="files or directories"
+        "paths", nargs="*", type=Path, metavar="PATH", help="files or directories"
+    )
+    p.add_argument(
+        "--vllm-tree",
+        type=Path,
+        metavar="PATH",
+        help="vLLM source checkout: check its generated models and their registry entries",
     )
     p.add_argument("--fix", action="store_true", help="rewrite the files that differ")
     p.set_defaults(run=_check)
@@ -107,15 +137,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from hfrewrite.emit import write_atomic
     from hfrewrite.resolve import resolve
 
+    if args.plugin_name is not None and args.plugin is None:
+        raise HfrewriteError("--plugin-name needs --plugin DIR")
+    if args.vllm_tree is not None:
+        from hfrewrite.vllm_tree import models_dir
+
+        models_dir(args.vllm_tree)  # not a vLLM tree: fail before the slow part
     resolved = resolve(args.model, args.revision, args.trust_remote_code)
     from hfrewrite import convert  # after resolve: bad input fails before torch loads
 
     generated = convert.generate(resolved)
-    out = args.output_dir / generated.filename
-    status = write_atomic(out, generated.text, force=args.force)
+    written = _write(args, resolved, generated)
 
     # Grouped by module class (classes in order of first appearance, rows in pass order).
     classes = list(dict.fromkeys(r.module_class for r in generated.fused))
@@ -133,14 +167,61 @@ def _convert(args: argparse.Namespace) -> int:
             else "nothing declined"
         )
     print()
-    print(f"{'wrote' if status == 'written' else 'unchanged'} {out}")
+    print("\n".join(written))
     return 0
+
+
+def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
+    """Write the generated file where the options say; the lines that report it."""
+    from hfrewrite.emit import write_atomic
+
+    def done(status: str, path: Path) -> str:
+        return f"{'wrote' if status == 'written' else 'unchanged'} {path}"
+
+    if args.vllm_tree is None and args.plugin is None:
+        out = (args.output_dir or Path("out")) / generated.filename
+        return [done(write_atomic(out, generated.text, force=args.force), out)]
+    from hfrewrite.vllm_tree import architectures, causal_lm_class
+
+    named = tuple(getattr(resolved.config, "architectures", None) or ())
+    cls = causal_lm_class(generated.text, preferred=named)
+    archs = architectures(resolved.config, cls)
+    if args.vllm_tree is not None:
+        from hfrewrite.vllm_tree import install
+
+        tree = install(
+            args.vllm_tree, generated.text, resolved.model_type, archs, cls, args.force
+        )
+        lines = [done(tree.module_status, tree.module_path)]
+        for arch, (module, name) in tree.registered:
+            lines.append(f"registered {arch} -> {module}.{name}")
+        for table, arch, (module, name) in tree.replaced:
+            lines.append(f"  {arch} was {module}.{name} in {table}")
+        lines.append(done(tree.registry_status, tree.registry_path))
+        return lines
+    from hfrewrite.plugin import install
+
+    plugin = install(
+        args.plugin,
+        generated.text,
+        resolved.model_type,
+        archs,
+        cls,
+        args.plugin_name,
+        args.force,
+    )
+    lines = [done(status, path) for path, status in plugin.written]
+    lines += [f"registers {arch} -> {target}" for arch, target in plugin.registered]
+    lines.append(f"install with: pip install {args.plugin}")
+    return lines
 
 
 def _check(args: argparse.Namespace) -> int:
     from hfrewrite.check import check_paths
 
-    report = check_paths(args.paths, fix=args.fix)
+    if not args.paths and args.vllm_tree is None:
+        raise HfrewriteError("give PATH... or --vllm-tree PATH")
+    report = check_paths(args.paths, fix=args.fix, vllm_tree=args.vllm_tree)
     sys.stdout.write(report.format())
     return report.exit_code
 

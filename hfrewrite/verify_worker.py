@@ -47,6 +47,8 @@ def main(job_path: str, out_path: str) -> int:
                     run["max_tokens"],
                     run["generated_module"],
                     run["architecture"],
+                    as_registered=run.get("as_registered", False),
+                    llm_kwargs=run.get("llm_kwargs"),
                 ) or {"unsupported": True}
         except Exception:  # noqa: BLE001  (reported in the result)
             result = {"error": traceback.format_exc(limit=-6)}
