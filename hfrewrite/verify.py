@@ -387,7 +387,9 @@ def _model_facts(model: Any) -> dict[str, Any]:
         "model_class": f"{cls.__module__}.{cls.__name__}",
         "model_file": getattr(sys.modules.get(cls.__module__), "__file__", None),
         "supports_pp": bool(supports_pp(model)),
-        "num_moe_layers": model.num_moe_layers if is_mixture_of_experts(model) else None,
+        "num_moe_layers": model.num_moe_layers
+        if is_mixture_of_experts(model)
+        else None,
     }
 
 
@@ -521,7 +523,9 @@ class VerifyReport:
     generated_class: str | None
     ok: bool
     problems: tuple[str, ...] = ()
-    generated_facts: dict[str, Any] = field(default_factory=dict)  # supports_pp, num_moe_layers
+    generated_facts: dict[str, Any] = field(
+        default_factory=dict
+    )  # supports_pp, num_moe_layers
     errors: dict[str, str] = field(default_factory=dict)  # run -> traceback text
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -24,8 +24,8 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
-from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.checkpoint import checkpoint_renames, expert_checkpoint_names
+from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm

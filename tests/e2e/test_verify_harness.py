@@ -28,6 +28,8 @@ BROKEN = {
     },
 }
 DENSE_LAYER = {
+    "MoERunner": 0,
+    "GateLinear": 0,
     "QKVParallelLinear": 1,
     "MergedColumnParallelLinear": 1,
     "RowParallelLinear": 2,
