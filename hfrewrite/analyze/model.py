@@ -166,10 +166,11 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
             f"norms differ: {sorted({str(n) for n in norms})}",
         )
 
-    architectures = getattr(config, "architectures", None)
     return ModelPlan(
         model_type=config.model_type,
-        architecture=architectures[0] if architectures else type(model).__name__,
+        # the causal-LM class the source defines; a config may name another architecture
+        # (vllm_tree / plugin register the config's names onto this class)
+        architecture=type(model).__name__,
         base_model_class=type(base).__name__,
         base_model_attr=base_attr,
         embed_tokens=_one_child(
