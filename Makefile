@@ -45,3 +45,16 @@ golden: setup
 
 docs: setup
 	$(PY) -m hfrewrite.passes_doc docs/passes.md
+
+# Benchmarks: the generated file vs vLLM native vs vLLM's Transformers backend vs Hugging
+# Face, eager and compiled, into docs/benchmarks.{md,json,png} (hfrewrite/benchmark.py;
+# about 12-15 minutes on 2 idle cores; `--quick` for a smoke run).
+BENCH_STAMP := $(VENV)/.hfrewrite-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	touch $@
+
+.PHONY: bench
+bench: setup $(BENCH_STAMP)
+	$(PY) -m hfrewrite.benchmark --out docs/
