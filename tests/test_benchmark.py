@@ -175,6 +175,5 @@ def test_render_markdown_has_tables_and_skips():
 
 
 def test_plot_writes_png(tmp_path):
-    pytest.importorskip("matplotlib")
     b.plot(_results(), tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
