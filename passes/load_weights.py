@@ -60,11 +60,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         # loader untouched: qualify the dense MLP keys by where the MLP class is built.
         sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]
         stacks["gate_up_proj"] = [
-            (mlp.gate.attr, f"{f'.{site}' if site else ''}.{attr}", shard)
+            (attr, f"{f'.{site}' if site else ''}.{attr}", shard)
             for site in sites for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
         ]
-        stacks["gate_up_proj"] = [(mlp.gate.attr if s == "0" else mlp.up.attr, key, s)
-                                  for _, key, s in stacks["gate_up_proj"]]
     cls = t.find_class(module, plan.architecture)
     load = t.find_method(cls, "load_weights")
     if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):

@@ -144,7 +144,7 @@ def _scoring(node) -> str:
         return "softmax"
     if isinstance(node, Node) and node.target in (torch.sigmoid, F.sigmoid, "sigmoid"):
         return "sigmoid"
-    return getattr(node, "target", "unknown").__class__.__name__ if not isinstance(node, Node) else str(node.target)
+    return str(node.target) if isinstance(node, Node) else type(node).__name__
 
 
 def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
