@@ -50,6 +50,10 @@ class AttentionPlan:
     # What the q/k norms normalise over: "head" (each head_dim slice, qwen3) or
     # "all_heads" (the whole projection, olmoe); None without q/k norms.
     qk_norm_over: str | None = None
+    # The rope the numeric replay proved (analyze/rope.py): neox (halves) or GPT-J
+    # (even/odd pairs) style, over the first ``rotary_dim`` lanes of each head.
+    rope_neox: bool = True
+    rotary_dim: int | None = None
 
 
 @dataclass(frozen=True)

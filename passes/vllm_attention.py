@@ -15,8 +15,11 @@ after the split becomes vLLM's (as in its ``qwen3.py`` for q/k norms). Emits::
 the ``scaling=`` and ``sliding_window=`` expressions of the source's attention call are
 carried over verbatim, so config-dependent sliding windows survive.
 
-Preconditions: the plan found rope on q and k (neox ``rotate_half`` form) and the source
-defines ``rotate_half``; the attention call passes ``scaling=``; ``forward`` starts with the
+``is_neox_style`` is the style the analysis proved by numeric replay (analyze/rope.py), never
+read off a helper's name; a partial rotary dim reaches ``get_rope`` through
+``config.rope_parameters["partial_rotary_factor"]``, which the replay checked.
+
+Preconditions: the plan found rope on q and k; the attention call passes ``scaling=``; ``forward`` starts with the
 ``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
 source only reshapes q/k/v, applies the plan's q/k norms, ``apply_rotary_pos_emb``, the cache
 update, the attention call and the output projection -- a conditional rope (NoPE layers,
@@ -134,11 +137,7 @@ def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool
     return any(c not in allowed_calls for c in calls.names)
 
 
-def _has_function(module: cst.Module, name: str) -> bool:
-    return any(isinstance(n, cst.FunctionDef) and n.name.value == name for n in module.body)
-
-
-def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.ClassDef:
+def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     att = ctx.plan.attention
     name = cls.name.value
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
@@ -146,8 +145,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
     forward.visit(finder)
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
-    if not att.rope or not neox:
-        raise HfrewriteError(f"{name}: {NAME}: rotary embedding is not the neox rotate_half form")
+    if not att.rope:
+        raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     assigned = {t.self_attr_assigned(s) for s in init.body.body}
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
@@ -179,7 +178,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
         f"    {head_dim},\n"
         "    max_position=config.max_position_embeddings,\n"
         "    rope_parameters=config.rope_parameters,\n"
-        "    is_neox_style=True,\n"
+        f"    is_neox_style={att.rope_neox},\n"
         ")\n"
         "self.attn = Attention(\n"
         "    self.num_heads,\n"
@@ -226,7 +225,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext, neox: bool) -> cst.Cl
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
     cls = t.find_class(module, att.module_class)
-    cls = rewrite_attention(cls, ctx, neox=_has_function(module, "rotate_half"))
+    cls = rewrite_attention(cls, ctx)
     rows = [FusionRow(att.module_class, "attention interface -> vllm Attention + get_rope")]
     imports = ["Attention", "get_rope"]
     if att.q_norm:

@@ -19,12 +19,11 @@ attention keyword that changes the math (softcap, sinks...).
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import nn
 from torch.fx import Node
 
+from hfrewrite.analyze.rope import prove_rope
 from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
 from hfrewrite.trace import Traced, is_norm, opaque_attention, relative, value
 
@@ -42,8 +41,6 @@ _HARMLESS_KWARGS = frozenset(
         "output_attentions",
     }
 )
-_ADD = (operator.add, torch.add, "add")
-_MUL = (operator.mul, torch.mul, "mul")
 
 
 class _Declined(Exception):
@@ -52,16 +49,17 @@ class _Declined(Exception):
         self.pattern, self.reason = pattern, reason
 
 
-def analyze_attention(traced: Traced, path: str) -> AttentionPlan | NoMatch:
-    """Facts of the attention submodule ``path`` ("" = the root) of a traced module."""
+def analyze_attention(traced: Traced, path: str, config) -> AttentionPlan | NoMatch:
+    """Facts of the attention submodule ``path`` ("" = the root) of a traced module;
+    ``config``: the traced model's config (its rope parameters)."""
     cls = type(traced.module.get_submodule(path)).__name__
     try:
-        return _analyze(traced, path, cls)
+        return _analyze(traced, path, cls, config)
     except _Declined as d:
         return NoMatch(d.pattern, cls, d.reason)
 
 
-def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
+def _analyze(traced: Traced, path: str, cls: str, config) -> AttentionPlan:
     scope = set(traced.nodes_in(path))
     group = _qkv_group(traced, path)
     call = _attention_call(traced, path)
@@ -85,18 +83,16 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
         raise _Declined("fuse_qkv", f"{q.attr}, {k.attr} and {v.attr} differ in bias")
     num_heads, num_kv_heads, head_dim = _heads(args, q, k)
 
-    rope_in = {role: _rope_input(arg, scope, traced) for role, arg in args.items()}
+    rope_in = {role: _rope_start(arg, feeders[role], scope) for role, arg in args.items()}
     if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
         raise _Declined(
-            "vllm_attention", "rotary embedding is not applied to exactly q and k"
+            "vllm_attention", "a position-dependent op is not applied to exactly q and k"
         )
-    for role in "qkv":
-        stop = rope_in[role] if rope_in[role] is not None else args[role]
-        if _reads_positions(stop, feeders[role], scope):
-            reason = (
-                f"the {role} path mixes in layer inputs other than by rotate_half rope"
-            )
-            raise _Declined("vllm_attention", reason)
+    rope = None
+    if rope_in["q"] is not None:
+        rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim)
+        if isinstance(rope, str):
+            raise _Declined("vllm_attention", f"rotary embedding: {rope}")
     norms = {
         role: _head_norm(
             traced, path, scope, args[role], feeders[role], rope_in[role], role
@@ -144,7 +140,9 @@ def _analyze(traced: Traced, path: str, cls: str) -> AttentionPlan:
         head_dim=head_dim,
         q_norm=norms["q"],
         k_norm=norms["k"],
-        rope=rope_in["q"] is not None,
+        rope=rope is not None,
+        rope_neox=rope.neox if rope else True,
+        rotary_dim=rope.rotary_dim if rope else head_dim,
         scaling=float(head_dim**-0.5 if scaling is None else scaling),
         sliding_window=None if window is None else int(window),
         qk_norm_over=qk_norm_over,
@@ -338,47 +336,40 @@ def _reads_positions(node: Node, source: Node, scope: set[Node]) -> bool:
     )
 
 
-def _op(node: object, ops: tuple) -> bool:
-    return (
-        isinstance(node, Node)
-        and node.op in ("call_function", "call_method")
-        and node.target in ops
-    )
-
-
-def _rope_input(node: Node, scope: set[Node], traced: Traced) -> Node | None:
-    """``x`` when ``node`` is ``x * cos + rotate_half(x) * sin``, else None.
-
-    cos and sin are recognised as operands computed from the layer's inputs (the
-    position embeddings) through no Linear of the block; rotate_half(x) as computed
-    from x.
-    """
-    if not _op(node, _ADD) or len(node.args) != 2:
+def _rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
+    """``x``, the last position-independent value every path from ``source`` (the
+    projection) to ``arg`` (the attention input) passes through, when ``arg`` depends on
+    the positions (a rope region lies between them); None when it does not."""
+    order = {n: i for i, n in enumerate(source.graph.nodes)}
+    path = sorted([*_path_nodes(arg, source, scope), arg], key=order.__getitem__)
+    on_path = set(path) | {source}
+    mixed: set[Node] = set()
+    for n in path:  # graph order: inputs first
+        if any(a in mixed or (a not in on_path and _from_layer_inputs(a)) for a in n.all_input_nodes):
+            mixed.add(n)
+    if arg not in mixed:
         return None
-    muls = node.args
-    if not all(_op(m, _MUL) and len(m.args) == 2 for m in muls):
-        return None
-    for first, second in ((muls[0], muls[1]), (muls[1], muls[0])):
-        for x, cos in (first.args, first.args[::-1]):
-            if not isinstance(x, Node) or not _positional(cos, scope, traced):
-                continue
-            for rot, sin in (second.args, second.args[::-1]):
-                if (
-                    isinstance(rot, Node)
-                    and rot is not x
-                    and _depends_on(rot, x, scope)
-                    and _positional(sin, scope, traced)
-                ):
-                    return x
-    return None
+    candidates = [n for n in [source, *path] if n not in mixed]
+    for x in reversed(candidates):  # nearest to arg first
+        if not _reaches(source, arg, on_path - {x}):
+            return x
+    return source
 
 
-def _positional(node: object, scope: set[Node], traced: Traced) -> bool:
-    """A rope table: computed from a layer input, through no Linear of the block."""
-    if not isinstance(node, Node) or _linears_feeding(node, scope, traced):
-        return False
+def _from_layer_inputs(node: Node) -> bool:
     return any(n.op == "placeholder" for n in _ancestors(node, None))
 
 
-def _depends_on(node: object, source: Node, scope: set[Node]) -> bool:
-    return isinstance(node, Node) and source in _ancestors(node, scope)
+def _reaches(source: Node, target: Node, allowed: set[Node]) -> bool:
+    """Whether data flows from ``source`` to ``target`` through ``allowed`` nodes only."""
+    if source not in allowed:
+        return False
+    seen, todo = {source}, [source]
+    while todo:
+        for user in todo.pop().users:
+            if user is target:
+                return True
+            if user in allowed and user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return False

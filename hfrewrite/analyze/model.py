@@ -144,7 +144,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         for layer, (args, kwargs) in zip(layers, _layer_inputs(model, layers))
     ]
     activation = getattr(config, "hidden_act", None) or ""
-    per_layer = [_layer_facts(t, activation, config) for t in traces]
+    per_layer = [_layer_facts(t, activation, config, small) for t in traces]
     decoder, attention = per_layer[0][:2]
     mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
     declined = _compare_layers(per_layer)
@@ -249,8 +249,9 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
         raise _Refused(f"{type(layer).__name__}: trace: {_line(e)}") from e
 
 
-def _layer_facts(traced: Traced, activation: str, config) -> tuple:
-    """(DecoderLayerPlan, AttentionPlan, MlpPlan | None, MoePlan | None) of one layer:
+def _layer_facts(traced: Traced, activation: str, config, small) -> tuple:
+    """(DecoderLayerPlan, AttentionPlan, MlpPlan | None, MoePlan | None) of one layer
+    (``small``: the traced config):
     its MLP block is either a dense gated MLP or a sparse MoE block (whose shared
     expert, if any, is a dense MLP too)."""
     decoder = _required(analyze_decoder(traced))
@@ -258,7 +259,7 @@ def _layer_facts(traced: Traced, activation: str, config) -> tuple:
         found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
         reason = "expected two residual blocks (attention, MLP), found"
         _refuse("fused_residual_norm", traced.module, f"{reason} {found}")
-    attention = _required(analyze_attention(traced, decoder.blocks[0].block))
+    attention = _required(analyze_attention(traced, decoder.blocks[0].block, small))
     block = decoder.blocks[1].block
     mlp = analyze_mlp(traced, block, activation)
     if not isinstance(mlp, NoMatch):

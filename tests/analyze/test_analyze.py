@@ -189,8 +189,11 @@ class HandAttention(nn.Module):
         return self.o_proj(out.reshape(batch, seq, -1))
 
 
+TINY_CONFIG = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16)
+
+
 def attention_of(module, *extra):
-    return analyze_attention(trace(module, (torch.randn(2, 3, 32), *extra)), "")
+    return analyze_attention(trace(module, (torch.randn(2, 3, 32), *extra)), "", TINY_CONFIG)
 
 
 def test_hand_attention_matches():
@@ -229,7 +232,8 @@ def test_unknown_position_transform_is_no_match():
     result = attention_of(HandAttention(), torch.randn(3, 16))
     assert str(result) == (
         "HandAttention: vllm_attention: "
-        "the q path mixes in layer inputs other than by rotate_half rope"
+        "rotary embedding: the replay matches no rope vLLM computes from rope_parameters "
+        "(neox or GPT-J style over rotary dim 16 of 16)"
     )
 
 

@@ -1,5 +1,7 @@
 """vllm_attention: HF attention interface -> vLLM Attention + get_rope."""
 
+import dataclasses
+
 import pytest
 
 from harness import rewrite
@@ -215,9 +217,18 @@ class LlamaAttention(nn.Module):
 """
 
 
-def test_refuses_not_neox_rope():
-    with pytest.raises(HfrewriteError, match='neox'):
-        rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, llama_like())
+def test_rope_style_comes_from_the_plan_not_the_source():
+    # no `rotate_half` in this source: the style is the analysis's proven fact
+    for neox in (True, False):
+        att = dataclasses.replace(llama_like().attention, rope_neox=neox)
+        out = rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, dataclasses.replace(llama_like(), attention=att))
+        assert f"is_neox_style={neox}," in out
+
+
+def test_refuses_nope_attention():
+    att = dataclasses.replace(llama_like().attention, rope=False)
+    with pytest.raises(HfrewriteError, match="NoPE"):
+        rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, dataclasses.replace(llama_like(), attention=att))
 
 
 REFUSED_CONDITIONAL_ROPE = """\

@@ -1,0 +1,102 @@
+"""Rotary-embedding facts, proven by numeric replay: style and rotary dim.
+
+The rope region of a q (or k) path is what lies between ``x``, the last value on the
+path that does not depend on the positions (the head-shaped projection, after any
+norm), and the attention's input. Whatever the source spells there (``rotate_half`` on
+halves or on even/odd lanes, a partial slice and ``cat``, casts), the analysis replays
+the candidates vLLM's ``get_rope`` can compute on the traced ``x`` and keeps the one that
+reproduces the traced attention input:
+
+* neox style (rotate the two halves) or GPT-J style (rotate even/odd pairs);
+* rotary dim: ``head_dim`` or ``head_dim * partial_rotary_factor`` (the rest passes);
+* the frequencies of the config's ``rope_parameters`` (computed here as vLLM does for the
+  default type, and with transformers' own ``ROPE_INIT_FUNCTIONS`` for scaled types,
+  which vLLM implements from the same parameters).
+
+The name of any helper (``rotate_half``) plays no part: a look-alike that interleaves is
+found interleaved, one that computes something else matches no candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.fx import Node
+
+from hfrewrite.trace import value
+
+ATOL = 1e-5
+
+
+@dataclass(frozen=True)
+class RopeFact:
+    neox: bool
+    rotary_dim: int
+
+
+def rope_parameters(config) -> dict:
+    params = getattr(config, "rope_parameters", None) or {}
+    if "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
+        return {}  # per-layer-type parameters: not a single get_rope
+    return dict(params)
+
+
+def _inv_freq(config, params: dict, head_dim: int, rotary_dim: int) -> tuple[torch.Tensor, float] | None:
+    kind = params.get("rope_type", "default")
+    base = float(params.get("rope_theta", 10000.0))
+    if kind == "default":
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+        return 1.0 / base**exponent, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = ROPE_INIT_FUNCTIONS.get(kind)
+    if init is None:
+        return None
+    inv_freq, scale = init(config, "cpu")
+    if inv_freq.numel() * 2 != rotary_dim:
+        return None
+    return inv_freq.double(), float(scale)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
+               neox: bool) -> torch.Tensor:
+    """vLLM's rotary embedding on ``x`` [..., seq, head_dim] (rotating its first
+    ``2 * len(inv_freq)`` lanes), in float64."""
+    rot = inv_freq.numel() * 2
+    freqs = positions.double()[:, None] * inv_freq[None, :]  # [seq, rot/2]
+    cos, sin = freqs.cos() * scale, freqs.sin() * scale
+    xr, rest = x.double()[..., :rot], x.double()[..., rot:]
+    if neox:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((out, rest), dim=-1)
+
+
+def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int) -> RopeFact | str:
+    """The one (style, rotary dim) that maps every ``(x, attention input)`` pair, or why not.
+
+    Values are [batch, heads, seq, head_dim]; the example run's positions are 0..seq-1.
+    """
+    params = rope_parameters(config)
+    if not params:
+        return "no single rope_parameters in the config"
+    values = [(value(x), value(y)) for x, y in pairs]
+    for xv, yv in values:
+        if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.shape == yv.shape and xv.dim() == 4):
+            return "the rope input and output are not both [batch, heads, seq, head_dim]"
+    positions = torch.arange(values[0][0].shape[2])
+    # the width get_rope(config.rope_parameters) rotates
+    rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
+    freq = _inv_freq(config, params, head_dim, rotary_dim)
+    if freq is None:
+        return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {rotary_dim}"
+    for neox in (True, False):
+        if all(torch.allclose(apply_rope(xv, positions, *freq, neox), yv.double(), atol=ATOL)
+               for xv, yv in values):
+            return RopeFact(neox=neox, rotary_dim=rotary_dim)
+    return (f"the replay matches no rope vLLM computes from rope_parameters "
+            f"(neox or GPT-J style over rotary dim {rotary_dim} of {head_dim})")
