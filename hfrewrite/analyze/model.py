@@ -79,13 +79,19 @@ def shrink_config(
     heads = getattr(config, "num_attention_heads", None)
     kv = getattr(config, "num_key_value_heads", None)
     head_dim = getattr(config, "head_dim", None)
+    if hasattr(config, "head_dim") and head_dim is None and heads:
+        # Configs that leave head_dim unset (ministral, nemotron, hunyuan defaults):
+        # the value the model means is hidden / heads.
+        head_dim = config.hidden_size // heads
     explicit = bool(head_dim and heads and head_dim * heads != config.hidden_size)
     sizes = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE}
     sizes |= {"vocab_size": VOCAB, "num_attention_heads": HEADS, **_OTHER_SIZES}
     for name, size in sizes.items():
         if isinstance(getattr(small, name, None), int):
             _set(small, name, size)
-    if kv:
+    if hasattr(config, "num_key_value_heads") and kv is None:
+        _set(small, "num_key_value_heads", HEADS)  # unset means one kv head per head (MHA)
+    elif kv:
         _set(
             small, "num_key_value_heads", 1 if kv == 1 else HEADS if kv == heads else 2
         )
@@ -127,7 +133,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
             raise _Refused(f"cannot build a causal LM: {_line(e)}") from e
         reason = "attention is not dispatched through transformers' AttentionInterface"
         raise _Refused(f"{reason} ({_line(e)})") from e
-    except (ValueError, ImportError) as e:
+    except Exception as e:  # the modeling code cannot build this config
         raise _Refused(f"cannot build a causal LM from the config: {_line(e)}") from e
     model.eval()
     base_attr = getattr(model, "base_model_prefix", "")
