@@ -11,6 +11,7 @@ from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext
 from hfrewrite.passes import (
+    carry_decoder_layer,
     fuse_experts,
     fuse_gate_up,
     fuse_qkv,
@@ -29,6 +30,7 @@ from hfrewrite.target import import_of
 
 # The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
 PASSES: tuple[ModuleType, ...] = (
+    carry_decoder_layer,
     fuse_qkv,
     vllm_attention,
     fuse_gate_up,

@@ -54,16 +54,17 @@ class AttentionPlan:
     # (even/odd pairs) style, over the first ``rotary_dim`` lanes of each head.
     rope_neox: bool = True
     rotary_dim: int | None = None
+    logit_softcap: float | None = None  # tanh soft cap of the attention scores
 
 
 @dataclass(frozen=True)
 class MlpPlan:
     module_class: str
-    gate: LinearFact
+    gate: LinearFact | None  # None: an ungated ``down(act(up(x)))``
     up: LinearFact
     down: LinearFact
     act_attr: str  # attribute holding the activation, e.g. "act_fn"
-    activation: str  # the config's activation name, e.g. "silu"
+    activation: str  # gated: the config's activation name, e.g. "silu"; else its class
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,19 @@ class ResidualBlock:
 
 @dataclass(frozen=True)
 class DecoderLayerPlan:
+    """A decoder layer: its attention and MLP submodules, and, when the layer is a
+    sequence of pre-norm residual blocks whose norms vLLM fuses with the residual add,
+    those blocks. Without blocks the layer's forward is carried from the source
+    (post/sandwich norms, parallel blocks, multipliers...)."""
+
     module_class: str
-    blocks: tuple[ResidualBlock, ...]  # in execution order
+    blocks: tuple[ResidualBlock, ...]  # in execution order; () = carried from the source
+    attention_block: str = "self_attn"
+    mlp_block: str = "mlp"
+
+    @property
+    def fused(self) -> bool:
+        return bool(self.blocks)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,9 @@ class ModelPlan:
     decoder_layer: DecoderLayerPlan
     attention: AttentionPlan
     mlp: MlpPlan | None  # the dense MLP class (dense layers, shared experts), if any
-    norm: NormPlan
+    norm: NormPlan | None  # None: the source's norm classes are kept
     declined: tuple[NoMatch, ...] = field(default=())
     moe: MoePlan | None = None  # the sparse MoE block, if any layer has one
+    # An nn.Embedding subclass proven to compute a scaled lookup (gemma): carried from
+    # the source onto VocabParallelEmbedding. None for plain nn.Embedding.
+    embed_class: str | None = None

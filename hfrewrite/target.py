@@ -23,6 +23,7 @@ VLLM: dict[str, str] = {
     "GateLinear": "vllm.model_executor.layers.fused_moe",
     "RMSNorm": "vllm.model_executor.layers.layernorm",
     "GemmaRMSNorm": "vllm.model_executor.layers.layernorm",
+    "ColumnParallelLinear": "vllm.model_executor.layers.linear",
     "MergedColumnParallelLinear": "vllm.model_executor.layers.linear",
     "QKVParallelLinear": "vllm.model_executor.layers.linear",
     "ReplicatedLinear": "vllm.model_executor.layers.linear",

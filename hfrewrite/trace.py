@@ -291,6 +291,26 @@ def top_scope(node: Node) -> str | None:
     return scopes[0] if scopes else None
 
 
+def past_identity_dropouts(node: Node, traced: Traced) -> Node:
+    """``node``, or the end of the chain of dropouts that follow it when each returned
+    its input unchanged (inference mode: the identity)."""
+    while len(node.users) == 1 and _is_identity_dropout(next(iter(node.users)), traced):
+        node = next(iter(node.users))
+    return node
+
+
+def _is_identity_dropout(node: Node, traced: Traced) -> bool:
+    """A dropout call that returned its input unchanged (inference mode)."""
+    if node.op == "call_module":
+        is_dropout = isinstance(traced.submodule(node), nn.Dropout)
+    else:
+        is_dropout = node.op == "call_function" and node.target is torch.nn.functional.dropout
+    if not is_dropout or not node.args or not isinstance(node.args[0], Node):
+        return False
+    before, after = value(node.args[0]), value(node)
+    return torch.is_tensor(after) and torch.equal(before, after)
+
+
 def value(node: Any) -> Any:
     """The concrete value a node computed (constants are their own value)."""
     return node.meta["value"] if isinstance(node, Node) else node

@@ -111,7 +111,7 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
-    if mlp is None:  # no dense MLP (every layer is a MoE block without shared expert)
+    if mlp is None or mlp.gate is None:  # no dense MLP, or an ungated one (row_parallel)
         return PassResult(module=module)
     cls = rewrite_mlp(t.find_class(module, mlp.module_class), mlp.gate.attr, mlp.up.attr, mlp.act_attr)
     return PassResult(

@@ -20,8 +20,11 @@ returns ``(normed, residual)`` and performs the previous block's residual add::
 
 Comments above the source's block calls (``# Self Attention``) are kept.
 
-Preconditions: the norm class's ``__init__`` takes ``(size, eps)``; the plan lists at least
-one residual block; each block and norm is called in the source forward.
+Without a proven norm (``plan.norm`` None) nothing changes; without fusable blocks (a
+carried layer, ``carry_decoder_layer``) only the norm classes are replaced.
+
+Preconditions: the norm class's ``__init__`` takes ``(size, eps)``; each block and norm of
+the plan is called in the source forward.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ def _blocks_of_class(cls: cst.ClassDef, class_name: str) -> set[str]:
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
+    if plan.norm is None:  # the source's norms are kept; so is the layer's forward
+        return PassResult(module=module)
     vllm_norm = _VLLM_NORM.get(plan.norm.weight_offset)
     if plan.norm.kind != "rms" or vllm_norm is None:
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: not an RMSNorm vLLM has")
@@ -104,23 +109,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     params = [p.name.value for p in norm_init.params.params][1:]
     if params[:2] != ["hidden_size", "eps"] and len(params) != 2:
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: __init__ is not (size, eps)")
-    if not plan.decoder_layer.blocks:
-        raise HfrewriteError(f"{plan.decoder_layer.module_class}: {NAME}: no residual blocks found")
 
     renamer = _RenameCalls(plan.norm.module_class, vllm_norm)
     module = module.visit(renamer)
-    layer = t.find_class(module, plan.decoder_layer.module_class)
-    attention_blocks = _blocks_of_class(layer, plan.attention.module_class)
-    layer = t.set_method(layer, decoder_forward(t.find_method(layer, "forward"), plan.decoder_layer.blocks,
-                                                attention_blocks))
-    module = t.replace_class(module, plan.decoder_layer.module_class, layer)
-    return PassResult(
-        module=module,
-        imports=(vllm_norm,),
-        fused=(
-            FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)"),
-            FusionRow(plan.decoder_layer.module_class,
-                      f"{len(plan.decoder_layer.blocks)} residual adds fused into the norms"),
-        ),
-        matches=renamer.count,
-    )
+    rows = [FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)")]
+    if plan.decoder_layer.fused:
+        layer = t.find_class(module, plan.decoder_layer.module_class)
+        attention_blocks = _blocks_of_class(layer, plan.attention.module_class)
+        layer = t.set_method(layer, decoder_forward(t.find_method(layer, "forward"), plan.decoder_layer.blocks,
+                                                    attention_blocks))
+        module = t.replace_class(module, plan.decoder_layer.module_class, layer)
+        rows.append(FusionRow(plan.decoder_layer.module_class,
+                              f"{len(plan.decoder_layer.blocks)} residual adds fused into the norms"))
+    return PassResult(module=module, imports=(vllm_norm,), fused=tuple(rows), matches=renamer.count)

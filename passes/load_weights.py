@@ -55,7 +55,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att, mlp, moe = plan.attention, plan.mlp, plan.moe
     stacks = {"qkv_proj": [(att.q.attr, f".{att.q.attr}", '"q"'), (att.k.attr, f".{att.k.attr}", '"k"'),
                            (att.v.attr, f".{att.v.attr}", '"v"')]}
-    if mlp is not None:
+    if mlp is not None and mlp.gate is not None:
         # With stacked experts, per-expert `experts.N.gate_proj` must reach the fused-MoE
         # loader untouched: qualify the dense MLP keys by where the MLP class is built.
         sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]

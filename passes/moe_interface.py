@@ -28,7 +28,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan, moe = ctx.plan, ctx.plan.moe
     if moe is None:
         return PassResult(module=module)
-    mlp_attr = plan.decoder_layer.blocks[-1].block
+    mlp_attr = plan.decoder_layer.mlp_block
     tpl = template_class(
         "moe.py", "TemplateMoeForCausalLM",
         {"TemplateSparseMoeBlock": moe.module_class},

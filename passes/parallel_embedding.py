@@ -19,7 +19,12 @@ Emits, as vLLM's ``llama.py`` does::
     else:
         self.lm_head = PPMissingLayer()
 
-Preconditions: the embedding is ``nn.Embedding`` and the head an ``nn.Linear`` without bias.
+An ``nn.Embedding`` subclass the analysis proved a scaled lookup (gemma's
+``ScaledWordEmbedding``) is kept, built by the source's own call, and rebased onto
+``VocabParallelEmbedding``.
+
+Preconditions: the embedding is ``nn.Embedding`` or such a subclass, and the head an
+``nn.Linear`` without bias.
 """
 
 from __future__ import annotations
@@ -59,21 +64,45 @@ def _tie_target(cls: cst.ClassDef, lm_head: str) -> str | None:
     return None
 
 
+def _onto_vocab_parallel(cls: cst.ClassDef) -> cst.ClassDef:
+    """``class C(nn.Embedding)`` -> ``class C(VocabParallelEmbedding)``; its
+    ``super().__init__(num, dim, padding_idx)`` keeps (num, dim): vLLM's third parameter
+    is the dtype, and the padding row only matters for training."""
+    name = cls.name.value
+    if [t.code(b.value) for b in cls.bases] != ["nn.Embedding"]:
+        raise HfrewriteError(f"{name}: {NAME}: not a direct nn.Embedding subclass")
+
+    class _Super(cst.CSTTransformer):
+        def leave_Call(self, original, updated):
+            if t.code(updated.func) == "super().__init__":
+                positional = [a for a in updated.args if a.keyword is None]
+                if len(positional) < 2:
+                    raise HfrewriteError(f"{name}: {NAME}: super().__init__ does not pass (num, dim)")
+                return updated.with_changes(args=[a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                                                  for a in positional[:2]])
+            return updated
+
+    return cls.with_changes(bases=[cst.Arg(cst.Name("VocabParallelEmbedding"))]).visit(_Super())
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     embed, head = plan.embed_tokens, plan.lm_head
 
     def embedding(call: cst.BaseExpression):
-        if t.call_name(call) != "nn.Embedding":
+        if plan.embed_class is not None and t.call_name(call) == plan.embed_class:
+            built = t.code(call)  # the source's own class, now a VocabParallelEmbedding
+        elif t.call_name(call) == "nn.Embedding":
+            vocab, hidden = t.code(t.arg(call, 0, "num_embeddings")), t.code(t.arg(call, 1, "embedding_dim"))
+            built = (f"VocabParallelEmbedding(\n"
+                     f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n    )')
+        else:
             raise HfrewriteError(f"{plan.base_model_class}: {NAME}: self.{embed} is not nn.Embedding")
-        vocab, hidden = t.code(t.arg(call, 0, "num_embeddings")), t.code(t.arg(call, 1, "embedding_dim"))
         return t.stmts(
             "if get_pp_group().is_first_rank or (\n"
             "    config.tie_word_embeddings and get_pp_group().is_last_rank\n"
             "):\n"
-            f"    self.{embed} = VocabParallelEmbedding(\n"
-            f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n'
-            "    )\n"
+            f"    self.{embed} = {built}\n"
             "else:\n"
             f"    self.{embed} = PPMissingLayer()\n"
         )
@@ -101,6 +130,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             f"    self.{head} = PPMissingLayer()\n"
         )
 
+    if plan.embed_class is not None:
+        module = t.replace_class(module, plan.embed_class, _onto_vocab_parallel(t.find_class(module, plan.embed_class)))
     base = _replace_assignment(t.find_class(module, plan.base_model_class), embed, embedding)
     module = t.replace_class(module, plan.base_model_class, base)
     module = t.replace_class(module, plan.architecture, _replace_assignment(causal, head, lm_head))

@@ -1,9 +1,11 @@
 """Turn the projections that produce a block's output into ``RowParallelLinear``.
 
 Matches ``self.<o> = nn.Linear(I, H, bias=B)`` for the attention output projection and the
-MLP down projection named in the plan (fx: the linear producing the block's output).
+MLP down projection named in the plan (fx: the linear producing the block's output), and
+the up projection of an ungated MLP (``down(act(up(x)))``, act proven elementwise).
 
-Emits ``RowParallelLinear(I, H, bias=B, quant_config=..., prefix=...)``; vLLM's parallel
+Emits ``RowParallelLinear(I, H, bias=B, quant_config=..., prefix=...)`` (the up projection:
+``ColumnParallelLinear``, so each rank holds a slice of the intermediate); vLLM's parallel
 linears return ``(output, bias)``, so ``y = self.o(x)`` becomes ``y, _ = self.o(x)`` and a
 call nested in an expression becomes ``self.o(x)[0]``.
 
@@ -45,7 +47,7 @@ class _Unpack(cst.CSTTransformer):
         return updated
 
 
-def rewrite(cls: cst.ClassDef, attr: str) -> cst.ClassDef:
+def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear") -> cst.ClassDef:
     name = cls.name.value
     init = t.find_method(cls, "__init__")
     body = list(init.body.body)
@@ -57,7 +59,7 @@ def rewrite(cls: cst.ClassDef, attr: str) -> cst.ClassDef:
             size_in, size_out, bias = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features"), t.arg(call, 2, "bias")
             bias_src = t.code(bias) if bias is not None else "True"
             body[i] = t.stmt(
-                f"self.{attr} = RowParallelLinear(\n    {t.code(size_in)},\n    {t.code(size_out)},\n"
+                f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {t.code(size_out)},\n"
                 f"    bias={bias_src},\n    quant_config=quant_config,\n"
                 f'    prefix=f"{{prefix}}.{attr}",\n)\n'
             ).with_changes(leading_lines=s.leading_lines)
@@ -70,10 +72,14 @@ def rewrite(cls: cst.ClassDef, attr: str) -> cst.ClassDef:
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = []
-    targets = [(ctx.plan.attention.module_class, ctx.plan.attention.o.attr)]
-    if ctx.plan.mlp is not None:
-        targets.append((ctx.plan.mlp.module_class, ctx.plan.mlp.down.attr))
-    for cls_name, attr in targets:
-        module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr))
-        rows.append(FusionRow(cls_name, f"{attr} -> RowParallelLinear"))
-    return PassResult(module=module, imports=("RowParallelLinear",), fused=tuple(rows), matches=len(rows))
+    mlp = ctx.plan.mlp
+    targets = [(ctx.plan.attention.module_class, ctx.plan.attention.o.attr, "RowParallelLinear")]
+    if mlp is not None:
+        targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
+        if mlp.gate is None:  # ungated: up is sharded by columns, act is elementwise
+            targets.append((mlp.module_class, mlp.up.attr, "ColumnParallelLinear"))
+    for cls_name, attr, kind in targets:
+        module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr, kind))
+        rows.append(FusionRow(cls_name, f"{attr} -> {kind}"))
+    return PassResult(module=module, imports=tuple(sorted({k for *_, k in targets})), fused=tuple(rows),
+                      matches=len(rows))

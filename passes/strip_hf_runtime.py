@@ -6,7 +6,8 @@ Matches what is left of the Transformers runtime after the other passes:
   as ``@auto_docstring``, ``GradientCheckpointingLayer``) -> dropped / ``nn.Module``;
   ``super().__init__(config)`` -> ``super().__init__()``;
 * relative imports: the model's configuration class becomes
-  ``from transformers import LlamaConfig``; every other Transformers import goes;
+  ``from transformers import LlamaConfig``; helpers the carried source still uses
+  (``ACT2FN``) are imported from their absolute module; every other import goes;
 * top-level definitions no longer reachable from the architecture class (rotary helpers,
   ``repeat_kv``, ``eager_attention_forward``, the HF norm and rotary classes, the
   ``PreTrainedModel`` and task-head classes, ``logger``, ``__all__``);
@@ -72,16 +73,30 @@ class _DropHfRuntime(cst.CSTTransformer):
         bases = [b for b in updated.bases if t.dotted(b.value) not in self.hf_names]
         if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
             bases = [cst.Arg(t.expr("nn.Module")), *bases]
-        return updated.with_changes(decorators=decorators, bases=bases)
+        updated = updated.with_changes(decorators=decorators, bases=bases)
+        if len(bases) != len(updated.bases) or [t.code(b.value) for b in bases] == ["nn.Module"]:
+            updated = updated.visit(_NoSuperArgs())  # nn.Module.__init__ takes no config
+        return updated
 
     def leave_FunctionDef(self, original, updated):
         decorators = [d for d in updated.decorators if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names]
         return updated.with_changes(decorators=decorators)
 
+
+
+class _NoSuperArgs(cst.CSTTransformer):
     def leave_Call(self, original, updated):
         if t.code(updated.func) == "super().__init__" and updated.args:
             return updated.with_changes(args=[])
         return updated
+
+
+def _absolute(imp: cst.ImportFrom, modeling_file: str) -> str:
+    """The absolute module of a relative import inside transformers/models/<dir>/."""
+    package = ["transformers", "models", modeling_file.removeprefix("modeling_").removesuffix(".py")]
+    level = len(imp.relative)
+    parts = package[: len(package) - level + 1]
+    return ".".join([*parts, t.dotted(imp.module)] if imp.module else parts)
 
 
 def _reachable(module: cst.Module, root: str) -> set[str]:
@@ -195,13 +210,21 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         reader = _ReadAttributes()
         module.visit(reader)
         module = module.visit(_PruneAttributes(reader.cross_reads, _stateless_classes(module)))
-    body = []
+    body, relative = [], []
     for node in module.body:
         if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.ImportFrom) and node.body[0].relative:
+            relative.append(node.body[0])
             continue
         body.append(node)
     module = module.with_changes(body=body)
-    config_imports = "".join(f"from transformers import {c}\n" for c in configs)
+    still_used = t.names_used(module) - {c for c in configs}
+    carried = "".join(
+        f"from {_absolute(imp, ctx.modeling_file)} import {name}\n"
+        for imp in relative if not isinstance(imp.names, cst.ImportStar)
+        for name in (a.evaluated_name for a in imp.names if (a.evaluated_alias or a.evaluated_name) in still_used)
+    )
+    configs_and_carried = "".join(f"from transformers import {c}\n" for c in configs) + carried
+    config_imports = configs_and_carried
     if config_imports:
         at = max(i for i, n in enumerate(module.body) if isinstance(n, cst.SimpleStatementLine)
                  and isinstance(n.body[0], (cst.Import, cst.ImportFrom))) + 1

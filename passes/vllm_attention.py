@@ -73,6 +73,8 @@ class _FindAttentionCall(cst.CSTVisitor):
 # attention interface and the output projection. Anything else is refused (fail closed).
 _LAYOUT_METHODS = {"view", "transpose", "reshape", "contiguous", "flatten", "unsqueeze"}
 _ALLOWED_CALLS = _LAYOUT_METHODS | {"apply_rotary_pos_emb", "attention_interface", "get_interface", "getattr"}
+# dropout after the output projection: the analysis proved it the identity at inference
+_DROPOUT_CALLS = {"dropout"}
 
 
 class _Calls(cst.CSTVisitor):
@@ -157,7 +159,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     if split_at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
-    allowed = _ALLOWED_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    allowed = _ALLOWED_CALLS | _DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
     states = _state_names(body[split_at + 1 :])
     carried: list[cst.If] = []
     for statement in body[split_at + 1 :]:
@@ -172,6 +174,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         f"    per_layer_sliding_window={t.code(finder.kwargs['sliding_window'])},\n"
         if "sliding_window" in finder.kwargs else ""
     )
+    if "softcap" in finder.kwargs:
+        window += f"    logits_soft_cap={t.code(finder.kwargs['softcap'])},\n"
     head_dim = "self.head_dim"
     init = t.with_body(init, [*init.body.body, *t.stmts(
         "self.rotary_emb = get_rope(\n"

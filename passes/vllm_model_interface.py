@@ -95,13 +95,17 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         body.extend(new)
     if hidden is None:
         raise HfrewriteError(f"{name}: {NAME}: final norm self.{plan.final_norm} not built in __init__")
+    fused = plan.decoder_layer.fused
+    streams = '["hidden_states", "residual"]' if fused else '["hidden_states"]'
     body += t.stmts(
         "self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(\n"
-        f'    ["hidden_states", "residual"], {hidden}\n)\n'
+        f"    {streams}, {hidden}\n)\n"
     )
     new_init = t.with_body(t.find_method(tpl, "__init__"), body)
     members = [m for m in cls.body.body if not isinstance(m, cst.FunctionDef)]
-    methods = [new_init, t.find_method(tpl, "embed_input_ids"), t.find_method(tpl, "forward")]
+    forward = t.find_method(tpl if fused else template_class(
+        TEMPLATE, "TemplateCarriedModel", {}, {"layers": plan.layers, "norm": plan.final_norm}), "forward")
+    methods = [new_init, t.find_method(tpl, "embed_input_ids"), forward]
     methods = [m.with_changes(leading_lines=[cst.EmptyLine()] if (members or i) else []) for i, m in enumerate(methods)]
     return cls.with_changes(
         decorators=[cst.Decorator(cst.Name("support_torch_compile"))],

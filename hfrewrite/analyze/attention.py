@@ -25,7 +25,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.rope import prove_rope
 from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
-from hfrewrite.trace import Traced, is_norm, opaque_attention, relative, value
+from hfrewrite.trace import Traced, is_norm, opaque_attention, past_identity_dropouts, relative, value
 
 # Keywords of the attention call that do not change its math (at inference); any other
 # keyword must be None or False (flags like output_router_logits pass through **kwargs).
@@ -39,6 +39,7 @@ _HARMLESS_KWARGS = frozenset(
         "cache_position",
         "past_key_values",
         "output_attentions",
+        "softcap",  # vLLM Attention(logits_soft_cap=...), from the same expression
     }
 )
 
@@ -127,6 +128,7 @@ def _analyze(traced: Traced, path: str, cls: str, config) -> AttentionPlan:
             raise _Declined("vllm_attention", reason)
     if value(call.kwargs.get("dropout", 0.0)):
         raise _Declined("vllm_attention", "attention dropout is not 0 at inference")
+    softcap = value(call.kwargs.get("softcap"))
     scaling = value(call.kwargs.get("scaling"))
     window = value(call.kwargs.get("sliding_window"))
     return AttentionPlan(
@@ -146,6 +148,7 @@ def _analyze(traced: Traced, path: str, cls: str, config) -> AttentionPlan:
         scaling=float(head_dim**-0.5 if scaling is None else scaling),
         sliding_window=None if window is None else int(window),
         qk_norm_over=qk_norm_over,
+        logit_softcap=None if softcap is None else float(softcap),
     )
 
 
@@ -257,11 +260,12 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
             "vllm_attention",
             f"{_count(len(consumers))} linear consumes the attention output",
         )
-    if traced.outputs_of(path) != consumers:
+    if traced.outputs_of(path) != [past_identity_dropouts(consumers[0], traced)]:
         raise _Declined(
             "vllm_attention", "the output projection does not end the block"
         )
     return consumers[0]
+
 
 
 def _count(n: int) -> str:

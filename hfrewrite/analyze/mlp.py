@@ -1,7 +1,9 @@
 """MLP facts: the gated ``down(act(gate(x)) * up(x))`` block.
 
 Pattern (llama family): ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, which vLLM
-writes as ``down_proj(act_and_mul(gate_up_proj(x)))``.
+writes as ``down_proj(act_and_mul(gate_up_proj(x)))``; or, without a gate (starcoder2,
+nemotron), ``down(act(up(x)))`` with an elementwise act, which vLLM shards as
+``RowParallelLinear(act(ColumnParallelLinear(x)))``.
 
 Preconditions (fail closed): the block has three Linears, each called once; its one
 output is a Linear (down) reading a product ``act(gate(x)) * up(x)``; gate and up read
@@ -19,7 +21,7 @@ from torch.fx import Node
 from transformers.activations import ACT2FN
 
 from hfrewrite.plan import MlpPlan, NoMatch
-from hfrewrite.trace import Traced, relative
+from hfrewrite.trace import Traced, past_identity_dropouts, relative, value
 
 # Keys of vllm.model_executor.layers.activation._ACTIVATION_AND_MUL_REGISTRY (vLLM 0.32)
 # whose math is ``act(gate) * up``; "swigluoai" (clamped, gpt-oss) and "geglu" (no
@@ -29,8 +31,8 @@ ACT_AND_MUL = ("gelu", "gelu_pytorch_tanh", "silu", "swish")
 _MUL = (operator.mul, torch.mul, "mul")
 
 
-def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch:
-    """Facts of the MLP submodule ``path``; ``activation``: the config's name of it."""
+def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
+    """Facts of the MLP submodule ``path`` of a model built from ``config``."""
     cls = type(traced.module.get_submodule(path)).__name__
 
     def no(reason: str) -> NoMatch:
@@ -41,12 +43,15 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         return no(f"{', '.join(repeated)} called more than once")
+    ends = {past_identity_dropouts(n, traced): n for n in linears}
+    outputs = traced.outputs_of(path)
+    if len(outputs) != 1 or outputs[0] not in ends:
+        return no("the block output is not one linear projection")
+    down = ends[outputs[0]]
+    if len(linears) == 2:
+        return _ungated(traced, path, cls, linears, down, no)
     if len(linears) != 3:
         return no(f"{len(linears)} linears instead of gate, up and down")
-    outputs = traced.outputs_of(path)
-    if len(outputs) != 1 or outputs[0] not in linears:
-        return no("the block output is not one linear projection")
-    down = outputs[0]
     product = down.args[0]
     if not (
         isinstance(product, Node)
@@ -75,10 +80,36 @@ def analyze_mlp(traced: Traced, path: str, activation: str) -> MlpPlan | NoMatch
     if g.out_features != u.out_features or g.bias != u.bias:
         return no(f"{g.attr} and {u.attr} differ in out_features or bias")
     act_module = traced.submodule(act)
+    activation = _config_activation(act_module, config)
     if activation not in ACT_AND_MUL:
         return no(f"vLLM has no fused *AndMul for activation {activation!r}")
     act_attr = relative(act.target, path)
-    if type(act_module) is not type(ACT2FN[activation]):
-        kind = type(act_module).__name__
-        return no(f"{act_attr} is {kind}, not the config's {activation!r}")
     return MlpPlan(cls, g, u, d, act_attr, activation)
+
+
+def _config_activation(module, config) -> str:
+    """The config value that names ``module``'s activation (``hidden_act``,
+    ``hidden_activation``...: whichever string field ACT2FN maps to its class), or ""."""
+    for key, val in sorted(config.to_dict().items()):
+        if isinstance(val, str) and val in ACT2FN and type(ACT2FN[val]) is type(module):
+            return val
+    return ""
+
+
+def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node, no) -> MlpPlan | NoMatch:
+    """``down(act(up(x)))``: vLLM shards ``up`` by columns and ``down`` by rows, which
+    holds when act is elementwise (checked on the traced values: act of a column slice
+    is the slice of act)."""
+    (up,) = [n for n in linears if n is not down]
+    act = down.args[0]
+    if not (isinstance(act, Node) and act.op == "call_module" and len(act.args) == 1 and act.args[0] is up
+            and not act.kwargs):
+        return no(f"{relative(down.target, path)} does not read act_module({relative(up.target, path)}(x))")
+    module, x = traced.submodule(act), value(up)
+    half = x.shape[-1] // 2
+    with torch.no_grad():
+        elementwise = torch.allclose(module(x[..., :half]), value(act)[..., :half], atol=1e-6)
+    if not elementwise:
+        return no(f"{relative(act.target, path)} is not elementwise")
+    u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
+    return MlpPlan(cls, None, u, d, relative(act.target, path), type(module).__name__)

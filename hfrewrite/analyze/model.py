@@ -30,8 +30,10 @@ from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.plan import AttentionPlan, MlpPlan, ModelPlan, MoePlan, NoMatch
-from hfrewrite.trace import ATTN_IMPLEMENTATION, Traced, is_norm, trace
+from hfrewrite.plan import (
+    AttentionPlan, DecoderLayerPlan, MlpPlan, ModelPlan, MoePlan, NoMatch, NormPlan,
+)
+from hfrewrite.trace import ATTN_IMPLEMENTATION, Traced, is_norm, opaque_attention, top_scope, trace
 
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 128, 4, 256, 256
 # Other size fields, shrunk when the config has them, so that MoE and linear-attention
@@ -156,21 +158,20 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     declined = _compare_layers(per_layer)
 
     final_norm = _one_child(base, "final norm", is_norm)
+    embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
     layer = traces[0].module
-    norm_modules = [layer.get_submodule(b.norm) for b in decoder.blocks]
+    norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
     for attr in (attention.q_norm, attention.k_norm):
         if attr is not None:
-            norm_modules.append(
-                layer.get_submodule(f"{decoder.blocks[0].block}.{attr}")
-            )
+            norm_modules.append(layer.get_submodule(f"{decoder.attention_block}.{attr}"))
     norm_modules.append(getattr(base, final_norm))
-    norms = [_required(analyze_norm(m)) for m in norm_modules]
-    if len(set(norms)) != 1:
-        _refuse(
-            "rms_norm",
-            norm_modules[0],
-            f"norms differ: {sorted({str(n) for n in norms})}",
-        )
+    norm, why = _one_norm(norm_modules)
+    if norm is None:
+        declined += (NoMatch("rms_norm", type(norm_modules[0]).__name__, f"{why}; the source's norms are kept"),)
+        if decoder.fused:  # vLLM's fused residual norms need vLLM norms
+            decoder = dataclasses.replace(decoder, blocks=())
+    if not decoder.fused:
+        declined += (per_layer[0][4],)
 
     return ModelPlan(
         model_type=config.model_type,
@@ -179,9 +180,8 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         architecture=type(model).__name__,
         base_model_class=type(base).__name__,
         base_model_attr=base_attr,
-        embed_tokens=_one_child(
-            base, "Embedding", lambda m: isinstance(m, nn.Embedding)
-        ),
+        embed_tokens=embed,
+        embed_class=_embedding_subclass(getattr(base, embed)),
         layers=layers_attr,
         final_norm=final_norm,
         lm_head=_one_child(model, "lm_head Linear", lambda m: _is_head(m, small)),
@@ -189,10 +189,36 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         decoder_layer=decoder,
         attention=attention,
         mlp=mlp,
-        norm=norms[0],
+        norm=norm,
         declined=declined,
         moe=moe,
     )
+
+
+def _embedding_subclass(module: nn.Embedding) -> str | None:
+    """None for ``nn.Embedding``; for a subclass (gemma's scaled embedding), its name once
+    the replay shows it computes ``lookup(ids) * scale``: the class is carried onto
+    vLLM's ``VocabParallelEmbedding``, whose lookup is the same."""
+    if type(module) is nn.Embedding:
+        return None
+    ids = torch.arange(min(16, module.num_embeddings))
+    with torch.no_grad():
+        out, plain = module(ids), nn.functional.embedding(ids, module.weight)
+    scale = (out * plain).sum() / (plain * plain).sum()
+    if not torch.allclose(out, plain * scale, atol=1e-5):
+        _refuse("parallel_embedding", module, "the embedding computes more than a scaled lookup")
+    return type(module).__name__
+
+
+def _one_norm(modules: list[nn.Module]) -> tuple[NormPlan | None, str]:
+    """The one vLLM norm all ``modules`` compute, or None and why not."""
+    norms = [analyze_norm(m) for m in modules]
+    failed = [n for n in norms if isinstance(n, NoMatch)]
+    if failed:
+        return None, failed[0].reason
+    if len(set(norms)) != 1:
+        return None, f"norms differ: {sorted({str(n) for n in norms})}"
+    return norms[0], ""
 
 
 def _refuse(pattern: str, module: nn.Module, reason: str) -> NoReturn:
@@ -260,16 +286,25 @@ def _layer_facts(traced: Traced, activation: str, config, small) -> tuple:
     (``small``: the traced config):
     its MLP block is either a dense gated MLP or a sparse MoE block (whose shared
     expert, if any, is a dense MLP too)."""
-    decoder = _required(analyze_decoder(traced))
-    if len(decoder.blocks) != 2:
-        found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
-        reason = "expected two residual blocks (attention, MLP), found"
-        _refuse("fused_residual_norm", traced.module, f"{reason} {found}")
-    attention = _required(analyze_attention(traced, decoder.blocks[0].block, small))
-    block = decoder.blocks[1].block
-    mlp = analyze_mlp(traced, block, activation)
+    decoder = analyze_decoder(traced)
+    if isinstance(decoder, NoMatch) or len(decoder.blocks) != 2:
+        if isinstance(decoder, NoMatch):
+            why = decoder.reason
+        else:
+            found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
+            why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
+        decoder = _carried_layer(traced)
+        carried = NoMatch("fused_residual_norm", decoder.module_class,
+                          f"{why}; the layer's forward is carried from the source")
+    else:
+        blocks = decoder.blocks
+        decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
+        carried = None
+    attention = _required(analyze_attention(traced, decoder.attention_block, small))
+    block = decoder.mlp_block
+    mlp = analyze_mlp(traced, block, config)
     if not isinstance(mlp, NoMatch):
-        return decoder, attention, mlp, None
+        return decoder, attention, mlp, None, carried
     moe = analyze_moe(traced, block, activation, config)
     if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
         _required(mlp)  # no experts at all: the dense MLP's reason is the one to give
@@ -282,8 +317,25 @@ def _layer_facts(traced: Traced, activation: str, config, small) -> tuple:
     )
     shared = None
     if moe.shared_expert:
-        shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", activation))
-    return decoder, attention, shared, moe
+        shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", config))
+    return decoder, attention, shared, moe, carried
+
+
+def _carried_layer(traced: Traced) -> DecoderLayerPlan:
+    """A layer whose forward is carried: which direct submodule attends (it holds the
+    attention call) and which is the MLP (the other one with linears)."""
+    attending = {top_scope(n) for n in traced.graph.nodes
+                 if n.op == "call_function" and n.target is opaque_attention}
+    with_linears = {top_scope(n) for n in traced.linears_in("")}
+    cls = type(traced.module).__name__
+    others = sorted(with_linears - attending - {None})
+    if not attending:
+        raise _Refused(NoMatch("decoder_layer", cls, "no softmax attention call: a recurrent or state-space "
+                                                    "mixer does not fit vLLM's decoder contract"))
+    if len(attending) != 1 or None in attending or len(others) != 1:
+        raise _Refused(NoMatch("decoder_layer", cls, f"expected one attention and one MLP submodule, "
+                                                    f"found {sorted(map(str, attending))} and {others}"))
+    return DecoderLayerPlan(cls, (), attention_block=attending.pop(), mlp_block=others[0])
 
 
 def _one_kind(plans: list, kind: type):
@@ -299,7 +351,8 @@ def _one_kind(plans: list, kind: type):
 
 def _without_sizes(plan):
     if isinstance(plan, MlpPlan):
-        return (plan.module_class, plan.gate.attr, plan.up.attr, plan.down.attr, plan.gate.bias, plan.act_attr)
+        gate = plan.gate and (plan.gate.attr, plan.gate.bias)
+        return (plan.module_class, gate, plan.up.attr, plan.down.attr, plan.up.bias, plan.act_attr)
     return plan
 
 
@@ -307,12 +360,12 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
     """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
     window is kept as a declined fact."""
     first = per_layer[0]
-    for i, (decoder, attention, _, _) in enumerate(per_layer[1:], start=1):
+    for i, (decoder, attention, *_) in enumerate(per_layer[1:], start=1):
         if (decoder, _no_window(attention)) != (first[0], _no_window(first[1])):
             raise _Refused(
                 NoMatch("uniform_layers", decoder.module_class, f"layer {i} differs")
             )
-    windows = [attention.sliding_window for _, attention, _, _ in per_layer]
+    windows = [attention.sliding_window for _, attention, *_ in per_layer]
     if len(set(windows)) == 1:
         return ()
     reason = f"layers differ in sliding_window {windows}; the plan keeps layer 0's"

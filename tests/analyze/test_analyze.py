@@ -147,8 +147,8 @@ def test_model_without_attention_and_mlp_blocks_is_refused():
     with pytest.raises(HfrewriteError) as e:
         plan_of("mamba")
     assert str(e.value) == (
-        "mamba: MambaBlock: fused_residual_norm: "
-        "expected two residual blocks (attention, MLP), found norm->mixer"
+        "mamba: MambaBlock: decoder_layer: no softmax attention call: a recurrent or "
+        "state-space mixer does not fit vLLM's decoder contract"
     )
 
 
@@ -248,7 +248,7 @@ class FunctionalMlp(nn.Module):
 
 
 def test_mlp_activation_must_be_a_module_attribute():
-    result = analyze_mlp(trace(FunctionalMlp(), (torch.randn(2, 8),)), "", "silu")
+    result = analyze_mlp(trace(FunctionalMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
     assert isinstance(result, NoMatch) and result.pattern == "fuse_gate_up"
     assert result.reason == "the product is not act_module(linear(x)) * linear(x)"
 

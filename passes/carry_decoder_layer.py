@@ -1,0 +1,130 @@
+"""Carry a decoder layer's forward from the source, adapted to vLLM's calling convention.
+
+Matches the decoder layer of a plan whose layer is not a sequence of fusable pre-norm
+residual blocks (``DecoderLayerPlan.fused`` false: post or sandwich norms, parallel
+attention and MLP, dropouts, config switches such as ``use_parallel_residual``).
+
+Emits the source's own ``forward`` body, so every residual, norm and config branch stays
+as written, with three changes:
+
+* the signature becomes ``forward(self, positions, hidden_states)``;
+* the attention call becomes ``self.self_attn(positions=positions, hidden_states=x)``,
+  ``x`` being the argument the source binds to the attention forward's first parameter;
+  vLLM's attention returns one tensor, so ``out, _ = self.self_attn(...)`` becomes
+  ``out = ...`` and ``self.self_attn(...)[0]`` becomes the call;
+* nothing else may read the dropped Hugging Face inputs (masks, cache, position ids).
+
+Preconditions (else refused with the reason): the attention submodule is called exactly
+once; the call's result is unpacked as above; the dropped parameters are not read
+anywhere else in the body.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+
+NAME = "carry_decoder_layer"
+
+
+def _first_param(fn: cst.FunctionDef) -> str:
+    params = [p.name.value for p in fn.params.params if p.name.value != "self"]
+    return params[0] if params else ""
+
+
+def _bound_first(call: cst.Call, first: str) -> cst.BaseExpression | None:
+    """The argument of ``call`` bound to the callee's first parameter ``first``."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if positional:
+        return positional[0].value
+    return next((a.value for a in call.args if a.keyword and a.keyword.value == first), None)
+
+
+class _AttentionCall(cst.CSTTransformer):
+    """Rewrites ``self.<attn>(...)`` and how its (tuple) result is taken."""
+
+    def __init__(self, attr: str, first: str, cls: str) -> None:
+        self.func, self.first, self.cls = f"self.{attr}", first, cls
+        self.count = 0
+
+    def _call(self, call: cst.Call) -> cst.Call:
+        x = _bound_first(call, self.first)
+        if x is None:
+            raise HfrewriteError(f"{self.cls}: {NAME}: {self.func}(...) passes no hidden states")
+        self.count += 1
+        return call.with_changes(args=[
+            cst.Arg(cst.Name("positions"), keyword=cst.Name("positions")),
+            cst.Arg(x, keyword=cst.Name("hidden_states")),
+        ])
+
+    def leave_Assign(self, original, updated):
+        value = updated.value
+        target = updated.targets[0].target if len(updated.targets) == 1 else None
+        if t.call_name(value) == self.func and isinstance(target, cst.Tuple):
+            first = target.elements[0].value
+            rest = [e.value for e in target.elements[1:]]
+            if not all(isinstance(r, cst.Name) and r.value == "_" for r in rest):
+                raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are used")
+            return updated.with_changes(targets=[cst.AssignTarget(first)], value=self._call(value))
+        return updated
+
+    def leave_Subscript(self, original, updated):
+        index = updated.slice[0].slice if len(updated.slice) == 1 else None
+        if (t.call_name(updated.value) == self.func and isinstance(index, cst.Index)
+                and isinstance(index.value, cst.Integer) and index.value.value == "0"):
+            return self._call(updated.value)
+        return updated
+
+
+def _count_calls(node: cst.CSTNode, func: str) -> int:
+    found = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(t.call_name(call) == func)
+
+    node.visit(_Calls())
+    return sum(found)
+
+
+def carry_forward(layer: cst.ClassDef, attn: str, attn_first: str) -> cst.ClassDef:
+    name = layer.name.value
+    forward = t.find_method(layer, "forward")
+    hidden = _first_param(forward)
+    dropped = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)} - {"self", hidden}
+    if forward.params.star_kwarg is not None:
+        dropped.add(forward.params.star_kwarg.name.value)
+    calls = _count_calls(forward.body, f"self.{attn}")
+    if calls != 1:
+        raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
+    rewriter = _AttentionCall(attn, attn_first, name)
+    body = forward.body.visit(rewriter)
+    if rewriter.count != 1:
+        raise HfrewriteError(f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`")
+    still = sorted(t.names_used(body) & dropped)
+    if still:
+        raise HfrewriteError(f"{name}: {NAME}: the forward reads {', '.join(still)}, which vLLM does not pass")
+    sig = t.stmt(
+        f"def forward(self, positions: torch.Tensor, {hidden}: torch.Tensor) -> torch.Tensor:\n    pass\n"
+    )
+    forward = forward.with_changes(params=sig.params, returns=sig.returns, body=body,
+                                   whitespace_before_params=sig.whitespace_before_params)
+    return t.set_method(layer, forward)
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan
+    if plan.decoder_layer.fused:
+        return PassResult(module=module)
+    cls = plan.decoder_layer.module_class
+    attn_forward = t.find_method(t.find_class(module, plan.attention.module_class), "forward")
+    layer = carry_forward(t.find_class(module, cls), plan.decoder_layer.attention_block,
+                          _first_param(attn_forward))
+    return PassResult(
+        module=t.replace_class(module, cls, layer),
+        fused=(FusionRow(cls, "forward carried from the source (residuals and norms as written)"),),
+        matches=1,
+    )
