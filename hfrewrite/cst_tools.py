@@ -151,6 +151,19 @@ def names_used(node: cst.CSTNode) -> set[str]:
     return visitor.names
 
 
+class _RootNames(_Names):
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # `a.b.c` reads a, not b or c
+        return False
+
+
+def root_names(node: cst.CSTNode) -> set[str]:
+    """Names read or bound as variables (``None`` and the like included), not attribute names."""
+    visitor = _RootNames()
+    node.visit(visitor)
+    return visitor.names
+
+
 class _SelfAttrs(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attrs: set[str] = set()

@@ -55,6 +55,8 @@ class AttentionPlan:
     rope_neox: bool = True
     rotary_dim: int | None = None
     logit_softcap: float | None = None  # tanh soft cap of the attention scores
+    # rope_parameters are given per layer type: get_rope reads the layer's entry
+    rope_per_layer_type: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,3 +145,6 @@ class ModelPlan:
     # An nn.Embedding subclass proven to compute a scaled lookup (gemma): carried from
     # the source onto VocabParallelEmbedding. None for plain nn.Embedding.
     embed_class: str | None = None
+    # The causal LM changes the lm_head output (final-logit softcap, logit scale): the
+    # source's statements after the lm_head are carried into compute_logits.
+    logits_postprocessed: bool = False

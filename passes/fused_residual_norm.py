@@ -112,6 +112,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
 
     renamer = _RenameCalls(plan.norm.module_class, vllm_norm)
     module = module.visit(renamer)
+    # the source class is unused now; drop it, as it may share vLLM's name (GemmaRMSNorm)
+    module = module.with_changes(body=[n for n in module.body if not (
+        isinstance(n, cst.ClassDef) and n.name.value == plan.norm.module_class)])
     rows = [FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)")]
     if plan.decoder_layer.fused:
         layer = t.find_class(module, plan.decoder_layer.module_class)

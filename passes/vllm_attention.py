@@ -177,11 +177,16 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     if "softcap" in finder.kwargs:
         window += f"    logits_soft_cap={t.code(finder.kwargs['softcap'])},\n"
     head_dim = "self.head_dim"
+    rope_parameters = "config.rope_parameters"
+    if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
+        if "layer_idx" not in {p.name.value for p in init.params.params}:
+            raise HfrewriteError(f"{name}: {NAME}: rope parameters per layer type, but __init__ has no layer_idx")
+        rope_parameters = "config.rope_parameters[config.layer_types[layer_idx]]"
     init = t.with_body(init, [*init.body.body, *t.stmts(
         "self.rotary_emb = get_rope(\n"
         f"    {head_dim},\n"
         "    max_position=config.max_position_embeddings,\n"
-        "    rope_parameters=config.rope_parameters,\n"
+        f"    rope_parameters={rope_parameters},\n"
         f"    is_neox_style={att.rope_neox},\n"
         ")\n"
         "self.attn = Attention(\n"

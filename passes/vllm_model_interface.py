@@ -114,6 +114,39 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     )
 
 
+_LOGITS_NAMES = {"logits", "self", "torch", "nn", "F", "math", "None", "True", "False"}
+
+
+def _logits_statements(forward: cst.FunctionDef, lm_head: str, cls: str) -> list[cst.BaseStatement]:
+    """The source's statements right after ``logits = self.<lm_head>(...)`` that rewrite
+    ``logits`` from ``logits``, ``self`` and libraries only (softcap, scale)."""
+    body = list(forward.body.body)
+    at = next((i for i, s in enumerate(body) if t.self_attr_assigned(s) is None
+               and isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
+               and t.code(s.body[0].targets[0].target) == "logits"
+               and t.call_name(s.body[0].value) == f"self.{lm_head}"), None)
+    if at is None:
+        raise HfrewriteError(f"{cls}: {NAME}: forward has no `logits = self.{lm_head}(...)`")
+    carried = []
+    for s in body[at + 1:]:
+        if "logits" not in _assigned(s) or not t.root_names(s) <= _LOGITS_NAMES:
+            break
+        carried.append(s)
+    return carried
+
+
+def _assigned(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
+            if isinstance(target.target, cst.Name):
+                names.add(target.target.value)
+
+    node.visit(_Targets())
+    return names
+
+
 def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     tpl = template_class(
@@ -128,8 +161,28 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     init = t.find_method(tpl, "__init__")
     body = list(init.body.body)
     at = next(i for i, s in enumerate(body) if t.self_attr_assigned(s) == plan.base_model_attr) + 1
+    carried = _logits_statements(t.find_method(cls, "forward"), plan.lm_head, plan.architecture)
+    if plan.logits_postprocessed and not carried:
+        raise HfrewriteError(f"{plan.architecture}: {NAME}: the logits are post-processed, but not by "
+                             f"statements right after `logits = self.{plan.lm_head}(...)`")
+    # attributes the carried statements read (`self.logit_scale = config.logit_scale`)
+    reads = set().union(*(t.self_attrs_used(s) for s in carried)) - {"config"}
+    head += [s for s in source_init.body.body if t.self_attr_assigned(s) in reads and s not in head]
     body[at:at] = head
-    return t.set_method(tpl, t.with_body(init, body)).with_changes(leading_lines=cls.leading_lines)
+    tpl = t.set_method(tpl, t.with_body(init, body))
+    if carried:
+        logits = t.find_method(tpl, "compute_logits")
+        tpl = t.set_method(tpl, t.with_body(logits, [
+            *t.stmts(f"logits = self.logits_processor(self.{plan.lm_head}, hidden_states)\n"
+                     "if logits is not None:  # the source's post-processing of the logits\n    pass\n"),
+            t.stmt("return logits\n"),
+        ]))
+        logits = t.find_method(tpl, "compute_logits")
+        guard = logits.body.body[1]
+        logits = t.with_body(logits, [logits.body.body[0], guard.with_changes(
+            body=guard.body.with_changes(body=carried)), logits.body.body[2]])
+        tpl = t.set_method(tpl, logits)
+    return tpl.with_changes(leading_lines=cls.leading_lines)
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

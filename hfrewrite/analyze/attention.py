@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.fx import Node
 
-from hfrewrite.analyze.rope import prove_rope
+from hfrewrite.analyze.rope import per_layer_type, prove_rope
 from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
 from hfrewrite.trace import Traced, is_norm, opaque_attention, past_identity_dropouts, relative, value
 
@@ -50,17 +50,19 @@ class _Declined(Exception):
         self.pattern, self.reason = pattern, reason
 
 
-def analyze_attention(traced: Traced, path: str, config) -> AttentionPlan | NoMatch:
+def analyze_attention(traced: Traced, path: str, config, layer_type: str | None = None
+                      ) -> AttentionPlan | NoMatch:
     """Facts of the attention submodule ``path`` ("" = the root) of a traced module;
-    ``config``: the traced model's config (its rope parameters)."""
+    ``config``: the traced model's config (its rope parameters), ``layer_type``: the
+    traced layer's entry of ``config.layer_types``."""
     cls = type(traced.module.get_submodule(path)).__name__
     try:
-        return _analyze(traced, path, cls, config)
+        return _analyze(traced, path, cls, config, layer_type)
     except _Declined as d:
         return NoMatch(d.pattern, cls, d.reason)
 
 
-def _analyze(traced: Traced, path: str, cls: str, config) -> AttentionPlan:
+def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None) -> AttentionPlan:
     scope = set(traced.nodes_in(path))
     group = _qkv_group(traced, path)
     call = _attention_call(traced, path)
@@ -91,7 +93,7 @@ def _analyze(traced: Traced, path: str, cls: str, config) -> AttentionPlan:
         )
     rope = None
     if rope_in["q"] is not None:
-        rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim)
+        rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type)
         if isinstance(rope, str):
             raise _Declined("vllm_attention", f"rotary embedding: {rope}")
     norms = {
@@ -149,6 +151,7 @@ def _analyze(traced: Traced, path: str, cls: str, config) -> AttentionPlan:
         sliding_window=None if window is None else int(window),
         qk_norm_over=qk_norm_over,
         logit_softcap=None if softcap is None else float(softcap),
+        rope_per_layer_type=per_layer_type(config),
     )
 
 

@@ -147,18 +147,17 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     if len({type(layer) for layer in layers}) != 1:
         _refuse("model_layout", base, "decoder layers of several classes")
 
-    traces = [
-        _trace_layer(layer, args, kwargs)
-        for layer, (args, kwargs) in zip(layers, _layer_inputs(model, layers))
-    ]
-    activation = getattr(config, "hidden_act", None) or ""
-    per_layer = [_layer_facts(t, activation, config, small) for t in traces]
+    embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
+    head = _one_child(model, "lm_head Linear", lambda m: _is_head(m, small))
+    run = _example_run(model, base, layers, embed, head)
+    final_norm = run.final_norm
+    traces = [_trace_layer(layer, args, kwargs) for layer, (args, kwargs) in zip(layers, run.layer_inputs)]
+    types = getattr(small, "layer_types", None) or [None] * len(traces)
+    per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
     decoder, attention = per_layer[0][:2]
     mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
     declined = _compare_layers(per_layer)
 
-    final_norm = _one_child(base, "final norm", is_norm)
-    embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
     layer = traces[0].module
     norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
     for attr in (attention.q_norm, attention.k_norm):
@@ -184,7 +183,8 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         embed_class=_embedding_subclass(getattr(base, embed)),
         layers=layers_attr,
         final_norm=final_norm,
-        lm_head=_one_child(model, "lm_head Linear", lambda m: _is_head(m, small)),
+        lm_head=head,
+        logits_postprocessed=run.logits_postprocessed,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         decoder_layer=decoder,
         attention=attention,
@@ -249,28 +249,64 @@ def _is_head(module: nn.Module, config) -> bool:
     return isinstance(module, nn.Linear) and module.out_features == config.vocab_size
 
 
-def _layer_inputs(
-    model: nn.Module, layers: list[nn.Module]
-) -> list[tuple[tuple, dict]]:
-    """The (args, kwargs) each decoder layer receives when the model runs on ids."""
+@dataclasses.dataclass
+class _ExampleRun:
+    layer_inputs: list[tuple[tuple, dict]]  # (args, kwargs) each decoder layer received
+    final_norm: str  # the base model's child between the last layer and the lm_head
+    logits_postprocessed: bool  # the logits differ from lm_head(hidden): softcap, scale...
+
+
+def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str,
+                 head: str) -> _ExampleRun:
+    """Run the model once on ids and read the glue between its parts from the values:
+    what each layer receives, that the first layer receives the embedding unchanged,
+    which child normalises the last layer's output into the lm_head, and whether the
+    logits are post-processed. The vLLM model interface writes that glue itself, so
+    anything else in the source's model forward fails closed here."""
     seen: dict[int, tuple[tuple, dict]] = {}
+    calls: dict[str, tuple] = {}
+
+    def record(store: dict, key, value) -> None:  # hooks must return None
+        store.setdefault(key, value)
+
     hooks = [
         layer.register_forward_pre_hook(
-            lambda _, args, kwargs, i=i: seen.setdefault(i, (args, kwargs)),
-            with_kwargs=True,
+            lambda _, args, kwargs, i=i: record(seen, i, (args, kwargs)), with_kwargs=True
         )
         for i, layer in enumerate(layers)
     ]
+    children = [(name, child) for name, child in base.named_children() if not isinstance(child, nn.ModuleList)]
+    children.append((head, getattr(model, head)))
+    hooks += [child.register_forward_hook(lambda _, args, out, name=name: record(calls, name, (args, out)))
+              for name, child in children]
+    hooks.append(layers[-1].register_forward_hook(lambda _, args, out: record(calls, "<last>", (args, out))))
     ids = torch.arange(10).reshape(2, 5) % VOCAB
     try:
         with torch.no_grad():
-            model(input_ids=ids, use_cache=False)
+            logits = model(input_ids=ids, use_cache=False).logits
     except Exception as e:  # a model that cannot run on CPU at all
         raise _Refused(f"{type(model).__name__}: example run: {_line(e)}") from e
     finally:
         for hook in hooks:
             hook.remove()
-    return [seen[i] for i in range(len(layers))]
+
+    def same(a, b) -> bool:
+        a, b = (x[0] if isinstance(x, (tuple, list)) else x for x in (a, b))
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+
+    first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
+    if not same(calls[embed][1], first):
+        _refuse("model_layout", base, "the first layer does not receive the embedding output unchanged")
+    last, head_in = calls["<last>"][1], calls[head][0]
+    norms = [name for name, _ in children[:-1]
+             if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)]
+    if len(norms) != 1:
+        _refuse("model_layout", base, "no one child normalises the last layer's output into the lm_head")
+    return _ExampleRun(
+        layer_inputs=[seen[i] for i in range(len(layers))],
+        final_norm=norms[0],
+        logits_postprocessed=not same(calls[head][1], logits),
+    )
 
 
 def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
@@ -281,7 +317,7 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
         raise _Refused(f"{type(layer).__name__}: trace: {_line(e)}") from e
 
 
-def _layer_facts(traced: Traced, activation: str, config, small) -> tuple:
+def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple:
     """(DecoderLayerPlan, AttentionPlan, MlpPlan | None, MoePlan | None) of one layer
     (``small``: the traced config):
     its MLP block is either a dense gated MLP or a sparse MoE block (whose shared
@@ -300,12 +336,12 @@ def _layer_facts(traced: Traced, activation: str, config, small) -> tuple:
         blocks = decoder.blocks
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
         carried = None
-    attention = _required(analyze_attention(traced, decoder.attention_block, small))
+    attention = _required(analyze_attention(traced, decoder.attention_block, small, layer_type))
     block = decoder.mlp_block
     mlp = analyze_mlp(traced, block, config)
     if not isinstance(mlp, NoMatch):
         return decoder, attention, mlp, None, carried
-    moe = analyze_moe(traced, block, activation, config)
+    moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)
     if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
         _required(mlp)  # no experts at all: the dense MLP's reason is the one to give
     moe = _required(moe)

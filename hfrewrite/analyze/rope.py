@@ -35,14 +35,21 @@ class RopeFact:
     rotary_dim: int
 
 
-def rope_parameters(config) -> dict:
+def rope_parameters(config, layer_type: str | None = None) -> dict:
+    """The config's rope parameters, or those of ``layer_type`` when they are given per
+    layer type (gemma3, olmo3: ``{"sliding_attention": {...}, "full_attention": {...}}``)."""
     params = getattr(config, "rope_parameters", None) or {}
-    if "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
-        return {}  # per-layer-type parameters: not a single get_rope
+    if per_layer_type(config):
+        return dict(params.get(layer_type) or {})
     return dict(params)
 
 
-def _inv_freq(config, params: dict, head_dim: int, rotary_dim: int) -> tuple[torch.Tensor, float] | None:
+def per_layer_type(config) -> bool:
+    params = getattr(config, "rope_parameters", None) or {}
+    return "rope_theta" not in params and any(isinstance(v, dict) for v in params.values())
+
+
+def _inv_freq(config, params: dict, layer_type: str | None, rotary_dim: int) -> tuple[torch.Tensor, float] | None:
     kind = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
     if kind == "default":
@@ -53,7 +60,7 @@ def _inv_freq(config, params: dict, head_dim: int, rotary_dim: int) -> tuple[tor
     init = ROPE_INIT_FUNCTIONS.get(kind)
     if init is None:
         return None
-    inv_freq, scale = init(config, "cpu")
+    inv_freq, scale = init(config, "cpu", layer_type=layer_type) if per_layer_type(config) else init(config, "cpu")
     if inv_freq.numel() * 2 != rotary_dim:
         return None
     return inv_freq.double(), float(scale)
@@ -76,14 +83,16 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
     return torch.cat((out, rest), dim=-1)
 
 
-def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int) -> RopeFact | str:
+def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int, layer_type: str | None = None
+               ) -> RopeFact | str:
     """The one (style, rotary dim) that maps every ``(x, attention input)`` pair, or why not.
 
-    Values are [batch, heads, seq, head_dim]; the example run's positions are 0..seq-1.
+    Values are [batch, heads, seq, head_dim]; the example run's positions are 0..seq-1;
+    ``layer_type``: the traced layer's entry of ``config.layer_types``.
     """
-    params = rope_parameters(config)
+    params = rope_parameters(config, layer_type)
     if not params:
-        return "no single rope_parameters in the config"
+        return f"no rope_parameters in the config for layer type {layer_type!r}"
     values = [(value(x), value(y)) for x, y in pairs]
     for xv, yv in values:
         if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.shape == yv.shape and xv.dim() == 4):
@@ -91,7 +100,7 @@ def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int) -> RopeFac
     positions = torch.arange(values[0][0].shape[2])
     # the width get_rope(config.rope_parameters) rotates
     rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
-    freq = _inv_freq(config, params, head_dim, rotary_dim)
+    freq = _inv_freq(config, params, layer_type, rotary_dim)
     if freq is None:
         return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {rotary_dim}"
     for neox in (True, False):
