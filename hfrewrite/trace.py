@@ -291,11 +291,14 @@ def top_scope(node: Node) -> str | None:
     return scopes[0] if scopes else None
 
 
-def past_identity_dropouts(node: Node, traced: Traced) -> Node:
-    """``node``, or the end of the chain of dropouts that follow it when each returned
-    its input unchanged (inference mode: the identity)."""
-    while len(node.users) == 1 and _is_identity_dropout(next(iter(node.users)), traced):
-        node = next(iter(node.users))
+def past_identity_dropouts(node: Node, traced: Traced, path: str) -> Node:
+    """``node``, or the end of the chain of dropouts inside submodule ``path`` that
+    follow it when each returned its input unchanged (inference mode: the identity)."""
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        if path not in _scopes(user) or not _is_identity_dropout(user, traced):
+            break
+        node = user
     return node
 
 

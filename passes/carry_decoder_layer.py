@@ -49,6 +49,7 @@ class _AttentionCall(cst.CSTTransformer):
     def __init__(self, attr: str, first: str, cls: str) -> None:
         self.func, self.first, self.cls = f"self.{attr}", first, cls
         self.count = 0
+        self.extra: set[str] = set()
 
     def _call(self, call: cst.Call) -> cst.Call:
         x = _bound_first(call, self.first)
@@ -66,8 +67,9 @@ class _AttentionCall(cst.CSTTransformer):
         if t.call_name(value) == self.func and isinstance(target, cst.Tuple):
             first = target.elements[0].value
             rest = [e.value for e in target.elements[1:]]
-            if not all(isinstance(r, cst.Name) and r.value == "_" for r in rest):
-                raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are used")
+            if not all(isinstance(r, cst.Name) for r in rest):
+                raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are unpacked")
+            self.extra |= {r.value for r in rest} - {"_"}  # (attention weights) must go unread
             return updated.with_changes(targets=[cst.AssignTarget(first)], value=self._call(value))
         return updated
 
@@ -104,9 +106,9 @@ def carry_forward(layer: cst.ClassDef, attn: str, attn_first: str) -> cst.ClassD
     body = forward.body.visit(rewriter)
     if rewriter.count != 1:
         raise HfrewriteError(f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`")
-    still = sorted(t.names_used(body) & dropped)
+    still = sorted(t.names_used(body) & (dropped | rewriter.extra))
     if still:
-        raise HfrewriteError(f"{name}: {NAME}: the forward reads {', '.join(still)}, which vLLM does not pass")
+        raise HfrewriteError(f"{name}: {NAME}: the forward reads {', '.join(still)}, which vLLM does not give")
     sig = t.stmt(
         f"def forward(self, positions: torch.Tensor, {hidden}: torch.Tensor) -> torch.Tensor:\n    pass\n"
     )

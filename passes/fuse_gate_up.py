@@ -109,14 +109,53 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
     return t.set_method(t.set_method(cls, init), forward)
 
 
+def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
+    """A checkpoint-fused ``self.<gate_up> = nn.Linear(H, 2 * I)`` whose halves the
+    analysis proved are gate and up: the layer loads the tensor as it is, and the forward
+    is the block the analysis proved, ``down(act_and_mul(gate_up(x)))``."""
+    name, attr, act = cls.name.value, mlp.gate.attr, mlp.act_attr
+    init, body, where = t.init_assignments(cls, (attr, act), NAME)
+    call, a = t.assigned_value(body[where[attr]]), t.assigned_value(body[where[act]])
+    size_out = t.arg(call, 1, "out_features")
+    if not (t.call_name(call) == "nn.Linear" and isinstance(size_out, cst.BinaryOperation)
+            and isinstance(size_out.operator, cst.Multiply) and t.code(size_out.left) == "2"):
+        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear(H, 2 * I)")
+    if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
+        raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
+    bias = t.arg(call, 2, "bias")
+    body[where[attr]] = t.stmt(
+        "# The checkpoint holds gate and up in one tensor, which this layer loads as it is.\n"
+        f"self.{attr} = MergedColumnParallelLinear(\n"
+        f"    {t.code(t.arg(call, 0, 'in_features'))},\n    [{t.code(size_out.right)}] * 2,\n"
+        f"    bias={t.code(bias) if bias is not None else 'True'},\n"
+        f'    quant_config=quant_config,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
+    ).with_changes(leading_lines=body[where[attr]].leading_lines)
+    body[where[act]] = t.stmt(f"self.{act} = get_act_and_mul_fn({t.code(a.slice[0].slice.value)})\n").with_changes(
+        leading_lines=body[where[act]].leading_lines)
+    forward = t.find_method(cls, "forward")
+    x = [p.name.value for p in forward.params.params if p.name.value != "self"]
+    if len(x) != 1:
+        raise HfrewriteError(f"{name}: {NAME}: forward does not take one input")
+    forward = t.with_body(forward, t.stmts(
+        f"gate_up, _ = self.{attr}({x[0]})\n"
+        f"return self.{mlp.down.attr}(self.{act}(gate_up))\n"))
+    return t.set_method(t.set_method(cls, t.with_body(init, body)), forward)
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
     if mlp is None or mlp.gate is None:  # no dense MLP, or an ungated one (row_parallel)
         return PassResult(module=module)
-    cls = rewrite_mlp(t.find_class(module, mlp.module_class), mlp.gate.attr, mlp.up.attr, mlp.act_attr)
+    if mlp.fused_gate_up:
+        cls = rewrite_fused(t.find_class(module, mlp.module_class), mlp)
+    else:
+        cls = rewrite_mlp(t.find_class(module, mlp.module_class), mlp.gate.attr, mlp.up.attr, mlp.act_attr)
     return PassResult(
         module=t.replace_class(module, mlp.module_class, cls),
         imports=("MergedColumnParallelLinear", "get_act_and_mul_fn"),
-        fused=(FusionRow(mlp.module_class, f"{mlp.gate.attr}+{mlp.up.attr} -> MergedColumnParallelLinear + {mlp.activation} *AndMul"),),
+        fused=(FusionRow(mlp.module_class, f"{mlp.gate.attr}+{mlp.up.attr} -> MergedColumnParallelLinear + {mlp.activation} *AndMul"
+                                           if not mlp.fused_gate_up else
+                         f"{mlp.gate.attr} ([gate; up] in the checkpoint) -> MergedColumnParallelLinear + "
+                         f"{mlp.activation} *AndMul"),),
         matches=1,
     )

@@ -128,8 +128,91 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     return t.set_method(t.set_method(cls, init), forward)
 
 
+class _Slices(cst.CSTTransformer):
+    """``x = <var>[..., :Q]`` / ``[..., Q:Q+K]`` / ``[..., Q+K:]`` -> ``x = q`` / ``k`` / ``v``.
+
+    The analysis proved the projection is laid out [q; k; v] and sliced there; which
+    statement takes which part follows from its slice's open ends."""
+
+    def __init__(self, var: str) -> None:
+        self.var, self.roles = var, []
+
+    def leave_Subscript(self, original, updated):
+        if not (isinstance(updated.value, cst.Name) and updated.value.value == self.var):
+            return updated
+        last = updated.slice[-1].slice
+        if len(updated.slice) != 2 or t.code(updated.slice[0].slice) != "..." or not isinstance(last, cst.Slice):
+            return updated
+        role = "q" if last.lower is None else "v" if last.upper is None else "k"
+        self.roles.append(role)
+        return cst.Name(role)
+
+
+def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str) -> cst.ClassDef:
+    """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
+    name = cls.name.value
+    init, body, where = t.init_assignments(cls, (attr,), NAME)
+    call = t.assigned_value(body[where[attr]])
+    if t.call_name(call) != "nn.Linear" or "head_dim" not in {t.self_attr_assigned(s) for s in body}:
+        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear beside self.head_dim")
+    size_in, bias = t.arg(call, 0, "in_features"), t.arg(call, 2, "bias")
+    fused = t.stmts(
+        "tp_size = get_tensor_model_parallel_world_size()\n"
+        f"self.total_num_heads = {heads}\n"
+        f"self.total_num_kv_heads = {kv_heads}\n"
+        "self.num_heads = self.total_num_heads // tp_size\n"
+        "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
+        "self.q_size = self.num_heads * self.head_dim\n"
+        "self.kv_size = self.num_kv_heads * self.head_dim\n"
+        "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n"
+        f"self.{attr} = QKVParallelLinear(\n"
+        f"    hidden_size={t.code(size_in)},\n"
+        "    head_size=self.head_dim,\n"
+        "    total_num_heads=self.total_num_heads,\n"
+        "    total_num_kv_heads=self.total_num_kv_heads,\n"
+        f"    bias={t.code(bias) if bias is not None else 'True'},\n"
+        "    quant_config=quant_config,\n"
+        f'    prefix=f"{{prefix}}.{attr}",\n'
+        ")\n"
+    )
+    fused[0] = fused[0].with_changes(leading_lines=body[where[attr]].leading_lines)
+    body[where[attr]:where[attr] + 1] = fused
+    init = t.with_body(init, body)
+
+    forward = t.find_method(cls, "forward")
+    if t.names_used(forward) & {"q", "k", "v"}:
+        raise HfrewriteError(f"{name}: {NAME}: forward already uses the names q/k/v")
+    fwd_body = list(forward.body.body)
+    at = next((i for i, s in enumerate(fwd_body) if isinstance(s, cst.SimpleStatementLine)
+               and isinstance(s.body[0], cst.Assign) and t.call_name(s.body[0].value) == f"self.{attr}"
+               and isinstance(s.body[0].targets[0].target, cst.Name)), None)
+    if at is None:
+        raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
+    assign = fwd_body[at].body[0]
+    var, arg = assign.targets[0].target.value, t.code(assign.value.args[0].value)
+    slicer = _Slices(var)
+    rest = [s.visit(slicer) for s in fwd_body[at + 1:]]
+    if sorted(slicer.roles) != ["k", "q", "v"] or var in t.names_used(cst.Module(rest)):
+        raise HfrewriteError(f"{name}: {NAME}: {var} is not sliced exactly into q, k and v")
+    split = t.stmts(f"qkv, _ = self.{attr}({arg})\n"
+                    "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n")
+    forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
+    return t.set_method(t.set_method(cls, init), forward)
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
+    if att.fused_qkv:
+        if att.heads_field is None or att.kv_heads_field is None:
+            raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
+        cls = rewrite_fused(t.find_class(module, att.module_class), att.q.attr,
+                            f"config.{att.heads_field}", f"config.{att.kv_heads_field}")
+        return PassResult(
+            module=t.replace_class(module, att.module_class, cls),
+            imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),
+            fused=(FusionRow(att.module_class, f"{att.q.attr} ([q; k; v] in the checkpoint) -> QKVParallelLinear"),),
+            matches=1,
+        )
     cls = rewrite_attention(t.find_class(module, att.module_class), att.q.attr, att.k.attr, att.v.attr)
     return PassResult(
         module=t.replace_class(module, att.module_class, cls),

@@ -40,13 +40,18 @@ _VLLM_NORM = {0.0: "RMSNorm", 1.0: "GemmaRMSNorm"}
 
 
 class _RenameCalls(cst.CSTTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new, self.count = old, new, 0
+    """``Old(dim=..., eps=...)`` -> ``New(hidden_size=..., eps=...)``: keywords follow the
+    source's ``__init__`` parameter names onto vLLM's (``params``: source -> vLLM)."""
+
+    def __init__(self, old: str, new: str, params: dict[str, str]) -> None:
+        self.old, self.new, self.params, self.count = old, new, params, 0
 
     def leave_Call(self, original, updated):
         if t.dotted(updated.func) == self.old:
             self.count += 1
-            return updated.with_changes(func=cst.Name(self.new))
+            args = [a.with_changes(keyword=cst.Name(self.params.get(a.keyword.value, a.keyword.value)))
+                    if a.keyword else a for a in updated.args]
+            return updated.with_changes(func=cst.Name(self.new), args=args)
         return updated
 
 
@@ -110,7 +115,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if params[:2] != ["hidden_size", "eps"] and len(params) != 2:
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: __init__ is not (size, eps)")
 
-    renamer = _RenameCalls(plan.norm.module_class, vllm_norm)
+    renamer = _RenameCalls(plan.norm.module_class, vllm_norm, dict(zip(params[:2], ["hidden_size", "eps"])))
     module = module.visit(renamer)
     # the source class is unused now; drop it, as it may share vLLM's name (GemmaRMSNorm)
     module = module.with_changes(body=[n for n in module.body if not (

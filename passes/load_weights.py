@@ -53,9 +53,11 @@ def _all_statements(node: cst.CSTNode) -> list[cst.BaseStatement]:
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     att, mlp, moe = plan.attention, plan.mlp, plan.moe
-    stacks = {"qkv_proj": [(att.q.attr, f".{att.q.attr}", '"q"'), (att.k.attr, f".{att.k.attr}", '"k"'),
-                           (att.v.attr, f".{att.v.attr}", '"v"')]}
-    if mlp is not None and mlp.gate is not None:
+    stacks = {}  # checkpoint-fused projections load as they are: nothing to stack
+    if not att.fused_qkv:
+        stacks["qkv_proj"] = [(att.q.attr, f".{att.q.attr}", '"q"'), (att.k.attr, f".{att.k.attr}", '"k"'),
+                              (att.v.attr, f".{att.v.attr}", '"v"')]
+    if mlp is not None and mlp.gate is not None and not mlp.fused_gate_up:
         # With stacked experts, per-expert `experts.N.gate_proj` must reach the fused-MoE
         # loader untouched: qualify the dense MLP keys by where the MLP class is built.
         sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]
@@ -67,10 +69,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     load = t.find_method(cls, "load_weights")
     if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):
         raise HfrewriteError(f"{plan.architecture}: {NAME}: no load_weights using self.hf_to_vllm_mapper")
-    packed = ", ".join(
-        f'"{fused}": [{", ".join(dict.fromkeys(repr(name) for name, _, _ in parts))}]'
-        for fused, parts in stacks.items()
-    )
+    packed_of = {fused: list(dict.fromkeys(repr(name) for name, _, _ in parts)) for fused, parts in stacks.items()}
+    if att.fused_qkv:
+        packed_of[att.q.attr] = [repr(att.q.attr)]
+    if mlp is not None and mlp.fused_gate_up:
+        packed_of[mlp.gate.attr] = [repr(mlp.gate.attr)]
+    packed = ", ".join(f'"{fused}": [{", ".join(names)}]' for fused, names in packed_of.items())
     stacked = "".join(
         f'        "{key}": (".{fused}", {shard}),\n' if "." not in key[1:] else
         f'        "{key}": ("{key.rsplit(".", 1)[0]}.{fused}", {shard}),\n'
@@ -86,7 +90,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
         "# loaded into its shard (weight_name: (param_name, shard_id))"
         + ("; per-expert and stacked\n# expert tensors go to the fused-MoE loader as they are.\n" if moe else ".\n")
-    )
+    ) if stacks else "# The checkpoint's projections are fused as vLLM's are: names map one to one.\n"
     members = t.stmts(
         f"packed_modules_mapping = {{{packed}}}\n".replace("'", '"')
         + comment

@@ -117,16 +117,16 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
 _LOGITS_NAMES = {"logits", "self", "torch", "nn", "F", "math", "None", "True", "False"}
 
 
-def _logits_statements(forward: cst.FunctionDef, lm_head: str, cls: str) -> list[cst.BaseStatement]:
+def _logits_statements(forward: cst.FunctionDef | None, lm_head: str) -> list[cst.BaseStatement]:
     """The source's statements right after ``logits = self.<lm_head>(...)`` that rewrite
     ``logits`` from ``logits``, ``self`` and libraries only (softcap, scale)."""
-    body = list(forward.body.body)
+    body = list(forward.body.body) if forward is not None else []
     at = next((i for i, s in enumerate(body) if t.self_attr_assigned(s) is None
                and isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
                and t.code(s.body[0].targets[0].target) == "logits"
                and t.call_name(s.body[0].value) == f"self.{lm_head}"), None)
     if at is None:
-        raise HfrewriteError(f"{cls}: {NAME}: forward has no `logits = self.{lm_head}(...)`")
+        return []  # nothing to carry; a post-processing the analysis saw then fails closed
     carried = []
     for s in body[at + 1:]:
         if "logits" not in _assigned(s) or not t.root_names(s) <= _LOGITS_NAMES:
@@ -161,7 +161,7 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     init = t.find_method(tpl, "__init__")
     body = list(init.body.body)
     at = next(i for i, s in enumerate(body) if t.self_attr_assigned(s) == plan.base_model_attr) + 1
-    carried = _logits_statements(t.find_method(cls, "forward"), plan.lm_head, plan.architecture)
+    carried = _logits_statements(t.find_method(cls, "forward"), plan.lm_head)
     if plan.logits_postprocessed and not carried:
         raise HfrewriteError(f"{plan.architecture}: {NAME}: the logits are post-processed, but not by "
                              f"statements right after `logits = self.{plan.lm_head}(...)`")

@@ -19,6 +19,8 @@ attention keyword that changes the math (softcap, sinks...).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 from torch.fx import Node
@@ -64,18 +66,24 @@ def analyze_attention(traced: Traced, path: str, config, layer_type: str | None 
 
 def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None) -> AttentionPlan:
     scope = set(traced.nodes_in(path))
-    group = _qkv_group(traced, path)
     call = _attention_call(traced, path)
     args = dict(zip("qkv", call.args[1:4]))
-    feeders = {
-        role: _feeder(traced, path, scope, arg, group, role)
-        for role, arg in args.items()
-    }
-    if len(set(feeders.values())) != 3:
-        raise _Declined(
-            "fuse_qkv", "q, k and v do not come from three different linears"
-        )
-    q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
+    try:
+        group = _qkv_group(traced, path)
+    except _Declined as no_group:
+        feeders, (q, k, v) = _fused_qkv(traced, path, scope, args, no_group)
+        fused = True
+    else:
+        feeders = {
+            role: _feeder(traced, path, scope, arg, group, role)
+            for role, arg in args.items()
+        }
+        if len(set(feeders.values())) != 3:
+            raise _Declined(
+                "fuse_qkv", "q, k and v do not come from three different linears"
+            )
+        q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
+        fused = False
     if k.out_features != v.out_features:
         raise _Declined(
             "fuse_qkv",
@@ -152,6 +160,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         qk_norm_over=qk_norm_over,
         logit_softcap=None if softcap is None else float(softcap),
         rope_per_layer_type=per_layer_type(config),
+        fused_qkv=fused,
     )
 
 
@@ -174,12 +183,46 @@ def _qkv_group(traced: Traced, path: str) -> list[Node]:
     return triples[0]
 
 
+def _fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group: _Declined):
+    """A checkpoint-fused projection: one Linear whose output's last dim is sliced into
+    q ``[0, Q)``, k ``[Q, Q+K)`` and v ``[Q+K, Q+2K)`` (phi3's ``qkv_proj``), the layout
+    vLLM's ``QKVParallelLinear`` loads from one tensor. Feeders are the slices; facts
+    are per role, as if the projection were three. Else ``no_group`` is the reason."""
+    found = {role: _linears_feeding(arg, scope, traced) for role, arg in args.items()}
+    linears = {n for nodes in found.values() for n in nodes}
+    if len(linears) != 1 or any(len(nodes) != 1 for nodes in found.values()):
+        raise no_group
+    (proj,) = linears
+    whole = traced.linear_fact(proj, path)
+    ranges, feeders = {}, {}
+    for role, arg in args.items():
+        cuts = [u for u in proj.users if u in _ancestors(arg, scope) and _op(u, (operator.getitem,))]
+        index = cuts[0].args[1] if len(cuts) == 1 else None
+        last = index[-1] if isinstance(index, tuple) and index and index[0] is Ellipsis else None
+        if not isinstance(last, slice) or last.step not in (None, 1):
+            raise _Declined("fuse_qkv", f"{whole.attr} feeds q, k and v, but not through slices of its last dim")
+        ranges[role] = last.indices(whole.out_features)[:2]
+        feeders[role] = cuts[0]
+    (q0, q1), (k0, k1), (v0, v1) = ranges["q"], ranges["k"], ranges["v"]
+    if not (q0 == 0 and q1 == k0 and k1 == v0 and v1 == whole.out_features and k1 - k0 == v1 - v0):
+        raise _Declined("fuse_qkv", f"{whole.attr} is not laid out [q; k; v] ({ranges})")
+    facts = [LinearFact(whole.attr, whole.in_features, b - a, whole.bias) for a, b in (ranges[r] for r in "qkv")]
+    return feeders, facts
+
+
+def _op(node: object, ops: tuple) -> bool:
+    return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in ops
+
+
 def _attention_call(traced: Traced, path: str) -> Node:
     calls = [
         n
         for n in traced.nodes_in(path)
         if n.op == "call_function" and n.target is opaque_attention
     ]
+    if not calls:
+        raise _Declined("vllm_attention", "no call through the attention interface: a linear-attention or "
+                                          "recurrent mixer keeps state outside vLLM's KV cache")
     if len(calls) != 1:
         raise _Declined(
             "vllm_attention",
@@ -263,7 +306,7 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
             "vllm_attention",
             f"{_count(len(consumers))} linear consumes the attention output",
         )
-    if traced.outputs_of(path) != [past_identity_dropouts(consumers[0], traced)]:
+    if traced.outputs_of(path) != [past_identity_dropouts(consumers[0], traced, path)]:
         raise _Declined(
             "vllm_attention", "the output projection does not end the block"
         )

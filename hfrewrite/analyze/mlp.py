@@ -20,7 +20,7 @@ import torch
 from torch.fx import Node
 from transformers.activations import ACT2FN
 
-from hfrewrite.plan import MlpPlan, NoMatch
+from hfrewrite.plan import LinearFact, MlpPlan, NoMatch
 from hfrewrite.trace import Traced, past_identity_dropouts, relative, value
 
 # Keys of vllm.model_executor.layers.activation._ACTIVATION_AND_MUL_REGISTRY (vLLM 0.32)
@@ -29,6 +29,7 @@ from hfrewrite.trace import Traced, past_identity_dropouts, relative, value
 ACT_AND_MUL = ("gelu", "gelu_pytorch_tanh", "silu", "swish")
 
 _MUL = (operator.mul, torch.mul, "mul")
+_SLICING = (operator.getitem, "chunk", "split", torch.chunk, torch.split)
 
 
 def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
@@ -43,13 +44,14 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         return no(f"{', '.join(repeated)} called more than once")
-    ends = {past_identity_dropouts(n, traced): n for n in linears}
+    ends = {past_identity_dropouts(n, traced, path): n for n in linears}
     outputs = traced.outputs_of(path)
     if len(outputs) != 1 or outputs[0] not in ends:
         return no("the block output is not one linear projection")
     down = ends[outputs[0]]
     if len(linears) == 2:
-        return _ungated(traced, path, cls, linears, down, no)
+        fused = _fused_gate_up(traced, path, cls, linears, down, config)
+        return fused if fused is not None else _ungated(traced, path, cls, linears, down, no)
     if len(linears) != 3:
         return no(f"{len(linears)} linears instead of gate, up and down")
     product = down.args[0]
@@ -85,6 +87,46 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         return no(f"vLLM has no fused *AndMul for activation {activation!r}")
     act_attr = relative(act.target, path)
     return MlpPlan(cls, g, u, d, act_attr, activation)
+
+
+def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Node, config) -> MlpPlan | None:
+    """``down(act(g) * u)`` where g and u are the two halves of one Linear's output (the
+    checkpoint-fused ``gate_up_proj`` of phi3 and glm), which ``MergedColumnParallelLinear``
+    loads from one tensor; None when the block is not that."""
+    (proj,) = [n for n in linears if n is not down]
+    product = down.args[0]
+    if not (isinstance(product, Node) and product.op in ("call_function", "call_method")
+            and product.target in _MUL and len(product.args) == 2):
+        return None
+    whole = value(proj)
+    half = whole.shape[-1] // 2
+    for act, up in (product.args, product.args[::-1]):
+        if not (isinstance(act, Node) and act.op == "call_module" and len(act.args) == 1
+                and isinstance(up, Node)):
+            continue
+        gate = act.args[0]
+        if not (_only_from(gate, proj) and _only_from(up, proj)):
+            continue
+        if torch.equal(value(gate), whole[..., :half]) and torch.equal(value(up), whole[..., half:]):
+            fact = traced.linear_fact(proj, path)
+            fact = LinearFact(fact.attr, fact.in_features, half, fact.bias)
+            activation = _config_activation(traced.submodule(act), config)
+            if activation not in ACT_AND_MUL:
+                return NoMatch("fuse_gate_up", cls, f"vLLM has no fused *AndMul for activation {activation!r}")
+            d = traced.linear_fact(down, path)
+            return MlpPlan(cls, fact, fact, d, relative(act.target, path), activation, fused_gate_up=True)
+    return None
+
+
+def _only_from(node: Node, source: Node) -> bool:
+    """``node`` is computed from ``source`` alone, by indexing and splitting it."""
+    while node is not source:
+        tensors = node.all_input_nodes
+        if len(tensors) != 1 or node.op not in ("call_function", "call_method") or \
+                node.target not in _SLICING:
+            return False
+        node = tensors[0]
+    return True
 
 
 def _config_activation(module, config) -> str:

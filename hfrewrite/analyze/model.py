@@ -155,6 +155,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     types = getattr(small, "layer_types", None) or [None] * len(traces)
     per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
     decoder, attention = per_layer[0][:2]
+    attention = dataclasses.replace(attention, **_head_fields(small, attention))
     mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
     declined = _compare_layers(per_layer)
 
@@ -193,6 +194,19 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         declined=declined,
         moe=moe,
     )
+
+
+def _head_fields(small, attention: AttentionPlan) -> dict:
+    """The config fields that hold the head and kv-head counts, checked by value in the
+    traced config (transformers maps each model's own names onto these)."""
+    fields = {}
+    if getattr(small, "num_attention_heads", None) == attention.num_heads:
+        fields["heads_field"] = "num_attention_heads"
+        if getattr(small, "num_key_value_heads", None) == attention.num_kv_heads:
+            fields["kv_heads_field"] = "num_key_value_heads"
+        elif attention.num_kv_heads == attention.num_heads and getattr(small, "num_key_value_heads", None) is None:
+            fields["kv_heads_field"] = "num_attention_heads"
+    return fields
 
 
 def _embedding_subclass(module: nn.Embedding) -> str | None:

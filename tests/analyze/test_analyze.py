@@ -138,8 +138,8 @@ def test_linear_attention_model_is_refused():
     with pytest.raises(HfrewriteError) as e:
         plan_of("qwen3_next")
     assert str(e.value) == (
-        "qwen3_next: Qwen3NextGatedDeltaNet: fuse_qkv: "
-        "no group of three linears reading the same input"
+        "qwen3_next: Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention "
+        "interface: a linear-attention or recurrent mixer keeps state outside vLLM's KV cache"
     )
 
 
@@ -220,7 +220,8 @@ def test_hand_attention_matches():
         ),
         (
             HandAttention(interface=False),
-            "vllm_attention: no call through the attention interface",
+            "vllm_attention: no call through the attention interface: a linear-attention or "
+            "recurrent mixer keeps state outside vLLM's KV cache",
         ),
     ],
 )
