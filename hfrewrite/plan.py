@@ -59,6 +59,12 @@ class AttentionPlan:
     rope_per_layer_type: bool = False
     # The checkpoint holds one [q; k; v] projection (phi3's qkv_proj): q, k and v name it
     fused_qkv: bool = False
+    # ... interleaved per head ([h0: q k v][h1: ...], gpt_neox): reordered when loaded
+    qkv_per_head: bool = False
+    # The q/k norms follow the rotary embedding (hunyuan) instead of preceding it
+    qk_norm_after_rope: bool = False
+    # Some layers apply no rope (NoPE): the source's condition on its rope is carried
+    nope_layers: bool = False
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None
@@ -155,3 +161,5 @@ class ModelPlan:
     # The causal LM changes the lm_head output (final-logit softcap, logit scale): the
     # source's statements after the lm_head are carried into compute_logits.
     logits_postprocessed: bool = False
+    # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
+    checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()

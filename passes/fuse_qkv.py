@@ -148,23 +148,29 @@ class _Slices(cst.CSTTransformer):
         return cst.Name(role)
 
 
-def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str) -> cst.ClassDef:
+def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_head: bool = False) -> cst.ClassDef:
     """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (attr,), NAME)
     call = t.assigned_value(body[where[attr]])
-    if t.call_name(call) != "nn.Linear" or "head_dim" not in {t.self_attr_assigned(s) for s in body}:
-        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear beside self.head_dim")
-    size_in, bias = t.arg(call, 0, "in_features"), t.arg(call, 2, "bias")
+    if t.call_name(call) != "nn.Linear":
+        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
+    size_in, size_out, bias = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features"), t.arg(call, 2, "bias")
+    # the head size, where the source names it otherwise: its proven share of the output
+    head_dim = "" if "head_dim" in {t.self_attr_assigned(s) for s in body} else (
+        f"self.head_dim = ({t.code(size_out)}) // (self.total_num_heads + 2 * self.total_num_kv_heads)\n")
+    layout = ("# The checkpoint interleaves q, k and v per head; load_weights reorders them.\n" if per_head else
+              "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n")
     fused = t.stmts(
         "tp_size = get_tensor_model_parallel_world_size()\n"
         f"self.total_num_heads = {heads}\n"
         f"self.total_num_kv_heads = {kv_heads}\n"
         "self.num_heads = self.total_num_heads // tp_size\n"
         "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
+        f"{head_dim}"
         "self.q_size = self.num_heads * self.head_dim\n"
         "self.kv_size = self.num_kv_heads * self.head_dim\n"
-        "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n"
+        f"{layout}"
         f"self.{attr} = QKVParallelLinear(\n"
         f"    hidden_size={t.code(size_in)},\n"
         "    head_size=self.head_dim,\n"
@@ -184,20 +190,51 @@ def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str) -> cs
         raise HfrewriteError(f"{name}: {NAME}: forward already uses the names q/k/v")
     fwd_body = list(forward.body.body)
     at = next((i for i, s in enumerate(fwd_body) if isinstance(s, cst.SimpleStatementLine)
-               and isinstance(s.body[0], cst.Assign) and t.call_name(s.body[0].value) == f"self.{attr}"
-               and isinstance(s.body[0].targets[0].target, cst.Name)), None)
+               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].targets[0].target, cst.Name)
+               and _innermost_call(s.body[0].value, f"self.{attr}") is not None), None)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
     assign = fwd_body[at].body[0]
-    var, arg = assign.targets[0].target.value, t.code(assign.value.args[0].value)
+    var = assign.targets[0].target.value
+    arg = t.code(_innermost_call(assign.value, f"self.{attr}").args[0].value)
     slicer = _Slices(var)
-    rest = [s.visit(slicer) for s in fwd_body[at + 1:]]
-    if sorted(slicer.roles) != ["k", "q", "v"] or var in t.names_used(cst.Module(rest)):
+    rest = fwd_body[at + 1:] if per_head else [s.visit(slicer) for s in fwd_body[at + 1:]]
+    if per_head:
+        rest = _unchunk(rest, var, name)
+    elif sorted(slicer.roles) != ["k", "q", "v"]:
         raise HfrewriteError(f"{name}: {NAME}: {var} is not sliced exactly into q, k and v")
+    if var in t.names_used(cst.Module(rest)):
+        raise HfrewriteError(f"{name}: {NAME}: {var} is used beyond its q/k/v split")
     split = t.stmts(f"qkv, _ = self.{attr}({arg})\n"
                     "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n")
     forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
     return t.set_method(t.set_method(cls, init), forward)
+
+
+def _innermost_call(node: cst.BaseExpression, func: str) -> cst.Call | None:
+    """``self.p(x)`` in ``self.p(x)``, ``self.p(x).view(...).transpose(...)``..."""
+    while isinstance(node, cst.Call):
+        if t.call_name(node) == func:
+            return node
+        node = node.func.value if isinstance(node.func, cst.Attribute) else None
+    return None
+
+
+def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.BaseStatement]:
+    """``a, b, c = <var>.chunk(3, ...)`` -> ``a, b, c = q, k, v``: the analysis proved the
+    per-head lanes 0, 1, 2 are q, k and v, which the loader reorders into [q; k; v]."""
+    out, found = [], 0
+    for s in body:
+        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
+        target = small.targets[0].target if isinstance(small, cst.Assign) else None
+        if (isinstance(target, cst.Tuple) and len(target.elements) == 3 and isinstance(small.value, cst.Call)
+                and t.code(small.value.func) == f"{var}.chunk"):
+            found += 1
+            s = s.with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
+        out.append(s)
+    if found != 1:
+        raise HfrewriteError(f"{cls}: {NAME}: {var} is not chunked once into q, k and v")
+    return out
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
@@ -206,11 +243,13 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         if att.heads_field is None or att.kv_heads_field is None:
             raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
         cls = rewrite_fused(t.find_class(module, att.module_class), att.q.attr,
-                            f"config.{att.heads_field}", f"config.{att.kv_heads_field}")
+                            f"config.{att.heads_field}", f"config.{att.kv_heads_field}", att.qkv_per_head)
         return PassResult(
             module=t.replace_class(module, att.module_class, cls),
             imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),
-            fused=(FusionRow(att.module_class, f"{att.q.attr} ([q; k; v] in the checkpoint) -> QKVParallelLinear"),),
+            fused=(FusionRow(att.module_class, f"{att.q.attr} ("
+                             + ("q/k/v interleaved per head in the checkpoint, reordered at load" if att.qkv_per_head
+                                else "[q; k; v] in the checkpoint") + ") -> QKVParallelLinear"),),
             matches=1,
         )
     cls = rewrite_attention(t.find_class(module, att.module_class), att.q.attr, att.k.attr, att.v.attr)

@@ -50,6 +50,38 @@ def _all_statements(node: cst.CSTNode) -> list[cst.BaseStatement]:
     return found
 
 
+_PER_HEAD = """\
+def _qkv_per_head_to_blocks(self, weights):
+    # The checkpoint's {attr} interleaves q, k and v per head ([h0: q k v][h1: ...]);
+    # QKVParallelLinear loads [q; k; v]: reorder the rows (analysis proved the layout).
+    heads = self.config.{heads}
+    for name, tensor in weights:
+        if name.endswith((".{attr}.weight", ".{attr}.bias")):
+            tensor = tensor.reshape(heads, 3, -1, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape)
+        yield name, tensor
+"""
+
+
+def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseStatement]:
+    """load_weights feeds the checkpoint through the row reordering."""
+    out = []
+    for member in body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
+            member = member.visit(_WrapWeights())
+            helper = t.stmt(_PER_HEAD.format(attr=att.q.attr, heads=att.heads_field))
+            out.append(helper.with_changes(leading_lines=member.leading_lines))
+        out.append(member)
+    return out
+
+
+class _WrapWeights(cst.CSTTransformer):
+    def leave_Call(self, original, updated):
+        if t.code(updated.func) == "loader.load_weights" and updated.args:
+            first = updated.args[0].with_changes(value=t.expr("self._qkv_per_head_to_blocks(weights)"))
+            return updated.with_changes(args=[first, *updated.args[1:]])
+        return updated
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     att, mlp, moe = plan.attention, plan.mlp, plan.moe
@@ -83,6 +115,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     renames = moe.checkpoint_renames if moe is not None else ()
     substr = "".join(f'        "{old}": "{new}",\n' for old, new in renames)
     mapper = "hf_to_vllm_mapper = WeightsMapper(\n"
+    prefixes = "".join(f'        "{old}": "{new}",\n' for old, new in plan.checkpoint_prefix_renames)
+    if prefixes:
+        mapper += f"    orig_to_new_prefix={{\n{prefixes}    }},\n"
     if substr:
         mapper += f"    orig_to_new_substr={{\n{substr}    }},\n"
     mapper += f"    orig_to_new_stacked={{\n{stacked}    }}\n)\n"
@@ -99,6 +134,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     body = list(cls.body.body)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    if att.qkv_per_head:
+        body = _reorder_per_head_qkv(body, att)
     cls = cls.with_changes(body=cls.body.with_changes(body=[*members, *body]))
     return PassResult(
         module=t.replace_class(module, plan.architecture, cls),

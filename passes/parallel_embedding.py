@@ -112,9 +112,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
 
     def lm_head(call: cst.BaseExpression):
         bias = t.arg(call, 2, "bias")
-        if t.call_name(call) != "nn.Linear" or bias is None or t.code(bias) != "False":
-            raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear(..., bias=False)")
+        if t.call_name(call) != "nn.Linear":
+            raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
         hidden, vocab = t.code(t.arg(call, 0, "in_features")), t.code(t.arg(call, 1, "out_features"))
+        with_bias = f", bias={t.code(bias) if bias is not None else 'True'}" if bias is None or t.code(bias) != "False" else ""
         tying = (
             "    if config.tie_word_embeddings:\n"
             f"        self.{head} = self.{head}.tie_weights(self.{tie})\n"
@@ -122,7 +123,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         return t.stmts(
             "if get_pp_group().is_last_rank:\n"
             f"    self.{head} = ParallelLMHead(\n"
-            f'        {vocab}, {hidden}, quant_config=quant_config, prefix=maybe_prefix(prefix, "{head}")\n'
+            f'        {vocab}, {hidden}{with_bias}, quant_config=quant_config, prefix=maybe_prefix(prefix, "{head}")\n'
             "    )\n"
             f"{tying}"
             f"    self.logits_processor = LogitsProcessor({vocab})\n"

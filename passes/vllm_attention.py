@@ -127,16 +127,52 @@ def _carried_conditional(statement: cst.BaseStatement, states: dict[str, str]) -
     return statement.visit(_Rename())
 
 
+def _cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
+    """``if <cache> is not None: k, v = <cache>.update(...)``, ``<cache>`` a forward
+    parameter (Hugging Face's KV cache): vLLM's Attention owns the cache, so it goes."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None:
+        return False
+    caches = t.root_names(statement.test) & params
+    return bool(caches) and all(
+        isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
+        and isinstance(s.body[0].value, cst.Call) and isinstance(s.body[0].value.func, cst.Attribute)
+        and t.code(s.body[0].value.func.value) in caches and s.body[0].value.func.attr.value == "update"
+        for s in statement.body.body)
+
+
 def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
     """True for a statement the vLLM rewrite would silently drop the meaning of."""
     if isinstance(statement, cst.If):
-        # only the HF cache update is allowed to be conditional
-        return "past_key_values" not in t.code(statement.test)
+        return True  # the caller sorts out the ifs it knows
     if not isinstance(statement, cst.SimpleStatementLine):
         return True
     calls = _Calls()
     statement.visit(calls)
     return any(c not in allowed_calls for c in calls.names)
+
+
+# What a config switch may read: the module's own attributes and constants.
+_SWITCH_NAMES = {"self", "config", "None", "True", "False"}
+
+
+def _config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
+    """The test of ``if <self/config test>: ...`` (no else), else None."""
+    if isinstance(statement, cst.If) and statement.orelse is None and \
+            t.root_names(statement.test) <= _SWITCH_NAMES:
+        return statement.test
+    return None
+
+
+def _guards_rope(statement: cst.If, allowed_calls: set[str]) -> bool:
+    """The body only re-assigns q/k through the allowed (rope and layout) calls."""
+    return all(not _unrecognised(s, allowed_calls) for s in statement.body.body) and any(
+        "apply_rotary_pos_emb" in _call_names(s) for s in statement.body.body)
+
+
+def _call_names(node: cst.CSTNode) -> list[str]:
+    calls = _Calls()
+    node.visit(calls)
+    return calls.names
 
 
 def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
@@ -160,11 +196,27 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
     allowed = _ALLOWED_CALLS | _DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
+        allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     states = _state_names(body[split_at + 1 :])
     carried: list[cst.If] = []
+    params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
+    rope_test: cst.BaseExpression | None = None
+    untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
+    planned = {a for a in (att.q_norm, att.k_norm) if a}
     for statement in body[split_at + 1 :]:
+        test = _config_switch(statement)
         if (conditional := _carried_conditional(statement, states)) is not None:
             carried.append(conditional)
+        elif test is not None and _guards_rope(statement, allowed):
+            rope_test = test  # NoPE layers: the source's own condition on its rope
+        elif _cache_update(statement, params):
+            continue
+        elif test is not None and \
+                not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
+            # A switch the traced config leaves off (cohere's use_qk_norm): what it
+            # would do was never proven, so the file refuses configs that turn it on.
+            untaken.append(test)
         elif _unrecognised(statement, allowed):
             line = " ".join(t.code(statement).split())[:80]
             raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
@@ -182,7 +234,13 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         if "layer_idx" not in {p.name.value for p in init.params.params}:
             raise HfrewriteError(f"{name}: {NAME}: rope parameters per layer type, but __init__ has no layer_idx")
         rope_parameters = "config.rope_parameters[config.layer_types[layer_idx]]"
-    init = t.with_body(init, [*init.body.body, *t.stmts(
+    guards = "".join(
+        f"if {t.code(test)}:\n"
+        f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where '
+        f'`{t.code(test).replace(chr(34), chr(39))}` is false")\n'
+        for test in untaken
+    )
+    init = t.with_body(init, [*init.body.body, *t.stmts(guards + 
         "self.rotary_emb = get_rope(\n"
         f"    {head_dim},\n"
         "    max_position=config.max_position_embeddings,\n"
@@ -201,22 +259,30 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         ")\n"
     )])
 
-    tail = ""
+    norms = ""
+    where = "after" if att.qk_norm_after_rope else "before"
     if att.qk_norm_over == "head":
-        tail += "# Per-head q/k norms, as in the source, before the rotary embedding.\n"
-        tail += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=head_dim)
-        tail += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=head_dim)
+        norms += f"# Per-head q/k norms, as in the source, {where} the rotary embedding.\n"
+        norms += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=head_dim)
+        norms += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=head_dim)
     elif att.qk_norm_over == "all_heads":
-        tail += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
+        norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
         init = t.with_body(init, [*init.body.body, *t.stmts(
             "self.tp_size = get_tensor_model_parallel_world_size()\n"
             "self.tp_rank = get_tensor_model_parallel_rank()\n"
         )])
     elif att.q_norm or att.k_norm:
         raise HfrewriteError(f"{name}: {NAME}: q/k norms of unknown extent")
+    tail = "" if att.qk_norm_after_rope else norms
     tail += "".join(t.code(c) for c in carried)
+    if rope_test is not None:
+        tail += f"if {t.code(rope_test)}:  # layers without rope (NoPE), as in the source\n    "
+    elif att.nope_layers:
+        raise HfrewriteError(f"{name}: {NAME}: some layers have no rope, but the source's rope is unconditional")
+    tail += "q, k = self.rotary_emb(positions, q, k)\n"
+    if att.qk_norm_after_rope:
+        tail += norms
     tail += (
-        "q, k = self.rotary_emb(positions, q, k)\n"
         "attn_output = self.attn(q, k, v)\n"
         f"attn_output = self.{att.o.attr}(attn_output)\n"
         "return attn_output\n"

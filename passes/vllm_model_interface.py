@@ -147,6 +147,21 @@ def _assigned(node: cst.CSTNode) -> set[str]:
     return names
 
 
+def _head_has_bias(statements: list[cst.BaseStatement]) -> bool:
+    """Whether the lm_head is built as ``ParallelLMHead(..., bias=<not False>)``."""
+    found = []
+
+    class _Head(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if t.call_name(call) == "ParallelLMHead":
+                found.extend(a for a in call.args if a.keyword and a.keyword.value == "bias"
+                             and t.code(a.value) != "False")
+
+    for s in statements:
+        s.visit(_Head())
+    return bool(found)
+
+
 def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     tpl = template_class(
@@ -170,10 +185,15 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     head += [s for s in source_init.body.body if t.self_attr_assigned(s) in reads and s not in head]
     body[at:at] = head
     tpl = t.set_method(tpl, t.with_body(init, body))
+    if _head_has_bias(head):  # the source's lm_head has a bias: the logits add it
+        logits = t.find_method(tpl, "compute_logits")
+        tpl = t.set_method(tpl, t.with_body(logits, t.stmts(
+            f"return self.logits_processor(self.{plan.lm_head}, hidden_states, self.{plan.lm_head}.bias)\n")))
     if carried:
         logits = t.find_method(tpl, "compute_logits")
         tpl = t.set_method(tpl, t.with_body(logits, [
-            *t.stmts(f"logits = self.logits_processor(self.{plan.lm_head}, hidden_states)\n"
+            *t.stmts(f"logits = self.logits_processor(self.{plan.lm_head}, hidden_states"
+                     f"{f', self.{plan.lm_head}.bias' if _head_has_bias(head) else ''})\n"
                      "if logits is not None:  # the source's post-processing of the logits\n    pass\n"),
             t.stmt("return logits\n"),
         ]))

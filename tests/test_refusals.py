@@ -18,8 +18,8 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ("qwen3_next", "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface"),
         # GPT-2 adds learned position embeddings (a second embedding table).
         ("gpt2", "GPT2Model: model_layout: expected one Embedding child, found ['wte', 'wpe']"),
-        # SmolLM3 skips rope on some layers (`if self.use_rope:`): not dropped, refused.
-        ("smollm3", "SmolLM3Attention: vllm_attention: forward does something"),
+        # Mamba mixes with a recurrent state space, not softmax attention.
+        ("mamba", "MambaBlock: decoder_layer: no softmax attention call"),
     ],
 )
 def test_unmatched_architecture_is_refused(tmp_path, model_type, reason):

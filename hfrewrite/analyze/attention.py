@@ -71,8 +71,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     try:
         group = _qkv_group(traced, path)
     except _Declined as no_group:
-        feeders, (q, k, v) = _fused_qkv(traced, path, scope, args, no_group)
-        fused = True
+        feeders, (q, k, v), fused = _fused_qkv(traced, path, scope, args, no_group)
     else:
         feeders = {
             role: _feeder(traced, path, scope, arg, group, role)
@@ -83,7 +82,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
                 "fuse_qkv", "q, k and v do not come from three different linears"
             )
         q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
-        fused = False
+        fused = None
     if k.out_features != v.out_features:
         raise _Declined(
             "fuse_qkv",
@@ -99,9 +98,15 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         raise _Declined(
             "vllm_attention", "a position-dependent op is not applied to exactly q and k"
         )
-    rope = None
+    rope, norm_after = None, None
     if rope_in["q"] is not None:
         rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type)
+        ends = [args[r] for r in "qk"]
+        if isinstance(rope, str) and all(n.op == "call_module" and is_norm(traced.submodule(n)) for n in ends):
+            # q/k norms right after the rope (hunyuan): the rope ends at their inputs
+            after = prove_rope([(rope_in[r], args[r].args[0]) for r in "qk"], config, head_dim, layer_type)
+            if not isinstance(after, str):
+                rope, norm_after = after, {r: relative(args[r].target, path) for r in "qk"}
         if isinstance(rope, str):
             raise _Declined("vllm_attention", f"rotary embedding: {rope}")
     norms = {
@@ -110,6 +115,10 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         )
         for role in "qkv"
     }
+    if norm_after is not None:
+        if norms["q"] is not None or norms["k"] is not None:
+            raise _Declined("vllm_attention", "q/k norms both before and after the rotary embedding")
+        norms.update(norm_after)
     if norms["v"] is not None:
         raise _Declined("vllm_attention", f"a norm ({norms['v']}) on the v path")
     if (norms["q"] is None) != (norms["k"] is None):
@@ -160,7 +169,9 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         qk_norm_over=qk_norm_over,
         logit_softcap=None if softcap is None else float(softcap),
         rope_per_layer_type=per_layer_type(config),
-        fused_qkv=fused,
+        fused_qkv=fused is not None,
+        qkv_per_head=fused == "per_head",
+        qk_norm_after_rope=norm_after is not None,
     )
 
 
@@ -200,14 +211,36 @@ def _fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group
         index = cuts[0].args[1] if len(cuts) == 1 else None
         last = index[-1] if isinstance(index, tuple) and index and index[0] is Ellipsis else None
         if not isinstance(last, slice) or last.step not in (None, 1):
-            raise _Declined("fuse_qkv", f"{whole.attr} feeds q, k and v, but not through slices of its last dim")
+            return _per_head_qkv(traced, path, scope, args, proj, whole)
         ranges[role] = last.indices(whole.out_features)[:2]
         feeders[role] = cuts[0]
     (q0, q1), (k0, k1), (v0, v1) = ranges["q"], ranges["k"], ranges["v"]
     if not (q0 == 0 and q1 == k0 and k1 == v0 and v1 == whole.out_features and k1 - k0 == v1 - v0):
         raise _Declined("fuse_qkv", f"{whole.attr} is not laid out [q; k; v] ({ranges})")
     facts = [LinearFact(whole.attr, whole.in_features, b - a, whole.bias) for a, b in (ranges[r] for r in "qkv")]
-    return feeders, facts
+    return feeders, facts, "blocks"
+
+
+def _per_head_qkv(traced: Traced, path: str, scope: set[Node], args: dict, proj: Node, whole: LinearFact):
+    """One Linear whose output interleaves q, k and v per head (gpt_neox's
+    ``query_key_value``: rows [h0: q k v][h1: q k v]...), proven on the values: each
+    role's head-shaped value (before any rope) is its lane of ``view(b, s, heads, 3, d)``.
+    The generated loader reorders the rows into [q; k; v] for ``QKVParallelLinear``."""
+    out = value(proj)
+    feeders, facts = {}, []
+    for i, role in enumerate("qkv"):
+        x = _rope_start(args[role], proj, scope) or args[role]
+        xv = value(x)
+        if not (torch.is_tensor(xv) and xv.dim() == 4 and out.dim() == 3
+                and 3 * xv.shape[1] * xv.shape[3] == out.shape[-1]):
+            raise _Declined("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
+        b, s, heads, d = out.shape[0], out.shape[1], xv.shape[1], xv.shape[3]
+        lane = out.reshape(b, s, heads, 3, d)[..., i, :].transpose(1, 2)
+        if lane.shape != xv.shape or not torch.equal(lane, xv):
+            raise _Declined("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
+        feeders[role] = proj
+        facts.append(LinearFact(whole.attr, whole.in_features, heads * d, whole.bias))
+    return feeders, facts, "per_head"
 
 
 def _op(node: object, ops: tuple) -> bool:

@@ -39,3 +39,18 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
             if re.escape(source).replace("\\.", ".") == source and re.escape(target).replace("\\.", ".") == target:
                 renames.append((source, target))
     return tuple(renames)
+
+
+def checkpoint_prefix_renames(key: str) -> tuple[tuple[str, str], ...]:
+    """Anchored prefix renames (Hub name -> module name) for a model type or causal-LM
+    class name, e.g. gpt_neox's ``("embed_out.", "lm_head.")``."""
+    renames = []
+    for rule in get_checkpoint_conversion_mapping(key) or ():
+        if type(rule).__name__ != "WeightRenaming":
+            continue
+        for source, target in zip(rule.source_patterns, rule.target_patterns):
+            plain = source.removeprefix("^").replace("\\.", ".")
+            if source.startswith("^") and re.escape(plain).replace("\\.", ".") == plain \
+                    and re.escape(target).replace("\\.", ".") == target:
+                renames.append((plain, target))
+    return tuple(renames)

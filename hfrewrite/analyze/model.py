@@ -24,7 +24,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
-from hfrewrite.analyze.checkpoint import checkpoint_renames, expert_checkpoint_names
+from hfrewrite.analyze.checkpoint import checkpoint_prefix_renames, checkpoint_renames, expert_checkpoint_names
 from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
@@ -154,10 +154,11 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     traces = [_trace_layer(layer, args, kwargs) for layer, (args, kwargs) in zip(layers, run.layer_inputs)]
     types = getattr(small, "layer_types", None) or [None] * len(traces)
     per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
-    decoder, attention = per_layer[0][:2]
+    decoder = per_layer[0][0]
+    declined = _compare_layers(per_layer)
+    attention = _rope_layers(per_layer)
     attention = dataclasses.replace(attention, **_head_fields(small, attention))
     mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
-    declined = _compare_layers(per_layer)
 
     layer = traces[0].module
     norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
@@ -186,6 +187,8 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         final_norm=final_norm,
         lm_head=head,
         logits_postprocessed=run.logits_postprocessed,
+        checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
+        + checkpoint_prefix_renames(type(model).__name__),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         decoder_layer=decoder,
         attention=attention,
@@ -423,4 +426,18 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
 
 
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
-    return dataclasses.replace(attention, sliding_window=None)
+    """The facts layers must share: sliding windows may differ, and rope may be absent
+    on some layers (NoPE: cohere2's global layers), never different where present."""
+    return dataclasses.replace(attention, sliding_window=None, rope=False, rope_neox=True, rotary_dim=None)
+
+
+def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
+    """The attention facts to emit: a layer with rope (all roped layers agree on it),
+    marked when other layers have none."""
+    plans = [attention for _, attention, *_ in per_layer]
+    roped = [a for a in plans if a.rope]
+    if len({(a.rope_neox, a.rotary_dim) for a in roped}) > 1:
+        raise _Refused(NoMatch("uniform_layers", plans[0].module_class, "layers differ in their rope"))
+    chosen = roped[0] if roped else plans[0]
+    return dataclasses.replace(chosen, sliding_window=plans[0].sliding_window,
+                               nope_layers=bool(roped) and len(roped) != len(plans))

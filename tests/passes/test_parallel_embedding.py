@@ -106,7 +106,7 @@ def test_untied_lm_head():
     assert rewrite(parallel_embedding, BEFORE_UNTIED_LM_HEAD, llama_like()) == AFTER_UNTIED_LM_HEAD
 
 
-REFUSED_LM_HEAD_BIAS = """\
+LM_HEAD_BIAS = """\
 class LlamaModel(LlamaPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
@@ -123,6 +123,11 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
 """
 
 
-def test_refuses_lm_head_bias():
-    with pytest.raises(HfrewriteError, match='bias=False'):
-        rewrite(parallel_embedding, REFUSED_LM_HEAD_BIAS, llama_like())
+def test_lm_head_bias_is_kept():
+    out = rewrite(parallel_embedding, LM_HEAD_BIAS, llama_like())
+    assert "config.vocab_size, config.hidden_size, bias=True, quant_config=quant_config" in out
+
+
+def test_refuses_a_head_that_is_not_linear():
+    with pytest.raises(HfrewriteError, match="is not nn.Linear"):
+        rewrite(parallel_embedding, LM_HEAD_BIAS.replace("nn.Linear(", "MyHead("), llama_like())

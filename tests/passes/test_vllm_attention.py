@@ -231,7 +231,7 @@ def test_refuses_nope_attention():
         rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, dataclasses.replace(llama_like(), attention=att))
 
 
-REFUSED_CONDITIONAL_ROPE = """\
+CONDITIONAL_ROPE = """\
 def rotate_half(x):
     return x
 
@@ -261,9 +261,20 @@ class LlamaAttention(nn.Module):
 """
 
 
-def test_refuses_conditional_rope():
-    with pytest.raises(HfrewriteError, match='would not: if self.use_rope'):
-        rewrite(vllm_attention, REFUSED_CONDITIONAL_ROPE, llama_like())
+def test_conditional_rope_keeps_the_source_condition():
+    # NoPE layers (smollm3, cohere2): the rotary call sits under the source's own test
+    out = rewrite(vllm_attention, CONDITIONAL_ROPE, llama_like())
+    assert "        if self.use_rope:  # layers without rope (NoPE), as in the source\n" \
+           "            q, k = self.rotary_emb(positions, q, k)\n" in out
+
+
+def test_refuses_nope_layers_without_a_source_condition():
+    plan = llama_like()
+    plan = dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, nope_layers=True))
+    source = CONDITIONAL_ROPE.replace("        if self.use_rope:\n            cos", "        cos").replace(
+        "\n            query_states, key_states = apply", "\n        query_states, key_states = apply")
+    with pytest.raises(HfrewriteError, match="rope is unconditional"):
+        rewrite(vllm_attention, source, plan)
 
 
 REFUSED_CONDITIONAL_READS_A_STATE = """\
