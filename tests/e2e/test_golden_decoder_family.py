@@ -74,6 +74,9 @@ REFUSED_AT_LOAD = {
 NATIVE_DIFFERS = {
     # vLLM's XIELU differs from transformers' (logprobs ~2e-3 apart in float32)
     "apertus-xielu-qk-norm": "xIELU activation",
+    # vLLM's commandr.py widens cohere2's window by one (sliding_window + 1, "the training
+    # convention"); transformers 5.19's mask does not: the two differ once the window is full
+    "cohere2-nope-global-layers": "sliding_window + 1",
     # vLLM 0.32's gpt_neox.py does not match transformers 5.19 (tokens differ at step 0)
     "gpt_neox-per-head-qkv-parallel": "gpt_neox",
     "gpt_neox-sequential-residual": "gpt_neox",
