@@ -136,8 +136,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     base = _replace_assignment(t.find_class(module, plan.base_model_class), embed, embedding)
     module = t.replace_class(module, plan.base_model_class, base)
     module = t.replace_class(module, plan.architecture, _replace_assignment(causal, head, lm_head))
-    rows = [FusionRow(plan.base_model_class, f"{embed} -> VocabParallelEmbedding"),
-            FusionRow(plan.architecture, f"{head} -> ParallelLMHead" + (f" (tied to {tie})" if tie else ""))]
+    embedded = (f"{embed} -> {plan.embed_class} (a scaled lookup, proven by replay) on VocabParallelEmbedding"
+                if plan.embed_class else f"{embed} -> VocabParallelEmbedding")
+    rows = [FusionRow(plan.base_model_class, embedded),
+            FusionRow(plan.architecture, f"{head} -> ParallelLMHead"
+                      + (f" (tied to {tie} when config.tie_word_embeddings)" if tie else ""))]
     return PassResult(
         module=module,
         imports=("VocabParallelEmbedding", "ParallelLMHead", "LogitsProcessor", "PPMissingLayer",

@@ -175,7 +175,8 @@ def _call_names(node: cst.CSTNode) -> list[str]:
     return calls.names
 
 
-def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
+def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef, list[str]]:
+    """The rewritten class, and notes for ``--explain`` on what was carried or guarded."""
     att = ctx.plan.attention
     name = cls.name.value
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
@@ -294,17 +295,28 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     forward = forward.with_changes(params=params.params, returns=params.returns,
                                 whitespace_before_params=params.whitespace_before_params)
     forward = t.with_body(forward, [*body[split_at - 1 : split_at + 1], *t.stmts(tail)])
-    return t.set_method(t.set_method(cls, init), forward)
+    notes = [f"rope only where the source's `{t.code(rope_test)}` holds (NoPE layers)"] if rope_test else []
+    notes += [f"config branch `if {t.code(test)}:` never traced: the file refuses configs that take it"
+              for test in untaken]
+    notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
+    return t.set_method(t.set_method(cls, init), forward), notes
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
     cls = t.find_class(module, att.module_class)
-    cls = rewrite_attention(cls, ctx)
-    rows = [FusionRow(att.module_class, "attention interface -> vllm Attention + get_rope")]
+    cls, notes = rewrite_attention(cls, ctx)
+    style = "neox" if att.rope_neox else "GPT-J (interleaved)"
+    rope = (f"get_rope ({style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
+            + (", parameters per layer type" if att.rope_per_layer_type else "") + "; proven by replay)")
+    softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
+    rows = [FusionRow(att.module_class, f"attention interface -> vllm Attention{softcap} + {rope}")]
+    rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "get_rope"]
     if att.q_norm:
-        rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over})"))
+        where = "after" if att.qk_norm_after_rope else "before"
+        rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over}, "
+                                                f"{where} the rope)"))
     if att.qk_norm_over == "all_heads":
         imports += ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
                     "tensor_model_parallel_all_gather"]

@@ -218,6 +218,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         fused=(
             FusionRow(plan.base_model_class, f"{plan.layers} -> make_layers (pipeline parallel), torch.compile"),
             FusionRow(plan.architecture, "vLLM model interface (SupportsLoRA, SupportsPP)"),
+            *([FusionRow(plan.architecture, "logits post-processing carried from the source into compute_logits")]
+              if plan.logits_postprocessed else []),
         ),
         matches=2,
     )

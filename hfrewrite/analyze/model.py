@@ -421,7 +421,7 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
     windows = [attention.sliding_window for _, attention, *_ in per_layer]
     if len(set(windows)) == 1:
         return ()
-    reason = f"layers differ in sliding_window {windows}; the plan keeps layer 0's"
+    reason = f"layers differ in sliding_window {windows}; the source's per-layer expression is carried"
     return (NoMatch("uniform_sliding_window", first[1].module_class, reason),)
 
 

@@ -129,7 +129,7 @@ def test_mixed_sliding_window_is_declined_not_fatal():
         NoMatch(
             "uniform_sliding_window",
             "Qwen2Attention",
-            "layers differ in sliding_window [None, 16]; the plan keeps layer 0's",
+            "layers differ in sliding_window [None, 16]; the source's per-layer expression is carried",
         ),
     )
 

@@ -1,0 +1,125 @@
+"""Look-alikes: code spelled like a known pattern that computes something else.
+
+The analysis decides from what the traced code computes (numeric replay), never from
+names: an interleaving ``rotate_half`` is proven GPT-J style, a sign-flipped one matches
+no rope vLLM has, a ``(1 + weight)`` norm named ``RMSNorm`` is vLLM's ``GemmaRMSNorm``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from hfrewrite.analyze.attention import analyze_attention
+from hfrewrite.analyze.norm import analyze_norm
+from hfrewrite.plan import NoMatch
+from hfrewrite.trace import opaque_attention, trace
+
+HEADS, HEAD_DIM, SEQ = 2, 16, 5
+CONFIG = transformers.LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM)
+
+
+def rotate_half_neox(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_half_interleaved(x):  # helium's, under the usual name
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def rotate_half_flipped(x):  # nanochat's: the rotation runs the other way
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((x2, -x1), dim=-1)
+
+
+def tables(interleaved: bool):
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+    freqs = torch.arange(SEQ).float()[:, None] * inv_freq[None, :]
+    emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
+    return emb.cos()[None], emb.sin()[None]  # [1, seq, head_dim]
+
+
+class RopeAttention(nn.Module):
+    def __init__(self, rotate):
+        super().__init__()
+        self.rotate = rotate
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(HEADS * HEAD_DIM, HEADS * HEAD_DIM, bias=False) for _ in range(4))
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + self.rotate(q) * sin
+        k = k * cos + self.rotate(k) * sin
+        out, _ = opaque_attention(self, q, k, v, None, scaling=HEAD_DIM**-0.5)
+        return self.o_proj(out.reshape(b, s, -1))
+
+
+def attention_plan(rotate, interleaved_tables: bool):
+    x = torch.randn(1, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    return analyze_attention(trace(RopeAttention(rotate), (x, *tables(interleaved_tables))), "", CONFIG)
+
+
+def test_neox_rope_is_proven_neox():
+    plan = attention_plan(rotate_half_neox, interleaved_tables=False)
+    assert (plan.rope, plan.rope_neox, plan.rotary_dim) == (True, True, HEAD_DIM)
+
+
+def test_interleaving_rotate_half_is_proven_gptj_style():
+    plan = attention_plan(rotate_half_interleaved, interleaved_tables=True)
+    assert (plan.rope, plan.rope_neox) == (True, False)
+
+
+@pytest.mark.parametrize(
+    "rotate, interleaved",
+    [
+        (rotate_half_flipped, False),  # the other rotation direction
+        (rotate_half_interleaved, False),  # interleaved lanes against half-split tables
+    ],
+)
+def test_rope_lookalikes_are_rejected(rotate, interleaved):
+    plan = attention_plan(rotate, interleaved)
+    assert isinstance(plan, NoMatch)
+    assert "rotary embedding: the replay matches no rope vLLM computes" in plan.reason
+
+
+class RMSNorm(nn.Module):
+    """Named like llama's; computes gemma's ``(1 + weight)`` form."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.zeros(dim)), eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+class BiasedRMSNorm(RMSNorm):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__(dim, eps)
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return super().forward(x) + self.bias
+
+
+class CenteredRMSNorm(RMSNorm):
+    """A LayerNorm without bias, spelled with rsqrt(mean(x**2) + eps) after centring."""
+
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def test_one_plus_weight_norm_named_rmsnorm_is_gemma_form():
+    plan = analyze_norm(RMSNorm(8))
+    assert (plan.kind, plan.weight_offset, plan.eps) == ("rms", 1.0, 1e-6)
+
+
+@pytest.mark.parametrize("module", [BiasedRMSNorm(8), CenteredRMSNorm(8)])
+def test_norm_lookalikes_are_not_vllm_norms(module):
+    assert isinstance(analyze_norm(module), NoMatch)
