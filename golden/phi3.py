@@ -67,6 +67,7 @@ class Phi3MLP(nn.Module):
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
     ):
         super().__init__()
+        # The checkpoint holds gate and up in one tensor, which this layer loads as it is.
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size,
             [config.intermediate_size] * 2,

@@ -56,10 +56,7 @@ class _AttentionCall(cst.CSTTransformer):
         if x is None:
             raise HfrewriteError(f"{self.cls}: {NAME}: {self.func}(...) passes no hidden states")
         self.count += 1
-        return call.with_changes(args=[
-            cst.Arg(cst.Name("positions"), keyword=cst.Name("positions")),
-            cst.Arg(x, keyword=cst.Name("hidden_states")),
-        ])
+        return t.expr(f"{self.func}(positions=positions, hidden_states={t.code(x)})")
 
     def leave_Assign(self, original, updated):
         value = updated.value

@@ -123,13 +123,14 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
     if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
         raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
     bias = t.arg(call, 2, "bias")
-    body[where[attr]] = t.stmt(
+    merged = t.stmt(
         "# The checkpoint holds gate and up in one tensor, which this layer loads as it is.\n"
         f"self.{attr} = MergedColumnParallelLinear(\n"
         f"    {t.code(t.arg(call, 0, 'in_features'))},\n    [{t.code(size_out.right)}] * 2,\n"
         f"    bias={t.code(bias) if bias is not None else 'True'},\n"
         f'    quant_config=quant_config,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
-    ).with_changes(leading_lines=body[where[attr]].leading_lines)
+    )
+    body[where[attr]] = merged.with_changes(leading_lines=[*body[where[attr]].leading_lines, *merged.leading_lines])
     body[where[act]] = t.stmt(f"self.{act} = get_act_and_mul_fn({t.code(a.slice[0].slice.value)})\n").with_changes(
         leading_lines=body[where[act]].leading_lines)
     forward = t.find_method(cls, "forward")

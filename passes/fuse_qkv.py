@@ -181,7 +181,7 @@ def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_h
         f'    prefix=f"{{prefix}}.{attr}",\n'
         ")\n"
     )
-    fused[0] = fused[0].with_changes(leading_lines=body[where[attr]].leading_lines)
+    fused[0] = fused[0].with_changes(leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines])
     body[where[attr]:where[attr] + 1] = fused
     init = t.with_body(init, body)
 
