@@ -205,6 +205,8 @@ def vllm_env(cache_root: Path | str) -> dict[str, str]:
         # vLLM torch.compile's a logprob helper even with enforce_eager: ~15 s of
         # inductor C++ compile on first use. Eager is numerically identical.
         "TORCHDYNAMO_DISABLE": "1",
+        # multi-process runs (tensor parallel) talk over loopback only
+        "VLLM_HOST_IP": "127.0.0.1",
     }
 
 

@@ -221,14 +221,18 @@ def _innermost_call(node: cst.BaseExpression, func: str) -> cst.Call | None:
 
 
 def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.BaseStatement]:
-    """``a, b, c = <var>.chunk(3, ...)`` -> ``a, b, c = q, k, v``: the analysis proved the
+    """``a, b, c = <var>.chunk(3, ...)`` (or a method of the module splitting ``<var>``) ->
+    ``a, b, c = q, k, v``: the analysis proved the
     per-head lanes 0, 1, 2 are q, k and v, which the loader reorders into [q; k; v]."""
     out, found = [], 0
     for s in body:
         small = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
         target = small.targets[0].target if isinstance(small, cst.Assign) else None
-        if (isinstance(target, cst.Tuple) and len(target.elements) == 3 and isinstance(small.value, cst.Call)
-                and t.code(small.value.func) == f"{var}.chunk"):
+        value = small.value if isinstance(small, cst.Assign) else None
+        splits = isinstance(value, cst.Call) and (  # var.chunk(3, ...) or self._split_heads(var)
+            t.code(value.func) == f"{var}.chunk"
+            or (t.code(value.func).startswith("self.") and [t.code(a.value) for a in value.args] == [var]))
+        if isinstance(target, cst.Tuple) and len(target.elements) == 3 and splits:
             found += 1
             s = s.with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
         out.append(s)

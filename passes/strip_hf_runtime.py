@@ -11,6 +11,7 @@ Matches what is left of the Transformers runtime after the other passes:
 * top-level definitions no longer reachable from the architecture class (rotary helpers,
   ``repeat_kv``, ``eager_attention_forward``, the HF norm and rotary classes, the
   ``PreTrainedModel`` and task-head classes, ``logger``, ``__all__``);
+* private methods nothing calls any more (``_split_heads``, replaced with its use);
 * ``self.x = ...`` assignments in ``__init__`` whose attribute nothing reads any more
   (``self.is_causal``, ``self.attention_dropout``, ``self.gradient_checkpointing``...).
 
@@ -200,9 +201,32 @@ class _ReadAttributes(cst.CSTVisitor):
             self.cross_reads.add(node.attr.value)
 
 
+def _drop_unused_private_methods(module: cst.Module) -> cst.Module:
+    """Private helpers (``_split_heads``) that no code refers to any more: the rewritten
+    forward replaced their only use. Dunder methods are never dropped."""
+    used: set[str] = set()
+
+    class _Attrs(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            used.add(node.attr.value)
+
+    module.visit(_Attrs())
+
+    def unused(member: cst.CSTNode) -> bool:
+        return (isinstance(member, cst.FunctionDef) and member.name.value.startswith("_")
+                and not member.name.value.startswith("__") and member.name.value not in used)
+
+    return module.with_changes(body=[
+        node.with_changes(body=node.body.with_changes(body=[m for m in node.body.body if not unused(m)]))
+        if isinstance(node, cst.ClassDef) else node
+        for node in module.body
+    ])
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
     module = module.visit(_DropHfRuntime(hf_names))
+    module = _drop_unused_private_methods(module)
     for _ in range(3):  # pruning an attribute can orphan a class, which can orphan another attribute
         keep = _reachable(module, ctx.plan.architecture)
         body = [n for n in module.body if _defined_name(n) is None or _defined_name(n) in keep]

@@ -203,6 +203,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     carried: list[cst.If] = []
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
     rope_test: cst.BaseExpression | None = None
+    norm_test: cst.BaseExpression | None = None
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
     planned = {a for a in (att.q_norm, att.k_norm) if a}
     for statement in body[split_at + 1 :]:
@@ -213,6 +214,9 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
             rope_test = test  # NoPE layers: the source's own condition on its rope
         elif _cache_update(statement, params):
             continue
+        elif test is not None and planned and t.self_attrs_used(statement.body) & planned and \
+                all(not _unrecognised(s, allowed) for s in statement.body.body):
+            norm_test = test  # the traced config took it: the plan's norms, under its test
         elif test is not None and \
                 not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
             # A switch the traced config leaves off (cohere's use_qk_norm): what it
@@ -274,6 +278,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         )])
     elif att.q_norm or att.k_norm:
         raise HfrewriteError(f"{name}: {NAME}: q/k norms of unknown extent")
+    if norm_test is not None:  # persimmon's `if self.qk_layernorm:`
+        norms = f"if {t.code(norm_test)}:\n" + "".join(f"    {line}\n" for line in norms.splitlines())
     tail = "" if att.qk_norm_after_rope else norms
     tail += "".join(t.code(c) for c in carried)
     if rope_test is not None:
@@ -299,6 +305,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     notes += [f"config branch `if {t.code(test)}:` never traced: the file refuses configs that take it"
               for test in untaken]
     notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
+    notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
     return t.set_method(t.set_method(cls, init), forward), notes
 
 

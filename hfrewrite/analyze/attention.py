@@ -234,9 +234,12 @@ def _per_head_qkv(traced: Traced, path: str, scope: set[Node], args: dict, proj:
         if not (torch.is_tensor(xv) and xv.dim() == 4 and out.dim() == 3
                 and 3 * xv.shape[1] * xv.shape[3] == out.shape[-1]):
             raise _Declined("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
-        b, s, heads, d = out.shape[0], out.shape[1], xv.shape[1], xv.shape[3]
-        lane = out.reshape(b, s, heads, 3, d)[..., i, :].transpose(1, 2)
-        if lane.shape != xv.shape or not torch.equal(lane, xv):
+        heads, d = xv.shape[1], xv.shape[3]
+        lane = out.reshape(*out.shape[:2], heads, 3, d)[..., i, :]  # [b, s, heads, d]
+        # the lane is found on the path to the rope (before a per-head norm), in either layout
+        path_values = [value(n) for n in [*_path_nodes(x, proj, scope), x]]
+        if not any(torch.is_tensor(v) and any(v.shape == lv.shape and torch.equal(v, lv)
+                                              for lv in (lane, lane.transpose(1, 2))) for v in path_values):
             raise _Declined("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
         feeders[role] = proj
         facts.append(LinearFact(whole.attr, whole.in_features, heads * d, whole.bias))

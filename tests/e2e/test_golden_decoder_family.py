@@ -64,6 +64,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # parallel residual (the source's `use_parallel_residual` switch carried), both ways
     "gpt_neox-per-head-qkv-parallel": ("gpt_neox", {}),
     "gpt_neox-sequential-residual": ("gpt_neox", {"use_parallel_residual": False}),
+    # per-head interleaved q/k/v, per-head LayerNorm q/k norms under the source's switch,
+    # partial rope, relu2 ungated MLP
+    "persimmon-qk-layernorm": ("persimmon", {}),
+    "persimmon-no-qk-layernorm": ("persimmon", {"qk_layernorm": False}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
