@@ -458,7 +458,7 @@ def run_worker(
     overrides the worker's environment (``PYTHONPATH`` for a plugin or a vLLM tree,
     ``VLLM_CPU_OMP_THREADS_BIND`` for tensor parallelism). Returns one result per run
     (``{"error": ...}`` for a run that raised or never ran) and worker info
-    (``import_s``, ``wall_s``, ``returncode``, ``stderr_tail``).
+    (``import_s``, ``wall_s``, ``returncode``, ``stderr_tail``, ``mq_connect_ips``).
     """
     with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
         tmp = Path(tmp)
@@ -500,6 +500,8 @@ def run_worker(
         "wall_s": wall,
         "returncode": rc,
         "stderr_tail": tail,
+        # where multi-process runs' message queues connected (vLLM logs it)
+        "mq_connect_ips": sorted(set(re.findall(r"mq_connect_ip=([\w.:]+)", stderr))),
     }
     return results, info
 
