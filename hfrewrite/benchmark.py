@@ -179,7 +179,43 @@ QWEN3_MOE = ModelSpec(
     label="Qwen3-MoE",
 )
 
-MODELS = (LLAMA, QWEN3_MOE)
+_SMALL = {
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 512,
+    "vocab_size": 1024,
+    "max_position_embeddings": 256,
+}
+_DENSE = {**LLAMA.config}
+
+# Sandwich norms, per-head q/k norms, soft caps off in gemma3, sliding and global
+# layers with rope per layer type, scaled embeddings: the carried-source layer path.
+GEMMA3_TEXT = ModelSpec(
+    key="gemma3_text",
+    model_type="gemma3_text",
+    config={**_DENSE, "tie_word_embeddings": False, "sliding_window": 512,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2},
+    quick_config={**_SMALL, "tie_word_embeddings": False, "sliding_window": 64,
+                  "layer_types": ["sliding_attention", "full_attention"]},
+    golden="gemma3_text.py",
+    label="Gemma3 (text)",
+)
+
+# A parallel attention + MLP block off one LayerNorm, partial rope, an ungated MLP and an
+# lm_head bias: the carried-source layer path with LayerNorms kept from the source.
+PHI = ModelSpec(
+    key="phi",
+    model_type="phi",
+    config={**_DENSE, "num_key_value_heads": 16, "intermediate_size": 4096},
+    quick_config={**_SMALL, "num_key_value_heads": 4},
+    golden="phi.py",
+    label="Phi",
+)
+
+MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {
@@ -1842,7 +1878,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[],
         metavar="MODEL=FILE",
-        help="benchmark FILE as the generated file of MODEL (llama, qwen3_moe) "
+        help="benchmark FILE as the generated file of MODEL (llama, qwen3_moe, ...) "
         "instead of this run's `hfrewrite convert` output",
     )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
