@@ -296,13 +296,13 @@ def past_identity_dropouts(node: Node, traced: Traced, path: str) -> Node:
     follow it when each returned its input unchanged (inference mode: the identity)."""
     while len(node.users) == 1:
         user = next(iter(node.users))
-        if path not in _scopes(user) or not _is_identity_dropout(user, traced):
+        if path not in _scopes(user) or not is_identity_dropout(user, traced):
             break
         node = user
     return node
 
 
-def _is_identity_dropout(node: Node, traced: Traced) -> bool:
+def is_identity_dropout(node: Node, traced: Traced) -> bool:
     """A dropout call that returned its input unchanged (inference mode)."""
     if node.op == "call_module":
         is_dropout = isinstance(traced.submodule(node), nn.Dropout)

@@ -163,16 +163,14 @@ def _config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
     return None
 
 
-def _guards_rope(statement: cst.If, allowed_calls: set[str]) -> bool:
-    """The body only re-assigns q/k through the allowed (rope and layout) calls."""
-    return all(not _unrecognised(s, allowed_calls) for s in statement.body.body) and any(
-        "apply_rotary_pos_emb" in _call_names(s) for s in statement.body.body)
-
-
-def _call_names(node: cst.CSTNode) -> list[str]:
-    calls = _Calls()
-    node.visit(calls)
-    return calls.names
+def _guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, str]) -> bool:
+    """The body only re-assigns q/k states through the allowed (rope and layout) calls:
+    the position-dependent region the analysis proved is the rope, under a condition."""
+    assigned = {name for s in statement.body.body if isinstance(s, cst.SimpleStatementLine)
+                for small in s.body if isinstance(small, cst.Assign)
+                for target in small.targets for name in t.root_names(target.target)}
+    return all(not _unrecognised(s, allowed_calls) for s in statement.body.body) and bool(
+        {states.get(name) for name in assigned} & {"q", "k"})
 
 
 def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef, list[str]]:
@@ -210,7 +208,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         test = _config_switch(statement)
         if (conditional := _carried_conditional(statement, states)) is not None:
             carried.append(conditional)
-        elif test is not None and _guards_rope(statement, allowed):
+        elif test is not None and _guards_rope(statement, allowed, states):
             rope_test = test  # NoPE layers: the source's own condition on its rope
         elif _cache_update(statement, params):
             continue

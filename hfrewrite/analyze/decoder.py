@@ -23,7 +23,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.plan import DecoderLayerPlan, NoMatch, ResidualBlock
-from hfrewrite.trace import Traced, is_norm, top_scope
+from hfrewrite.trace import Traced, is_identity_dropout, is_norm, top_scope
 
 _ADD = (operator.add, torch.add, "add")
 _CASTS = ("to", "float", "type_as", "contiguous")
@@ -72,6 +72,8 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
     ):
         return f"{node.name} on the residual stream is not `residual + block(...)`"
     for residual, branch in (node.args, node.args[::-1]):
+        while is_identity_dropout(branch, traced):  # phi3's resid dropouts: the identity
+            branch = branch.args[0]
         block = top_scope(branch)
         if block is None or block == top_scope(residual):
             continue
