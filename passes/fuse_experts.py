@@ -32,6 +32,7 @@ agrees with the plan.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
@@ -50,6 +51,11 @@ def _init_exprs(cls: cst.ClassDef) -> dict[str, str]:
     }
 
 
+def _is_sum(node: cst.BaseExpression) -> bool:
+    """``x.sum(...)``, possibly inside parentheses or further calls' receivers."""
+    return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name("sum")))))
+
+
 def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str | None:
     """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None."""
     found: list[str] = []
@@ -65,11 +71,11 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
             self.conditions.pop()
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.operator, cst.DivideAssign) and ".sum(" in t.code(node.value):
+            if isinstance(node.operator, cst.DivideAssign) and _is_sum(node.value):
                 found.append(" and ".join(self.conditions) or "True")
 
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            if isinstance(node.operator, cst.Divide) and ".sum(" in t.code(node.right):
+            if isinstance(node.operator, cst.Divide) and _is_sum(node.right):
                 found.append(" and ".join(self.conditions) or "True")
 
     t.find_method(router, "forward").visit(_Find())

@@ -22,9 +22,8 @@ Preconditions: none; removal is by reachability, so nothing the model uses can g
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite import cst_tools as t
 from hfrewrite.pass_api import PassContext, PassResult
@@ -115,13 +114,16 @@ def _reachable(module: cst.Module, root: str) -> set[str]:
 def _stateless_classes(module: cst.Module) -> set[str]:
     """Module classes that hold no checkpoint state: no parameters, no persistent buffers,
     no layers (HF's rotary embedding). Dropping an unused one cannot orphan a weight."""
-    classes = {n.name.value: t.code(n) for n in module.body if isinstance(n, cst.ClassDef)}
-    return {
-        name for name, src in classes.items()
-        if "Parameter" not in src and "persistent=True" not in src
-        and not re.search(r"nn\.(?!Buffer\b|Module\b)[A-Z]\w*\(", src)
-        and not any(f"{other}(" in src for other in classes if other != name)
-    }
+    classes = {n.name.value: n for n in module.body if isinstance(n, cst.ClassDef)}
+
+    def holds_state(cls: cst.ClassDef) -> bool:
+        calls = {t.dotted(c.func) or "" for c in m.findall(cls, m.Call())}
+        persistent = m.findall(cls, m.Arg(keyword=m.Name("persistent"), value=m.Name("True")))
+        layers = {c for c in calls if c.startswith("nn.") and c[3:4].isupper()} - {"nn.Buffer", "nn.Module"}
+        return bool(persistent or layers or any(c.endswith("Parameter") for c in calls)
+                    or calls & (set(classes) - {cls.name.value}))
+
+    return {name for name, cls in classes.items() if not holds_state(cls)}
 
 
 class _PruneAttributes(cst.CSTTransformer):

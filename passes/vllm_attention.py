@@ -29,6 +29,7 @@ smollm3) or any other op is refused rather than dropped.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
@@ -55,6 +56,13 @@ if self.tp_size > 1:
     q = q.chunk(self.tp_size, dim=-1)[self.tp_rank]
     k = k.chunk(self.tp_size, dim=-1)[self.tp_rank]
 """
+
+
+# `q, k, v = qkv.split(...)`, as fuse_qkv writes it
+_QKV_SPLIT = m.SimpleStatementLine(body=[m.Assign(
+    targets=[m.AssignTarget(m.Tuple([m.Element(m.Name("q")), m.Element(m.Name("k")), m.Element(m.Name("v"))]))],
+    value=m.Call(func=m.Attribute(value=m.Name("qkv"), attr=m.Name("split"))),
+)])
 
 
 class _FindAttentionCall(cst.CSTVisitor):
@@ -189,7 +197,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
     body = list(forward.body.body)
     split_at = next(
-        (i for i, s in enumerate(body) if "qkv.split(" in t.code(s)), None
+        (i for i, s in enumerate(body) if m.matches(s, _QKV_SPLIT)), None
     )
     if split_at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
