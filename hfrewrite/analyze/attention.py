@@ -98,6 +98,9 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         raise _Declined(
             "vllm_attention", "a position-dependent op is not applied to exactly q and k"
         )
+    for role in "qkv":  # projection -> rope (or attention): layout, casts, norms only
+        stop = rope_in[role] if rope_in[role] is not None else args[role]
+        _only_layout([*_path_nodes(stop, feeders[role], scope), stop], traced, f"the {role} path")
     rope, norm_after = None, None
     if rope_in["q"] is not None:
         rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type)
@@ -138,6 +141,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
             raise _Declined("vllm_attention", reason)
 
     o_node = _output_projection(traced, path, scope, call)
+    _only_layout(_path_nodes(o_node, call, scope), traced, "the attention output")
     for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
@@ -244,6 +248,30 @@ def _per_head_qkv(traced: Traced, path: str, scope: set[Node], args: dict, proj:
         feeders[role] = proj
         facts.append(LinearFact(whole.attr, whole.in_features, heads * d, whole.bias))
     return feeders, facts, "per_head"
+
+
+# What may lie between a projection and the attention (and between the attention and the
+# output projection) besides the proven rope and q/k norms: the rewrite re-derives the
+# layout and drops these, so anything else (a scale, an activation) must refuse.
+_LAYOUT_METHODS = {
+    "view", "reshape", "transpose", "contiguous", "permute", "flatten", "unflatten", "unsqueeze",
+    "squeeze", "to", "float", "type_as", "chunk", "split", "expand",
+    "repeat_interleave", "repeat",  # kv heads repeated: the head counts must still agree
+    "clamp", "clamp_", "clip", "clip_",  # a config's clip_qkv: the rewrite carries its `if`
+}
+_LAYOUT_FUNCTIONS = (operator.getitem, torch.transpose, torch.reshape, torch.chunk, torch.split,
+                     torch.flatten, torch.clamp)
+
+
+def _only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
+    for n in nodes:
+        ok = ((n.op == "call_method" and n.target in _LAYOUT_METHODS)
+              or (n.op == "call_function" and n.target in _LAYOUT_FUNCTIONS)
+              or (n.op == "call_module" and is_norm(traced.submodule(n)))
+              or n.op == "get_attr")
+        if not ok:
+            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            raise _Declined("vllm_attention", f"{what} computes {name}, which the rewrite would not keep")
 
 
 def _op(node: object, ops: tuple) -> bool:
@@ -407,19 +435,6 @@ def _path_nodes(node: Node, source: Node, scope: set[Node]) -> list[Node]:
         for n in _ancestors(node, scope)
         if n is not node and n is not source and source in _ancestors(n, scope)
     ]
-
-
-def _reads_positions(node: Node, source: Node, scope: set[Node]) -> bool:
-    """Whether the path source -> node (node included) reads a layer-input-derived
-    tensor other than through ``source``: a rope form this analysis does not know."""
-    path = {*_path_nodes(node, source, scope), node}
-    return any(
-        arg not in path
-        and arg is not source
-        and any(n.op == "placeholder" for n in _ancestors(arg, None))
-        for n in path
-        for arg in n.all_input_nodes
-    )
 
 
 def _rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:

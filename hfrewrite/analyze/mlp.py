@@ -98,6 +98,8 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
     if not (isinstance(product, Node) and product.op in ("call_function", "call_method")
             and product.target in _MUL and len(product.args) == 2):
         return None
+    if proj.args[0] in set(traced.nodes_in(path)):
+        return None  # the block transforms its input first: the rebuilt forward would not
     whole = value(proj)
     half = whole.shape[-1] // 2
     for act, up in (product.args, product.args[::-1]):

@@ -123,3 +123,32 @@ def test_one_plus_weight_norm_named_rmsnorm_is_gemma_form():
 @pytest.mark.parametrize("module", [BiasedRMSNorm(8), CenteredRMSNorm(8)])
 def test_norm_lookalikes_are_not_vllm_norms(module):
     assert isinstance(analyze_norm(module), NoMatch)
+
+
+class ScaledQAttention(RopeAttention):
+    """A q scaled before the rope, or an output scaled before o_proj: steps the rewrite
+    would drop, so the analysis must refuse them."""
+
+    def __init__(self, where):
+        super().__init__(rotate_half_neox)
+        self.where = where
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.where == "q":
+            q = q * 2.0
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = q * cos + self.rotate(q) * sin, k * cos + self.rotate(k) * sin
+        out, _ = opaque_attention(self, q, k, v, None, scaling=HEAD_DIM**-0.5)
+        if self.where == "out":
+            out = torch.tanh(out)
+        return self.o_proj(out.reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("where, reason", [("q", "the q path computes mul"),
+                                           ("out", "the attention output computes tanh")])
+def test_unkept_steps_around_the_attention_are_refused(where, reason):
+    x = torch.randn(1, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    plan = analyze_attention(trace(ScaledQAttention(where), (x, *tables(False))), "", CONFIG)
+    assert isinstance(plan, NoMatch) and reason in plan.reason, plan
