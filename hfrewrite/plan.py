@@ -115,10 +115,11 @@ class NormPlan:
 
 @dataclass(frozen=True)
 class ResidualBlock:
-    """``hidden = residual + block(norm(hidden))`` inside a decoder layer."""
+    """``hidden = residual + post_norm(block(norm(hidden)))`` inside a decoder layer."""
 
     norm: str  # e.g. "input_layernorm"
     block: str  # e.g. "self_attn"
+    post_norm: str | None = None  # sandwich norms (gemma2/3): applied to the block's output
 
 
 @dataclass(frozen=True)

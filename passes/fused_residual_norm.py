@@ -85,6 +85,8 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
         call = (f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
                 if b.block in attention_blocks else f"self.{b.block}(hidden_states)")
         out += [*norm, t.stmt(f"hidden_states = {call}\n")]
+        if b.post_norm:  # sandwich norm on the block's output, before the residual add
+            out.append(t.stmt(f"hidden_states = self.{b.post_norm}(hidden_states)\n"))
     out.append(t.stmt("return hidden_states, residual\n"))
     sig = t.stmt(
         "def forward(\n    self,\n    positions: torch.Tensor,\n    hidden_states: torch.Tensor,\n"

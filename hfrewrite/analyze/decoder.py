@@ -1,9 +1,9 @@
 """Decoder-layer facts: its ordered residual blocks.
 
-Pattern (pre-norm, llama family)::
+Pattern (pre-norm, llama family; gemma2/3 add a norm on each block's output)::
 
-    residual = hidden; hidden = residual + self_attn(input_layernorm(hidden))
-    residual = hidden; hidden = residual + mlp(post_attention_layernorm(hidden))
+    residual = hidden; hidden = residual + [post_norm](self_attn(input_layernorm(hidden)))
+    residual = hidden; hidden = residual + [post_norm](mlp(post_attention_layernorm(hidden)))
 
 read backwards from the layer's output: each ``add(residual, branch)`` whose branch ends
 in a direct submodule ``block`` that reads ``norm(residual)``, ``norm`` a norm submodule
@@ -72,8 +72,11 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
     ):
         return f"{node.name} on the residual stream is not `residual + block(...)`"
     for residual, branch in (node.args, node.args[::-1]):
-        while is_identity_dropout(branch, traced):  # phi3's resid dropouts: the identity
-            branch = branch.args[0]
+        branch = _past_dropouts(branch, traced)
+        post = None
+        if (isinstance(branch, Node) and branch.op == "call_module" and "." not in str(branch.target)
+                and is_norm(traced.submodule(branch)) and branch.args and isinstance(branch.args[0], Node)):
+            post, branch = str(branch.target), _past_dropouts(_uncast(branch.args[0]), traced)  # sandwich norm
         block = top_scope(branch)
         if block is None or block == top_scope(residual):
             continue
@@ -93,10 +96,17 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
             and is_norm(traced.submodule(norm))
             and _uncast(norm.args[0]) is _uncast(residual)
         ):
-            return ResidualBlock(str(norm.target), block), _uncast(residual)
+            return ResidualBlock(str(norm.target), block, post), _uncast(residual)
         names = ", ".join(a.name for a in reads)
         return f"{block} does not read only a norm of the residual (it reads {names})"
     return f"{node.name} adds no submodule output to the residual stream"
+
+
+def _past_dropouts(node: object, traced: Traced) -> object:
+    """Back through dropouts that returned their input (phi3's residual dropouts)."""
+    while isinstance(node, Node) and is_identity_dropout(node, traced):
+        node = node.args[0]
+    return node
 
 
 def _uncast(node: object) -> object:

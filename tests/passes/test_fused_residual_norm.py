@@ -109,3 +109,24 @@ class LlamaDecoderLayer(GradientCheckpointingLayer):
 def test_refuses_block_not_called():
     with pytest.raises(HfrewriteError, match='self.mlp is not called'):
         rewrite(fused_residual_norm, REFUSED_BLOCK_NOT_CALLED, llama_like())
+
+
+def test_sandwich_norms_stay_on_the_block_outputs():
+    import dataclasses
+
+    from hfrewrite.plan import ResidualBlock
+
+    plan = llama_like()
+    blocks = (ResidualBlock("input_layernorm", "self_attn", "post_attention_layernorm"),
+              ResidualBlock("pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"))
+    plan = dataclasses.replace(plan, decoder_layer=dataclasses.replace(plan.decoder_layer, blocks=blocks))
+    source = BEFORE_LLAMA_DECODER_LAYER.replace(
+        "hidden_states = self.post_attention_layernorm(hidden_states)\n        hidden_states = self.mlp",
+        "hidden_states = self.pre_feedforward_layernorm(hidden_states)\n        hidden_states = self.mlp")
+    out = rewrite(fused_residual_norm, source, plan)
+    assert ("        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)\n"
+            "        hidden_states = self.post_attention_layernorm(hidden_states)\n") in out
+    assert ("        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)\n"
+            "        hidden_states = self.mlp(hidden_states)\n"
+            "        hidden_states = self.post_feedforward_layernorm(hidden_states)\n"
+            "        return hidden_states, residual\n") in out
