@@ -18,6 +18,8 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ("qwen3_next", "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface"),
         # GPT-2 adds learned position embeddings (a second embedding table).
         ("gpt2", "GPT2Model: model_layout: expected one Embedding child, found ['wte', 'wpe']"),
+        # BERT is an encoder: no stack of decoder layers under its base model.
+        ("bert", "BertModel: model_layout: not a decoder-only causal LM"),
         # Mamba mixes with a recurrent state space, not softmax attention.
         ("mamba", "MambaBlock: decoder_layer: no softmax attention call"),
     ],

@@ -142,6 +142,10 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     base = getattr(model, base_attr, None) if base_attr else None
     if not isinstance(base, nn.Module):
         _refuse("model_layout", model, f"no base model at .{base_attr}")
+    if getattr(config, "is_encoder_decoder", False) or not any(
+            isinstance(m, nn.ModuleList) for m in base.children()):
+        _refuse("model_layout", base, "not a decoder-only causal LM (no stack of decoder layers "
+                                      "under the base model): vLLM's decoder contract does not fit it")
     layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
     layers = list(getattr(base, layers_attr))
     if len({type(layer) for layer in layers}) != 1:
