@@ -179,17 +179,7 @@ QWEN3_MOE = ModelSpec(
     label="Qwen3-MoE",
 )
 
-_SMALL = {
-    "hidden_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "intermediate_size": 512,
-    "vocab_size": 1024,
-    "max_position_embeddings": 256,
-}
-_DENSE = {**LLAMA.config}
+_SMALL, _DENSE = LLAMA.quick_config, LLAMA.config  # the dense sizes, reused
 
 # Sandwich norms, per-head q/k norms, soft caps off in gemma3, sliding and global
 # layers with rope per layer type, scaled embeddings: the carried-source layer path.
