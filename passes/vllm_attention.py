@@ -251,7 +251,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         f'`{t.code(test).replace(chr(34), chr(39))}` is false")\n'
         for test in untaken
     )
-    init = t.with_body(init, [*init.body.body, *t.stmts(guards + 
+    init = t.with_body(init, [*init.body.body, *t.stmts(guards +
         "self.rotary_emb = get_rope(\n"
         f"    {head_dim},\n"
         "    max_position=config.max_position_embeddings,\n"
