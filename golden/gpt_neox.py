@@ -249,6 +249,8 @@ class GPTNeoXModel(nn.Module):
                 hidden_states = inputs_embeds
             else:
                 hidden_states = self.embed_input_ids(input_ids)
+            # The source's own step between the embeddings and the first layer.
+            hidden_states = self.emb_dropout(hidden_states)
         else:
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]

@@ -255,6 +255,8 @@ class PhiModel(nn.Module):
                 hidden_states = inputs_embeds
             else:
                 hidden_states = self.embed_input_ids(input_ids)
+            # The source's own step between the embeddings and the first layer.
+            hidden_states = self.embed_dropout(hidden_states)
         else:
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]

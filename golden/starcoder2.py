@@ -252,6 +252,7 @@ class Starcoder2Model(nn.Module):
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_epsilon)
         else:
             self.norm = PPMissingLayer()
+        self.embedding_dropout = config.embedding_dropout
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states"], config.hidden_size
         )
@@ -271,6 +272,10 @@ class Starcoder2Model(nn.Module):
                 hidden_states = inputs_embeds
             else:
                 hidden_states = self.embed_input_ids(input_ids)
+            # The source's own step between the embeddings and the first layer.
+            hidden_states = nn.functional.dropout(
+                hidden_states, p=self.embedding_dropout, training=self.training
+            )  # main diff with Llama
         else:
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]

@@ -156,6 +156,10 @@ class _RootNames(_Names):
         node.value.visit(self)  # `a.b.c` reads a, not b or c
         return False
 
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # `f(p=x)` reads x, not p
+        return False
+
 
 def root_names(node: cst.CSTNode) -> set[str]:
     """Names read or bound as variables (``None`` and the like included), not attribute names."""

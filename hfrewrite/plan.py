@@ -162,5 +162,8 @@ class ModelPlan:
     # The causal LM changes the lm_head output (final-logit softcap, logit scale): the
     # source's statements after the lm_head are carried into compute_logits.
     logits_postprocessed: bool = False
+    # The base model changes the embeddings before the first layer (a multiplier, a norm):
+    # the source's statements between the embedding and the layer loop are carried.
+    embeddings_transformed: bool = False
     # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
     checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()

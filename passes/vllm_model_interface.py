@@ -11,6 +11,8 @@ Emits, following vLLM's ``llama.py``:
   final norm built on the last pipeline stage only; ``embed_input_ids`` and the pipeline-
   parallel ``forward(input_ids, positions, intermediate_tensors, inputs_embeds)`` from
   ``templates/causal_lm.py``.
+  The source's statements between the embedding lookup and the layer loop (granite's
+  embedding multiplier) are carried onto the first pipeline rank, after the lookup.
 * causal LM: the template class (``SupportsLoRA``, ``SupportsPP``, ``compute_logits``,
   ``load_weights``...) with the source's LM-head statements spliced into ``__init__``.
 
@@ -22,6 +24,7 @@ base model under the plan's attribute name.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
@@ -65,6 +68,54 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     )
 
 
+_GLUE_NAMES = {"self", "torch", "nn", "F", "math", "None", "True", "False"}
+
+
+def _embedding_glue(forward: cst.FunctionDef | None, layers: str, embed: str, cls: str) -> list[cst.BaseStatement]:
+    """The source's statements that turn the embeddings into the first layer's input
+    (granite's ``inputs_embeds * self.embedding_multiplier``, nanochat's norm), with the
+    stream renamed to ``hidden_states``: a backward slice from the layer loop's input
+    over the top-level statements, stopping at the embedding lookup. Statements that read
+    anything but the stream, ``self`` and libraries refuse (masks, positions, caches)."""
+    body = list(forward.body.body) if forward is not None else []
+    loop = next((i for i, s in enumerate(body) if isinstance(s, cst.For)
+                 and f"self.{layers}" in {t.dotted(n) for n in m.findall(s.iter, m.Attribute())}), None)
+    if loop is None:
+        return []
+    calls = m.findall(body[loop].body, m.Call())
+    first = calls[0].args[0].value if calls and calls[0].args else None
+    if not isinstance(first, cst.Name):
+        return []
+    stream, needed, sliced = {first.value}, {first.value}, []
+    for s in reversed(body[:loop]):
+        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+        target = small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        lookup = {t.dotted(c.func) for c in m.findall(s, m.Call())} & {f"self.{embed}"}
+        if (isinstance(s, cst.If) or lookup) and _assigned(s) & needed:
+            # `if inputs_embeds is None: inputs_embeds = self.embed_tokens(...)`: the lookup
+            stream |= _assigned(s) & needed
+            break
+        if not (isinstance(target, cst.Name) and target.value in needed):
+            continue
+        reads = t.root_names(small.value) - _GLUE_NAMES
+        if isinstance(small.value, cst.Name):  # `hidden_states = inputs_embeds`: the same stream
+            stream.add(small.value.value)
+        else:
+            sliced.insert(0, s)
+        needed = (needed - {target.value}) | reads
+    stranger = sorted(t.root_names(cst.Module(sliced)) - _GLUE_NAMES - stream
+                      - {n for s in sliced for n in _assigned(s)})
+    if stranger:
+        raise HfrewriteError(f"{cls}: {NAME}: the embeddings are changed with {', '.join(stranger)} before "
+                             "the first layer")
+
+    class _Rename(cst.CSTTransformer):
+        def leave_Name(self, original, updated):
+            return updated.with_changes(value="hidden_states") if updated.value in stream else updated
+
+    return [s.visit(_Rename()) for s in sliced]
+
+
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     name = cls.name.value
@@ -105,6 +156,17 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     members = [m for m in cls.body.body if not isinstance(m, cst.FunctionDef)]
     forward = t.find_method(tpl if fused else template_class(
         TEMPLATE, "TemplateCarriedModel", {}, {"layers": plan.layers, "norm": plan.final_norm}), "forward")
+    glue = _embedding_glue(t.find_method(cls, "forward"), plan.layers, plan.embed_tokens, name)
+    if plan.embeddings_transformed and not glue:
+        raise HfrewriteError(f"{name}: {NAME}: the first layer does not read the embeddings as they are, "
+                             "and no statements before the layer loop say why")
+    if glue:  # on the first pipeline rank, after the lookup
+        head = forward.body.body[0]
+        glue[0] = glue[0].with_changes(leading_lines=[*t.stmts("# The source's own step between the embeddings "
+                                                               "and the first layer.\npass\n")[0].leading_lines])
+        head = head.with_changes(body=head.body.with_changes(body=[*head.body.body[:1], *glue,
+                                                                  *head.body.body[1:]]))
+        forward = t.with_body(forward, [head, *forward.body.body[1:]])
     methods = [new_init, t.find_method(tpl, "embed_input_ids"), forward]
     methods = [m.with_changes(leading_lines=[cst.EmptyLine()] if (members or i) else []) for i, m in enumerate(methods)]
     return cls.with_changes(

@@ -191,6 +191,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         final_norm=final_norm,
         lm_head=head,
         logits_postprocessed=run.logits_postprocessed,
+        embeddings_transformed=run.embeddings_transformed,
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
         + checkpoint_prefix_renames(type(model).__name__),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
@@ -275,15 +276,16 @@ class _ExampleRun:
     layer_inputs: list[tuple[tuple, dict]]  # (args, kwargs) each decoder layer received
     final_norm: str  # the base model's child between the last layer and the lm_head
     logits_postprocessed: bool  # the logits differ from lm_head(hidden): softcap, scale...
+    embeddings_transformed: bool  # the first layer does not read the embedding as it is
 
 
 def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str,
                  head: str) -> _ExampleRun:
     """Run the model once on ids and read the glue between its parts from the values:
-    what each layer receives, that the first layer receives the embedding unchanged,
+    what each layer receives, whether the first layer receives the embedding unchanged,
     which child normalises the last layer's output into the lm_head, and whether the
-    logits are post-processed. The vLLM model interface writes that glue itself, so
-    anything else in the source's model forward fails closed here."""
+    logits are post-processed. The vLLM model interface writes that glue itself and
+    carries the source's statements where the values show there are some."""
     seen: dict[int, tuple[tuple, dict]] = {}
     calls: dict[str, tuple] = {}
 
@@ -316,8 +318,6 @@ def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], emb
         return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
 
     first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
-    if not same(calls[embed][1], first):
-        _refuse("model_layout", base, "the first layer does not receive the embedding output unchanged")
     last, head_in = calls["<last>"][1], calls[head][0]
     norms = [name for name, _ in children[:-1]
              if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)]
@@ -327,6 +327,7 @@ def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], emb
         layer_inputs=[seen[i] for i in range(len(layers))],
         final_norm=norms[0],
         logits_postprocessed=not same(calls[head][1], logits),
+        embeddings_transformed=not same(calls[embed][1], first),
     )
 
 

@@ -72,6 +72,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # partial rope, relu2 ungated MLP
     "persimmon-qk-layernorm": ("persimmon", {SEED: 12}),
     "persimmon-no-qk-layernorm": ("persimmon", {"qk_layernorm": False}),
+    # multipliers on the embeddings (carried from the base model's forward), the residuals
+    # (carried layer), the attention scale and the logits (carried into compute_logits)
+    "granite-multipliers": ("granite", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                        "logits_scaling": 2.0, "attention_multiplier": 0.1}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
