@@ -18,3 +18,11 @@ def test_explain_shows_router_facts(tmp_path):
     ), proc.stdout
     assert any("FusedMoEFactory" in r and "experts.N.{gate_proj,up_proj,down_proj}" in r for r in rows), proc.stdout
     assert (tmp_path / "qwen3_moe.py").exists()
+
+
+def test_explain_names_why_a_layer_with_kept_norms_is_carried(tmp_path, capsys):
+    from hfrewrite.cli import main
+
+    assert main(["convert", "starcoder2", "-o", str(tmp_path), "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "the norms are the source's; the layer's forward is carried from the source" in out

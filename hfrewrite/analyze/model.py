@@ -175,7 +175,9 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         declined += (NoMatch("rms_norm", type(norm_modules[0]).__name__, f"{why}; the source's norms are kept"),)
         if decoder.fused:  # vLLM's fused residual norms need vLLM norms
             decoder = dataclasses.replace(decoder, blocks=())
-    if not decoder.fused:
+            declined += (NoMatch("fused_residual_norm", decoder.module_class,
+                                 "the norms are the source's; the layer's forward is carried from the source"),)
+    if per_layer[0][4] is not None:  # the layer shape itself was not fusable
         declined += (per_layer[0][4],)
 
     return ModelPlan(
