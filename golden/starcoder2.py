@@ -273,9 +273,10 @@ class Starcoder2Model(nn.Module):
             else:
                 hidden_states = self.embed_input_ids(input_ids)
             # The source's own step between the embeddings and the first layer.
+            # main diff with Llama
             hidden_states = nn.functional.dropout(
                 hidden_states, p=self.embedding_dropout, training=self.training
-            )  # main diff with Llama
+            )
         else:
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]

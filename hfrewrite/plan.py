@@ -54,6 +54,8 @@ class AttentionPlan:
     # (even/odd pairs) style, over the first ``rotary_dim`` lanes of each head.
     rope_neox: bool = True
     rotary_dim: int | None = None
+    # ... turning by -theta (nanochat): vLLM's rotary embedding with its sin table negated
+    rope_reversed: bool = False
     logit_softcap: float | None = None  # tanh soft cap of the attention scores
     # rope_parameters are given per layer type: get_rope reads the layer's entry
     rope_per_layer_type: bool = False

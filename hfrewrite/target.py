@@ -30,6 +30,7 @@ VLLM: dict[str, str] = {
     "RowParallelLinear": "vllm.model_executor.layers.linear",
     "LogitsProcessor": "vllm.model_executor.layers.logits_processor",
     "QuantizationConfig": "vllm.model_executor.layers.quantization",
+    "RotaryEmbedding": "vllm.model_executor.layers.rotary_embedding",
     "get_rope": "vllm.model_executor.layers.rotary_embedding",
     "ParallelLMHead": "vllm.model_executor.layers.vocab_parallel_embedding",
     "VocabParallelEmbedding": "vllm.model_executor.layers.vocab_parallel_embedding",

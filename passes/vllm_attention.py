@@ -34,6 +34,8 @@ import libcst.matchers as m
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.plan import AttentionPlan
+from hfrewrite.templates_io import template_class
 
 NAME = "vllm_attention"
 
@@ -251,13 +253,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         f'`{t.code(test).replace(chr(34), chr(39))}` is false")\n'
         for test in untaken
     )
-    init = t.with_body(init, [*init.body.body, *t.stmts(guards +
-        "self.rotary_emb = get_rope(\n"
-        f"    {head_dim},\n"
-        "    max_position=config.max_position_embeddings,\n"
-        f"    rope_parameters={rope_parameters},\n"
-        f"    is_neox_style={att.rope_neox},\n"
-        ")\n"
+    init = t.with_body(init, [*init.body.body, *t.stmts(guards + _rope_init(att, head_dim, rope_parameters) +
         "self.attn = Attention(\n"
         "    self.num_heads,\n"
         f"    {head_dim},\n"
@@ -315,17 +311,54 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     return t.set_method(t.set_method(cls, init), forward), notes
 
 
+def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
+    """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
+    ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads."""
+    if not att.rope_reversed:
+        return (
+            "self.rotary_emb = get_rope(\n"
+            f"    {head_dim},\n"
+            "    max_position=config.max_position_embeddings,\n"
+            f"    rope_parameters={rope_parameters},\n"
+            f"    is_neox_style={att.rope_neox},\n"
+            ")\n"
+        )
+    rotary_dim = head_dim if att.rotary_dim == att.head_dim else (
+        f'int({head_dim} * {rope_parameters}.get("partial_rotary_factor", 1.0))')
+    return (
+        "self.rotary_emb = ReversedRotaryEmbedding(\n"
+        f"    {head_dim},\n"
+        f"    rotary_dim={rotary_dim},\n"
+        "    max_position_embeddings=config.max_position_embeddings,\n"
+        f'    base={rope_parameters}["rope_theta"],\n'
+        f"    is_neox_style={att.rope_neox},\n"
+        "    dtype=torch.get_default_dtype(),\n"
+        ")\n"
+    )
+
+
+def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cst.Module:
+    body = list(module.body)
+    at = next(i for i, node in enumerate(body) if isinstance(node, cst.ClassDef) and node.name.value == before)
+    return module.with_changes(body=[*body[:at], cls, *body[at:]])
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
     cls = t.find_class(module, att.module_class)
     cls, notes = rewrite_attention(cls, ctx)
     style = "neox" if att.rope_neox else "GPT-J (interleaved)"
-    rope = (f"get_rope ({style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
+    rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
+    rope = (f"{rope}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
             + (", parameters per layer type" if att.rope_per_layer_type else "") + "; proven by replay)")
     softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
     rows = [FusionRow(att.module_class, f"attention interface -> vllm Attention{softcap} + {rope}")]
     rows += [FusionRow(att.module_class, note) for note in notes]
-    imports = ["Attention", "get_rope"]
+    imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
+    module = t.replace_class(module, att.module_class, cls)
+    if att.rope_reversed:
+        module = _with_class_before(module, template_class(
+            "rope.py", "ReversedRotaryEmbedding", {}, {}), att.module_class)
     if att.q_norm:
         where = "after" if att.qk_norm_after_rope else "before"
         rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over}, "
@@ -334,7 +367,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         imports += ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
                     "tensor_model_parallel_all_gather"]
     return PassResult(
-        module=t.replace_class(module, att.module_class, cls),
+        module=module,
         imports=tuple(imports),
         fused=tuple(rows),
         matches=1,

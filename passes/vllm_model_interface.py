@@ -113,6 +113,15 @@ def _embedding_glue(forward: cst.FunctionDef | None, layers: str, embed: str, cl
         def leave_Name(self, original, updated):
             return updated.with_changes(value="hidden_states") if updated.value in stream else updated
 
+        def leave_SimpleStatementLine(self, original, updated):  # a trailing comment leads instead
+            comment = updated.trailing_whitespace.comment
+            if comment is None:
+                return updated
+            return updated.with_changes(
+                leading_lines=[*updated.leading_lines, cst.EmptyLine(comment=comment)],
+                trailing_whitespace=cst.TrailingWhitespace(),
+            )
+
     return [s.visit(_Rename()) for s in sliced]
 
 
@@ -124,6 +133,11 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     init = t.find_method(cls, "__init__")
     body: list[cst.BaseStatement] = list(t.find_method(tpl, "__init__").body.body)
     hidden = None
+    glue = _embedding_glue(t.find_method(cls, "forward"), plan.layers, plan.embed_tokens, name)
+    # nanochat also normalises the embeddings with its final norm: the first rank needs it too
+    norm_ranks = "get_pp_group().is_last_rank"
+    if f"self.{plan.final_norm}" in {t.dotted(a) for a in m.findall(cst.Module(glue), m.Attribute())}:
+        norm_ranks = "get_pp_group().is_first_rank or get_pp_group().is_last_rank"
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
         if _is_call_to(s, "super().__init__") or _is_call_to(s, "self.post_init"):
@@ -134,7 +148,7 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
             norm = t.assigned_value(s)
             hidden = t.code(norm.args[0].value) if isinstance(norm, cst.Call) and norm.args else None
             new = t.stmts(
-                "if get_pp_group().is_last_rank:\n"
+                f"if {norm_ranks}:\n"
                 f"    self.{attr} = {t.code(norm)}\n"
                 "else:\n"
                 f"    self.{attr} = PPMissingLayer()\n"
@@ -156,14 +170,14 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     members = [m for m in cls.body.body if not isinstance(m, cst.FunctionDef)]
     forward = t.find_method(tpl if fused else template_class(
         TEMPLATE, "TemplateCarriedModel", {}, {"layers": plan.layers, "norm": plan.final_norm}), "forward")
-    glue = _embedding_glue(t.find_method(cls, "forward"), plan.layers, plan.embed_tokens, name)
     if plan.embeddings_transformed and not glue:
         raise HfrewriteError(f"{name}: {NAME}: the first layer does not read the embeddings as they are, "
                              "and no statements before the layer loop say why")
     if glue:  # on the first pipeline rank, after the lookup
         head = forward.body.body[0]
         glue[0] = glue[0].with_changes(leading_lines=[*t.stmts("# The source's own step between the embeddings "
-                                                               "and the first layer.\npass\n")[0].leading_lines])
+                                                               "and the first layer.\npass\n")[0].leading_lines,
+                                                    *[line for line in glue[0].leading_lines if line.comment]])
         head = head.with_changes(body=head.body.with_changes(body=[*head.body.body[:1], *glue,
                                                                   *head.body.body[1:]]))
         forward = t.with_body(forward, [head, *forward.body.body[1:]])

@@ -128,9 +128,11 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         raise _Declined("vllm_attention", "a norm on only one of the q and k paths")
     qk_norm_over = None
     if norms["q"] is not None:
+        # the width each norm normalises over: its input's last dim (weightless norms too)
         widths = {
-            traced.module.get_submodule(f"{path}.{norms[r]}").weight.shape[-1]
-            for r in "qk"
+            value(n.args[0]).shape[-1]
+            for n in traced.graph.nodes
+            if n.op == "call_module" and n.target in {f"{path}.{norms[r]}" for r in "qk"}
         }
         if widths == {head_dim}:
             qk_norm_over = "head"
@@ -167,6 +169,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         k_norm=norms["k"],
         rope=rope is not None,
         rope_neox=rope.neox if rope else True,
+        rope_reversed=rope.reversed if rope else False,
         rotary_dim=rope.rotary_dim if rope else head_dim,
         scaling=float(head_dim**-0.5 if scaling is None else scaling),
         sliding_window=None if window is None else int(window),

@@ -292,7 +292,7 @@ def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], emb
     calls: dict[str, tuple] = {}
 
     def record(store: dict, key, value) -> None:  # hooks must return None
-        store.setdefault(key, value)
+        store[key] = value  # the last call: a final norm may also run on the embeddings
 
     hooks = [
         layer.register_forward_pre_hook(
@@ -435,7 +435,8 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
     """The facts layers must share: sliding windows may differ, and rope may be absent
     on some layers (NoPE: cohere2's global layers), never different where present."""
-    return dataclasses.replace(attention, sliding_window=None, rope=False, rope_neox=True, rotary_dim=None)
+    return dataclasses.replace(attention, sliding_window=None, rope=False, rope_neox=True, rotary_dim=None,
+                               rope_reversed=False)
 
 
 def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
@@ -443,7 +444,7 @@ def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
     marked when other layers have none."""
     plans = [attention for _, attention, *_ in per_layer]
     roped = [a for a in plans if a.rope]
-    if len({(a.rope_neox, a.rotary_dim) for a in roped}) > 1:
+    if len({(a.rope_neox, a.rotary_dim, a.rope_reversed) for a in roped}) > 1:
         raise _Refused(NoMatch("uniform_layers", plans[0].module_class, "layers differ in their rope"))
     chosen = roped[0] if roped else plans[0]
     return dataclasses.replace(chosen, sliding_window=plans[0].sliding_window,

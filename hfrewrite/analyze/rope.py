@@ -8,6 +8,9 @@ the candidates vLLM's ``get_rope`` can compute on the traced ``x`` and keeps the
 reproduces the traced attention input:
 
 * neox style (rotate the two halves) or GPT-J style (rotate even/odd pairs);
+* the direction: by +theta as vLLM does, or by -theta (nanochat's ``rotate_half`` is
+  ``cat(x2, -x1)``), which vLLM's rotary embedding computes with its sin table negated
+  (for the default rope type, the one whose table the emitted subclass rebuilds);
 * rotary dim: ``head_dim`` or ``head_dim * partial_rotary_factor`` (the rest passes);
 * the frequencies of the config's ``rope_parameters`` (computed here as vLLM does for the
   default type, and with transformers' own ``ROPE_INIT_FUNCTIONS`` for scaled types,
@@ -33,6 +36,7 @@ ATOL = 1e-5
 class RopeFact:
     neox: bool
     rotary_dim: int
+    reversed: bool = False  # rotates by -theta: vLLM's table with sin negated
 
 
 def rope_parameters(config, layer_type: str | None = None) -> dict:
@@ -67,12 +71,12 @@ def _inv_freq(config, params: dict, layer_type: str | None, rotary_dim: int) -> 
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
-               neox: bool) -> torch.Tensor:
+               neox: bool, reverse: bool = False) -> torch.Tensor:
     """vLLM's rotary embedding on ``x`` [..., seq, head_dim] (rotating its first
-    ``2 * len(inv_freq)`` lanes), in float64."""
+    ``2 * len(inv_freq)`` lanes), in float64; ``reverse``: with the sin table negated."""
     rot = inv_freq.numel() * 2
     freqs = positions.double()[:, None] * inv_freq[None, :]  # [seq, rot/2]
-    cos, sin = freqs.cos() * scale, freqs.sin() * scale
+    cos, sin = freqs.cos() * scale, freqs.sin() * scale * (-1.0 if reverse else 1.0)
     xr, rest = x.double()[..., :rot], x.double()[..., rot:]
     if neox:
         x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
@@ -103,9 +107,11 @@ def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int, layer_type
     freq = _inv_freq(config, params, layer_type, rotary_dim)
     if freq is None:
         return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {rotary_dim}"
-    for neox in (True, False):
-        if all(torch.allclose(apply_rope(xv, positions, *freq, neox), yv.double(), atol=ATOL)
-               for xv, yv in values):
-            return RopeFact(neox=neox, rotary_dim=rotary_dim)
+    default = params.get("rope_type", "default") == "default"
+    for reverse in (False, True) if default else (False,):
+        for neox in (True, False):
+            if all(torch.allclose(apply_rope(xv, positions, *freq, neox, reverse), yv.double(), atol=ATOL)
+                   for xv, yv in values):
+                return RopeFact(neox=neox, rotary_dim=rotary_dim, reversed=reverse)
     return (f"the replay matches no rope vLLM computes from rope_parameters "
-            f"(neox or GPT-J style over rotary dim {rotary_dim} of {head_dim})")
+            f"(neox or GPT-J style, either direction, over rotary dim {rotary_dim} of {head_dim})")

@@ -234,7 +234,7 @@ def test_unknown_position_transform_is_no_match():
     assert str(result) == (
         "HandAttention: vllm_attention: "
         "rotary embedding: the replay matches no rope vLLM computes from rope_parameters "
-        "(neox or GPT-J style over rotary dim 16 of 16)"
+        "(neox or GPT-J style, either direction, over rotary dim 16 of 16)"
     )
 
 

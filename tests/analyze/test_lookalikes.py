@@ -1,8 +1,9 @@
 """Look-alikes: code spelled like a known pattern that computes something else.
 
 The analysis decides from what the traced code computes (numeric replay), never from
-names: an interleaving ``rotate_half`` is proven GPT-J style, a sign-flipped one matches
-no rope vLLM has, a ``(1 + weight)`` norm named ``RMSNorm`` is vLLM's ``GemmaRMSNorm``.
+names: an interleaving ``rotate_half`` is proven GPT-J style, a sign-flipped one turns by
+-theta, one that drops lanes matches no rope vLLM has, a ``(1 + weight)`` norm named
+``RMSNorm`` is vLLM's ``GemmaRMSNorm``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def rotate_half_interleaved(x):  # helium's, under the usual name
 def rotate_half_flipped(x):  # nanochat's: the rotation runs the other way
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((x2, -x1), dim=-1)
+
+
+def rotate_half_lossy(x):  # looks like rotate_half, loses the first half
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x2), dim=-1)
 
 
 def tables(interleaved: bool):
@@ -74,10 +80,25 @@ def test_interleaving_rotate_half_is_proven_gptj_style():
     assert (plan.rope, plan.rope_neox) == (True, False)
 
 
+def test_sign_flipped_rotate_half_is_proven_reversed():
+    plan = attention_plan(rotate_half_flipped, interleaved_tables=False)
+    assert (plan.rope, plan.rope_neox, plan.rope_reversed) == (True, True, True)
+
+
+def test_reversed_rope_is_refused_for_scaled_rope_types():
+    # ReversedRotaryEmbedding rebuilds the default table only: a scaled type fails closed
+    config = transformers.LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM,
+                                      rope_parameters={"rope_type": "linear", "factor": 1.0, "rope_theta": 10000.0})
+    x = torch.randn(1, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    plan = analyze_attention(trace(RopeAttention(rotate_half_flipped), (x, *tables(False))), "", config)
+    assert isinstance(plan, NoMatch)
+    assert "rotary embedding: the replay matches no rope vLLM computes" in plan.reason
+
+
 @pytest.mark.parametrize(
     "rotate, interleaved",
     [
-        (rotate_half_flipped, False),  # the other rotation direction
+        (rotate_half_lossy, False),  # drops lanes: no rotation at all
         (rotate_half_interleaved, False),  # interleaved lanes against half-split tables
     ],
 )

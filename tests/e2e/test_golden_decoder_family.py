@@ -72,6 +72,9 @@ CASES: dict[str, tuple[str, dict]] = {
     # partial rope, relu2 ungated MLP
     "persimmon-qk-layernorm": ("persimmon", {SEED: 12}),
     "persimmon-no-qk-layernorm": ("persimmon", {"qk_layernorm": False}),
+    # rope turning by -theta (sign-flipped rotate_half), weightless q/k norms after it, the
+    # final norm also applied to the embeddings, relu2 ungated MLP, final-logit soft cap
+    "nanochat-reversed-rope-embedding-norm": ("nanochat", {}),
     # multipliers on the embeddings (carried from the base model's forward), the residuals
     # (carried layer), the attention scale and the logits (carried into compute_logits)
     "granite-multipliers": ("granite", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
