@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from hfrewrite import __version__
@@ -109,6 +110,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--explain", action="store_true", help="also list what was not fused and why"
     )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip convert-time validation (running the file in vLLM against HF "
+        "on a tiny random checkpoint before writing it)",
+    )
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("check", help="regenerate generated files and diff them")
@@ -145,10 +152,20 @@ def _convert(args: argparse.Namespace) -> int:
         from hfrewrite.vllm_tree import models_dir
 
         models_dir(args.vllm_tree)  # not a vLLM tree: fail before the slow part
+    if args.plugin is not None:
+        _check_destination(args.plugin, "--plugin")
+    elif args.vllm_tree is None:
+        _check_destination(args.output_dir or Path("out"), "-o")
     resolved = resolve(args.model, args.revision, args.trust_remote_code)
     from hfrewrite import convert  # after resolve: bad input fails before torch loads
 
     generated = convert.generate(resolved)
+    if args.no_verify:
+        validated = "not validated (--no-verify)"
+    else:
+        from hfrewrite.validate import validate
+
+        validated = validate(resolved, generated).line()
     written = _write(args, resolved, generated)
 
     # Grouped by module class (classes in order of first appearance, rows in pass order).
@@ -167,8 +184,26 @@ def _convert(args: argparse.Namespace) -> int:
             else "nothing declined"
         )
     print()
+    print(validated)
     print("\n".join(written))
     return 0
+
+
+def _check_destination(directory: Path, option: str) -> None:
+    """Fail before the slow part when ``directory`` cannot receive a file: it is a file,
+    lies under one, or cannot be written."""
+    path = Path(directory)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under the file {existing}"
+        raise HfrewriteError(f"{option} {directory}: {where}; give a directory")
+    try:  # a probe, not os.access: root passes access checks on read-only places
+        with tempfile.TemporaryFile(dir=existing, prefix=".hfrewrite-probe-"):
+            pass
+    except OSError as exc:
+        raise HfrewriteError(f"{option} {directory}: cannot write in {existing} ({exc.strerror})") from None
 
 
 def _write(args: argparse.Namespace, resolved, generated) -> list[str]:

@@ -99,13 +99,21 @@ def make_tiny_checkpoint(
     Init is widened so greedy decoding does not collapse into repeats: matrices and
     biases ~ N(0, 0.2), 1-D weights (norms) ~ N(1, 0.2).
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type, **{**TINY_DEFAULTS, **config_overrides})
     pad = getattr(config, "pad_token_id", None)
     if isinstance(pad, int) and pad >= config.vocab_size:  # a real model's pad id, past the tiny vocab
         config.pad_token_id = None
+    return save_random_checkpoint(config, out_dir, seed)
+
+
+def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
+    """Build ``config``'s causal LM with ``make_tiny_checkpoint``'s widened random init
+    (float32) and save it to ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -686,12 +694,13 @@ def _report(
 
 
 def verify_many(
-    cases: Sequence[VerifyCase], timeout: float | None = None
+    cases: Sequence[VerifyCase], timeout: float | None = None, native: bool = True
 ) -> list[VerifyReport]:
     """Verify several cases in one worker process (vLLM imported once).
 
-    Per case: HF ``generate``, vLLM with the generated file, vLLM native. HF and
-    native runs shared by several cases (same checkpoint, prompts, length) run once.
+    Per case: HF ``generate``, vLLM with the generated file, vLLM native (unless
+    ``native`` is False: then HF is the only reference). HF and native runs shared by
+    several cases (same checkpoint, prompts, length) run once.
     ``timeout`` (seconds, whole batch) defaults to 120 + 30 per run.
     """
     runs: list[dict[str, Any]] = []
@@ -717,14 +726,14 @@ def verify_many(
         gen = add(
             {"kind": "vllm", **common, "generated_module": str(case.generated_module)}
         )
-        nat = add({"kind": "vllm", **common, "generated_module": None})
+        nat = add({"kind": "vllm", **common, "generated_module": None}) if native else None
         plan.append((case, arch, hf, gen, nat))
     if timeout is None:
         timeout = 120 + 30 * len(runs)  # measured: ~5 s per vLLM run, 2 busy cores
     results, info = run_worker(runs, timeout)
     reports = []
     for case, arch, hf, gen, nat in plan:
-        native = None if results[nat].get("unsupported") else results[nat]
+        native = None if nat is None or results[nat].get("unsupported") else results[nat]
         reports.append(_report(case, arch, results[hf], results[gen], native, info))
     return reports
 

@@ -58,13 +58,13 @@ def run(capsys, *argv):
 
 def test_convert_writes_and_prints_table(tmp_path, capsys):
     out_dir = tmp_path / "out"
-    code, out, err = run(capsys, "convert", "llama", "-o", out_dir)
+    code, out, err = run(capsys, "convert", "--no-verify", "llama", "-o", out_dir)
     assert (code, err) == (0, "")
     assert "LlamaAttention  q+k+v -> QKVParallelLinear" in out
     assert f"wrote {out_dir / 'llama.py'}" in out and "declined" not in out
     assert emit.parse_header((out_dir / "llama.py").read_text()).model == "llama"
 
-    code, out, _ = run(capsys, "convert", "llama", "-o", out_dir, "--explain")
+    code, out, _ = run(capsys, "convert", "--no-verify", "llama", "-o", out_dir, "--explain")
     assert code == 0 and f"unchanged {out_dir / 'llama.py'}" in out
     assert "LlamaMLP      fuse_gate_up  gate and up read different inputs" in out
 
@@ -72,14 +72,14 @@ def test_convert_writes_and_prints_table(tmp_path, capsys):
 def test_convert_refuses_to_clobber_without_force(tmp_path, capsys):
     target = tmp_path / "llama.py"
     target.write_text("hand written\n")
-    code, out, err = run(capsys, "convert", "llama", "-o", tmp_path)
+    code, out, err = run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path)
     assert code == 2 and out == ""
     assert (
         err
         == f"hfrewrite: error: {target} exists and differs; use --force to overwrite it\n"
     )
     assert target.read_text() == "hand written\n"
-    assert run(capsys, "convert", "llama", "-o", tmp_path, "--force")[0] == 0
+    assert run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path, "--force")[0] == 0
     assert emit.parse_header(target.read_text()) is not None
 
 
@@ -130,7 +130,7 @@ def test_bad_input_one_line_exit_2_nothing_written(case, tmp_path, capsys):
     model, message = case(tmp_path)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code, out, err = run(capsys, "convert", model, "-o", out_dir)
+    code, out, err = run(capsys, "convert", "--no-verify", model, "-o", out_dir)
     assert code == 2 and out == ""
     assert err.startswith("hfrewrite: error: ") and err.count("\n") == 1
     assert message in err
@@ -139,7 +139,7 @@ def test_bad_input_one_line_exit_2_nothing_written(case, tmp_path, capsys):
 
 def test_check_exit_codes(tmp_path, capsys):
     golden = tmp_path / "golden"
-    assert run(capsys, "convert", "llama", "-o", golden)[0] == 0
+    assert run(capsys, "convert", "--no-verify", "llama", "-o", golden)[0] == 0
     assert run(capsys, "check", golden)[0] == 0
 
     f = golden / "llama.py"
@@ -171,7 +171,7 @@ def test_console_script_bad_input(tmp_path):
     (tmp_path / "m").mkdir()
     exe = Path(sys.executable).with_name("hfrewrite")
     proc = subprocess.run(
-        [str(exe), "convert", str(tmp_path / "m"), "-o", str(tmp_path / "out")],
+        [str(exe), "convert", "--no-verify", str(tmp_path / "m"), "-o", str(tmp_path / "out")],
         check=False,
         capture_output=True,
         text=True,

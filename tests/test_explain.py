@@ -9,7 +9,7 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 
 def test_explain_shows_router_facts(tmp_path):
     proc = subprocess.run(
-        [str(HFREWRITE), "convert", "qwen3_moe", "-o", str(tmp_path), "--explain"],
+        [str(HFREWRITE), "convert", "--no-verify", "qwen3_moe", "-o", str(tmp_path), "--explain"],
         capture_output=True, text=True, check=True,
     )
     rows = [line for line in proc.stdout.splitlines() if line.startswith("Qwen3MoeSparseMoeBlock")]
@@ -23,6 +23,6 @@ def test_explain_shows_router_facts(tmp_path):
 def test_explain_names_why_a_layer_with_kept_norms_is_carried(tmp_path, capsys):
     from hfrewrite.cli import main
 
-    assert main(["convert", "starcoder2", "-o", str(tmp_path), "--explain"]) == 0
+    assert main(["convert", "--no-verify", "starcoder2", "-o", str(tmp_path), "--explain"]) == 0
     out = capsys.readouterr().out
     assert "the norms are the source's; the layer's forward is carried from the source" in out

@@ -84,7 +84,7 @@ def snapshot(d: Path) -> dict[str, bytes]:
 
 def test_plugin_package_layout_and_reruns(tmp_path, capsys):
     d = tmp_path / "my-models"
-    code, out, err = run(capsys, "convert", "llama", "--plugin", d)
+    code, out, err = run(capsys, "convert", "--no-verify", "llama", "--plugin", d)
     assert (code, err) == (0, "")
     assert sorted(snapshot(d)) == [
         "my_models/__init__.py",
@@ -103,28 +103,28 @@ def test_plugin_package_layout_and_reruns(tmp_path, capsys):
     assert check_paths([d], fix=False).exit_code == 0
 
     before = snapshot(d)
-    code, out, _ = run(capsys, "convert", "llama", "--plugin", d)
+    code, out, _ = run(capsys, "convert", "--no-verify", "llama", "--plugin", d)
     assert code == 0 and snapshot(d) == before
     assert out.count("unchanged ") == 3
 
-    assert run(capsys, "convert", "qwen3", "--plugin", d)[0] == 0
+    assert run(capsys, "convert", "--no-verify", "qwen3", "--plugin", d)[0] == 0
     assert (d / "my_models/__init__.py").read_text() == INIT
     assert (d / "pyproject.toml").read_bytes() == before["pyproject.toml"]
 
 
 def test_plugin_name_option_and_bad_names(tmp_path, capsys):
     code, _, _ = run(
-        capsys, "convert", "llama", "--plugin", tmp_path / "x", "--plugin-name", "acme"
+        capsys, "convert", "--no-verify", "llama", "--plugin", tmp_path / "x", "--plugin-name", "acme"
     )
     assert code == 0 and (tmp_path / "x/acme/llama.py").is_file()
     # The directory holds the plugin "acme": another name is refused.
-    code, _, err = run(capsys, "convert", "llama", "--plugin", tmp_path / "x")
+    code, _, err = run(capsys, "convert", "--no-verify", "llama", "--plugin", tmp_path / "x")
     assert code == 2 and "holds the hfrewrite plugin 'acme', not 'x'" in err
     code, _, err = run(
-        capsys, "convert", "llama", "--plugin", tmp_path / "y", "--plugin-name", "a-b"
+        capsys, "convert", "--no-verify", "llama", "--plugin", tmp_path / "y", "--plugin-name", "a-b"
     )
     assert code == 2 and "'a-b' is not a valid Python package name" in err
-    code, _, err = run(capsys, "convert", "llama", "--plugin-name", "acme")
+    code, _, err = run(capsys, "convert", "--no-verify", "llama", "--plugin-name", "acme")
     assert code == 2 and err == "hfrewrite: error: --plugin-name needs --plugin DIR\n"
     assert P.package_name(Path("/tmp/2024 Models!"), None) == "plugin_2024_models"
 
@@ -133,20 +133,20 @@ def test_plugin_refuses_foreign_files_and_clobbering(tmp_path, capsys):
     d = tmp_path / "plug"
     d.mkdir()
     (d / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
-    code, _, err = run(capsys, "convert", "llama", "--plugin", d)
+    code, _, err = run(capsys, "convert", "--no-verify", "llama", "--plugin", d)
     assert code == 2 and "was not written by hfrewrite; use --force" in err
     assert sorted(snapshot(d)) == ["pyproject.toml"]  # nothing written
-    assert run(capsys, "convert", "llama", "--plugin", d, "--force")[0] == 0
+    assert run(capsys, "convert", "--no-verify", "llama", "--plugin", d, "--force")[0] == 0
 
     model = d / "plug/llama.py"
     model.write_text(model.read_text() + "# hand edit\n")
-    code, _, err = run(capsys, "convert", "llama", "--plugin", d)
+    code, _, err = run(capsys, "convert", "--no-verify", "llama", "--plugin", d)
     assert code == 2 and "exists and differs; use --force" in err
 
 
 def test_plugin_output_options_are_exclusive(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["convert", "llama", "--plugin", str(tmp_path), "-o", str(tmp_path)])
+        main(["convert", "--no-verify", "llama", "--plugin", str(tmp_path), "-o", str(tmp_path)])
     assert exc.value.code == 2
 
 
@@ -172,8 +172,8 @@ print(json.dumps(vllm.ModelRegistry.calls))
 
 def test_pip_installed_plugin_registers_through_its_entry_point(tmp_path, capsys):
     d = tmp_path / "my-models"
-    assert run(capsys, "convert", "llama", "--plugin", d)[0] == 0
-    assert run(capsys, "convert", "qwen3", "--plugin", d)[0] == 0
+    assert run(capsys, "convert", "--no-verify", "llama", "--plugin", d)[0] == 0
+    assert run(capsys, "convert", "--no-verify", "qwen3", "--plugin", d)[0] == 0
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
@@ -211,7 +211,7 @@ def test_pip_installed_plugin_registers_through_its_entry_point(tmp_path, capsys
 
 def test_check_catches_hand_edits_to_the_plugin_package(tmp_path, capsys):
     d = tmp_path / "my-models"
-    assert run(capsys, "convert", "llama", "--plugin", d)[0] == 0
+    assert run(capsys, "convert", "--no-verify", "llama", "--plugin", d)[0] == 0
     init = d / "my_models/__init__.py"
     good = init.read_text()
     assert check_paths([d], fix=False).exit_code == 0
