@@ -168,12 +168,17 @@ def _python_files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*.py") if f.is_file())
+            files += sorted(f for f in p.rglob("*.py") if f.is_file() and not _build_output(f.relative_to(p)))
         elif p.is_file():
             files.append(p)
         else:
             raise HfrewriteError(f"{p}: no such file or directory")
     return files
+
+
+def _build_output(relative: Path) -> bool:
+    """Under what `pip install` leaves in a plugin folder (stale copies of its files)."""
+    return any(part in {"build", "__pycache__"} or part.endswith(".egg-info") for part in relative.parts[:-1])
 
 
 def _read(file: Path) -> str:

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _quiet_libraries()
+    signal.signal(signal.SIGTERM, _interrupt)  # unwind like Ctrl-C: temporary files are removed
     try:
         if args.list_passes:
             return _list_passes()
@@ -38,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # always exactly one line
         print(f"hfrewrite: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM; writes are atomic, so nothing is half-written
+        print("hfrewrite: error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _quiet_libraries() -> None:

@@ -158,12 +158,24 @@ def install(
         written.append(
             (path, write_atomic(path, text, force=force or path != model_file))
         )
+    ignore = plugin_dir / ".gitignore"
+    if not ignore.exists():  # a user's own is theirs
+        written.append((ignore, write_atomic(ignore, GITIGNORE, force=False)))
     return PluginResult(
         package=package,
         distribution=package.replace("_", "-"),
         written=tuple(written),
         registered=tuple((arch, target) for arch in archs),
     )
+
+
+# What `pip install <plugin dir>` leaves in the folder; `hfrewrite check` skips it too.
+GITIGNORE = """\
+# Written by hfrewrite: build output of `pip install` on this folder.
+build/
+*.egg-info/
+__pycache__/
+"""
 
 
 def pyproject_text(package: str) -> str:

@@ -125,6 +125,14 @@ def _model_type(data: dict, model_id: str, trust_remote_code: bool) -> str:
                 f"{model_id}: config.json uses Hub custom code (auto_map); refusing without "
                 "--trust-remote-code"
             )
+        runs = (data.get("auto_map") or {}).get("AutoModelForCausalLM") if isinstance(
+            data.get("auto_map"), dict) else None
+        if known and runs:
+            raise HfrewriteError(
+                f"{model_id}: the checkpoint runs the repository's own code (auto_map: AutoModelForCausalLM -> "
+                f"{runs}), not transformers' {model_type!r}; hfrewrite rewrites only installed transformers "
+                "modeling files, and converting those would ignore the code this checkpoint runs"
+            )
         if not known:
             raise HfrewriteError(
                 f"{model_id}: model type {model_type!r} exists only as Hub custom code; hfrewrite "
@@ -238,8 +246,14 @@ def _hub_config(model_id: str, revision: str | None) -> Path:
         raise HfrewriteError(
             f"{unreachable}, and the Hub is unreachable (HF_HUB_OFFLINE is set)"
         )
+    if (why := _hub_unreachable()) is not None:  # fail fast, not after the client's retries
+        raise HfrewriteError(f"{unreachable}, and the Hub is unreachable ({why})")
     try:
         return Path(hf_hub_download(model_id, "config.json", revision=revision))
+    except LocalEntryNotFoundError as exc:  # an EntryNotFoundError too: the connection failed
+        raise HfrewriteError(
+            f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})"
+        ) from None
     except GatedRepoError:
         raise HfrewriteError(
             f"{at}: gated on the Hub; log in with `hf auth login` first"
@@ -259,3 +273,19 @@ def _hub_config(model_id: str, revision: str | None) -> Path:
         raise HfrewriteError(
             f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})"
         ) from None
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hub endpoint cannot be reached (one TCP connect), or None."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc.strerror or type(exc).__name__}"

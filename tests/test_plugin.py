@@ -8,6 +8,7 @@ registers the architectures. tests/e2e/test_plugin_tp.py runs a real plugin in r
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -87,10 +88,12 @@ def test_plugin_package_layout_and_reruns(tmp_path, capsys):
     code, out, err = run(capsys, "convert", "--no-verify", "llama", "--plugin", d)
     assert (code, err) == (0, "")
     assert sorted(snapshot(d)) == [
+        ".gitignore",
         "my_models/__init__.py",
         "my_models/llama.py",
         "pyproject.toml",
     ]
+    assert (d / ".gitignore").read_text().splitlines()[1:] == ["build/", "*.egg-info/", "__pycache__/"]
     assert "registers LlamaForCausalLM -> my_models.llama:LlamaForCausalLM" in out
     assert out.endswith(f"install with: pip install {d}\n")
     project = tomllib.loads((d / "pyproject.toml").read_text())
@@ -99,13 +102,20 @@ def test_plugin_package_layout_and_reruns(tmp_path, capsys):
         "vllm.general_plugins": {"my_models": "my_models:register"}
     }
     assert project["tool"]["setuptools"]["packages"] == ["my_models"]
-    # The model file is what `convert -o` writes, so `hfrewrite check DIR` covers it.
-    assert check_paths([d], fix=False).exit_code == 0
+    # The model file is what `convert -o` writes, so `hfrewrite check DIR` covers it;
+    # the stale copies `pip install` leaves under build/ and *.egg-info/ are not checked.
+    for stale in ("build/lib/my_models/llama.py", "my_models.egg-info/x.py"):
+        (d / stale).parent.mkdir(parents=True)
+        (d / stale).write_text((d / "my_models/llama.py").read_text().replace("torch", "torch2"))
+    report = check_paths([d], fix=False)
+    assert report.exit_code == 0 and [r.path for r in report.results] == [d / "my_models/llama.py"]
+    for stale in ("build", "my_models.egg-info"):
+        shutil.rmtree(d / stale)
 
     before = snapshot(d)
     code, out, _ = run(capsys, "convert", "--no-verify", "llama", "--plugin", d)
     assert code == 0 and snapshot(d) == before
-    assert out.count("unchanged ") == 3
+    assert out.count("unchanged ") == 3  # the .gitignore, once written, is the user's
 
     assert run(capsys, "convert", "--no-verify", "qwen3", "--plugin", d)[0] == 0
     assert (d / "my_models/__init__.py").read_text() == INIT

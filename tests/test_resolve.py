@@ -106,6 +106,16 @@ def test_auto_map_refused_without_trust(tmp_path):
     assert r.model_type == "llama" and r.trust_remote_code
 
 
+def test_auto_map_to_the_repository_code_is_not_replaced_by_transformers_own(tmp_path):
+    # model_type llama, but the checkpoint runs its own modeling file: refuse, never
+    # convert transformers' llama in its place
+    auto = {"AutoConfig": "x.Y", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    d = write_config(tmp_path / "m", {**TINY, "auto_map": auto})
+    with pytest.raises(HfrewriteError, match=r"runs the repository's own code \(auto_map: "
+                                             r"AutoModelForCausalLM -> modeling_x.XForCausalLM\)"):
+        resolve(str(d), trust_remote_code=True)
+
+
 def test_auto_map_custom_type_has_no_installed_source(tmp_path):
     d = write_config(
         tmp_path / "m", {"model_type": "mycustom", "auto_map": {"AutoConfig": "x.Y"}}
