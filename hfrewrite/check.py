@@ -14,6 +14,7 @@ package. Such problems fail the check and are not fixed by ``fix``.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import shlex
 from dataclasses import dataclass
@@ -146,7 +147,11 @@ def _check_file(file: Path, text: str, record: SourceRecord, fix: bool) -> FileR
     from hfrewrite import convert  # the pipeline (torch) loads only when needed
 
     try:
-        resolved = resolve(record.model, record.revision, record.trust_remote_code)
+        if record.relative_to_file:  # a local directory recorded relative to the file
+            resolved = resolve(str(file.parent / record.model), record.revision, record.trust_remote_code)
+            resolved = dataclasses.replace(resolved, model_id=record.model, relative_to_file=True)
+        else:
+            resolved = resolve(record.model, record.revision, record.trust_remote_code)
         # convert.generate is looked up at call time, so tests can replace it.
         new = convert.generate(resolved).text
     except HfrewriteError as exc:

@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from hfrewrite.resolve import resolve
+    from hfrewrite.resolve import relative_to_file, resolve
 
     if args.plugin_name is not None and args.plugin is None:
         raise HfrewriteError("--plugin-name needs --plugin DIR")
@@ -165,7 +165,8 @@ def _convert(args: argparse.Namespace) -> int:
         _check_destination(args.plugin, "--plugin")
     elif args.vllm_tree is None:
         _check_destination(args.output_dir or Path("out"), "-o")
-    resolved = resolve(args.model, args.revision, args.trust_remote_code)
+    resolved = relative_to_file(resolve(args.model, args.revision, args.trust_remote_code),
+                                _destination(args))
     from hfrewrite import convert  # after resolve: bad input fails before torch loads
 
     generated = convert.generate(resolved)
@@ -196,6 +197,19 @@ def _convert(args: argparse.Namespace) -> int:
     print(validated)
     print("\n".join(written))
     return 0
+
+
+def _destination(args: argparse.Namespace) -> Path:
+    """The directory the generated model file goes to."""
+    if args.plugin is not None:
+        from hfrewrite.plugin import package_name
+
+        return Path(args.plugin) / package_name(args.plugin, args.plugin_name)
+    if args.vllm_tree is not None:
+        from hfrewrite.vllm_tree import models_dir
+
+        return models_dir(args.vllm_tree)
+    return args.output_dir or Path("out")
 
 
 def _check_destination(directory: Path, option: str) -> None:

@@ -46,6 +46,7 @@ class SourceRecord:
     transformers: str
     hfrewrite: str
     trust_remote_code: bool = False
+    relative_to_file: bool = False  # model: a directory relative to the file's directory
 
     def to_json(self) -> str:
         data = {
@@ -56,6 +57,8 @@ class SourceRecord:
         }
         if self.trust_remote_code:  # only when set, to keep the common line short
             data["trust_remote_code"] = True
+        if self.relative_to_file:
+            data["relative_to_file"] = True
         return json.dumps(data, sort_keys=True)
 
 
@@ -67,6 +70,7 @@ def record_for(resolved) -> SourceRecord:
         transformers=resolved.transformers_version,
         hfrewrite=__version__,
         trust_remote_code=bool(getattr(resolved, "trust_remote_code", False)),
+        relative_to_file=bool(getattr(resolved, "relative_to_file", False)),
     )
 
 
@@ -77,6 +81,8 @@ def convert_command(record: SourceRecord, out_dir: str = "<dir>") -> str:
         parts += ["--revision", shlex.quote(record.revision)]
     if record.trust_remote_code:
         parts.append("--trust-remote-code")
+    if record.relative_to_file:  # the recorded path starts at this file's directory
+        return "cd <this file's directory> && " + " ".join([*parts, "-o", ".", "--force"])
     parts += ["-o", out_dir, "--force"]
     return " ".join(parts)
 
@@ -90,6 +96,8 @@ def header(resolved) -> str:
     )
     if resolved.revision is not None:
         source += f", revision {resolved.revision}"
+    if getattr(resolved, "relative_to_file", False):
+        source += ", relative to this file"
     source += ")"
     return _HEADER.format(
         hfrewrite=__version__,
@@ -114,6 +122,7 @@ def parse_header(text: str) -> SourceRecord | None:
                     transformers=data["transformers"],
                     hfrewrite=data["hfrewrite"],
                     trust_remote_code=bool(data.get("trust_remote_code", False)),
+                    relative_to_file=bool(data.get("relative_to_file", False)),
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise HfrewriteError(

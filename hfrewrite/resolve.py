@@ -12,6 +12,7 @@ Transformers and huggingface_hub are imported lazily so that ``hfrewrite --help`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -36,6 +37,18 @@ class ResolvedModel:
     modeling_module: str  # e.g. "transformers.models.llama.modeling_llama"
     transformers_version: str
     trust_remote_code: bool = False  # recorded so `check` re-resolves the same way
+    # model_id is a directory path relative to the generated file's directory (so that
+    # `check` finds it from any working directory)
+    relative_to_file: bool = False
+
+
+def relative_to_file(resolved: ResolvedModel, directory: Path) -> ResolvedModel:
+    """``resolved`` recording a relative local directory relative to ``directory`` (where
+    the generated file goes) instead of the working directory; other sources unchanged."""
+    if resolved.source_kind != "dir" or Path(resolved.model_id).expanduser().is_absolute():
+        return resolved
+    where = os.path.relpath(Path(resolved.model_id).resolve(), Path(directory).resolve())
+    return dataclasses.replace(resolved, model_id=Path(where).as_posix(), relative_to_file=True)
 
 
 def resolve(

@@ -23,3 +23,21 @@ def test_local_dir_with_another_architecture_name(tmp_path):
     assert "class LlamaForCausalLM(" in text
     body = lambda t: t.split("\n\n", 1)[1]  # noqa: E731  (after the header naming the source)
     assert body(text) == body((GOLDEN / "llama.py").read_text())
+
+
+def test_relative_directory_is_recorded_from_the_file_so_check_works_anywhere(tmp_path):
+    """A path typed relative to the working directory is recorded relative to the
+    generated file's directory: `check` then finds the model from any working directory,
+    and the same layout gives the same header on any machine."""
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "work").mkdir()
+    run = lambda *argv, cwd: subprocess.run(  # noqa: E731
+        [str(HFREWRITE), *argv], cwd=cwd, check=False, capture_output=True, text=True)
+    assert run("convert", "--no-verify", "../models/m", "-o", "gen", cwd=tmp_path / "work").returncode == 0
+    text = (tmp_path / "work" / "gen" / "llama.py").read_text()
+    assert '"model": "../../models/m", "relative_to_file": true' in text
+    assert "from ../../models/m (local directory, relative to this file)" in text
+    for cwd in (tmp_path, tmp_path / "models", Path("/")):
+        checked = run("check", str(tmp_path / "work" / "gen"), cwd=cwd)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
