@@ -72,8 +72,11 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
         raise HfrewriteError(f"{name}: {NAME}: q/k/v read different input sizes")
     if not same(q_bias, k_bias, v_bias):
         raise HfrewriteError(f"{name}: {NAME}: q/k/v differ in their bias setting")
-    if not same(k_heads, v_heads) or not same(head_dim, k_dim, v_dim):
+    if not same(k_heads, v_heads):
         raise HfrewriteError(f"{name}: {NAME}: k_proj and v_proj differ in out_features")
+    if not same(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
+        raise HfrewriteError(f"{name}: {NAME}: q/k/v differ in head_dim ({t.code(head_dim)}, "
+                             f"{t.code(k_dim)}, {t.code(v_dim)})")
 
     bias = t.code(q_bias) if q_bias is not None else "True"
     fused = t.stmts(

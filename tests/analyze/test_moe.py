@@ -91,6 +91,18 @@ def test_refuses_block_returning_a_tuple(monkeypatch):
         out = original(self, hidden_states)
         return out, out.sum()
 
+    def layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                      position_embeddings=None, **kwargs):  # the layer uses both outputs
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
+            position_ids=position_ids, past_key_values=past_key_values,
+            position_embeddings=position_embeddings, **kwargs)
+        hidden_states = residual + hidden_states
+        out, aux = self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states + out + 0.1 * aux
+
     monkeypatch.setattr(qm.Qwen3MoeSparseMoeBlock, "forward", forward)
-    with pytest.raises(HfrewriteError):
+    monkeypatch.setattr(qm.Qwen3MoeDecoderLayer, "forward", layer_forward)
+    with pytest.raises(HfrewriteError, match=r"expected one attention and one MLP submodule, found \[.self_attn.\] and \[\]"):
         plan("qwen3_moe")

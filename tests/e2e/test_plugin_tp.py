@@ -9,7 +9,8 @@ with 1 kv head (replicated on both ranks), MoE (experts sharded across ranks), a
 types whose source is carried where no replacement is proven: sandwich norms with soft
 caps (gemma2), a parallel block with partial rope and an lm_head bias (phi), q/k/v fused
 per head in the checkpoint (gpt_neox), an ungated MLP with LayerNorms (starcoder2), and
-post-norms with q/k norms over all heads, gathered across ranks (olmo3). Greedy tokens
+post-norms with q/k norms over all heads, gathered across ranks (olmo3, and olmoe with
+its experts). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -46,11 +47,13 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
     "gpt_neox-per-head-qkv": ("gpt_neox", {}),
     "starcoder2-ungated-layernorm": ("starcoder2", {}),
     "olmo3-post-norms-all-heads-qk-norm": ("olmo3", {**WINDOW}),
+    # MoE with q/k norms over all heads: each rank gathers q/k before normalising
+    "olmoe-all-heads-qk-norm": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 2}),
 }
 CLASSES = {
     "llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
     "phi": "PhiForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-    "olmo3": "Olmo3ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -70,6 +73,7 @@ LAYERS = {
     "phi": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
     "gpt_neox": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
     "starcoder2": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
+    "olmoe": {"MoERunner": 1, "GateLinear": 1, "QKVParallelLinear": 1, "RowParallelLinear": 1},
 }
 
 

@@ -148,3 +148,32 @@ class LlamaAttention(nn.Module):
 def test_refuses_not_heads_times_head_dim():
     with pytest.raises(HfrewriteError, match='heads \\* head_dim'):
         rewrite(fuse_qkv, REFUSED_NOT_HEADS_TIMES_HEAD_DIM, llama_like())
+
+
+REFUSED_Q_HEAD_DIM_DIFFERS = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.qk_head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=False)
+
+    def forward(self, hidden_states):
+        return self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+"""
+
+
+def test_refuses_q_head_dim_differing_from_k_v():
+    # one head_size for all three in QKVParallelLinear: a q head size of its own is refused
+    with pytest.raises(HfrewriteError, match=r"q/k/v differ in head_dim \(self.qk_head_dim, self.head_dim"):
+        rewrite(fuse_qkv, REFUSED_Q_HEAD_DIM_DIFFERS, llama_like())
+
+
+DEFAULT_BIAS = BEFORE_LLAMA_ATTENTION.replace(", bias=config.attention_bias)", ")")
+
+
+def test_linear_without_bias_argument_keeps_torch_default_bias_true():
+    # nn.Linear's bias defaults to True: the fused layer must hold one too
+    after = rewrite(fuse_qkv, DEFAULT_BIAS, llama_like())
+    assert after == AFTER_LLAMA_ATTENTION.replace("bias=config.attention_bias,", "bias=True,")
