@@ -5,8 +5,9 @@ must decode what Hugging Face decodes on the same weights.
 The tiny configuration is the analysis's own shrunk copy (``shrink_config``: every flag,
 the head layout, tying, one layer per layer type, MoE routing switches) with the sliding
 window, when there is one, made shorter than the longest prompt so that it matters. The
-check runs in a worker process (``hfrewrite.verify.verify_many``, HF as the only
-reference): greedy tokens equal, chosen-token logprobs within ``LOGPROB_TOL``.
+reference runs in this process, from the classes the analysis traced; the generated file
+runs in a vLLM worker process (``hfrewrite.verify``): greedy tokens equal, chosen-token
+logprobs within ``LOGPROB_TOL``.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def validate(resolved, generated) -> Validation:
                                  f"config: {_line(exc)} (--no-verify skips the check)") from None
         module = tmp / generated.filename
         module.write_text(generated.text)
+        # the reference runs here, from the very classes the analysis traced
+        tokens, logprobs = verify.hf_greedy(ckpt, prompts)
         case = verify.VerifyCase(ckpt, module, prompts=prompts)
-        report = verify.verify_many([case], native=False)[0]
+        report = verify.verify_against_hf(case, {"tokens": tokens, "logprobs": logprobs})
     if not report.ok:
         raise HfrewriteError(
             f"{resolved.model_type}: the generated file does not compute what Hugging Face does "

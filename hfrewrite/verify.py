@@ -738,6 +738,18 @@ def verify_many(
     return reports
 
 
+def verify_against_hf(case: VerifyCase, hf: dict[str, Any], timeout: float | None = None) -> VerifyReport:
+    """Run ``case``'s generated file in a vLLM worker and judge it against ``hf``
+    (``{"tokens", "logprobs"}`` computed by the caller, e.g. from a patched source)."""
+    arch = case.architecture or checkpoint_architecture(case.ckpt)
+    run = {
+        "kind": "vllm", "ckpt": str(case.ckpt), "prompts": [list(p) for p in case.prompts],
+        "max_tokens": case.max_tokens, "architecture": arch, "generated_module": str(case.generated_module),
+    }
+    results, info = run_worker([run], 150 if timeout is None else timeout)
+    return _report(case, arch, hf, results[0], None, info)
+
+
 def verify(
     ckpt: Path,
     generated_module: Path,

@@ -125,6 +125,30 @@ def _embedding_glue(forward: cst.FunctionDef | None, layers: str, embed: str, cl
     return [s.visit(_Rename()) for s in sliced]
 
 
+def _lookup_expression(forward: cst.FunctionDef | None, embed: str, cls: str) -> cst.BaseExpression | None:
+    """The source's own expression around its embedding lookup, when it is more than the
+    lookup (``self.embed_tokens(input_ids) * scale``), with the lookup reading
+    ``input_ids``: the body of ``embed_input_ids``. None for a bare lookup."""
+    def looks_up(node: cst.CSTNode) -> bool:
+        return any(t.dotted(c.func) == f"self.{embed}" for c in m.findall(node, m.Call()))
+
+    assigned = [a.value for a in m.findall(forward, m.Assign() | m.AnnAssign())] if forward else []
+    values = [v for v in assigned if v is not None and looks_up(v)]
+    if len(values) != 1 or (isinstance(values[0], cst.Call) and t.dotted(values[0].func) == f"self.{embed}"):
+        return None  # a bare lookup (or none to read)
+
+    class _Ids(cst.CSTTransformer):
+        def leave_Call(self, original, updated):
+            if t.dotted(updated.func) == f"self.{embed}":
+                return updated.with_changes(args=[cst.Arg(cst.Name("input_ids"))])
+            return updated
+
+    stranger = sorted(t.root_names(values[0]) - _GLUE_NAMES - {"input_ids"})
+    if stranger:
+        raise HfrewriteError(f"{cls}: {NAME}: the embedding lookup is computed with {', '.join(stranger)}")
+    return values[0].visit(_Ids())
+
+
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     name = cls.name.value
@@ -170,7 +194,8 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     members = [m for m in cls.body.body if not isinstance(m, cst.FunctionDef)]
     forward = t.find_method(tpl if fused else template_class(
         TEMPLATE, "TemplateCarriedModel", {}, {"layers": plan.layers, "norm": plan.final_norm}), "forward")
-    if plan.embeddings_transformed and not glue:
+    lookup = _lookup_expression(t.find_method(cls, "forward"), plan.embed_tokens, name)
+    if plan.embeddings_transformed and not glue and lookup is None:
         raise HfrewriteError(f"{name}: {NAME}: the first layer does not read the embeddings as they are, "
                              "and no statements before the layer loop say why")
     if glue:  # on the first pipeline rank, after the lookup
@@ -181,7 +206,13 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         head = head.with_changes(body=head.body.with_changes(body=[*head.body.body[:1], *glue,
                                                                   *head.body.body[1:]]))
         forward = t.with_body(forward, [head, *forward.body.body[1:]])
-    methods = [new_init, t.find_method(tpl, "embed_input_ids"), forward]
+    embed_input_ids = t.find_method(tpl, "embed_input_ids")
+    if lookup is not None:  # the source's expression around its lookup
+        embed_input_ids = t.with_body(embed_input_ids, [cst.SimpleStatementLine(
+            [cst.Return(lookup)],
+            leading_lines=[cst.EmptyLine(comment=cst.Comment("# The source's own expression around the lookup."))],
+        )])
+    methods = [new_init, embed_input_ids, forward]
     methods = [m.with_changes(leading_lines=[cst.EmptyLine()] if (members or i) else []) for i, m in enumerate(methods)]
     return cls.with_changes(
         decorators=[cst.Decorator(cst.Name("support_torch_compile"))],

@@ -142,8 +142,15 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
             reason = f"q/k norm widths {sorted(widths)} are neither head_dim nor all heads"
             raise _Declined("vllm_attention", reason)
 
+    if fused is None:
+        heads = {"q": num_heads, "k": num_kv_heads, "v": num_kv_heads}
+        for role in "qkv":
+            before_rope = None if norm_after is not None else norms[role]
+            _prove_head_layout(traced, path, feeders[role], rope_in[role] or args[role], heads[role], head_dim,
+                               before_rope, qk_norm_over, role)
     o_node = _output_projection(traced, path, scope, call)
     _only_layout(_path_nodes(o_node, call, scope), traced, "the attention output")
+    _prove_output_layout(call, o_node)
     for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
@@ -264,6 +271,43 @@ _LAYOUT_METHODS = {
 }
 _LAYOUT_FUNCTIONS = (operator.getitem, torch.transpose, torch.reshape, torch.chunk, torch.split,
                      torch.flatten, torch.clamp)
+
+
+def _prove_head_layout(traced: Traced, path: str, proj: Node, head_shaped: Node, heads: int, head_dim: int,
+                       norm: str | None, norm_over: str | None, role: str) -> None:
+    """The layout ops between a projection and its head-shaped value (the rope's input,
+    or the attention's) are the split vLLM assumes: ``[b, s, heads * d]`` ->
+    ``[b, heads, s, d]``, head after head (through the q/k norm, if any), checked on
+    the traced values: a transpose against head_dim has the same shape, not the values."""
+    out, got = value(proj), value(head_shaped)
+    if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 3):
+        raise _Declined("vllm_attention", f"the {role} projection's output is not [batch, seq, features]")
+    b, s, _ = out.shape
+    want = out
+    with torch.no_grad():
+        if norm is not None and norm_over == "all_heads":
+            want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+        want = want.reshape(b, s, heads, head_dim)
+        if norm is not None and norm_over == "head":
+            want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+        want = want.transpose(1, 2)
+    if got.shape != want.shape or not torch.allclose(got.double(), want.double(), atol=1e-6):
+        raise _Declined("vllm_attention", f"the {role} path does not split the projection into heads as "
+                                          "[heads, head_dim] (checked on the traced values)")
+
+
+def _prove_output_layout(call: Node, o_node: Node) -> None:
+    """The output projection reads the attention output ``[b, s, heads, d]`` as
+    ``[b, s, heads * d]``, the layout vLLM's ``Attention`` returns (checked on values)."""
+    out = value(call)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    got = value(o_node.args[0]) if o_node.args else None
+    if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 4):
+        raise _Declined("vllm_attention", "the attention output is not [batch, seq, heads, head_dim]")
+    want = out.reshape(*out.shape[:2], -1)
+    if got.shape != want.shape or not torch.equal(got, want):
+        raise _Declined("vllm_attention", "the output projection does not read the attention output as "
+                                          "[heads * head_dim] per token (checked on the traced values)")
 
 
 def _only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
