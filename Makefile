@@ -3,6 +3,7 @@
 #   make demo     set up, convert llama to demo-out/llama.py, show its head
 #   make test     set up, run the test suite (real vLLM on CPU included)
 #   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
+#   make fuzz     300 fuzzed configs in real vLLM vs Hugging Face (docs/reliability.md)
 
 PYTHON3 ?= python3
 VENV    := .venv
@@ -14,7 +15,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	apertus jais2 nemotron phi3 glm phi cohere cohere2 smollm3 hunyuan_v1_dense gpt_neox \
 	persimmon granite nanochat
 
-.PHONY: setup demo test golden docs
+.PHONY: setup demo test golden docs fuzz
 
 setup: $(STAMP)
 
@@ -45,6 +46,18 @@ test: setup
 
 golden: setup
 	for t in $(GOLDEN_TYPES); do $(HFR) convert $$t -o golden --force || exit 1; done
+
+# Config fuzzing (tests/e2e/test_config_fuzz.py): FUZZ_EXAMPLES hypothesis draws over the supported families,
+# each run in real vLLM against Hugging Face; counts into docs/fuzz.json (docs/reliability.md).
+# `make test` runs 20 draws with a fixed seed.
+FUZZ_EXAMPLES ?= 300
+FUZZ_SEED ?= $(shell date +%Y%m%d)
+fuzz: export VLLM_CPU_KVCACHE_SPACE = 1
+fuzz: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
+fuzz: export HF_HUB_OFFLINE = 1
+fuzz: setup
+	HFREWRITE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HFREWRITE_FUZZ_SEED=$(FUZZ_SEED) \
+	HFREWRITE_FUZZ_REPORT=docs/fuzz.json $(PY) -m pytest -q -s tests/e2e/test_config_fuzz.py
 
 docs: setup
 	$(PY) -m hfrewrite.passes_doc docs/passes.md

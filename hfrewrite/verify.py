@@ -35,6 +35,7 @@ import itertools
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import tempfile
@@ -512,6 +513,47 @@ def run_worker(
         "mq_connect_ips": sorted(set(re.findall(r"mq_connect_ip=([\w.:]+)", stderr))),
     }
     return results, info
+
+
+class VllmServer:
+    """One long-lived vLLM worker process for many runs (vLLM imported once): what the
+    config fuzzer uses. ``run`` sends one vLLM run (the ``run_worker`` dict without
+    ``kind``) and returns its result; vLLM's own output goes to ``log``."""
+
+    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="hfrewrite-vllm-server-")
+        read, write = os.pipe()
+        env = {**os.environ, **{k: v for k, v in vllm_env(Path(self._tmp.name) / "vllm-cache").items()
+                                if k not in os.environ}, **(env or {})}
+        self._log = open(log, "w")  # noqa: SIM115  (closed in close())
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "hfrewrite.verify_worker", "--serve", str(write)],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True,
+            env=env, pass_fds=(write,),
+        )
+        os.close(write)
+        self._results = os.fdopen(read)
+
+    def run(self, run: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+        self._proc.stdin.write(json.dumps(run, default=str) + "\n")
+        self._proc.stdin.flush()
+        ready, _, _ = select.select([self._results], [], [], timeout)
+        line = self._results.readline() if ready else ""
+        if not line:
+            self.close()
+            return {"error": f"the vLLM worker {'timed out' if not ready else 'exited'}; see {self._log.name}"}
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._results.close()
+        self._log.close()
+        self._tmp.cleanup()
 
 
 # --------------------------------------------------------------------------- verify

@@ -1,4 +1,6 @@
-"""Subprocess worker for ``hfrewrite.verify``: ``python -m hfrewrite.verify_worker JOB OUT``.
+"""Subprocess worker for ``hfrewrite.verify``: ``python -m hfrewrite.verify_worker JOB OUT``,
+or ``--serve FD`` (``verify.VllmServer``): vLLM runs read one per line from stdin, each
+result written as one JSON line to file descriptor FD, vLLM imported once.
 
 JOB is JSON ``{"runs": [...]}`` (see ``verify.run_worker``). All Hugging Face runs go
 first (vLLM's CPU worker later binds threads and memory), then the vLLM runs, each in
@@ -9,6 +11,7 @@ results so far. Expects the environment of ``verify.vllm_env``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -58,5 +61,26 @@ def main(job_path: str, out_path: str) -> int:
     return 0
 
 
+def serve(out_fd: int) -> int:
+    from hfrewrite import verify
+
+    with os.fdopen(out_fd, "w") as out:
+        for line in sys.stdin:
+            run = json.loads(line)
+            t0 = time.perf_counter()
+            try:
+                result = verify.vllm_run(
+                    run["ckpt"], run["prompts"], run["max_tokens"], run["generated_module"], run["architecture"]
+                ) or {"unsupported": True}
+            except Exception:  # noqa: BLE001  (reported in the result)
+                result = {"error": traceback.format_exc(limit=-6)}
+            result["seconds"] = time.perf_counter() - t0
+            out.write(json.dumps(result) + "\n")
+            out.flush()
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        sys.exit(serve(int(sys.argv[2])))
     sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,191 @@
+"""Config fuzzing: hypothesis draws valid configurations of the supported families, and
+for each one the file hfrewrite generates for that configuration runs in real vLLM
+against Hugging Face on a random checkpoint of it. Every draw must verify (greedy tokens
+equal, chosen-token logprobs within 1e-4) or be refused with a reason; a wrong file fails
+the test, and hypothesis shrinks the draw to a small reproducer (keep it below as an
+``@example`` regression case once fixed).
+
+``make test`` runs a bounded sample (``HFREWRITE_FUZZ_EXAMPLES``, default 20) with a fixed
+seed; ``make fuzz`` runs 300 draws with a fresh seed and writes the counts to
+``HFREWRITE_FUZZ_REPORT`` (docs/reliability.md reports them). One vLLM worker process
+serves every draw (``verify.VllmServer``); Hugging Face runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from hfrewrite import convert
+from hfrewrite import verify as V
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.resolve import resolve
+
+EXAMPLES = int(os.environ.get("HFREWRITE_FUZZ_EXAMPLES", "20"))
+SEED = int(os.environ.get("HFREWRITE_FUZZ_SEED", "20261201"))
+REPORT = os.environ.get("HFREWRITE_FUZZ_REPORT")
+VOCAB = 512
+PROMPTS = [list(p) for p in V.DEFAULT_PROMPTS]  # ids < 500 fit the vocab
+
+
+@st.composite
+def heads(draw, explicit_head_dim: bool = True) -> dict:
+    """Heads, kv heads (MHA, GQA, MQA), head_dim (the CPU backend needs >= 32) and hidden."""
+    n = draw(st.sampled_from([2, 4, 8]))
+    kv = draw(st.sampled_from([d for d in (1, 2, 4, 8) if n % d == 0]))
+    head_dim = draw(st.sampled_from([32, 64]))
+    hidden = draw(st.sampled_from([64, 128, 256])) if explicit_head_dim else n * head_dim
+    fields = {"num_attention_heads": n, "num_key_value_heads": kv, "hidden_size": hidden}
+    if explicit_head_dim:
+        fields["head_dim"] = head_dim
+    return fields
+
+
+@st.composite
+def common(draw, explicit_head_dim: bool = True) -> dict:
+    return {
+        **draw(heads(explicit_head_dim)),
+        "num_hidden_layers": draw(st.integers(1, 3)),
+        "intermediate_size": draw(st.sampled_from([64, 128, 256])),
+        "tie_word_embeddings": draw(st.booleans()),
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 256,
+    }
+
+
+@st.composite
+def rope(draw) -> dict:
+    theta = draw(st.sampled_from([10000.0, 500000.0]))
+    kind = draw(st.sampled_from(["default", "linear", "llama3", "yarn"]))
+    params = {"rope_type": kind, "rope_theta": theta}
+    if kind == "linear":
+        params["factor"] = draw(st.sampled_from([2.0, 4.0]))
+    elif kind == "llama3":
+        params |= {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+    elif kind == "yarn":
+        params |= {"factor": draw(st.sampled_from([2.0, 4.0])), "original_max_position_embeddings": 64}
+    return {"rope_parameters": params}
+
+
+def windows(draw, layers: int) -> dict:
+    window = draw(st.sampled_from([None, 4, 8, 16]))
+    return {} if window is None else {"sliding_window": window}
+
+
+@st.composite
+def family_config(draw) -> tuple[str, dict]:
+    family = draw(st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral",
+                                   "qwen2_moe", "olmoe", "gemma2", "phi3", "granite", "gpt_neox"]))
+    if family == "llama":
+        c = {**draw(common()), **draw(rope()), "attention_bias": draw(st.booleans()),
+             "mlp_bias": draw(st.booleans())}
+    elif family == "mistral":
+        c = draw(common())
+        c |= windows(draw, c["num_hidden_layers"])
+    elif family == "qwen2":
+        c = draw(common(explicit_head_dim=False))
+        if draw(st.booleans()):
+            c |= {"use_sliding_window": True, "sliding_window": draw(st.sampled_from([4, 8])),
+                  "max_window_layers": draw(st.integers(0, c["num_hidden_layers"]))}
+    elif family == "qwen3":
+        c = {**draw(common()), "attention_bias": draw(st.booleans())}
+    elif family in ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral"):
+        c = draw(common())
+        experts = draw(st.sampled_from([4, 8]))
+        top_k = draw(st.sampled_from([k for k in (1, 2, 4) if k <= experts]))
+        key = "num_local_experts" if family == "mixtral" else "num_experts"
+        c |= {key: experts, "num_experts_per_tok": top_k}
+        if family != "mixtral":
+            c |= {"moe_intermediate_size" if family != "olmoe" else "intermediate_size":
+                  draw(st.sampled_from([32, 64])), "norm_topk_prob": draw(st.booleans())}
+        if family in ("qwen3_moe", "qwen2_moe"):
+            layers = c["num_hidden_layers"]
+            c |= {"decoder_sparse_step": draw(st.sampled_from([1, 2])),
+                  "mlp_only_layers": draw(st.lists(st.integers(0, layers - 1), unique=True, max_size=layers))}
+        if family == "qwen2_moe":
+            c["shared_expert_intermediate_size"] = draw(st.sampled_from([32, 64]))
+    elif family == "gemma2":
+        c = {**draw(common()), "sliding_window": draw(st.sampled_from([4, 8, 16])),
+             "attn_logit_softcapping": draw(st.sampled_from([None, 20.0, 50.0])),
+             "final_logit_softcapping": draw(st.sampled_from([None, 5.0, 30.0])),
+             "query_pre_attn_scalar": draw(st.sampled_from([16, 32, 64]))}
+    elif family == "phi3":
+        c = {**draw(common(explicit_head_dim=False)),
+             "partial_rotary_factor": draw(st.sampled_from([0.5, 1.0]))}
+        c |= windows(draw, c["num_hidden_layers"])
+    elif family == "granite":
+        c = {**draw(common(explicit_head_dim=False)),
+             "embedding_multiplier": draw(st.sampled_from([1.0, 4.0])),
+             "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
+             "attention_multiplier": draw(st.sampled_from([0.1, 1.0])),
+             "logits_scaling": draw(st.sampled_from([1.0, 2.0]))}
+    else:  # gpt_neox: fused per-head q/k/v, partial rope, parallel or sequential residual
+        c = {**draw(common(explicit_head_dim=False)), "rotary_pct": draw(st.sampled_from([0.25, 0.5, 1.0])),
+             "use_parallel_residual": draw(st.booleans())}
+        c.pop("num_key_value_heads")
+    return family, c
+
+
+def check_one(family: str, fields: dict, server: V.VllmServer, root: Path, n: int) -> tuple[str, str]:
+    """("verified" | "refused" | "wrong", detail) for one drawn configuration."""
+    from transformers import AutoConfig
+
+    ckpt = root / f"draw-{n}"
+    config = AutoConfig.for_model(family, **fields)
+    V.save_random_checkpoint(config, ckpt, seed=n)
+    try:
+        generated = convert.generate(resolve(str(ckpt)))
+    except HfrewriteError as refused:
+        return "refused", str(refused)
+    module = ckpt / "generated.py"
+    module.write_text(generated.text)
+    tokens, logprobs = V.hf_greedy(ckpt, PROMPTS)
+    arch = V.checkpoint_architecture(ckpt)
+    run = {"ckpt": str(ckpt), "prompts": PROMPTS, "max_tokens": 16, "architecture": arch,
+           "generated_module": str(module)}
+    case = V.VerifyCase(ckpt, module, prompts=PROMPTS)
+    report = V._report(case, arch, {"tokens": tokens, "logprobs": logprobs}, server.run(run), None, {})
+    return ("verified", "") if report.ok else ("wrong", "; ".join(report.problems))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("fuzz-server") / "vllm.log"
+    s = V.VllmServer(log)
+    yield s
+    s.close()
+
+
+@pytest.mark.vllm
+def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    counts: Counter = Counter()
+    refusals: Counter = Counter()
+
+    @seed(SEED)
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(family_config())
+    def draw(drawn):
+        family, fields = drawn
+        outcome, detail = check_one(family, fields, server, root, len(list(root.iterdir())))
+        counts[outcome] += 1
+        counts[f"{family}:{outcome}"] += 1
+        if outcome == "refused":
+            refusals[detail.split(": ", 2)[-1][:120]] += 1
+        assert outcome != "wrong", f"{family} {json.dumps(fields)}: {detail}"
+
+    draw()
+    summary = {"seed": SEED, "examples": EXAMPLES, "counts": dict(sorted(counts.items())),
+               "refusals": dict(refusals.most_common())}
+    print("\nfuzz:", json.dumps(summary, indent=1))
+    if REPORT:
+        Path(REPORT).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    assert counts["verified"] > 0
