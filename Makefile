@@ -4,6 +4,7 @@
 #   make test     set up, run the test suite (real vLLM on CPU included)
 #   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
 #   make fuzz     300 fuzzed configs in real vLLM vs Hugging Face (docs/reliability.md)
+#   make mutate   mutation score of passes/ against its tests (docs/reliability.md)
 
 PYTHON3 ?= python3
 VENV    := .venv
@@ -15,7 +16,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	apertus jais2 nemotron phi3 glm phi cohere cohere2 smollm3 hunyuan_v1_dense gpt_neox \
 	persimmon granite nanochat
 
-.PHONY: setup demo test golden docs fuzz
+.PHONY: setup demo test golden docs fuzz validation-cost
 
 setup: $(STAMP)
 
@@ -61,6 +62,30 @@ fuzz: setup
 
 docs: setup
 	$(PY) -m hfrewrite.passes_doc docs/passes.md
+
+# What convert-time validation costs: every golden type converted with and without it,
+# side by side (docs/validation-cost.json; the table in docs/reliability.md). About 20 minutes.
+validation-cost: export VLLM_CPU_KVCACHE_SPACE = 1
+validation-cost: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
+validation-cost: export HF_HUB_OFFLINE = 1
+validation-cost: setup
+	$(PY) tests/tools/validation_cost.py --out docs/validation-cost.json $(GOLDEN_TYPES)
+
+# Mutation testing (cosmic-ray, pinned): MUTANTS sampled mutants of passes/ (of about 2800;
+# all of them take hours on 2 cores) against tests/passes; the score and the survivors into
+# docs/mutation.json (docs/reliability.md). Mutants are applied to the files in place and
+# restored after each run: do not interrupt it in a tree with uncommitted edits to passes/.
+MUTANTS ?= 400
+MUTATE_STAMP := $(VENV)/.hfrewrite-mutate
+
+$(MUTATE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[mutate]'
+	touch $@
+
+.PHONY: mutate
+mutate: setup $(MUTATE_STAMP)
+	$(PY) tests/tools/mutate.py --sample $(MUTANTS) --seed 1 --out docs/mutation.json
+	git diff --quiet -- passes/ || (echo "passes/ was left mutated"; exit 1)
 
 # Benchmarks: the generated file vs vLLM native vs vLLM's Transformers backend vs Hugging
 # Face, eager and compiled, into docs/benchmarks.{md,json,png} (hfrewrite/benchmark.py; llama,

@@ -26,18 +26,19 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts)
             if not isinstance(layer, PPMissingLayer)
             and isinstance(layer.mlp, MoeBlock)
         ]
-        if not moe_blocks:
-            raise RuntimeError("No MoE layer found in the model's layers.")
-        example = moe_blocks[0]
         self.moe_layers = [block.experts for block in moe_blocks]
+        # No sparse layer here (a configuration that makes every layer dense, or a pipeline
+        # stage without one): vLLM then treats the model as dense.
         self.num_moe_layers = len(self.moe_layers)
         self.num_expert_groups = 1
         self.num_shared_experts = 0
-        self.num_logical_experts = example.n_logical_experts
-        self.num_physical_experts = example.n_physical_experts
-        self.num_local_physical_experts = example.n_local_physical_experts
-        self.num_routed_experts = example.n_routed_experts
-        self.num_redundant_experts = example.n_redundant_experts
+        if moe_blocks:
+            example = moe_blocks[0]
+            self.num_logical_experts = example.n_logical_experts
+            self.num_physical_experts = example.n_physical_experts
+            self.num_local_physical_experts = example.n_local_physical_experts
+            self.num_routed_experts = example.n_routed_experts
+            self.num_redundant_experts = example.n_redundant_experts
     
     def update_physical_experts_metadata(
         self, num_physical_experts: int, num_local_physical_experts: int
