@@ -63,6 +63,21 @@ def test_sandwich_layer_is_carried_as_written():
     assert rewrite(carry_decoder_layer, BEFORE_SANDWICH_LAYER, carried_plan()) == AFTER_SANDWICH_LAYER
 
 
+def test_attention_input_is_found_by_keyword_in_any_order():
+    source = BEFORE_SANDWICH_LAYER.replace(
+        "            hidden_states=hidden_states,\n            position_embeddings=position_embeddings,\n",
+        "            position_embeddings=position_embeddings,\n            hidden_states=hidden_states,\n")
+    assert rewrite(carry_decoder_layer, source, carried_plan()) == AFTER_SANDWICH_LAYER
+
+
+def test_attention_result_bound_twice_is_refused():
+    # `x, _ = kept = self.self_attn(...)` also keeps the tuple: not the `x, _ = ...` shape
+    source = BEFORE_SANDWICH_LAYER.replace("hidden_states, _ = self.self_attn(",
+                                           "hidden_states, _ = kept = self.self_attn(")
+    with pytest.raises(HfrewriteError, match="the attention result is not taken as"):
+        rewrite(carry_decoder_layer, source, carried_plan())
+
+
 def test_fused_layer_is_not_touched():
     plan = dataclasses.replace(carried_plan(), decoder_layer=llama_like().decoder_layer)
     assert rewrite(carry_decoder_layer, BEFORE_SANDWICH_LAYER, plan) == BEFORE_SANDWICH_LAYER
@@ -128,6 +143,8 @@ def fused_qkv_plan(per_head=False):
 def test_checkpoint_fused_qkv_keeps_its_name_and_splits_by_role():
     out = rewrite(fuse_qkv, BEFORE_FUSED_QKV, fused_qkv_plan())
     assert "self.qkv_proj = QKVParallelLinear(" in out
+    # sizes and bias read from nn.Linear's positional arguments
+    assert "hidden_size=config.hidden_size,\n" in out and "bias=False,\n" in out
     assert "self.total_num_kv_heads = config.num_key_value_heads\n" in out
     assert ("qkv, _ = self.qkv_proj(hidden_states)\n"
             "        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n") in out

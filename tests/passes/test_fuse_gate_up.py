@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness import rewrite
+from harness import apply, rewrite
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import fuse_gate_up
 from plans import llama_like
@@ -193,3 +193,23 @@ class LlamaMLP(nn.Module):
 def test_refuses_different_bias():
     with pytest.raises(HfrewriteError, match='bias'):
         rewrite(fuse_gate_up, REFUSED_DIFFERENT_BIAS, llama_like())
+
+
+def test_refuses_gate_and_up_reading_different_inputs():
+    # act(gate(y)) * up(x) is not a gated MLP over one input: nothing to merge
+    source = (BEFORE_LLAMA_MLP.replace("self.gate_proj(x)", "self.gate_proj(y)")
+              .replace("def forward(self, x)", "def forward(self, x, y)"))
+    with pytest.raises(HfrewriteError, match="is not the only use of gate_proj/up_proj"):
+        rewrite(fuse_gate_up, source, llama_like())
+
+
+def test_gate_and_up_sizes_spelled_differently_are_listed_apart():
+    source = BEFORE_LLAMA_MLP.replace(
+        "self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size",
+        "self.up_proj = nn.Linear(config.hidden_size, config.up_size")
+    after = rewrite(fuse_gate_up, source, llama_like())
+    assert "            [config.intermediate_size, config.up_size],\n" in after
+
+
+def test_reports_one_match():
+    assert apply(fuse_gate_up, BEFORE_LLAMA_MLP, llama_like()).matches == 1

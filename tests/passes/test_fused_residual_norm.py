@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness import rewrite
+from harness import apply, rewrite
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import fused_residual_norm
 from plans import llama_like
@@ -130,3 +130,9 @@ def test_sandwich_norms_stay_on_the_block_outputs():
             "        hidden_states = self.mlp(hidden_states)\n"
             "        hidden_states = self.post_feedforward_layernorm(hidden_states)\n"
             "        return hidden_states, residual\n") in out
+
+
+def test_reports_each_norm_built():
+    result = apply(fused_residual_norm, BEFORE_LLAMA_DECODER_LAYER, llama_like())
+    assert result.matches == 2  # input_layernorm and post_attention_layernorm
+    assert result.fused[0].fused.endswith("(2 uses)")

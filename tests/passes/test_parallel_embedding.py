@@ -1,5 +1,7 @@
 """parallel_embedding: VocabParallelEmbedding / ParallelLMHead with tying and PP stages."""
 
+import dataclasses
+
 import pytest
 
 from harness import rewrite
@@ -131,3 +133,43 @@ def test_lm_head_bias_is_kept():
 def test_refuses_a_head_that_is_not_linear():
     with pytest.raises(HfrewriteError, match="is not nn.Linear"):
         rewrite(parallel_embedding, LM_HEAD_BIAS.replace("nn.Linear(", "MyHead("), llama_like())
+
+
+def test_lm_head_positional_bias_is_read():
+    # nn.Linear(in, out, False): the third positional argument is the bias
+    out = rewrite(parallel_embedding, LM_HEAD_BIAS.replace("bias=True)", "False)"), llama_like())
+    assert "config.vocab_size, config.hidden_size, quant_config=quant_config" in out
+
+
+SCALED_EMBEDDING = """\
+class ScaledWordEmbedding(nn.Embedding):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx, embed_scale=1.0):
+        super().__init__(num_embeddings, embedding_dim, padding_idx)
+        self.scalar_embed_scale = embed_scale
+
+    def forward(self, input_ids):
+        return super().forward(input_ids) * self.embed_scale
+
+
+""" + LM_HEAD_BIAS.replace(
+    "nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)",
+    "ScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, embed_scale=2.0)")
+
+
+def scaled_plan():
+    return dataclasses.replace(llama_like(), embed_class="ScaledWordEmbedding")
+
+
+def test_scaled_embedding_class_moves_onto_vocab_parallel():
+    out = rewrite(parallel_embedding, SCALED_EMBEDDING, scaled_plan())
+    assert "class ScaledWordEmbedding(VocabParallelEmbedding):" in out
+    assert "super().__init__(num_embeddings, embedding_dim)\n" in out  # vLLM's third parameter is a dtype
+    assert ("self.embed_tokens = ScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, "
+            "embed_scale=2.0)") in out
+
+
+def test_scaled_embedding_without_num_and_dim_is_refused():
+    source = SCALED_EMBEDDING.replace("super().__init__(num_embeddings, embedding_dim, padding_idx)",
+                                      "super().__init__(num_embeddings, embedding_dim=embedding_dim)")
+    with pytest.raises(HfrewriteError, match=r"does not pass \(num, dim\)"):
+        rewrite(parallel_embedding, source, scaled_plan())

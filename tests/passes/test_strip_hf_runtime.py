@@ -93,3 +93,26 @@ class LlamaForCausalLM(nn.Module):
 
 def test_leaves_clean_module_unchanged():
     assert rewrite(strip_hf_runtime, UNCHANGED_CLEAN_MODULE, llama_like()) == UNCHANGED_CLEAN_MODULE
+
+
+KEEPS_ASSIGNMENTS_OUTSIDE_INIT = """\
+import torch
+from torch import nn
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.unused = config.hidden_size
+        self.mlp = nn.Identity()
+
+    def forward(self, x):
+        self.last_input = x
+        return self.mlp(x)
+"""
+
+
+def test_unread_attribute_is_dropped_from_init_only():
+    # `self.unused` goes (built in __init__, never read); forward's own state stays
+    after = rewrite(strip_hf_runtime, KEEPS_ASSIGNMENTS_OUTSIDE_INIT, llama_like())
+    assert after == KEEPS_ASSIGNMENTS_OUTSIDE_INIT.replace("        self.unused = config.hidden_size\n", "")

@@ -1,6 +1,7 @@
 """Mutation testing of the compiler (``make mutate``): cosmic-ray mutates one place of
 ``passes/`` (or ``hfrewrite/analyze/``) at a time, on disk, and runs that part's fast tests
-against it; a mutant the tests do not fail "survived". ``--sample N`` keeps a seeded random
+against it, then regenerates a sample of golden/; a mutant that fails neither "survived".
+Mutants inside type annotations cannot change behaviour and are not counted. ``--sample N`` keeps a seeded random
 sample of each target's mutants (all of them take hours on 2 cores). Writes the score and
 the survivors to ``--out`` (JSON).
 
@@ -10,7 +11,9 @@ the survivors to ``--out`` (JSON).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -19,33 +22,36 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# No .pyc is written while a mutant is in place: one written in the same second as the
-# restore, for a mutant of the same size, would be taken for the restored file.
+# A mutant is killed by the target's fast tests or, when those pass, by a regenerated golden
+# file that differs (a sample of golden/ that spans the passes: about 15 s).
+GOLDEN_SAMPLE = ["llama", "qwen3_moe", "qwen2_moe", "gemma2", "phi3", "gpt_neox", "granite", "nanochat"]
 CONFIG = """\
 [cosmic-ray]
 module-path = ["{module}"]
-timeout = 60.0
+timeout = 120.0
 excluded-modules = []
-test-command = "env PYTHONDONTWRITEBYTECODE=1 {python} -m pytest -x -q -p no:cacheprovider {tests}"
+test-command = "{python} {script} --test {tests}"
 
 [cosmic-ray.distributor]
 name = "local"
 """
-
 
 def mutate(module: str, tests: str, sample: int, seed: int) -> dict:
     """Run a seeded sample of the mutants of ``module`` against ``tests``; the outcome counts."""
     cosmic = [str(Path(sys.executable).with_name("cosmic-ray"))]
     with tempfile.TemporaryDirectory(prefix="hfrewrite-mutate-") as tmp:
         config, session = Path(tmp) / "config.toml", Path(tmp) / "session.sqlite"
-        config.write_text(CONFIG.format(module=module, python=sys.executable, tests=tests))
+        config.write_text(CONFIG.format(module=module, python=sys.executable, script=Path(__file__).resolve(),
+                                        tests=tests))
         subprocess.run([*cosmic, "init", str(config), str(session)], cwd=REPO, check=True)
         db = sqlite3.connect(session)
-        jobs = [row[0] for row in db.execute("select job_id from mutation_specs order by job_id")]
-        total = len(jobs)
-        if sample and sample < total:
-            keep = set(random.Random(seed).sample(jobs, sample))
-            drop = [(j,) for j in jobs if j not in keep]
+        specs = db.execute("select job_id, module_path, start_pos_row, start_pos_col "
+                           "from mutation_specs order by job_id").fetchall()
+        total = len(specs)
+        jobs = [job for job, path, row, col in specs if not _in_annotation(path, row, col)]
+        keep = set(random.Random(seed).sample(jobs, sample)) if 0 < sample < len(jobs) else set(jobs)
+        if len(keep) < total:
+            drop = [(job,) for job, *_ in specs if job not in keep]
             db.executemany("delete from mutation_specs where job_id = ?", drop)
             db.executemany("delete from work_items where job_id = ?", drop)
             db.commit()
@@ -53,17 +59,86 @@ def mutate(module: str, tests: str, sample: int, seed: int) -> dict:
         rows = db.execute(
             "select s.module_path, s.start_pos_row, s.operator_name, r.test_outcome, r.diff "
             "from mutation_specs s join work_results r using (job_id) order by 1, 2, 3").fetchall()
-    outcomes = [r[3] for r in rows]
+    outcomes = [r[3].lower() for r in rows]  # cosmic-ray writes KILLED, SURVIVED, INCOMPETENT
     killed = sum(o == "killed" for o in outcomes)
-    survivors = [{"file": f, "line": line, "operator": op, "diff": diff}
-                 for f, line, op, outcome, diff in rows if outcome == "survived"]
+    survivors = [{"file": f, "line": line, "operator": op.split("/")[-1], "change": _change(diff)}
+                 for f, line, op, outcome, diff in rows if outcome.lower() == "survived"]
     competent = killed + len(survivors)  # a mutant that cannot even be imported is not counted
     return {
-        "module": module, "tests": tests, "mutants": total, "run": len(rows), "seed": seed,
+        "module": module, "tests": tests, "mutants": total, "in_annotations": total - len(jobs),
+        "run": len(rows), "seed": seed,
         "killed": killed, "survived": len(survivors),
         "incompetent": sum(o == "incompetent" for o in outcomes),
         "score": round(killed / competent, 3) if competent else None, "survivors": survivors,
     }
+
+
+_ANNOTATIONS: dict[str, list[tuple[int, int, int, int]]] = {}
+
+
+def _in_annotation(path: str, row: int, col: int) -> bool:
+    """Whether a mutant sits in a type annotation: with ``from __future__ import annotations``
+    those are strings at run time, so such a mutant cannot change behaviour (not counted)."""
+    if path not in _ANNOTATIONS:
+        tree = ast.parse((REPO / path).read_text())
+        nodes = [n.annotation for n in ast.walk(tree) if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation]
+        nodes += [n.returns for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns]
+        _ANNOTATIONS[path] = [(n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) for n in nodes]
+    return any((r0, c0) <= (row, col) < (r1, c1) for r0, c0, r1, c1 in _ANNOTATIONS[path])
+
+
+def rerun(previous: dict) -> dict:
+    """Run the survivors of an earlier report again (after new tests): each one's change is
+    applied to its file, the target's tests run, and the file is restored."""
+    targets = []
+    for target in previous["targets"]:
+        survivors = []
+        for mutant in target["survivors"]:
+            if _still_survives(mutant, target["tests"]):
+                survivors.append(mutant)
+        killed = target["killed"] + target["survived"] - len(survivors)
+        competent = killed + len(survivors)
+        targets.append({**target, "killed": killed, "survived": len(survivors),
+                        "score": round(killed / competent, 3), "survivors": survivors})
+    return targets
+
+
+def _still_survives(mutant: dict, tests: str) -> bool:
+    path = REPO / mutant["file"]
+    original = path.read_text()
+    lines = original.splitlines()
+    removed = [c[1:] for c in mutant["change"] if c.startswith("-")]
+    added = [c[1:] for c in mutant["change"] if c.startswith("+")]
+    starts = [i for i in range(len(lines)) if [x.rstrip() for x in lines[i:i + len(removed)]] == removed]
+    if not starts:
+        raise SystemExit(f"{mutant['file']}:{mutant['line']}: the mutated lines are no longer there")
+    at = min(starts, key=lambda i: abs(i + 1 - mutant["line"]))
+    try:
+        path.write_text("\n".join(lines[:at] + added + lines[at + len(removed):]) + "\n")
+        return run_tests(tests) == 0
+    finally:
+        path.write_text(original)
+
+
+def run_tests(tests: str) -> int:
+    """The test command a mutant runs against: 0 when it survives."""
+    quiet = {"cwd": REPO, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+             "env": {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}}
+    pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", tests]
+    try:
+        if subprocess.run(pytest, timeout=120, **quiet).returncode:
+            return 1
+        check = [sys.executable, "-c", "import sys; from hfrewrite.cli import main; sys.exit(main())", "check",
+                 *(f"golden/{name}.py" for name in GOLDEN_SAMPLE)]
+        return subprocess.run(check, timeout=120, **quiet).returncode
+    except subprocess.TimeoutExpired:
+        return 1  # a mutant that hangs is caught too
+
+
+def _change(diff: str) -> list[str]:
+    """The removed and added lines of a mutant's diff."""
+    return [line.rstrip() for line in diff.splitlines()
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
 
 
 def main() -> int:
@@ -73,10 +148,19 @@ def main() -> int:
                              "(default: passes:tests/passes and hfrewrite/analyze:tests/analyze)")
     parser.add_argument("--sample", type=int, default=0, help="mutants per target (0: all)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rerun", type=Path, help="run the survivors of this earlier report again")
+    parser.add_argument("--test", metavar="TESTS", help="run the tests a mutant is checked by (used by cosmic-ray)")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.test:
+        return run_tests(args.test)
+    if args.out is None:
+        parser.error("--out is required")
     targets = args.target or ["passes:tests/passes", "hfrewrite/analyze:tests/analyze"]
-    results = [mutate(*target.split(":", 1), args.sample, args.seed) for target in targets]
+    if args.rerun:
+        results = rerun(json.loads(args.rerun.read_text()))
+    else:
+        results = [mutate(*target.split(":", 1), args.sample, args.seed) for target in targets]
     killed = sum(r["killed"] for r in results)
     competent = killed + sum(r["survived"] for r in results)
     summary = {"score": round(killed / competent, 3) if competent else None, "killed": killed,
