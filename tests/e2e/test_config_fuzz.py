@@ -31,12 +31,18 @@ EXAMPLES = int(os.environ.get("HFREWRITE_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("HFREWRITE_FUZZ_SEED", "20261201"))
 REPORT = os.environ.get("HFREWRITE_FUZZ_REPORT")
 VOCAB = 512
+# Greedy tokens must equal HF's; logprobs within verify.LOGPROB_TOL of HF's, or within
+# NOISE_TOL of HF's and LOGPROB_TOL of vLLM's own implementation of the same configuration.
+NOISE_TOL = 1e-3
 PROMPTS = [list(p) for p in V.DEFAULT_PROMPTS]  # ids < 500 fit the vocab
 _IDS = {"vocab_size": VOCAB, "max_position_embeddings": 256, "pad_token_id": 0, "bos_token_id": 1,
         "eos_token_id": 2}
 
 # Draws that once failed, shrunk by hypothesis; each runs on every test run.
 REGRESSIONS = [
+    # hidden 512, 3 layers: HF 1.8e-4 away, exactly where vLLM's own Qwen2 is (not a wrong file).
+    ("qwen2", {**_IDS, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512,
+               "num_hidden_layers": 3, "intermediate_size": 128, "tie_word_embeddings": False}),
     # Every layer dense (mlp_only_layers): the file raised "No MoE layer found" in vLLM.
     ("qwen2_moe", {**_IDS, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
                    "num_hidden_layers": 2, "intermediate_size": 64, "tie_word_embeddings": True,
@@ -165,8 +171,20 @@ def check_one(family: str, fields: dict, server: V.VllmServer, root: Path, n: in
     run = {"ckpt": str(ckpt), "prompts": PROMPTS, "max_tokens": 16, "architecture": arch,
            "generated_module": str(module)}
     case = V.VerifyCase(ckpt, module, prompts=PROMPTS)
-    report = V._report(case, arch, {"tokens": tokens, "logprobs": logprobs}, server.run(run), None, {})
-    return ("verified", "") if report.ok else ("wrong", "; ".join(report.problems))
+    hf, generated = {"tokens": tokens, "logprobs": logprobs}, server.run(run)
+    report = V._report(case, arch, hf, generated, None, {})
+    if report.ok:
+        return "verified", ""
+    if not all(p.startswith("logprobs differ from HF") for p in report.problems) or report.logprob_diff_hf > NOISE_TOL:
+        return "wrong", "; ".join(report.problems)
+    # Tokens equal, logprobs a little further from HF than LOGPROB_TOL: float32 summation order
+    # over wider layers. vLLM's own implementation then sits as far from HF; the file must equal it.
+    native = server.run({**run, "generated_module": None})
+    against_native = V._report(case, arch, hf, generated, native, {})
+    problems = [p for p in against_native.problems if not p.startswith("logprobs differ from HF")]
+    if problems:
+        return "wrong", "; ".join(report.problems + problems)
+    return "verified", f"HF {report.logprob_diff_hf:.1e} away, as vLLM's own implementation"
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +210,8 @@ def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
         outcome, detail = check_one(family, fields, server, root, len(list(root.iterdir())))
         counts[outcome] += 1
         counts[f"{family}:{outcome}"] += 1
+        if outcome == "verified" and detail:
+            counts["verified_within_native_noise"] += 1
         if outcome in ("refused", "invalid"):
             refusals[f"{outcome}: " + detail.split(": ", 2)[-1][:120]] += 1
         if outcome == "invalid":
