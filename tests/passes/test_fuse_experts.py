@@ -214,3 +214,10 @@ class MoeBlock(nn.Module):
 def test_refuses_no_renormalisation_in_source():
     with pytest.raises(HfrewriteError, match='disagrees with the trace'):
         rewrite(fuse_experts, REFUSED_NO_RENORMALISATION_IN_SOURCE, qwen_moe(shared=True))
+
+
+def test_refuses_a_router_of_another_class():
+    source = REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG.replace("Experts(other)", "Experts(config)").replace(
+        "self.gate = TopKRouter(config)", "self.gate = nn.Linear(config)")
+    with pytest.raises(HfrewriteError, match=r"self.gate is not TopKRouter\(config\)"):
+        rewrite(fuse_experts, source, qwen_moe(shared=True))

@@ -206,9 +206,9 @@ def test_refuses_gate_and_up_reading_different_inputs():
 def test_gate_and_up_sizes_spelled_differently_are_listed_apart():
     source = BEFORE_LLAMA_MLP.replace(
         "self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size",
-        "self.up_proj = nn.Linear(config.hidden_size, config.up_size")
+        "self.up_proj = nn.Linear(config.hidden_size, config.ffn_size")
     after = rewrite(fuse_gate_up, source, llama_like())
-    assert "            [config.intermediate_size, config.up_size],\n" in after
+    assert "            [config.intermediate_size, config.ffn_size],\n" in after
 
 
 def test_reports_one_match():

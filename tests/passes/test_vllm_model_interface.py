@@ -1,5 +1,7 @@
 """vllm_model_interface: vLLM's model interface for the base model and the causal LM."""
 
+import dataclasses
+
 import pytest
 
 from harness import rewrite
@@ -159,3 +161,33 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
 def test_refuses_layers_not_module_list():
     with pytest.raises(HfrewriteError, match='ModuleList'):
         rewrite(vllm_model_interface, REFUSED_LAYERS_NOT_MODULE_LIST, llama_like())
+
+
+SCALED_LOGITS = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+    "        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)\n",
+    "        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)\n"
+    "        self.logit_scale = config.logit_scale\n",
+).replace(
+    "        return CausalLMOutputWithPast(logits=self.lm_head(self.model(input_ids)))\n",
+    "        hidden_states = self.model(input_ids).last_hidden_state\n"
+    "        logits = self.lm_head(hidden_states)\n"
+    "        logits = logits * self.logit_scale\n"
+    "        return CausalLMOutputWithPast(logits=logits)\n",
+)
+
+
+def logits_plan():
+    return dataclasses.replace(llama_like(), logits_postprocessed=True)
+
+
+def test_logit_post_processing_is_carried_into_compute_logits():
+    after = rewrite(vllm_model_interface, SCALED_LOGITS, logits_plan())
+    assert "        self.logit_scale = config.logit_scale\n" in after
+    logits = after[after.index("def compute_logits"):]
+    assert "logits = logits * self.logit_scale\n" in logits
+
+
+def test_logit_post_processing_reading_other_values_is_refused():
+    source = SCALED_LOGITS.replace("logits = logits * self.logit_scale", "logits = logits * bias_table[input_ids]")
+    with pytest.raises(HfrewriteError, match="the logits are post-processed, but not by statements right after"):
+        rewrite(vllm_model_interface, source, logits_plan())
