@@ -74,7 +74,7 @@ class _DropHfRuntime(cst.CSTTransformer):
         if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
             bases = [cst.Arg(t.expr("nn.Module")), *bases]
         updated = updated.with_changes(decorators=decorators, bases=bases)
-        if len(bases) != len(updated.bases) or [t.code(b.value) for b in bases] == ["nn.Module"]:
+        if [t.code(b.value) for b in bases] == ["nn.Module"]:
             updated = updated.visit(_NoSuperArgs())  # nn.Module.__init__ takes no config
         return updated
 

@@ -213,3 +213,10 @@ def test_gate_and_up_sizes_spelled_differently_are_listed_apart():
 
 def test_reports_one_match():
     assert apply(fuse_gate_up, BEFORE_LLAMA_MLP, llama_like()).matches == 1
+
+
+@pytest.mark.parametrize("up_in", ["config.model_dim", "config.embed_dim"])  # sorting after and before
+def test_refuses_gate_and_up_reading_different_input_sizes(up_in):
+    source = BEFORE_LLAMA_MLP.replace("self.up_proj = nn.Linear(config.hidden_size,", f"self.up_proj = nn.Linear({up_in},")
+    with pytest.raises(HfrewriteError, match="read different input sizes"):
+        rewrite(fuse_gate_up, source, llama_like())

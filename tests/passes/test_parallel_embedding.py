@@ -173,3 +173,8 @@ def test_scaled_embedding_without_num_and_dim_is_refused():
                                       "super().__init__(num_embeddings, embedding_dim=embedding_dim)")
     with pytest.raises(HfrewriteError, match=r"does not pass \(num, dim\)"):
         rewrite(parallel_embedding, source, scaled_plan())
+
+
+def test_lm_head_bias_expression_is_kept():
+    out = rewrite(parallel_embedding, LM_HEAD_BIAS.replace("bias=True)", "bias=config.lm_head_bias)"), llama_like())
+    assert "config.vocab_size, config.hidden_size, bias=config.lm_head_bias, quant_config=quant_config" in out

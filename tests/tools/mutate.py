@@ -23,8 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # A mutant is killed by the target's fast tests or, when those pass, by a regenerated golden
-# file that differs (a sample of golden/ that spans the passes: about 15 s).
-GOLDEN_SAMPLE = ["llama", "qwen3_moe", "qwen2_moe", "gemma2", "phi3", "gpt_neox", "granite", "nanochat"]
+# file that differs (a sample of golden/ that spans the passes: about 20 s).
+GOLDEN_SAMPLE = ["llama", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3_text", "phi3", "gpt_neox", "persimmon",
+                 "granite", "smollm3", "nanochat"]
 CONFIG = """\
 [cosmic-ray]
 module-path = ["{module}"]
@@ -56,17 +57,26 @@ def mutate(module: str, tests: str, sample: int, seed: int) -> dict:
             db.executemany("delete from work_items where job_id = ?", drop)
             db.commit()
         subprocess.run([*cosmic, "exec", str(config), str(session)], cwd=REPO, check=True)
-        rows = db.execute(
-            "select s.module_path, s.start_pos_row, s.operator_name, r.test_outcome, r.diff "
-            "from mutation_specs s join work_results r using (job_id) order by 1, 2, 3").fetchall()
+        rows = _results(db)
+    return _summary(module, tests, total, total - len(jobs), len(keep), seed, rows)
+
+
+def _results(db: sqlite3.Connection) -> list[tuple]:
+    return db.execute(
+        "select s.module_path, s.start_pos_row, s.operator_name, r.test_outcome, r.diff "
+        "from mutation_specs s join work_results r using (job_id) order by 1, 2, 3").fetchall()
+
+
+def _summary(module: str, tests: str, total: int | None, in_annotations: int | None, sampled: int, seed: int,
+             rows: list[tuple]) -> dict:
     outcomes = [r[3].lower() for r in rows]  # cosmic-ray writes KILLED, SURVIVED, INCOMPETENT
     killed = sum(o == "killed" for o in outcomes)
     survivors = [{"file": f, "line": line, "operator": op.split("/")[-1], "change": _change(diff)}
                  for f, line, op, outcome, diff in rows if outcome.lower() == "survived"]
     competent = killed + len(survivors)  # a mutant that cannot even be imported is not counted
     return {
-        "module": module, "tests": tests, "mutants": total, "in_annotations": total - len(jobs),
-        "run": len(rows), "seed": seed,
+        "module": module, "tests": tests, "mutants": total, "in_annotations": in_annotations,
+        "sampled": sampled, "run": len(rows), "seed": seed,
         "killed": killed, "survived": len(survivors),
         "incompetent": sum(o == "incompetent" for o in outcomes),
         "score": round(killed / competent, 3) if competent else None, "survivors": survivors,
@@ -99,6 +109,7 @@ def rerun(previous: dict) -> dict:
         killed = target["killed"] + target["survived"] - len(survivors)
         competent = killed + len(survivors)
         targets.append({**target, "killed": killed, "survived": len(survivors),
+                        "killed_on_rerun": target["survived"] - len(survivors),
                         "score": round(killed / competent, 3), "survivors": survivors})
     return targets
 
@@ -149,6 +160,7 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=0, help="mutants per target (0: all)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rerun", type=Path, help="run the survivors of this earlier report again")
+    parser.add_argument("--session", type=Path, help="summarize the session database of a run stopped early")
     parser.add_argument("--test", metavar="TESTS", help="run the tests a mutant is checked by (used by cosmic-ray)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -157,7 +169,12 @@ def main() -> int:
     if args.out is None:
         parser.error("--out is required")
     targets = args.target or ["passes:tests/passes", "hfrewrite/analyze:tests/analyze"]
-    if args.rerun:
+    if args.session:  # a run stopped early: what its session database holds
+        module, tests = targets[0].split(":", 1)
+        db = sqlite3.connect(args.session)
+        sampled = db.execute("select count(*) from mutation_specs").fetchone()[0]
+        results = [_summary(module, tests, None, None, sampled, args.seed, _results(db))]
+    elif args.rerun:
         results = rerun(json.loads(args.rerun.read_text()))
     else:
         results = [mutate(*target.split(":", 1), args.sample, args.seed) for target in targets]
