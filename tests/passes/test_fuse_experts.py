@@ -221,3 +221,10 @@ def test_refuses_a_router_of_another_class():
         "self.gate = TopKRouter(config)", "self.gate = nn.Linear(config)")
     with pytest.raises(HfrewriteError, match=r"self.gate is not TopKRouter\(config\)"):
         rewrite(fuse_experts, source, qwen_moe(shared=True))
+
+
+def test_shared_expert_gate_positional_bias_is_read():
+    source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
+        "torch.nn.Linear(config.hidden_size, 1, bias=False)", "torch.nn.Linear(config.hidden_size, 1, False)")
+    after = rewrite(fuse_experts, source, qwen_moe(shared=True))
+    assert "self.shared_expert_gate = ReplicatedLinear(\n            config.hidden_size,\n            1,\n            bias=False," in after

@@ -191,3 +191,21 @@ def test_logit_post_processing_reading_other_values_is_refused():
     source = SCALED_LOGITS.replace("logits = logits * self.logit_scale", "logits = logits * bias_table[input_ids]")
     with pytest.raises(HfrewriteError, match="the logits are post-processed, but not by statements right after"):
         rewrite(vllm_model_interface, source, logits_plan())
+
+
+@pytest.mark.parametrize("bias, added", [("True", True), ("config.lm_head_bias", True), ("False", False)])
+def test_lm_head_bias_is_added_to_the_logits(bias, added):
+    source = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "ParallelLMHead(config.vocab_size, config.hidden_size)",
+        f"ParallelLMHead(config.vocab_size, config.hidden_size, bias={bias})")
+    after = rewrite(vllm_model_interface, source, llama_like())
+    assert ("return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)" in after) is added
+
+
+def test_a_bias_on_another_layer_is_not_the_lm_heads():
+    source = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)\n",
+        "        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)\n"
+        "        self.adapter = Linear(config.hidden_size, config.hidden_size, bias=True)\n")
+    after = rewrite(vllm_model_interface, source, llama_like())
+    assert "self.lm_head.bias" not in after
