@@ -102,19 +102,21 @@ def rerun(previous: dict) -> dict:
     applied to its file, the target's tests run, and the file is restored."""
     targets = []
     for target in previous["targets"]:
-        survivors = []
+        survivors, gone = [], []
         for mutant in target["survivors"]:
-            if _still_survives(mutant, target["tests"]):
-                survivors.append(mutant)
-        killed = target["killed"] + target["survived"] - len(survivors)
+            outcome = _still_survives(mutant, target["tests"])
+            (gone if outcome is None else survivors if outcome else []).append(mutant)
+        killed = target["killed"] + target["survived"] - len(survivors) - len(gone)
         competent = killed + len(survivors)
         targets.append({**target, "killed": killed, "survived": len(survivors),
-                        "killed_on_rerun": target["survived"] - len(survivors),
+                        "killed_on_rerun": target["survived"] - len(survivors) - len(gone),
+                        "gone_with_their_code": gone,
                         "score": round(killed / competent, 3), "survivors": survivors})
     return targets
 
 
-def _still_survives(mutant: dict, tests: str) -> bool:
+def _still_survives(mutant: dict, tests: str) -> bool | None:
+    """Whether the mutant survives the tests now; None when the code it changed is gone."""
     path = REPO / mutant["file"]
     original = path.read_text()
     lines = original.splitlines()
@@ -122,7 +124,7 @@ def _still_survives(mutant: dict, tests: str) -> bool:
     added = [c[1:] for c in mutant["change"] if c.startswith("+")]
     starts = [i for i in range(len(lines)) if [x.rstrip() for x in lines[i:i + len(removed)]] == removed]
     if not starts:
-        raise SystemExit(f"{mutant['file']}:{mutant['line']}: the mutated lines are no longer there")
+        return None
     at = min(starts, key=lambda i: abs(i + 1 - mutant["line"]))
     try:
         path.write_text("\n".join(lines[:at] + added + lines[at + len(removed):]) + "\n")
