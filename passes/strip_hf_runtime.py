@@ -238,9 +238,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = module.visit(_PruneAttributes(reader.cross_reads, _stateless_classes(module)))
     body, relative = [], []
     for node in module.body:
-        if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.ImportFrom) and node.body[0].relative:
-            relative.append(node.body[0])
-            continue
+        if isinstance(node, cst.SimpleStatementLine):  # `from .a import x; import y` splits
+            ours = [s for s in node.body if isinstance(s, cst.ImportFrom) and s.relative]
+            relative += ours
+            if ours:
+                rest = [s for s in node.body if s not in ours]
+                if not rest:
+                    continue
+                node = node.with_changes(body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in rest])
         body.append(node)
     module = module.with_changes(body=body)
     still_used = t.names_used(module) - {c for c in configs}

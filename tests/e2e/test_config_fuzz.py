@@ -31,6 +31,7 @@ from hfrewrite.resolve import resolve
 EXAMPLES = int(os.environ.get("HFREWRITE_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("HFREWRITE_FUZZ_SEED", "20261201"))
 REPORT = os.environ.get("HFREWRITE_FUZZ_REPORT")
+OUTCOMES = ("verified", "unconfirmed", "refused", "invalid", "wrong")
 VOCAB = 512
 # Greedy tokens must equal HF's; logprobs within verify.LOGPROB_TOL of HF's, or within
 # NOISE_TOL of HF's and LOGPROB_TOL of vLLM's own implementation of the same configuration
@@ -213,6 +214,14 @@ def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
     counts: Counter = Counter()
     refusals: Counter = Counter()
 
+    def summary(complete: bool) -> dict:
+        return {"seed": SEED, "examples": EXAMPLES, "complete": complete,
+                "counts": dict(sorted(counts.items())), "refusals": dict(refusals.most_common())}
+
+    def report(complete: bool) -> None:  # after every draw: a run stopped early still leaves its counts
+        if REPORT:
+            Path(REPORT).write_text(json.dumps(summary(complete), indent=1, sort_keys=True) + "\n")
+
     @seed(SEED)
     @settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
@@ -226,6 +235,8 @@ def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
             counts["verified_within_native_noise"] += 1
         if outcome in ("refused", "invalid", "unconfirmed"):
             refusals[f"{outcome}: " + detail.split(": ", 2)[-1][:120]] += 1
+        print(f"fuzz draw {sum(counts[k] for k in OUTCOMES)}: {family} {outcome} {detail[:100]}", flush=True)
+        report(complete=False)
         if outcome == "invalid":
             reject()  # counted, then not a test case
         assert outcome != "wrong", f"{family} {json.dumps(fields)}: {detail}"
@@ -233,9 +244,6 @@ def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
     for case in REGRESSIONS:
         draw = example(case)(draw)
     draw()
-    summary = {"seed": SEED, "examples": EXAMPLES, "counts": dict(sorted(counts.items())),
-               "refusals": dict(refusals.most_common())}
-    print("\nfuzz:", json.dumps(summary, indent=1))
-    if REPORT:
-        Path(REPORT).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    report(complete=True)
+    print("\nfuzz:", json.dumps(summary(True), indent=1))
     assert counts["verified"] > 0

@@ -278,3 +278,51 @@ class ArceeForCausalLM(PreTrainedModel):
     assert "from transformers.activations import ACT2FN\n" in out
     assert "from transformers import ArceeConfig\n" in out
     assert "PreTrainedModel" not in out
+
+
+def test_hidden_states_under_another_name():
+    # the layer's first parameter is the stream, whatever it is called (`x` sorts after "self")
+    layer = BEFORE_SANDWICH_LAYER[len(ATTENTION):].replace("def forward(self, hidden_states, position_embeddings,",
+                                                           "def forward(self, x, position_embeddings,")
+    source = ATTENTION + layer.replace("residual = hidden_states\n        hidden_states = self.input_layernorm(hidden_states)",
+                            "residual = x\n        hidden_states = self.input_layernorm(x)")
+    out = rewrite(carry_decoder_layer, source, carried_plan())
+    assert "def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:" in out
+
+
+def test_a_layer_without_kwargs_is_carried():
+    source = BEFORE_SANDWICH_LAYER.replace(", position_ids=None, **kwargs):", ", position_ids=None):")
+    source = source.replace("            **kwargs,\n", "")
+    assert rewrite(carry_decoder_layer, source, carried_plan()) == AFTER_SANDWICH_LAYER
+
+
+def test_reading_the_dropped_kwargs_is_refused():
+    source = BEFORE_SANDWICH_LAYER.replace("residual = hidden_states\n", "residual = hidden_states * kwargs['scale']\n", 1)
+    with pytest.raises(HfrewriteError, match="reads kwargs"):
+        rewrite(carry_decoder_layer, source, carried_plan())
+
+
+def test_checkpoint_fused_qkv_sliced_without_an_ellipsis_is_refused():
+    # qkv[:n] is not one of the [..., a:b] role slices: refused, not misread
+    source = BEFORE_FUSED_QKV.replace("query_states = qkv[..., :query_pos]", "query_states = qkv[:query_pos]")
+    with pytest.raises(HfrewriteError, match="is not sliced exactly into q, k and v"):
+        rewrite(fuse_qkv, source, fused_qkv_plan())
+
+
+def per_head_plan():
+    plan = fused_qkv_plan(per_head=True)
+    fact = LinearFact("query_key_value", 128, 128, True)
+    return dataclasses.replace(plan, attention=dataclasses.replace(
+        plan.attention, module_class="GPTNeoXAttention", q=fact, k=fact, v=fact))
+
+
+@pytest.mark.parametrize("other_split", [
+    "a, b, c = hidden_states.chunk(3, dim=-1)",  # another tensor's chunk (its name sorts before qkv)
+    "a, b, c = self.split_other(hidden_states)",  # a method of the module on another tensor
+])
+def test_per_head_qkv_unchunks_only_its_own_split(other_split):
+    source = BEFORE_PER_HEAD_QKV.replace("        return query_states\n",
+                                         f"        {other_split}\n        return query_states\n")
+    out = rewrite(fuse_qkv, source, per_head_plan())
+    assert "query_states, key_states, value_states = q, k, v\n" in out
+    assert f"        {other_split}\n" in out

@@ -220,3 +220,14 @@ def test_refuses_gate_and_up_reading_different_input_sizes(up_in):
     source = BEFORE_LLAMA_MLP.replace("self.up_proj = nn.Linear(config.hidden_size,", f"self.up_proj = nn.Linear({up_in},")
     with pytest.raises(HfrewriteError, match="read different input sizes"):
         rewrite(fuse_gate_up, source, llama_like())
+
+
+def test_refuses_two_gated_products_in_one_statement():
+    # act(gate(x)) * up(x) + act(gate(y)) * up(y): one gate_up call cannot stand for both
+    source = (BEFORE_LLAMA_MLP
+              .replace("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",
+                       "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)"
+                       " + self.act_fn(self.gate_proj(y)) * self.up_proj(y))")
+              .replace("def forward(self, x)", "def forward(self, x, y)"))
+    with pytest.raises(HfrewriteError, match="is not the only use"):
+        rewrite(fuse_gate_up, source, llama_like())

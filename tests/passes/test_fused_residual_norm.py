@@ -136,3 +136,11 @@ def test_reports_each_norm_built():
     result = apply(fused_residual_norm, BEFORE_LLAMA_DECODER_LAYER, llama_like())
     assert result.matches == 2  # input_layernorm and post_attention_layernorm
     assert result.fused[0].fused.endswith("(2 uses)")
+
+
+def test_a_forward_docstring_moves_no_comment():
+    # the docstring shifts every statement by one; each comment still leads its own block
+    source = BEFORE_LLAMA_DECODER_LAYER.replace(
+        "    def forward(self, hidden_states, attention_mask=None, **kwargs):\n",
+        '    def forward(self, hidden_states, attention_mask=None, **kwargs):\n        """One decoder layer."""\n')
+    assert rewrite(fused_residual_norm, source, llama_like()).lstrip() == AFTER_LLAMA_DECODER_LAYER

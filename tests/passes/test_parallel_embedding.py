@@ -178,3 +178,9 @@ def test_scaled_embedding_without_num_and_dim_is_refused():
 def test_lm_head_bias_expression_is_kept():
     out = rewrite(parallel_embedding, LM_HEAD_BIAS.replace("bias=True)", "bias=config.lm_head_bias)"), llama_like())
     assert "config.vocab_size, config.hidden_size, bias=config.lm_head_bias, quant_config=quant_config" in out
+
+
+def test_scaled_embedding_with_padding_by_keyword_keeps_num_and_dim():
+    source = SCALED_EMBEDDING.replace("super().__init__(num_embeddings, embedding_dim, padding_idx)",
+                                      "super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)")
+    assert "super().__init__(num_embeddings, embedding_dim)\n" in rewrite(parallel_embedding, source, scaled_plan())

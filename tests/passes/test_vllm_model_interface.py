@@ -209,3 +209,51 @@ def test_a_bias_on_another_layer_is_not_the_lm_heads():
         "        self.adapter = Linear(config.hidden_size, config.hidden_size, bias=True)\n")
     after = rewrite(vllm_model_interface, source, llama_like())
     assert "self.lm_head.bias" not in after
+
+
+def glue_source(glue: str) -> str:
+    return BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "        return BaseModelOutputWithPast(last_hidden_state=input_ids)\n",
+        "        inputs_embeds = self.embed_tokens(input_ids)\n"
+        f"{glue}"
+        "        for decoder_layer in self.layers:\n"
+        "            hidden_states = decoder_layer(hidden_states, attention_mask=attention_mask)\n"
+        "        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))\n")
+
+
+def transformed_plan():
+    return dataclasses.replace(llama_like(), embeddings_transformed=True)
+
+
+def test_steps_between_the_embeddings_and_the_first_layer_keep_their_order():
+    after = rewrite(vllm_model_interface, glue_source(
+        "        hidden_states = inputs_embeds * self.embedding_multiplier\n"
+        "        hidden_states = hidden_states + self.embedding_bias\n"
+        "        hidden_states = hidden_states * 2.0\n"), transformed_plan())
+    assert ("                hidden_states = self.embed_input_ids(input_ids)\n"
+            "            # The source's own step between the embeddings and the first layer.\n"
+            "            hidden_states = hidden_states * self.embedding_multiplier\n"
+            "            hidden_states = hidden_states + self.embedding_bias\n"
+            "            hidden_states = hidden_states * 2.0\n") in after
+
+
+def test_transformed_embeddings_with_no_step_to_carry_are_refused():
+    # the analysis saw the first layer read something else than the embeddings; the source shows no step
+    with pytest.raises(HfrewriteError, match="the first layer does not read the embeddings as they are"):
+        rewrite(vllm_model_interface, glue_source("        hidden_states = inputs_embeds\n"), transformed_plan())
+
+
+def test_a_scaled_lookup_is_carried_into_embed_input_ids():
+    after = rewrite(vllm_model_interface, glue_source("").replace(
+        "inputs_embeds = self.embed_tokens(input_ids)", "hidden_states = self.embed_tokens(input_ids) * 2.0"),
+        transformed_plan())
+    embed = after[after.index("def embed_input_ids"):after.index("def forward")]
+    assert "return self.embed_tokens(input_ids) * 2.0\n" in embed
+
+
+def test_attributes_the_carried_logits_read_are_copied_once():
+    source = SCALED_LOGITS.replace("        self.logit_scale = config.logit_scale\n",
+                                   "        self.logit_scale = config.logit_scale\n        self.config = config\n")
+    after = rewrite(vllm_model_interface, source, logits_plan())
+    causal_lm = after[after.index("class LlamaForCausalLM"):]
+    assert causal_lm.count("self.config = config\n") == 1
