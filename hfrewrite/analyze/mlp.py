@@ -8,8 +8,8 @@ nemotron), ``down(act(up(x)))`` with an elementwise act, which vLLM shards as
 Preconditions (fail closed): the block has three Linears, each called once; its one
 output is a Linear (down) reading a product ``act(gate(x)) * up(x)``; gate and up read
 the same x and have equal out_features and bias; act is a module attribute of the block,
-of the class transformers builds for the config's activation, and vLLM has an
-``*AndMul`` for that activation.
+called on the gate alone, of the class transformers builds for the config's activation,
+computing vLLM's formula for it on the traced values, and vLLM has an ``*AndMul`` for it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ from hfrewrite.trace import Traced, past_identity_dropouts, relative, value
 # whose math is ``act(gate) * up``; "swigluoai" (clamped, gpt-oss) and "geglu" (no
 # transformers ACT2FN entry) are left out. Hard-coded so analysis does not import vLLM.
 ACT_AND_MUL = ("gelu", "gelu_pytorch_tanh", "silu", "swish")
+# What each of those computes on the gate half in vLLM's kernel, replayed on the traced values.
+_VLLM_ACT = {
+    "gelu": torch.nn.functional.gelu,
+    "gelu_pytorch_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "swish": torch.nn.functional.silu,
+}
 
 _MUL = (operator.mul, torch.mul, "mul")
 _SLICING = (operator.getitem, "chunk", "split", torch.chunk, torch.split)
@@ -67,7 +74,8 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         if (
             isinstance(act, Node)
             and act.op == "call_module"
-            and act.args
+            and len(act.args) == 1
+            and not act.kwargs
             and act.args[0] in linears
             and up in linears
             and act.args[0] is not up
@@ -85,6 +93,8 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     activation = _config_activation(act_module, config)
     if activation not in ACT_AND_MUL:
         return no(f"vLLM has no fused *AndMul for activation {activation!r}")
+    if not _computes(act, gate, activation):
+        return no(f"{relative(act.target, path)} does not compute {activation} (replayed on the traced values)")
     act_attr = relative(act.target, path)
     return MlpPlan(cls, g, u, d, act_attr, activation)
 
@@ -104,7 +114,7 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
     half = whole.shape[-1] // 2
     for act, up in (product.args, product.args[::-1]):
         if not (isinstance(act, Node) and act.op == "call_module" and len(act.args) == 1
-                and isinstance(up, Node)):
+                and not act.kwargs and isinstance(up, Node)):
             continue
         gate = act.args[0]
         if not (_only_from(gate, proj) and _only_from(up, proj)):
@@ -115,9 +125,19 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
             activation = _config_activation(traced.submodule(act), config)
             if activation not in ACT_AND_MUL:
                 return NoMatch("fuse_gate_up", cls, f"vLLM has no fused *AndMul for activation {activation!r}")
+            if not _computes(act, gate, activation):
+                return NoMatch("fuse_gate_up", cls, f"{relative(act.target, path)} does not compute {activation} "
+                                                    "(replayed on the traced values)")
             d = traced.linear_fact(down, path)
             return MlpPlan(cls, fact, fact, d, relative(act.target, path), activation, fused_gate_up=True)
     return None
+
+
+def _computes(act: Node, gate: Node, activation: str) -> bool:
+    """The activation module's traced output is vLLM's ``activation`` of its input."""
+    out, x = value(act), value(gate)
+    return (torch.is_tensor(out) and torch.is_tensor(x) and out.shape == x.shape
+            and torch.allclose(out, _VLLM_ACT[activation](x), rtol=1e-5, atol=1e-6))
 
 
 def _only_from(node: Node, source: Node) -> bool:

@@ -286,3 +286,125 @@ class PostNormLayer(nn.Module):
 def test_decoder_post_norm_is_no_match():
     result = analyze_decoder(trace(PostNormLayer(), (torch.randn(2, 8),)))
     assert isinstance(result, NoMatch) and result.pattern == "fused_residual_norm"
+
+
+class KwargsAttention(HandAttention):
+    """HandAttention whose attention call passes one more keyword."""
+
+    def __init__(self, **extra):
+        super().__init__()
+        self.extra = extra
+
+    def forward(self, x, pos=None):
+        batch, seq, _ = x.shape
+        q, k, v = (p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25, **self.extra)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+@pytest.mark.parametrize("extra, shown", [({"s_aux": torch.zeros(4)}, "s_aux=<(4,) tensor>"),
+                                          ({"sink_scale": 0}, "sink_scale=0")])
+def test_attention_call_keywords_vllm_would_not_pass_are_refused(extra, shown):
+    assert str(attention_of(KwargsAttention(**extra))) == f"KwargsAttention: vllm_attention: the attention call passes {shown}"
+
+
+class SplitKvAttention(nn.Module):
+    """q from its own projection, k and v sliced from one fused kv projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.kv_proj = nn.Linear(32, 64, bias=False), nn.Linear(32, 128, bias=False)
+        self.o_proj = nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        kv = self.kv_proj(x)
+        q, k, v = (t.view(batch, seq, -1, 16).transpose(1, 2)
+                   for t in (self.q_proj(x), kv[..., :64], kv[..., 64:]))
+        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+def test_q_and_a_fused_kv_projection_are_no_qkv_group():
+    result = attention_of(SplitKvAttention())
+    assert isinstance(result, NoMatch) and result.pattern == "fuse_qkv", result
+
+
+class FlatAttention(HandAttention):
+    """q, k and v reach the attention call as [batch, seq, hidden], not split into heads."""
+
+    def forward(self, x, pos=None):
+        q, k, v = (p(x) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)  # [batch, hidden, seq] back
+        return self.o_proj(out.transpose(1, 2))
+
+
+def test_attention_on_unsplit_heads_is_refused():
+    result = attention_of(FlatAttention())
+    assert isinstance(result, NoMatch) and "[batch, heads, seq, head_dim]" in result.reason, result
+
+
+class BranchFirstLayer(nn.Module):
+    """`block(norm(x)) + x`: the residual is the second operand."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp, self.norm = nn.Sequential(nn.Linear(8, 8)), transformers.models.llama.modeling_llama.LlamaRMSNorm(8)
+
+    def forward(self, x):
+        return self.mlp(self.norm(x)) + x
+
+
+def test_residual_as_the_second_operand_is_a_residual_block():
+    result = analyze_decoder(trace(BranchFirstLayer(), (torch.randn(2, 8),)))
+    assert result.blocks == (ResidualBlock("norm", "mlp"),), result
+
+
+class GateHalfTwiceMlp(nn.Module):
+    """`down(act(g) * g)` with g the first half of a fused projection: no up half, not gate*up."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj, self.down_proj = nn.Linear(8, 32, bias=False), nn.Linear(16, 8, bias=False)
+        self.act_fn = transformers.activations.ACT2FN["silu"]
+
+    def forward(self, x):
+        gate = self.gate_up_proj(x).chunk(2, dim=-1)[0]
+        return self.down_proj(self.act_fn(gate) * gate)
+
+
+def test_fused_projection_read_by_half_twice_is_not_gate_and_up():
+    result = analyze_mlp(trace(GateHalfTwiceMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
+    assert isinstance(result, NoMatch), result
+
+
+@pytest.mark.parametrize("types", [["full_attention"] * 6, ["sliding_attention", "full_attention"] * 3])
+def test_shrunk_config_has_one_layer_type_per_layer(types):
+    from hfrewrite.analyze.model import shrink_config
+
+    config = transformers.AutoConfig.for_model("qwen2", num_hidden_layers=6, layer_types=types)
+    small = shrink_config(config)
+    assert len(small.layer_types) == small.num_hidden_layers
+
+
+class ActMlp(nn.Module):
+    """`down(act(gate(x)) * up(x))` with the given activation object."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.act_fn = act
+
+    def forward(self, x):
+        up = self.up_proj(x)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * up)
+
+
+def test_activation_is_replayed_not_taken_from_its_class():
+    # an activation object of the config's class that computes something else
+    act = transformers.activations.ACT2FN["silu"]
+    act.forward = lambda x: torch.nn.functional.silu(x) + 1.0
+    result = analyze_mlp(trace(ActMlp(act), (torch.randn(2, 8),)), "", TINY_CONFIG)
+    assert isinstance(result, NoMatch) and result.reason == "act_fn does not compute silu (replayed on the traced values)"
+    assert analyze_mlp(trace(ActMlp(transformers.activations.ACT2FN["silu"]), (torch.randn(2, 8),)), "",
+                       TINY_CONFIG).activation == "silu"
