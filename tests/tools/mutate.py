@@ -1,9 +1,10 @@
 """Mutation testing of the compiler (``make mutate``): cosmic-ray mutates one place of
 ``passes/`` (or ``hfrewrite/analyze/``) at a time, on disk, and runs that part's fast tests
 against it, then regenerates a sample of golden/; a mutant that fails neither "survived".
-Mutants inside type annotations cannot change behaviour and are not counted. ``--sample N`` keeps a seeded random
-sample of each target's mutants (all of them take hours on 2 cores). Writes the score and
-the survivors to ``--out`` (JSON).
+Mutants inside type annotations cannot change behaviour and are not counted, nor are the
+survivors read and judged equivalent (``EQUIVALENT``, each with its reason, listed in the
+report). ``--sample N`` keeps a seeded random sample of each target's mutants (all of them
+take hours on 2 cores). Writes the score and the survivors to ``--out`` (JSON).
 
     python tests/tools/mutate.py --sample 200 --seed 1 --out docs/mutation.json
 """
@@ -36,6 +37,52 @@ test-command = "{python} {script} --test {tests}"
 [cosmic-ray.distributor]
 name = "local"
 """
+
+# Survivors read and judged equivalent: the mutant computes what the original does on every
+# input the code can receive. Keyed by (file, operator, the original line); not counted in the
+# score, and listed with the reason in the report.
+EQUIVALENT = {
+    ("passes/fuse_qkv.py", "ReplaceComparisonOperator_Eq_Is", "if i == first:"):
+        "statement indices: CPython keeps one object per small int, so `is` equals `==` below 257 statements",
+    ("passes/vllm_attention.py", "ReplaceBinaryOperator_Add_BitXor", "states = _state_names(body[split_at + 1 :])"):
+        "for an odd index the slice also holds the statement before the split, which cannot read q/k/v "
+        "(fuse_qkv refuses a forward that uses those names), so the name map is the same",
+    ("passes/thread_layer_args.py", "NumberReplacer", "extra = [a for a in self.needs[self.cls[-1]] if a not in have]"):
+        "differs only inside a nested class that has the name of a top-level class; the guard above reads "
+        "self.cls[-1] unmutated",
+    ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_Eq_GtE",
+     'if n.op == "call_module" and n.target in {f"{path}.{norms[r]}" for r in "qk"}'):
+        "the other ops it lets through (placeholder, output, get_attr) never have a submodule path as target",
+    ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_NotEq_Is",
+     "if got.shape != want.shape or not torch.equal(got, want):"):
+        "torch.equal is False for tensors of different shapes",
+    ("hfrewrite/analyze/attention.py", "NumberReplacer", "if len(found) != 1 or found[0] not in group:"):
+        "the first clause leaves one element, so found[-1] is found[0]",
+    ("hfrewrite/analyze/mlp.py", "NumberReplacer", "product = down.args[0]"):
+        "a call of an nn.Linear module has one argument",
+    ("hfrewrite/analyze/mlp.py", "NumberReplacer", "and act.args[0] in linears"):
+        "the clause before requires exactly one argument",
+    ("hfrewrite/analyze/moe.py", "ReplaceComparisonOperator_Eq_Is",
+     'if u.op == "call_method" and u.target in ("view", "reshape"):'):
+        "fx node ops are interned string constants, as is the literal: identity is equality",
+    ("hfrewrite/analyze/rope.py", "NumberReplacer", "positions = torch.arange(values[0][0].shape[2])"):
+        "the loop above returned unless input and output have the same shape",
+    ("hfrewrite/analyze/model.py", "NumberReplacer", "chosen = roped[0] if roped else plans[0]"):
+        "with no roped layer vllm_attention refuses the model, and layers that agree on everything but "
+        "windows give the same plan (the window is taken from plans[0] on the next line)",
+}
+
+
+def _equivalence(mutant: dict) -> str | None:
+    removed = next((c[1:].strip() for c in mutant["change"] if c.startswith("-")), "")
+    return EQUIVALENT.get((mutant["file"], mutant["operator"], removed))
+
+
+def _split_equivalent(survivors: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(survivors, equivalent mutants with the reason)."""
+    equivalent = [{**m, "equivalent": _equivalence(m)} for m in survivors if _equivalence(m)]
+    return [m for m in survivors if not _equivalence(m)], equivalent
+
 
 def mutate(module: str, tests: str, sample: int, seed: int) -> dict:
     """Run a seeded sample of the mutants of ``module`` against ``tests``; the outcome counts."""
@@ -71,13 +118,14 @@ def _summary(module: str, tests: str, total: int | None, in_annotations: int | N
              rows: list[tuple]) -> dict:
     outcomes = [r[3].lower() for r in rows]  # cosmic-ray writes KILLED, SURVIVED, INCOMPETENT
     killed = sum(o == "killed" for o in outcomes)
-    survivors = [{"file": f, "line": line, "operator": op.split("/")[-1], "change": _change(diff)}
-                 for f, line, op, outcome, diff in rows if outcome.lower() == "survived"]
-    competent = killed + len(survivors)  # a mutant that cannot even be imported is not counted
+    survivors, equivalent = _split_equivalent(
+        [{"file": f, "line": line, "operator": op.split("/")[-1], "change": _change(diff)}
+         for f, line, op, outcome, diff in rows if outcome.lower() == "survived"])
+    competent = killed + len(survivors)  # neither a mutant that cannot be imported nor an equivalent one
     return {
         "module": module, "tests": tests, "mutants": total, "in_annotations": in_annotations,
         "sampled": sampled, "run": len(rows), "seed": seed,
-        "killed": killed, "survived": len(survivors),
+        "killed": killed, "survived": len(survivors), "equivalent": equivalent,
         "incompetent": sum(o == "incompetent" for o in outcomes),
         "score": round(killed / competent, 3) if competent else None, "survivors": survivors,
     }
@@ -106,11 +154,14 @@ def rerun(previous: dict) -> dict:
         for mutant in target["survivors"]:
             outcome = _still_survives(mutant, target["tests"])
             (gone if outcome is None else survivors if outcome else []).append(mutant)
-        killed = target["killed"] + target["survived"] - len(survivors) - len(gone)
+        newly_killed = target["survived"] - len(survivors) - len(gone)
+        killed = target["killed"] + newly_killed
+        survivors, equivalent = _split_equivalent(survivors)
         competent = killed + len(survivors)
         targets.append({**target, "killed": killed, "survived": len(survivors),
-                        "killed_on_rerun": target["survived"] - len(survivors) - len(gone),
-                        "gone_with_their_code": gone,
+                        "equivalent": [*target.get("equivalent", []), *equivalent],
+                        "killed_on_rerun": target.get("killed_on_rerun", 0) + newly_killed,
+                        "gone_with_their_code": [*target.get("gone_with_their_code", []), *gone],
                         "score": round(killed / competent, 3), "survivors": survivors})
     return targets
 
@@ -187,7 +238,7 @@ def main() -> int:
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     for r in results:
         print(f"{r['module']}: {r['killed']} of {r['killed'] + r['survived']} mutants killed ({r['score']}), "
-              f"{r['incompetent']} incompetent, of {r['mutants']}")
+              f"{len(r['equivalent'])} equivalent, {r['incompetent']} incompetent, of {r['mutants']}")
     print(f"score {summary['score']}; {args.out}")
     return 0
 
