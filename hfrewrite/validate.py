@@ -74,13 +74,31 @@ def validate(resolved, generated) -> Validation:
         # the reference runs here, from the very classes the analysis traced
         tokens, logprobs = verify.hf_greedy(ckpt, prompts)
         case = verify.VerifyCase(ckpt, module, prompts=prompts)
-        report = verify.verify_against_hf(case, {"tokens": tokens, "logprobs": logprobs})
+        recorded = tmp / "vllm-modules.pt"
+        report = verify.verify_against_hf(case, {"tokens": tokens, "logprobs": logprobs}, record=recorded)
+        where = "" if report.ok else _where(ckpt, verify.record_prompt(prompts), recorded)
     if not report.ok:
         raise HfrewriteError(
             f"{resolved.model_type}: the generated file does not compute what Hugging Face does "
-            f"(validated in vLLM on a tiny random checkpoint): {report.problems[0]}; nothing written"
+            f"(validated in vLLM on a tiny random checkpoint): {report.problems[0]}{where}; nothing written"
         )
     return Validation(len(prompts), report.logprob_diff_hf, time.perf_counter() - start)
+
+
+def _where(ckpt: Path, prompt: list[int], recorded: Path) -> str:
+    """"; <which module first differs>" from the vLLM run's recorded module outputs and
+    Hugging Face's on the same prompt; "" when there is no recording to compare."""
+    import torch
+
+    from hfrewrite import divergence
+
+    if not recorded.exists():
+        return ""
+    try:
+        hf, layers = divergence.record_hf(ckpt, prompt)
+        return "; " + divergence.first_divergence(hf, layers, torch.load(recorded), len(prompt))
+    except Exception:  # noqa: BLE001  (a diagnosis only: the error stands without it)
+        return ""
 
 
 def _line(exc: BaseException) -> str:

@@ -294,6 +294,7 @@ def vllm_run(
     *,
     as_registered: bool = False,
     llm_kwargs: dict[str, Any] | None = None,
+    record: str | None = None,
 ) -> dict[str, Any] | None:
     """Greedy-decode ``ckpt`` in one in-process vLLM ``LLM`` and inspect its module.
 
@@ -304,7 +305,8 @@ def vllm_run(
     class must then be registered in the workers too, i.e. by a plugin). Returns
     ``{"tokens", "logprobs", "structure", "model_class", "model_file", "supports_pp",
     "init_s", "gen_s"}``; raises ``VllmRunError`` after tearing the failed engine down,
-    so the next run can start.
+    so the next run can start. ``record``: a file to save every module's output of one more
+    forward pass to (``divergence.record_vllm``; a failure there is only reported).
     """
     global _NATIVE
     from vllm.distributed import parallel_state
@@ -327,7 +329,7 @@ def vllm_run(
             return None
         error = None
         try:
-            result = _run_engine(ckpt, prompts, max_tokens, llm_kwargs)
+            result = _run_engine(ckpt, prompts, max_tokens, llm_kwargs, record)
         except Exception:  # noqa: BLE001  (reported, not swallowed)
             # Keep only text: the traceback's frames would keep the engine alive, and
             # its deferred shutdown would later tear down the *next* engine's state.
@@ -347,6 +349,7 @@ def _run_engine(
     prompts: Sequence[Sequence[int]],
     max_tokens: int,
     llm_kwargs: dict[str, Any] | None = None,
+    record: str | None = None,
 ) -> dict:
     """Build an ``LLM`` for whatever class is registered, decode, inspect, drop it."""
     from vllm import LLM, SamplingParams
@@ -382,6 +385,13 @@ def _run_engine(
     ]
     # A module-level function: with tensor parallelism it is pickled to the workers.
     facts = llm.apply_model(_model_facts)[0]
+    if record:
+        from hfrewrite import divergence
+
+        try:
+            divergence.record_vllm(llm, record_prompt(prompts), Path(record))
+        except Exception as exc:  # noqa: BLE001  (a diagnosis only)
+            facts["record_error"] = f"{type(exc).__name__}: {exc}"
     return {
         "tokens": tokens,
         "logprobs": logprobs,
@@ -389,6 +399,12 @@ def _run_engine(
         "init_s": t1 - t0,
         "gen_s": t2 - t1,
     }
+
+
+def record_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """The prompt the divergence recording runs: the first one reversed, so that no cached
+    prefix of the decoding before it shortens the pass."""
+    return list(reversed(prompts[0]))
 
 
 def _model_facts(model: Any) -> dict[str, Any]:
@@ -780,13 +796,16 @@ def verify_many(
     return reports
 
 
-def verify_against_hf(case: VerifyCase, hf: dict[str, Any], timeout: float | None = None) -> VerifyReport:
+def verify_against_hf(case: VerifyCase, hf: dict[str, Any], timeout: float | None = None,
+                      record: Path | None = None) -> VerifyReport:
     """Run ``case``'s generated file in a vLLM worker and judge it against ``hf``
-    (``{"tokens", "logprobs"}`` computed by the caller, e.g. from a patched source)."""
+    (``{"tokens", "logprobs"}`` computed by the caller, e.g. from a patched source);
+    ``record``: see ``vllm_run``."""
     arch = case.architecture or checkpoint_architecture(case.ckpt)
     run = {
         "kind": "vllm", "ckpt": str(case.ckpt), "prompts": [list(p) for p in case.prompts],
         "max_tokens": case.max_tokens, "architecture": arch, "generated_module": str(case.generated_module),
+        "record": str(record) if record else None,
     }
     results, info = run_worker([run], 150 if timeout is None else timeout)
     return _report(case, arch, hf, results[0], None, info)

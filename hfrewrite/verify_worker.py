@@ -52,6 +52,7 @@ def main(job_path: str, out_path: str) -> int:
                     run["architecture"],
                     as_registered=run.get("as_registered", False),
                     llm_kwargs=run.get("llm_kwargs"),
+                    record=run.get("record"),
                 ) or {"unsupported": True}
         except Exception:  # noqa: BLE001  (reported in the result)
             result = {"error": traceback.format_exc(limit=-6)}
