@@ -34,13 +34,20 @@ def _keep(output: Any) -> Any:
     return None
 
 
+def _hook(recorded: dict[str, Any], name: str):
+    """A forward hook keeping the module's first output under ``name``; it returns None,
+    which leaves the output as it is (a module shared by layers runs again)."""
+    def hook(_module, _args, output) -> None:
+        if name not in recorded:
+            recorded[name] = _keep(output)
+    return hook
+
+
 def start_recording(model: Any) -> None:
     """Hook every submodule of ``model`` (an ``apply_model`` function)."""
     _RECORDED.clear()
-    for name, module in model.named_modules():
-        if name:
-            _HOOKS.append(module.register_forward_hook(
-                lambda _m, _args, output, name=name: _RECORDED.setdefault(name, _keep(output))))
+    _HOOKS.extend(module.register_forward_hook(_hook(_RECORDED, name))
+                  for name, module in model.named_modules() if name)
 
 
 def stop_recording(model: Any) -> None:
@@ -71,8 +78,7 @@ def record_hf(ckpt: Path, prompt: list[int]) -> tuple[dict[str, Any], set[str]]:
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
     recorded: dict[str, Any] = {}
-    hooks = [module.register_forward_hook(lambda _m, _a, output, name=name: recorded.setdefault(name, _keep(output)))
-             for name, module in model.named_modules() if name]
+    hooks = [module.register_forward_hook(_hook(recorded, name)) for name, module in model.named_modules() if name]
     try:
         with torch.no_grad():
             model(torch.tensor([list(prompt)]))

@@ -402,9 +402,10 @@ def _run_engine(
 
 
 def record_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
-    """The prompt the divergence recording runs: the first one reversed, so that no cached
-    prefix of the decoding before it shortens the pass."""
-    return list(reversed(prompts[0]))
+    """The prompt the divergence recording runs: the longest (a position-dependent bug shows
+    after the first token), reversed, so that no cached prefix of the decoding before it
+    shortens the pass."""
+    return list(reversed(max(prompts, key=len)))
 
 
 def _model_facts(model: Any) -> dict[str, Any]:

@@ -68,3 +68,28 @@ def test_noise_below_the_tolerance_is_agreement(recorded):
     vllm = as_vllm(hf, layers)
     vllm["model.layers.0.mlp"] = vllm["model.layers.0.mlp"] + 1e-6
     assert "agree" in divergence.first_divergence(hf, layers, vllm, len(PROMPT))
+
+
+class SharedAct(torch.nn.Module):
+    """One activation module called by two blocks (vLLM shares its ``*AndMul`` modules)."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = torch.nn.SiLU()
+        self.first, self.second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.first.act = self.second.act = self.act
+
+    def forward(self, x):
+        return self.second.act(self.second(self.first.act(self.first(x))))
+
+
+def test_recording_leaves_what_the_model_computes_unchanged():
+    model, x = SharedAct(), torch.randn(3, 4)
+    want = model(x)
+    divergence.start_recording(model)
+    try:
+        got = model(x)
+    finally:
+        divergence.stop_recording(model)
+    assert torch.equal(got, want)
+    assert torch.equal(divergence._RECORDED["act"], torch.nn.functional.silu(model.first(x)))  # its first call
