@@ -144,7 +144,7 @@ def _cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
         return False
     caches = t.root_names(statement.test) & params
     return bool(caches) and all(
-        isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
+        isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)
         and isinstance(s.body[0].value, cst.Call) and isinstance(s.body[0].value.func, cst.Attribute)
         and t.code(s.body[0].value.func.value) in caches and s.body[0].value.func.attr.value == "update"
         for s in statement.body.body)

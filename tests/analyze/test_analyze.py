@@ -408,3 +408,80 @@ def test_activation_is_replayed_not_taken_from_its_class():
     assert isinstance(result, NoMatch) and result.reason == "act_fn does not compute silu (replayed on the traced values)"
     assert analyze_mlp(trace(ActMlp(transformers.activations.ACT2FN["silu"]), (torch.randn(2, 8),)), "",
                        TINY_CONFIG).activation == "silu"
+
+
+class UnscaledCallAttention(HandAttention):
+    """An attention call that passes no scaling: the interface's default, head_dim ** -0.5."""
+
+    def forward(self, x, pos=None):
+        batch, seq, _ = x.shape
+        q, k, v = (p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, _ = opaque_attention(self, q, k, v, None)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+def test_attention_without_scaling_takes_the_default():
+    assert attention_of(UnscaledCallAttention()).scaling == 16**-0.5
+
+
+class ClampedGateMlp(nn.Module):
+    """A checkpoint-fused gate_up whose gate half is clamped before the activation: the
+    traced values equal the plain half, the computation does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj, self.down_proj = nn.Linear(8, 32, bias=False), nn.Linear(16, 8, bias=False)
+        self.act_fn = transformers.activations.ACT2FN["silu"]
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate.clamp(-1e4, 1e4)) * up)
+
+
+def test_a_step_between_the_fused_projection_and_its_halves_is_not_dropped():
+    result = analyze_mlp(trace(ClampedGateMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
+    assert isinstance(result, NoMatch), result
+
+
+class CastBeforeNormLayer(BranchFirstLayer):
+    """`x + block(norm(x.to(float32)))`: the norm reads the residual through a cast."""
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x.to(torch.float32)))
+
+
+def test_a_cast_between_the_residual_and_its_norm_is_seen_through():
+    result = analyze_decoder(trace(CastBeforeNormLayer(), (torch.randn(2, 8),)))
+    assert result.blocks == (ResidualBlock("norm", "mlp"),), result
+
+
+class GateSumMlp(nn.Module):
+    """`down(act(gate(x)) + up(x))`: a sum, not the gated product."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.act_fn = transformers.activations.ACT2FN["silu"]
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) + self.up_proj(x))
+
+
+def test_a_sum_of_gate_and_up_is_not_the_gated_product():
+    result = analyze_mlp(trace(GateSumMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
+    assert isinstance(result, NoMatch) and result.reason == "down_proj does not read a product of two", result
+
+
+def test_a_layer_unlike_the_first_is_named(monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    init = modeling_llama.LlamaAttention.__init__
+
+    def biased_second_layer(self, config, layer_idx):
+        init(self, config, layer_idx)
+        if layer_idx == 1:
+            self.o_proj = nn.Linear(self.o_proj.in_features, self.o_proj.out_features, bias=True)
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "__init__", biased_second_layer)
+    with pytest.raises(HfrewriteError, match=r"uniform_layers: layer 1 differs"):
+        plan_of("llama")

@@ -326,3 +326,26 @@ def test_per_head_qkv_unchunks_only_its_own_split(other_split):
     out = rewrite(fuse_qkv, source, per_head_plan())
     assert "query_states, key_states, value_states = q, k, v\n" in out
     assert f"        {other_split}\n" in out
+
+
+def test_other_subscripts_by_zero_are_not_the_attention_result():
+    source = BEFORE_SANDWICH_LAYER.replace("        residual = hidden_states\n",
+                                           "        tokens = hidden_states.shape[0]\n        residual = hidden_states\n", 1)
+    out = rewrite(carry_decoder_layer, source, carried_plan())
+    assert "        tokens = hidden_states.shape[0]\n" in out
+
+
+def test_named_attention_weights_and_a_tuple_mlp_result():
+    # `out, attn_weights = self_attn(...)` leaves `_` free for the MoE block's router logits
+    source = (BEFORE_SANDWICH_LAYER.replace("hidden_states, _ = self.self_attn(", "hidden_states, attn_weights = self.self_attn(")
+              .replace("        hidden_states = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n",
+                       "        hidden_states, _ = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n"))
+    out = rewrite(carry_decoder_layer, source, carried_plan())
+    assert "        hidden_states, _ = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n" in out
+
+
+def test_per_head_qkv_chunked_in_two_is_refused():
+    source = BEFORE_PER_HEAD_QKV.replace("query_states, key_states, value_states = qkv.chunk(3, dim=-1)",
+                                         "query_states, key_states = qkv.chunk(2, dim=-1)")
+    with pytest.raises(HfrewriteError, match="is not chunked once into q, k and v"):
+        rewrite(fuse_qkv, source, per_head_plan())

@@ -231,3 +231,10 @@ def test_refuses_two_gated_products_in_one_statement():
               .replace("def forward(self, x)", "def forward(self, x, y)"))
     with pytest.raises(HfrewriteError, match="is not the only use"):
         rewrite(fuse_gate_up, source, llama_like())
+
+
+@pytest.mark.parametrize("which", ["gate_proj", "up_proj"])
+def test_refuses_a_gate_or_up_of_another_class(which):
+    source = BEFORE_LLAMA_MLP.replace(f"self.{which} = nn.Linear(", f"self.{which} = LoraLinear(")
+    with pytest.raises(HfrewriteError, match="are not nn.Linear"):
+        rewrite(fuse_gate_up, source, llama_like())

@@ -177,3 +177,10 @@ def test_linear_without_bias_argument_keeps_torch_default_bias_true():
     # nn.Linear's bias defaults to True: the fused layer must hold one too
     after = rewrite(fuse_qkv, DEFAULT_BIAS, llama_like())
     assert after == AFTER_LLAMA_ATTENTION.replace("bias=config.attention_bias,", "bias=True,")
+
+
+@pytest.mark.parametrize("cls", ["nn.LoRALinear", "torch.nn.Linear"])  # names sorting after nn.Linear
+def test_refuses_a_projection_of_another_class(cls):
+    source = BEFORE_LLAMA_ATTENTION.replace("self.k_proj = nn.Linear(", f"self.k_proj = {cls}(")
+    with pytest.raises(HfrewriteError, match="is not built with nn.Linear"):
+        rewrite(fuse_qkv, source, llama_like())

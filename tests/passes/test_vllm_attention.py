@@ -380,3 +380,13 @@ class LlamaAttention(nn.Module):
 def test_refuses_no_split():
     with pytest.raises(HfrewriteError, match='no q/k/v split'):
         rewrite(vllm_attention, REFUSED_NO_SPLIT, llama_like())
+
+
+def test_a_config_switch_the_trace_left_off_is_guarded():
+    # cohere's `use_qk_norm`: off in the traced config, so the file refuses configs turning it on
+    source = BEFORE_SLIDING_WINDOW_CARRIED_OVER.replace(
+        "        cos, sin = position_embeddings\n",
+        "        if self.config.use_qk_norm:\n            query_states = self.q_norm(query_states)\n"
+        "        cos, sin = position_embeddings\n")
+    out = rewrite(vllm_attention, source, llama_like())
+    assert "use_qk_norm" in out and "self.q_norm(" not in out

@@ -50,6 +50,26 @@ EQUIVALENT = {
     ("passes/thread_layer_args.py", "NumberReplacer", "extra = [a for a in self.needs[self.cls[-1]] if a not in have]"):
         "differs only inside a nested class that has the name of a top-level class; the guard above reads "
         "self.cls[-1] unmutated",
+    ("passes/fuse_qkv.py", "NumberReplacer",
+     "if any(len(c) != 1 for c in calls.values()) or len({c[0] for c in calls.values()}) != 1:"):
+        "the first clause leaves one call per role, so c[-1] is c[0]",
+    ("passes/vllm_attention.py", "NumberReplacer",
+     "isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)"):
+        "the clause before leaves one statement on the line, so body[-1] is body[0]",
+    ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_Eq_IsNot",
+     "if not any(torch.is_tensor(v) and any(v.shape == lv.shape and torch.equal(v, lv)"):
+        "torch.equal is False for tensors of different shapes",
+    ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_Eq_GtE",
+     'ok = ((n.op == "call_method" and n.target in _LAYOUT_METHODS)'):
+        "the other ops it lets through have submodule paths or argument names as targets, never a tensor method name",
+    ("hfrewrite/analyze/mlp.py", "ReplaceComparisonOperator_Is_Eq",
+     "if isinstance(val, str) and val in ACT2FN and type(ACT2FN[val]) is type(module):"):
+        "classes compare by identity",
+    ("hfrewrite/analyze/model.py", "ReplaceComparisonOperator_NotEq_IsNot",
+     "nope_layers=bool(roped) and len(roped) != len(plans))"):
+        "layer counts: CPython keeps one object per small int",
+    ("hfrewrite/analyze/moe.py", "ReplaceComparisonOperator_NotEq_IsNot", 'if scoring != "softmax":'):
+        "_scoring returns the constant \"softmax\" itself for a softmax; anything else differs from it either way",
     ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_Eq_GtE",
      'if n.op == "call_module" and n.target in {f"{path}.{norms[r]}" for r in "qk"}'):
         "the other ops it lets through (placeholder, output, get_attr) never have a submodule path as target",
