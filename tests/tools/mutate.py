@@ -193,6 +193,8 @@ def _still_survives(mutant: dict, tests: str) -> bool | None:
     lines = original.splitlines()
     removed = [c[1:] for c in mutant["change"] if c.startswith("-")]
     added = [c[1:] for c in mutant["change"] if c.startswith("+")]
+    while removed and added and not removed[-1].strip() and not added[-1].strip():
+        removed, added = removed[:-1], added[:-1]  # a blank line the diff carried along
     starts = [i for i in range(len(lines)) if [x.rstrip() for x in lines[i:i + len(removed)]] == removed]
     if not starts:
         return None
