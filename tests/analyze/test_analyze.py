@@ -485,3 +485,33 @@ def test_a_layer_unlike_the_first_is_named(monkeypatch):
     monkeypatch.setattr(modeling_llama.LlamaAttention, "__init__", biased_second_layer)
     with pytest.raises(HfrewriteError, match=r"uniform_layers: layer 1 differs"):
         plan_of("llama")
+
+
+class FlatInputAttention(HandAttention):
+    """Projections applied to [batch * seq, hidden]: not the [batch, seq, features] split vLLM assumes."""
+
+    def forward(self, x, pos=None):
+        batch, seq, hidden = x.shape
+        flat = x.reshape(batch * seq, hidden)
+        q, k, v = (p(flat).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+def test_projections_of_flattened_tokens_are_refused():
+    result = attention_of(FlatInputAttention())
+    assert isinstance(result, NoMatch) and "output is not [batch, seq, features]" in result.reason, result
+
+
+class WeightRenaming:  # the shape of transformers' conversion rule the renames read
+    def __init__(self, source, target):
+        self.source_patterns, self.target_patterns = [source], [target]
+
+
+def test_only_literal_prefix_renames_are_taken(monkeypatch):
+    from hfrewrite.analyze import checkpoint
+
+    rules = [WeightRenaming("^embed_out.", "lm_head."), WeightRenaming("^gpt_neox.", "model.(x)"),
+             WeightRenaming("^a.", "b.|c.")]
+    monkeypatch.setattr(checkpoint, "get_checkpoint_conversion_mapping", lambda key: rules)
+    assert checkpoint.checkpoint_prefix_renames("any") == (("embed_out.", "lm_head."),)

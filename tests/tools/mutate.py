@@ -56,6 +56,11 @@ EQUIVALENT = {
     ("passes/vllm_attention.py", "NumberReplacer",
      "isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)"):
         "the clause before leaves one statement on the line, so body[-1] is body[0]",
+    ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_Eq_Is", 'qkv_per_head=fused == "per_head",'):
+        "fused is one of the constants the analysis returns (interned): identity is equality",
+    ("hfrewrite/analyze/model.py", "NumberReplacer", "layer = traces[0].module"):
+        "_compare_layers has proven every traced layer's decoder plan alike (the same norm attributes), so the "
+        "last layer's norms are of the first's classes; the norm facts come from the classes' formulas",
     ("hfrewrite/analyze/attention.py", "ReplaceComparisonOperator_Eq_IsNot",
      "if not any(torch.is_tensor(v) and any(v.shape == lv.shape and torch.equal(v, lv)"):
         "torch.equal is False for tensors of different shapes",
