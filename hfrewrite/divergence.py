@@ -74,9 +74,10 @@ def record_hf(ckpt: Path, prompt: list[int]) -> tuple[dict[str, Any], set[str]]:
     """Every module's output of one Hugging Face forward pass over ``prompt`` (in the order
     they finished), and the names of the decoder layers (the outermost ModuleList's children)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    from hfrewrite.verify import hf_model
+
+    model = hf_model(ckpt)
     recorded: dict[str, Any] = {}
     hooks = [module.register_forward_hook(_hook(recorded, name)) for name, module in model.named_modules() if name]
     try:

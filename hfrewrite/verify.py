@@ -164,6 +164,15 @@ def write_vllm_standin(
 # --------------------------------------------------------------------------- in-process runs
 
 
+def hf_model(ckpt: Path) -> Any:
+    """The checkpoint's Hugging Face causal LM in float32, in eval mode, with transformers'
+    reference (eager) attention: soft caps and sliding windows exactly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+
+
 def hf_greedy(
     ckpt: Path, prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS, max_tokens: int = 16
 ) -> tuple[Tokens, Logprobs]:
@@ -173,10 +182,8 @@ def hf_greedy(
     vLLM's ``ignore_eos=True``; logprobs come from the raw logits.
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
-    # eager: transformers' reference attention (soft caps and sliding windows exactly)
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    model = hf_model(ckpt)
     gen_config = model.generation_config
     gen_config.eos_token_id = None
     gen_config.pad_token_id = 0

@@ -288,24 +288,25 @@ def test_decoder_post_norm_is_no_match():
     assert isinstance(result, NoMatch) and result.pattern == "fused_residual_norm"
 
 
-class KwargsAttention(HandAttention):
-    """HandAttention whose attention call passes one more keyword."""
+class CallAttention(HandAttention):
+    """HandAttention whose attention call passes exactly the given keywords."""
 
-    def __init__(self, **extra):
+    def __init__(self, **call):
         super().__init__()
-        self.extra = extra
+        self.call = call
 
     def forward(self, x, pos=None):
         batch, seq, _ = x.shape
         q, k, v = (p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25, **self.extra)
+        out, _ = opaque_attention(self, q, k, v, None, **self.call)
         return self.o_proj(out.reshape(batch, seq, -1))
 
 
 @pytest.mark.parametrize("extra, shown", [({"s_aux": torch.zeros(4)}, "s_aux=<(4,) tensor>"),
                                           ({"sink_scale": 0}, "sink_scale=0")])
 def test_attention_call_keywords_vllm_would_not_pass_are_refused(extra, shown):
-    assert str(attention_of(KwargsAttention(**extra))) == f"KwargsAttention: vllm_attention: the attention call passes {shown}"
+    result = attention_of(CallAttention(scaling=0.25, **extra))
+    assert str(result) == f"CallAttention: vllm_attention: the attention call passes {shown}"
 
 
 class SplitKvAttention(nn.Module):
@@ -355,11 +356,6 @@ class BranchFirstLayer(nn.Module):
         return self.mlp(self.norm(x)) + x
 
 
-def test_residual_as_the_second_operand_is_a_residual_block():
-    result = analyze_decoder(trace(BranchFirstLayer(), (torch.randn(2, 8),)))
-    assert result.blocks == (ResidualBlock("norm", "mlp"),), result
-
-
 class GateHalfTwiceMlp(nn.Module):
     """`down(act(g) * g)` with g the first half of a fused projection: no up half, not gate*up."""
 
@@ -373,11 +369,6 @@ class GateHalfTwiceMlp(nn.Module):
         return self.down_proj(self.act_fn(gate) * gate)
 
 
-def test_fused_projection_read_by_half_twice_is_not_gate_and_up():
-    result = analyze_mlp(trace(GateHalfTwiceMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
-    assert isinstance(result, NoMatch), result
-
-
 @pytest.mark.parametrize("types", [["full_attention"] * 6, ["sliding_attention", "full_attention"] * 3])
 def test_shrunk_config_has_one_layer_type_per_layer(types):
     from hfrewrite.analyze.model import shrink_config
@@ -388,12 +379,12 @@ def test_shrunk_config_has_one_layer_type_per_layer(types):
 
 
 class ActMlp(nn.Module):
-    """`down(act(gate(x)) * up(x))` with the given activation object."""
+    """`down(act(gate(x)) * up(x))` with the given activation object (silu by default)."""
 
-    def __init__(self, act):
+    def __init__(self, act=None):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-        self.act_fn = act
+        self.act_fn = act if act is not None else transformers.activations.ACT2FN["silu"]
 
     def forward(self, x):
         up = self.up_proj(x)
@@ -410,36 +401,23 @@ def test_activation_is_replayed_not_taken_from_its_class():
                        TINY_CONFIG).activation == "silu"
 
 
-class UnscaledCallAttention(HandAttention):
-    """An attention call that passes no scaling: the interface's default, head_dim ** -0.5."""
-
-    def forward(self, x, pos=None):
-        batch, seq, _ = x.shape
-        q, k, v = (p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, _ = opaque_attention(self, q, k, v, None)
-        return self.o_proj(out.reshape(batch, seq, -1))
-
-
 def test_attention_without_scaling_takes_the_default():
-    assert attention_of(UnscaledCallAttention()).scaling == 16**-0.5
+    # no scaling passed: the interface's default, head_dim ** -0.5
+    assert attention_of(CallAttention()).scaling == 16**-0.5
 
 
-class ClampedGateMlp(nn.Module):
+class ClampedGateMlp(GateHalfTwiceMlp):
     """A checkpoint-fused gate_up whose gate half is clamped before the activation: the
     traced values equal the plain half, the computation does not."""
-
-    def __init__(self):
-        super().__init__()
-        self.gate_up_proj, self.down_proj = nn.Linear(8, 32, bias=False), nn.Linear(16, 8, bias=False)
-        self.act_fn = transformers.activations.ACT2FN["silu"]
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act_fn(gate.clamp(-1e4, 1e4)) * up)
 
 
-def test_a_step_between_the_fused_projection_and_its_halves_is_not_dropped():
-    result = analyze_mlp(trace(ClampedGateMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
+@pytest.mark.parametrize("mlp", [GateHalfTwiceMlp, ClampedGateMlp])
+def test_fused_projection_halves_that_are_not_gate_and_up(mlp):
+    result = analyze_mlp(trace(mlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
     assert isinstance(result, NoMatch), result
 
 
@@ -450,18 +428,14 @@ class CastBeforeNormLayer(BranchFirstLayer):
         return x + self.mlp(self.norm(x.to(torch.float32)))
 
 
-def test_a_cast_between_the_residual_and_its_norm_is_seen_through():
-    result = analyze_decoder(trace(CastBeforeNormLayer(), (torch.randn(2, 8),)))
+@pytest.mark.parametrize("layer", [BranchFirstLayer, CastBeforeNormLayer])
+def test_residual_blocks_in_either_operand_order_and_through_a_cast(layer):
+    result = analyze_decoder(trace(layer(), (torch.randn(2, 8),)))
     assert result.blocks == (ResidualBlock("norm", "mlp"),), result
 
 
-class GateSumMlp(nn.Module):
+class GateSumMlp(ActMlp):
     """`down(act(gate(x)) + up(x))`: a sum, not the gated product."""
-
-    def __init__(self):
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-        self.act_fn = transformers.activations.ACT2FN["silu"]
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x)) + self.up_proj(x))

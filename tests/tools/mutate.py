@@ -105,8 +105,8 @@ def _equivalence(mutant: dict) -> str | None:
 
 def _split_equivalent(survivors: list[dict]) -> tuple[list[dict], list[dict]]:
     """(survivors, equivalent mutants with the reason)."""
-    equivalent = [{**m, "equivalent": _equivalence(m)} for m in survivors if _equivalence(m)]
-    return [m for m in survivors if not _equivalence(m)], equivalent
+    judged = [(m, _equivalence(m)) for m in survivors]
+    return [m for m, why in judged if not why], [{**m, "equivalent": why} for m, why in judged if why]
 
 
 def mutate(module: str, tests: str, sample: int, seed: int) -> dict:
