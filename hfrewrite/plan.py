@@ -86,8 +86,9 @@ class MlpPlan:
 
 @dataclass(frozen=True)
 class MoePlan:
-    """A sparse MoE block: router -> softmax -> top-k -> (renormalise) -> fused experts,
-    optionally plus a shared expert MLP scaled by ``sigmoid(shared_expert_gate(x))``."""
+    """A sparse MoE block: router -> softmax or sigmoid -> (grouped) top-k -> (renormalise,
+    scale) -> fused experts, optionally plus a shared expert MLP, scaled by
+    ``sigmoid(shared_expert_gate(x))`` when it has a gate."""
 
     module_class: str  # e.g. "Qwen3MoeSparseMoeBlock"
     router: str  # attribute of the router module, e.g. "gate"
@@ -96,7 +97,7 @@ class MoePlan:
     experts_class: str
     num_experts: int
     top_k: int
-    scoring: str  # "softmax"
+    scoring: str  # "softmax" | "sigmoid"
     renormalize: bool  # as traced; the source's own condition is emitted
     activation: str  # the config's activation name
     shared_expert: str | None  # attribute of the shared expert MLP, if any
@@ -105,6 +106,21 @@ class MoePlan:
     checkpoint_expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")
     # Hub checkpoint name -> module name substrings, e.g. ((".block_sparse_moe.", ".mlp."),)
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    # Routing beyond softmax top-k (analyze/routing.py), proven by the replay:
+    router_bias: bool = False  # the router linear has a bias
+    router_fp32: bool = False  # the router computes its logits in float32
+    correction_bias: str | None = None  # router attribute added to the scores for the choice only
+    n_group: int | None = None  # grouped top-k: groups, and how many of them are kept
+    topk_group: int | None = None
+    routed_scaling_factor: float = 1.0  # applied to the routed weights
+    # (fact, attribute path in the block holding its value), e.g. (("n_group", "gate.num_group"),)
+    config_attrs: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def grouped(self) -> bool:
+        """Routing vLLM's CPU router computes on its grouped top-k path only."""
+        return (self.scoring == "sigmoid" or self.n_group is not None or self.correction_bias is not None
+                or self.routed_scaling_factor != 1.0)
 
 
 @dataclass(frozen=True)

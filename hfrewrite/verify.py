@@ -123,6 +123,9 @@ def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
                 param.normal_(0.0, 0.2)
             else:
                 param.normal_(1.0, 0.2)
+        for name, buffer in model.named_buffers():  # a router's score-correction bias
+            if name.endswith("bias") and buffer.is_floating_point() and name in model.state_dict():
+                buffer.normal_(0.0, 0.2)
     model.config.architectures = [type(model).__name__]
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)

@@ -57,8 +57,15 @@ def _is_sum(node: cst.BaseExpression) -> bool:
 
 
 def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str | None:
-    """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None."""
+    """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None.
+    The divisor may be a name assigned from a sum (`denominator = w.sum(...) + eps`)."""
     found: list[str] = []
+    forward = t.find_method(router, "forward")
+    sums = {t.code(target.target) for a in m.findall(forward, m.Assign()) for target in a.targets
+            if isinstance(target.target, cst.Name) and _is_sum(a.value)}
+
+    def _is_sum_or_name(node: cst.BaseExpression) -> bool:
+        return _is_sum(node) or (isinstance(node, cst.Name) and node.value in sums)
 
     class _Find(cst.CSTVisitor):
         def __init__(self) -> None:
@@ -71,14 +78,14 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
             self.conditions.pop()
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.operator, cst.DivideAssign) and _is_sum(node.value):
+            if isinstance(node.operator, cst.DivideAssign) and _is_sum_or_name(node.value):
                 found.append(" and ".join(self.conditions) or "True")
 
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            if isinstance(node.operator, cst.Divide) and _is_sum(node.right):
+            if isinstance(node.operator, cst.Divide) and _is_sum_or_name(node.right):
                 found.append(" and ".join(self.conditions) or "True")
 
-    t.find_method(router, "forward").visit(_Find())
+    forward.visit(_Find())
     if len(found) > 1:
         raise HfrewriteError(f"{name}: {NAME}: the router renormalises more than once")
     if not found:
@@ -89,6 +96,51 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
     if "self." in condition:
         raise HfrewriteError(f"{name}: {NAME}: renormalisation depends on {condition}")
     return condition
+
+
+def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
+    """The router as vLLM's GateLinear (float32 when the source routes in float32), and
+    its score-correction bias as a float32 parameter named as in the checkpoint."""
+    options = "    bias=True,\n" if moe.router_bias else ""
+    if moe.router_fp32:
+        options += "    out_dtype=torch.float32,\n    params_dtype=torch.float32,\n"
+    src = (f"self.{moe.router} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
+           f'{options}    prefix=f"{{prefix}}.{moe.router}",\n)\n')
+    if moe.correction_bias:
+        src += (f"self.{moe.router}.{moe.correction_bias} = nn.Parameter(\n"
+                f"    torch.empty({sizes['num_experts']}, dtype=torch.float32)\n)\n")
+    return t.stmts(src)
+
+
+def _routing_kwargs(moe, router: cst.ClassDef, block: cst.ClassDef, name: str) -> dict[str, str]:
+    """FusedMoEFactory's routing options beyond softmax top-k. Each constant is the source's
+    expression for the attribute analysis found holding its value (`self.num_group =
+    config.n_group` -> `config.n_group`)."""
+    if not moe.grouped:
+        return {}
+    where = {"router": _init_exprs(router), "block": _init_exprs(block)}
+    exprs = {}
+    for fact, path in moe.config_attrs:
+        owner, attr = ("router", path.split(".", 1)[1]) if "." in path else ("block", path)
+        expr = where[owner].get(attr)
+        if expr is None or "self." in expr:
+            raise HfrewriteError(f"{name}: {NAME}: the {fact} ({path}) is not set from the config in __init__")
+        exprs[fact] = expr
+    kwargs = {
+        "use_grouped_topk": "True",
+        "num_expert_group": exprs.get("n_group", "1"),
+        "topk_group": exprs.get("topk_group", "1"),
+    }
+    if moe.scoring != "softmax":
+        kwargs["scoring_func"] = f'"{moe.scoring}"'
+    if moe.routed_scaling_factor != 1.0:
+        kwargs["routed_scaling_factor"] = exprs["routed_scaling_factor"]
+        kwargs["apply_routed_scale_to_output"] = "True"
+    if moe.correction_bias:
+        kwargs["e_score_correction_bias"] = f"self.{moe.router}.{moe.correction_bias}"
+    if moe.router_fp32:
+        kwargs["router_logits_dtype"] = "torch.float32"
+    return kwargs
 
 
 def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
@@ -122,6 +174,9 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     ckpt = moe.checkpoint_expert_names
     ckpt_arg = "" if ckpt == ("gate_proj", "down_proj", "up_proj") else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
 
+    gate = _gate(moe, sizes)
+    gate_first = moe.correction_bias is not None
+    routing = _routing_kwargs(moe, t.find_class(module, moe.router_class), block, name)
     new_init: list[cst.BaseStatement] = []
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
@@ -141,22 +196,24 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             ))
             continue
         elif attr == moe.router:
-            new = t.stmt(
-                f"self.{attr} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
-                f'    prefix=f"{{prefix}}.{attr}",\n)\n'
-            )
+            if gate_first:
+                continue  # built above the experts, which read its correction bias
+            new = gate
         elif attr == moe.experts:
             new = t.stmt(
                 f"self.{attr} = FusedMoEFactory(\n"
                 + "".join(f"    {k}={v},\n" for k, v in sizes.items())
                 + f"    renormalize={renormalize or 'False'},\n"
-                "    enable_eplb=parallel_config.enable_eplb,\n"
+                + "".join(f"    {k}={v},\n" for k, v in routing.items())
+                + "    enable_eplb=parallel_config.enable_eplb,\n"
                 "    num_redundant_experts=self.n_redundant_experts,\n"
                 f"    activation={act[len('ACT2FN['):-1]},\n"
                 "    quant_config=quant_config,\n"
                 f'    prefix=f"{{prefix}}.{attr}",\n'
                 f"{ckpt_arg})\n"
             )
+            if gate_first:
+                new_init.extend(gate)
         elif attr == moe.shared_expert_gate:
             call = t.assigned_value(s)
             bias = t.arg(call, 2, "bias")
@@ -169,7 +226,9 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             new = s
         else:
             continue  # training-only knobs (jitter noise...) and router copies of config
-        new_init.append(new.with_changes(leading_lines=s.leading_lines))
+        new = new if isinstance(new, list) else [new]
+        new_init.append(new[0].with_changes(leading_lines=s.leading_lines))
+        new_init.extend(new[1:])
 
     body = "orig_shape = hidden_states.shape\nhidden_states = hidden_states.view(-1, orig_shape[-1])\n"
     if moe.shared_expert:

@@ -27,7 +27,14 @@ from torch.fx import Node
 
 from hfrewrite.analyze.rope import per_layer_type, prove_rope
 from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
-from hfrewrite.trace import Traced, is_norm, opaque_attention, past_identity_dropouts, relative, value
+from hfrewrite.trace import (
+    Traced,
+    is_norm,
+    opaque_attention,
+    past_identity_dropouts,
+    relative,
+    value,
+)
 
 # Keywords of the attention call that do not change its math (at inference); any other
 # keyword must be None or False (flags like output_router_logits pass through **kwargs).

@@ -24,16 +24,33 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
-from hfrewrite.analyze.checkpoint import checkpoint_prefix_renames, checkpoint_renames, expert_checkpoint_names
+from hfrewrite.analyze.checkpoint import (
+    checkpoint_prefix_renames,
+    checkpoint_renames,
+    expert_checkpoint_names,
+)
 from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.plan import (
-    AttentionPlan, DecoderLayerPlan, MlpPlan, ModelPlan, MoePlan, NoMatch, NormPlan,
+    AttentionPlan,
+    DecoderLayerPlan,
+    MlpPlan,
+    ModelPlan,
+    MoePlan,
+    NoMatch,
+    NormPlan,
 )
-from hfrewrite.trace import ATTN_IMPLEMENTATION, Traced, is_norm, opaque_attention, top_scope, trace
+from hfrewrite.trace import (
+    ATTN_IMPLEMENTATION,
+    Traced,
+    is_norm,
+    opaque_attention,
+    top_scope,
+    trace,
+)
 
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 128, 4, 256, 256
 # Other size fields, shrunk when the config has them, so that MoE and linear-attention
@@ -109,11 +126,30 @@ def shrink_config(
         # MoE models whose config can make some layers dense: trace one of each kind.
         _set(small, "mlp_only_layers", [0])
         _set(small, "decoder_sparse_step", 1)
+    _shrink_routing(config, small)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
         _set(small, "pad_token_id", None)
     small._attn_implementation = ATTN_IMPLEMENTATION
     return small
+
+
+def _shrink_routing(config, small) -> None:
+    """Routing values the replay can tell apart: every routing step changes the output
+    and each constant is a distinct number (analyze/routing.py finds its attribute by
+    value). Grouped top-k (deepseek_v3, glm4_moe, dots1): 8 experts in 4 groups, 2 kept,
+    top-3; a scaling factor of 2.5; renormalisation on; one dense layer, then MoE."""
+    if isinstance(getattr(config, "n_group", None), int):
+        for name, size in (("n_routed_experts", 8), ("n_group", 4), ("topk_group", 2), ("num_experts_per_tok", 3)):
+            _set(small, name, size)
+        if hasattr(config, "n_shared_experts") and config.n_shared_experts is None:
+            _set(small, "n_shared_experts", 1)  # a bare type's default config (dots1) leaves it unset
+    if isinstance(getattr(config, "routed_scaling_factor", None), (int, float)):
+        _set(small, "routed_scaling_factor", 2.5)
+    if isinstance(getattr(config, "norm_topk_prob", None), bool):
+        _set(small, "norm_topk_prob", True)
+    if isinstance(getattr(config, "first_k_dense_replace", None), int):
+        _set(small, "first_k_dense_replace", 1)
 
 
 def _set(config, name: str, value) -> None:

@@ -1,24 +1,23 @@
-"""MoE facts: router -> softmax -> top-k -> (renormalise) -> stacked experts (+ shared expert).
+"""MoE facts: router -> routing -> stacked experts (+ shared expert), proven by replay.
 
-Pattern (transformers 5.x, qwen2_moe/qwen3_moe/olmoe/mixtral)::
+Pattern (transformers 5.x: qwen2_moe, qwen3_moe, olmoe, mixtral; deepseek_v3, glm4_moe, dots1)::
 
-    logits = F.linear(x, router.weight)            # router: a module with `weight`, no bias
-    probs = softmax(logits)                        # in float32
-    w, idx = topk(probs, k)
-    w = w / w.sum(-1, keepdim=True)                # optional (config-dependent)
+    w, idx = routing(F.linear(x, router.weight))   # analyze/routing.py: softmax or sigmoid,
+                                                   # bias correction, grouped top-k, scaling
     y = experts(x, idx, w)                         # leaf: stacked [E, 2I, H] / [E, H, I]
-    y = y + sigmoid(shared_gate(x)) * shared(x)    # optional shared expert
+    y = y + [sigmoid(shared_gate(x)) *] shared(x)  # optional shared expert
 
-Preconditions (fail closed): exactly one experts leaf, fed by one top-k over a softmax of
-one bias-free router projection of the block input; the experts hold no biases and their
-``gate_up_proj`` is ``[gate; up]`` concatenated (checked numerically); the block returns
-one tensor. Finally the plan is replayed on the example input with a reference
-implementation and must reproduce the block's output, so a router quirk the rules do not
-see (scaling, jitter, bias correction, interleaving) refuses instead of converting.
+Preconditions (fail closed): exactly one experts leaf, fed by the routing of one router
+projection of the block input; the experts hold no biases and their ``gate_up_proj`` is
+``[gate; up]`` concatenated; the block returns one tensor. Finally the plan is replayed
+with a reference implementation (vLLM's router arithmetic, the correction bias
+randomised) and must reproduce the block's output, so a router quirk the rules do not see
+(jitter, interleaving, a bias added after the choice) refuses instead of converting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -27,12 +26,18 @@ from torch import nn
 from torch.fx import Node
 from transformers.activations import ACT2FN
 
+from hfrewrite.analyze.routing import (
+    describe_routing,
+    root,
+    route,
+    router_facts,
+    scoring_of,
+)
 from hfrewrite.plan import MoePlan, NoMatch
 from hfrewrite.trace import Traced, is_experts, relative, value
 
 # Activations vLLM's fused MoE kernels take by name (vLLM 0.32 on CPU: silu).
 MOE_ACTIVATIONS = ("silu", "swish")
-_PASS_THROUGH = ("to", "float", "type_as", "contiguous")
 
 
 def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan | NoMatch:
@@ -53,34 +58,9 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     hidden, index, weights = call.args
     experts_mod = traced.submodule(call)
 
-    renormalize = False
-    node = _skip(weights)
-    if _is_div(node):
-        numerator, denominator = node.args
-        if not (_is_sum_of(denominator, _skip(numerator))):
-            return no("the top-k weights are divided by something other than their sum")
-        renormalize, node = True, _skip(numerator)
-    if not (_is_getitem(node, 0) and _is_getitem(_skip(index), 1) and node.args[0] is _skip(index).args[0]):
-        return no("the experts' index and weights are not the two outputs of one top-k")
-    topk = node.args[0]
-    if not (topk.op == "call_function" and topk.target is torch.topk):
-        return no("routing does not use torch.topk")
-    top_k = value(topk.args[1]) if len(topk.args) > 1 else topk.kwargs.get("k")
-    scores = topk.args[0]
-    scoring = _scoring(scores)
-    if scoring != "softmax":
-        return no(f"router scoring is {scoring}, not softmax over the router logits")
-    logits = _skip(scores.args[0])
-    if not (logits.op == "call_function" and logits.target is F.linear):
-        return no("router logits are not F.linear(x, router.weight)")
-    if len(logits.args) > 2 or logits.kwargs.get("bias") is not None:
-        return no("the router has a bias")
-    weight = logits.args[1]
-    if not (isinstance(weight, Node) and weight.op == "get_attr"):
-        return no("router weight is not a module parameter")
-    router = relative(weight.target, path).rsplit(".", 1)[0]
-    if _root(logits.args[0]) is not _root(hidden):
-        return no("router and experts read different inputs")
+    facts = router_facts(traced, path, block, index, weights, hidden)
+    if isinstance(facts, str):
+        return no(facts)
     if activation not in MOE_ACTIVATIONS:
         return no(f"vLLM's fused MoE has no {activation!r} activation here")
     if any(n.endswith("bias") for n, _ in experts_mod.named_parameters()):
@@ -97,54 +77,23 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         return no("the experts do not hold gate_up_proj and down_proj")
     plan = MoePlan(
         module_class=cls,
-        router=router,
-        router_class=type(block.get_submodule(router)).__name__,
+        router_class=type(block.get_submodule(facts["router"])).__name__,
         experts=relative(call.target, path),
         experts_class=type(experts_mod).__name__,
         num_experts=int(num_experts),
-        top_k=int(top_k),
-        scoring=scoring,
-        renormalize=renormalize,
         activation=activation,
         shared_expert=shared,
         shared_expert_gate=shared_gate,
+        **facts,
     )
-    mismatch = _replay(block, plan, value(_root(hidden)))
+    # The structure's renormalisation first; a softmax over the top-k logits replays as the other.
+    x = value(root(hidden))
+    mismatch = _replay(block, plan, x)
+    if mismatch:
+        other = dataclasses.replace(plan, renormalize=not plan.renormalize)
+        if _replay(block, other, x) is None:
+            return other
     return no(mismatch) if mismatch else plan
-
-
-def _skip(node):
-    """Step back over dtype casts and copies."""
-    while isinstance(node, Node) and node.op == "call_method" and node.target in _PASS_THROUGH:
-        node = node.args[0]
-    return node
-
-
-def _root(node):
-    """Step back over reshapes to the tensor they view."""
-    while isinstance(node, Node) and node.op == "call_method" and node.target in ("view", "reshape", *_PASS_THROUGH):
-        node = node.args[0]
-    return node
-
-
-def _is_getitem(node, i: int) -> bool:
-    return isinstance(node, Node) and node.target is operator.getitem and node.args[1] == i
-
-
-def _is_div(node) -> bool:
-    return isinstance(node, Node) and node.target in (operator.truediv, operator.itruediv, torch.div, "div", "div_")
-
-
-def _is_sum_of(node, of) -> bool:
-    return isinstance(node, Node) and node.op == "call_method" and node.target == "sum" and node.args[0] is of
-
-
-def _scoring(node) -> str:
-    if isinstance(node, Node) and node.target in (F.softmax, torch.softmax, "softmax"):
-        return "softmax"
-    if isinstance(node, Node) and node.target in (torch.sigmoid, F.sigmoid, "sigmoid"):
-        return "sigmoid"
-    return str(node.target) if isinstance(node, Node) else type(node).__name__
 
 
 def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
@@ -156,10 +105,10 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
     if not adds:
         return None, None
     add = adds[0]
-    other = next(a for a in add.args if _root(a) is not experts_call and a is not experts_call)
+    other = next(a for a in add.args if root(a) is not experts_call and a is not experts_call)
     gate = None
     if isinstance(other, Node) and other.target in (operator.mul, torch.mul):
-        sig = next((a for a in other.args if isinstance(a, Node) and _scoring(a) == "sigmoid"), None)
+        sig = next((a for a in other.args if isinstance(a, Node) and scoring_of(a) == "sigmoid"), None)
         if sig is None:
             return NoMatch("fuse_experts", cls, "the shared expert is scaled by something other than a sigmoid gate"), None
         gate_call = sig.args[0]
@@ -185,14 +134,35 @@ def _users_through_views(node: Node) -> list[Node]:
 
 
 def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
-    """Reason the plan does not reproduce ``block(x)``, or None when it does."""
+    """Reason the plan does not reproduce the block, or None when it does: on the traced
+    input, then on a random one, each with a random correction bias when the router has
+    one (its zero init would hide where it is added)."""
+    router = block.get_submodule(plan.router)
+    bias = getattr(router, plan.correction_bias) if plan.correction_bias else None
+    saved = None if bias is None else bias.detach().clone()
+    generator = torch.Generator().manual_seed(0)
+    inputs = (x, torch.randn(x.shape, generator=generator, dtype=x.dtype) * x.std())
+    try:
+        for trial in inputs:
+            if bias is not None:
+                with torch.no_grad():
+                    bias.copy_(torch.randn(bias.shape, generator=generator) * 0.1)
+            err = _replay_error(block, plan, trial)
+            if err is not None:
+                return f"replaying the plan ({describe_routing(plan)}, [gate; up] experts) differs from the block by {err:.2e}"
+    finally:
+        if bias is not None:
+            with torch.no_grad():
+                bias.copy_(saved)
+    return None
+
+
+def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | None:
     x2 = x.reshape(-1, x.shape[-1])
     experts = block.get_submodule(plan.experts)
-    router_w = block.get_submodule(plan.router).weight
-    probs = torch.softmax(F.linear(x2, router_w).float(), dim=-1)
-    w, idx = torch.topk(probs, plan.top_k, dim=-1)
-    if plan.renormalize:
-        w = w / w.sum(dim=-1, keepdim=True)
+    router = block.get_submodule(plan.router)
+    logits = F.linear(x2, router.weight, router.bias if plan.router_bias else None)
+    w, idx = route(logits, plan, getattr(router, plan.correction_bias) if plan.correction_bias else None)
     w = w.to(x2.dtype)
     act = ACT2FN[plan.activation]
     out = torch.zeros_like(x2)
@@ -211,7 +181,6 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
         out = out + shared
     with torch.no_grad():
         got = block(x).reshape(-1, x.shape[-1])
-    if not torch.allclose(got, out, rtol=1e-4, atol=1e-5):
-        err = (got - out).abs().max().item()
-        return f"replaying the plan (softmax top-{plan.top_k}, renormalize={plan.renormalize}, [gate; up] experts) differs from the block by {err:.2e}"
-    return None
+    if torch.allclose(got, out, rtol=1e-4, atol=1e-5):
+        return None
+    return (got - out).abs().max().item()

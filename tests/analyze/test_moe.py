@@ -23,8 +23,10 @@ def test_qwen3_moe_router_facts():
     assert p.mlp.module_class == "Qwen3MoeMLP"  # traced through a dense layer of the shrunk config
 
 
-def test_renormalisation_follows_the_config():
-    assert plan("qwen3_moe", norm_topk_prob=False).moe.renormalize is False
+def test_renormalisation_is_traced_on_whatever_the_config_says():
+    # The shrunk config turns it on, so the replay proves the division the source guards
+    # with `if self.norm_topk_prob`; the emitted file keeps that condition.
+    assert plan("qwen3_moe", norm_topk_prob=False).moe.renormalize is True
 
 
 def test_mixtral_checkpoint_layout_comes_from_transformers_conversion_table():
@@ -57,17 +59,17 @@ def test_refuses_router_with_bias(monkeypatch):
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         return logits, top, idx
 
-    _refused(monkeypatch, qm.Qwen3MoeTopKRouter, "forward", forward, "router has a bias")
+    _refused(monkeypatch, qm.Qwen3MoeTopKRouter, "forward", forward, "not the router's own bias parameter")
 
 
-def test_refuses_scaled_routing_weights(monkeypatch):
+def test_refuses_a_scaling_factor_no_attribute_holds(monkeypatch):
     original = qm.Qwen3MoeTopKRouter.forward
 
-    def forward(self, hidden_states):  # a routed scaling factor
+    def forward(self, hidden_states):  # a literal scaling factor: no config expression to emit
         logits, scores, idx = original(self, hidden_states)
         return logits, scores * 2.5, idx
 
-    _refused(monkeypatch, qm.Qwen3MoeTopKRouter, "forward", forward, "fuse_experts: the experts. index and weights")
+    _refused(monkeypatch, qm.Qwen3MoeTopKRouter, "forward", forward, "routed_scaling_factor 2.5 is not an attribute")
 
 
 def test_refuses_interleaved_gate_up(monkeypatch):

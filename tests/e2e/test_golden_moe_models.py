@@ -1,4 +1,4 @@
-"""The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe.
+"""The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -21,6 +21,9 @@ from hfrewrite.verify import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, veri
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+GROUPED = {"n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3,
+           "moe_intermediate_size": 64, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+           "first_k_dense_replace": 1, "n_shared_experts": 1}
 
 CASES: dict[str, tuple[str, dict]] = {
     "qwen3_moe-renormalized": ("qwen3_moe", {**QWEN_MOE, "norm_topk_prob": True}),
@@ -35,10 +38,17 @@ CASES: dict[str, tuple[str, dict]] = {
     # olmoe: q/k norms over all heads, config-switched clip_qkv carried from the source.
     "olmoe": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 2}),
     "olmoe-clip-qkv": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 2, "clip_qkv": 0.5}),
+    # DeepSeek-style routing: sigmoid scores, a (random) score-correction bias that steers the
+    # choice only, top-2 of 4 expert groups, renormalised and scaled, an ungated shared
+    # expert, the first layer dense.
+    "glm4_moe-grouped-sigmoid": ("glm4_moe", GROUPED),
+    "glm4_moe-fused-3d-checkpoint": ("glm4_moe", {**GROUPED, "norm_topk_prob": False}),
+    "dots1-grouped-sigmoid": ("dots1", {**GROUPED, "n_shared_experts": 2}),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the
 # reference, and the generated file must match it, not vLLM native.
 NATIVE_IGNORES_CONFIG = {"olmoe-clip-qkv"}
+NO_NATIVE = {"dots1-grouped-sigmoid"}  # vLLM 0.32 has no dots1 model file: Hugging Face is the reference
 
 
 def restack_experts(ckpt: Path) -> None:
@@ -75,14 +85,14 @@ def reports(tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_golden_matches_hf_and_vllm_native(reports, case):
     report = reports[case]
-    assert report.native_tokens is not None, report.summary()
+    assert (report.native_tokens is None) == (case in NO_NATIVE), report.summary()
     assert report.generated_tokens == report.hf_tokens, report.summary()
     assert report.logprob_diff_hf is not None and report.logprob_diff_hf <= LOGPROB_TOL, report.summary()
     problems = list(report.problems)
     if case in NATIVE_IGNORES_CONFIG:
         assert report.native_tokens != report.hf_tokens, "vLLM native now honours clip_qkv: drop the exemption"
         problems = [p for p in problems if "native" not in p]  # only the native comparison is exempt
-    else:
+    elif case not in NO_NATIVE:
         assert report.generated_tokens == report.native_tokens, report.summary()
         assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, report.summary()
     assert report.generated_class.startswith("hfrewrite_generated_"), report.summary()
@@ -93,7 +103,7 @@ def test_moe_golden_matches_hf_and_vllm_native(reports, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_layers_use_fused_experts(reports, case):
     model_type, overrides = CASES[case]
-    dense = set(overrides.get("mlp_only_layers", []))
+    dense = set(overrides.get("mlp_only_layers", [])) | set(range(overrides.get("first_k_dense_replace", 0)))
     structure = reports[case].generated_structure
     assert structure, reports[case].summary()
     for i, layer in enumerate(structure):
@@ -107,10 +117,11 @@ def test_moe_layers_use_fused_experts(reports, case):
     assert reports[case].generated_facts["supports_pp"] is True
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("model_type", sorted({t for t, _ in CASES.values()}))
 def test_emitted_moe_forward_has_no_loop_over_experts(model_type):
     tree = ast.parse((GOLDEN / f"{model_type}.py").read_text())
-    blocks = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("SparseMoeBlock")]
+    blocks = [n for n in tree.body if isinstance(n, ast.ClassDef) and "FusedMoEFactory(" in ast.unparse(n)
+              and not any(isinstance(b, ast.Name) and b.id == "MixtureOfExperts" for b in n.bases)]
     assert len(blocks) == 1
     assert not [n for n in ast.walk(blocks[0]) if isinstance(n, (ast.For, ast.While, ast.comprehension))]
     assert "FusedMoEFactory(" in ast.unparse(blocks[0])

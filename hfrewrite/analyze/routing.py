@@ -1,0 +1,227 @@
+"""Router facts of a MoE block, read from the fx graph and proven by replay (analyze/moe.py).
+
+What the routing computes, from the graph slice that feeds the experts' index and weights::
+
+    logits = F.linear(x[.float()], router.weight[.float()][, router.bias])
+    scores = softmax(logits) | sigmoid(logits)
+    choice = scores [+ correction_bias]                    # e_score_correction_bias
+    [groups: top-``topk_group`` of ``n_group`` groups by their top-2 (or max) score]
+    idx = topk(choice, top_k)[1];  w = scores[idx]
+    [w = w / w.sum()]  [w = w * routed_scaling_factor]
+
+The structure proposes each fact (which op, which tensor, which constant); the numeric
+replay in analyze/moe.py, with the correction bias randomised, decides. :func:`route` is
+the reference: the arithmetic of vLLM 0.32's CPU router (grouped top-k path), so a plan
+that replays right is one vLLM computes.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx import Node
+
+from hfrewrite.plan import MoePlan
+from hfrewrite.trace import Traced, relative, value
+
+_PASS_THROUGH = ("to", "float", "type", "type_as", "contiguous")
+_SCORINGS = {F.softmax: "softmax", torch.softmax: "softmax", "softmax": "softmax",
+             torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", "sigmoid": "sigmoid"}
+_DIVS = (operator.truediv, operator.itruediv, torch.div, "div", "div_")
+_MULS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
+
+
+def skip(node):
+    """Step back over dtype casts and copies."""
+    while isinstance(node, Node) and node.op == "call_method" and node.target in _PASS_THROUGH:
+        node = node.args[0]
+    return node
+
+
+def scoring_of(node) -> str:
+    if isinstance(node, Node) and node.op in ("call_function", "call_method"):
+        return _SCORINGS.get(node.target, str(node.target))
+    return type(node).__name__
+
+
+def _backward(roots: list[Node], ordered: list[Node]) -> list[Node]:
+    """Nodes inside the block that ``roots`` are computed from, in-place updates of them
+    included (``mask.scatter_(...)``)."""
+    inside, seen = set(ordered), set()
+    todo = list(roots)
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in inside:
+            continue
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
+        todo.extend(u for u in n.users if _in_place(u))
+    return [n for n in ordered if n in seen]
+
+
+def _in_place(node: Node) -> bool:
+    return (node.op == "call_method" and node.target.endswith("_") and not node.target.endswith("__")) or (
+        node.target in (operator.setitem, operator.iadd, operator.imul, operator.itruediv, operator.isub))
+
+
+def _is_fp32_cast(node) -> bool:
+    if not (isinstance(node, Node) and node.op == "call_method"):
+        return False
+    return node.target == "float" or (node.target in ("to", "type") and torch.float32 in node.args[1:])
+
+
+def _topk_k(node: Node) -> int:
+    return int(value(node.args[1]) if len(node.args) > 1 else node.kwargs["k"])
+
+
+def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hidden) -> dict | str:
+    """The routing fields of ``MoePlan`` for the routing that computes ``index`` and
+    ``weights``, or why not. ``renormalize`` is what the structure shows; the replay may
+    prove the other value (a softmax over the top-k logits is a renormalised softmax)."""
+    inside = traced.nodes_in(path)
+    nodes = _backward([index, weights], inside)
+    linears = [n for n in nodes if n.op == "call_function" and n.target is F.linear]
+    if len(linears) != 1 or any(n.op == "call_module" for n in nodes):
+        return "router logits are not one F.linear(x, router.weight) of the block input"
+    logits = linears[0]
+    weight = skip(logits.args[1])
+    bias = logits.args[2] if len(logits.args) > 2 else logits.kwargs.get("bias")
+    if not (isinstance(weight, Node) and weight.op == "get_attr"):
+        return "router weight is not a module parameter"
+    if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
+        return "the router's bias is not a module parameter"
+    router = relative(weight.target, path).rsplit(".", 1)[0]
+    if "." in router or router == relative(weight.target, path):
+        return "the router weight is not held by a router submodule of the block"
+    if bias is not None and relative(bias.target, path) != f"{router}.bias":
+        return f"the router's bias is {relative(bias.target, path)}, not the router's own bias parameter"
+    if root(logits.args[0]) is not root(hidden):
+        return "router and experts read different inputs"
+    num_experts = value(weight).shape[0]
+
+    scorings = [n for n in nodes if scoring_of(n) in ("softmax", "sigmoid")]
+    if len(scorings) != 1:
+        return f"router scoring is not one softmax or sigmoid ({len(scorings)} found)"
+    scoring = scoring_of(scorings[0])
+
+    known = {weight, bias}
+    tensors = [n for n in nodes if n.op == "get_attr" and n not in known]
+    correction = None
+    for n in tensors:
+        t = value(n)
+        if not (torch.is_tensor(t) and t.shape == (num_experts,) and relative(n.target, path).startswith(f"{router}.")):
+            return f"routing reads {relative(n.target, path)}, which is not a per-expert router bias"
+        name = relative(n.target, path)[len(router) + 1:]
+        if correction not in (None, name):
+            return "routing reads more than one per-expert bias"
+        correction = name
+
+    topks = [n for n in nodes if n.target is torch.topk or (n.op == "call_method" and n.target == "topk")]
+    final = skip(index)
+    if not (final.target is operator.getitem and final.args[1] == 1 and final.args[0] in topks):
+        return "the experts' index is not the indices of a top-k"
+    final = final.args[0]
+    n_group = topk_group = None
+    groups = [n for n in topks if n is not final]
+    if groups:
+        selects = [n for n in groups if value(n.args[0]).dim() == 2]
+        if len(selects) != 1 or len(groups) > 2:
+            return "grouped routing is not one top-k over group scores"
+        n_group, topk_group = value(selects[0].args[0]).shape[-1], _topk_k(selects[0])
+        if num_experts % n_group:
+            return f"{n_group} expert groups do not divide {num_experts} experts"
+
+    scales = [a for n in nodes if n.target in _MULS for a in n.args if isinstance(a, (int, float))
+              and not isinstance(a, bool)]
+    if len(scales) > 1:
+        return f"the routing weights are scaled more than once ({scales})"
+    scale = float(scales[0]) if scales else 1.0
+    renormalize = any(n.target in _DIVS and isinstance(n.args[1], Node)
+                      and any(d.target == "sum" for d in _backward([n.args[1]], inside)) for n in nodes)
+
+    facts = {"n_group": n_group, "topk_group": topk_group}
+    if scales:
+        facts["routed_scaling_factor"] = scale
+    attrs = _config_attrs(block, router, facts)
+    if isinstance(attrs, str):
+        return attrs
+    return {
+        "router": router,
+        "top_k": _topk_k(final),
+        "scoring": scoring,
+        "renormalize": renormalize,
+        "router_bias": bias is not None,
+        "router_fp32": _is_fp32_cast(logits.args[0]) and _is_fp32_cast(logits.args[1]),
+        "correction_bias": correction,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "routed_scaling_factor": scale,
+        "config_attrs": attrs,
+    }
+
+
+def root(node):
+    """Step back over reshapes to the tensor they view."""
+    while isinstance(node, Node) and node.op == "call_method" and node.target in ("view", "reshape", *_PASS_THROUGH):
+        node = node.args[0]
+    return node
+
+
+def _config_attrs(block: nn.Module, router: str, facts: dict) -> tuple[tuple[str, str], ...] | str:
+    """Where each routing constant lives: the one attribute of the router (or else of the
+    block) holding its value, whose source expression the emitted file keeps."""
+    owners = ((f"{router}.", block.get_submodule(router)), ("", block))
+    found = []
+    for fact, want in facts.items():
+        if want is None:
+            continue
+        for prefix, owner in owners:
+            names = sorted(k for k, v in vars(owner).items() if not k.startswith("_") and type(v) in (int, float)
+                           and v == want)
+            if len(names) > 1:
+                return f"the {fact} {want} is held by several attributes ({', '.join(names)})"
+            if names:
+                found.append((fact, prefix + names[0]))
+                break
+        else:
+            return f"the {fact} {want} is not an attribute of the router or the block"
+    return tuple(found)
+
+
+def route(logits: torch.Tensor, facts: MoePlan, correction: torch.Tensor | None):
+    """(weights, index) as vLLM's CPU router computes them for ``facts``."""
+    logits = logits.float()
+    if not facts.grouped:
+        w, idx = torch.topk(torch.softmax(logits, dim=-1), facts.top_k, dim=-1)
+        return (w / w.sum(dim=-1, keepdim=True) if facts.renormalize else w), idx
+    scores = torch.softmax(logits, dim=-1) if facts.scoring == "softmax" else logits.sigmoid()
+    groups = facts.n_group or 1
+    choice = scores if correction is None else scores + correction.float()
+    grouped = choice.view(len(choice), groups, -1)
+    group_scores = grouped.max(dim=-1).values if correction is None else grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    chosen = torch.topk(group_scores, k=facts.topk_group or 1, dim=-1)[1]
+    keep = torch.zeros_like(group_scores).scatter_(1, chosen, 1).bool()
+    choice = choice.masked_fill(~keep.repeat_interleave(choice.shape[-1] // groups, dim=-1), float("-inf"))
+    idx = torch.topk(choice, k=facts.top_k, dim=-1)[1]
+    w = scores.gather(1, idx)
+    if facts.renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w * facts.routed_scaling_factor, idx
+
+
+def describe_routing(plan: MoePlan) -> str:
+    """The routing in one line, for --explain and refusals."""
+    steps = [f"F.linear{' (float32)' if plan.router_fp32 else ''}{' + bias' if plan.router_bias else ''}",
+             plan.scoring]
+    if plan.correction_bias:
+        steps.append(f"+ {plan.correction_bias} (choice only)")
+    if plan.n_group:
+        steps.append(f"top-{plan.topk_group} of {plan.n_group} groups")
+    steps.append(f"top-{plan.top_k}")
+    steps.append(f"renormalize={plan.renormalize}")
+    if plan.routed_scaling_factor != 1.0:
+        steps.append(f"x {plan.routed_scaling_factor:g}")
+    return " -> ".join(steps)
