@@ -107,6 +107,7 @@ class MoePlan:
     # Hub checkpoint name -> module name substrings, e.g. ((".block_sparse_moe.", ".mlp."),)
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # Routing beyond softmax top-k (analyze/routing.py), proven by the replay:
+    router_linear: str | None = None  # the router's nn.Linear child holding the weight (hunyuan's "wg")
     router_bias: bool = False  # the router linear has a bias
     router_fp32: bool = False  # the router computes its logits in float32
     correction_bias: str | None = None  # router attribute added to the scores for the choice only

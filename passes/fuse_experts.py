@@ -169,6 +169,9 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     if missing:
         raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
     renormalize = _renormalize(t.find_class(module, moe.router_class), router, name)
+    router_forward = t.find_method(t.find_class(module, moe.router_class), "forward")
+    if renormalize is None and moe.renormalize and not m.findall(router_forward, m.If() | m.IfExp()):
+        renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
     if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
         raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
     ckpt = moe.checkpoint_expert_names

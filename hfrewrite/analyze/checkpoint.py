@@ -36,9 +36,15 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
         if type(rule).__name__ != "WeightRenaming":
             continue
         for source, target in zip(rule.source_patterns, rule.target_patterns):
-            if re.escape(source).replace("\\.", ".") == source and re.escape(target).replace("\\.", ".") == target:
+            source = source.replace("\\.", ".")  # `a\.b` and `.a.` both name the literal text
+            if _literal(source) and _literal(target):
                 renames.append((source, target))
     return tuple(renames)
+
+
+def _literal(pattern: str) -> bool:
+    """A pattern whose only regex metacharacters are dots."""
+    return re.escape(pattern).replace("\\.", ".") == pattern
 
 
 def checkpoint_prefix_renames(key: str) -> tuple[tuple[str, str], ...]:

@@ -46,6 +46,7 @@ from hfrewrite.plan import (
 from hfrewrite.trace import (
     ATTN_IMPLEMENTATION,
     Traced,
+    is_experts,
     is_norm,
     opaque_attention,
     top_scope,
@@ -409,7 +410,8 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
     moe = dataclasses.replace(
         moe,
         checkpoint_expert_names=names or moe.checkpoint_expert_names,
-        checkpoint_renames=checkpoint_renames(config.model_type),
+        checkpoint_renames=checkpoint_renames(config.model_type)
+        + (((f".{moe.router}.{moe.router_linear}.", f".{moe.router}."),) if moe.router_linear else ()),
     )
     shared = None
     if moe.shared_expert:
@@ -423,6 +425,8 @@ def _carried_layer(traced: Traced) -> DecoderLayerPlan:
     attending = {top_scope(n) for n in traced.graph.nodes
                  if n.op == "call_function" and n.target is opaque_attention}
     with_linears = {top_scope(n) for n in traced.linears_in("")}
+    with_linears |= {top_scope(n) for n in traced.graph.nodes
+                     if n.op == "call_module" and is_experts(traced.submodule(n))}  # a MoE block
     cls = type(traced.module).__name__
     others = sorted(with_linears - attending - {None})
     if not attending:

@@ -161,7 +161,8 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
     x2 = x.reshape(-1, x.shape[-1])
     experts = block.get_submodule(plan.experts)
     router = block.get_submodule(plan.router)
-    logits = F.linear(x2, router.weight, router.bias if plan.router_bias else None)
+    linear = router.get_submodule(plan.router_linear) if plan.router_linear else router
+    logits = F.linear(x2, linear.weight, linear.bias if plan.router_bias else None)
     w, idx = route(logits, plan, getattr(router, plan.correction_bias) if plan.correction_bias else None)
     w = w.to(x2.dtype)
     act = ACT2FN[plan.activation]

@@ -83,24 +83,35 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     prove the other value (a softmax over the top-k logits is a renormalised softmax)."""
     inside = traced.nodes_in(path)
     nodes = _backward([index, weights], inside)
-    linears = [n for n in nodes if n.op == "call_function" and n.target is F.linear]
-    if len(linears) != 1 or any(n.op == "call_module" for n in nodes):
-        return "router logits are not one F.linear(x, router.weight) of the block input"
+    linears = [n for n in nodes if (n.op == "call_function" and n.target is F.linear)
+               or (n.op == "call_module" and isinstance(traced.submodule(n), nn.Linear))]
+    if len(linears) != 1 or any(n.op == "call_module" and n not in linears for n in nodes):
+        return "router logits are not one linear projection of the block input"
     logits = linears[0]
-    weight = skip(logits.args[1])
-    bias = logits.args[2] if len(logits.args) > 2 else logits.kwargs.get("bias")
-    if not (isinstance(weight, Node) and weight.op == "get_attr"):
-        return "router weight is not a module parameter"
-    if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
-        return "the router's bias is not a module parameter"
-    router = relative(weight.target, path).rsplit(".", 1)[0]
-    if "." in router or router == relative(weight.target, path):
-        return "the router weight is not held by a router submodule of the block"
-    if bias is not None and relative(bias.target, path) != f"{router}.bias":
-        return f"the router's bias is {relative(bias.target, path)}, not the router's own bias parameter"
+    if logits.op == "call_module":  # a Linear inside the router (hunyuan's gate.wg)
+        router, router_linear = relative(logits.target, path).rsplit(".", 1) if "." in relative(
+            logits.target, path) else (relative(logits.target, path), None)
+        if router_linear is None or "." in router:
+            return "the router is not a module holding its linear projection"
+        linear = traced.submodule(logits)
+        weight, bias, num_experts = None, linear.bias, linear.out_features
+        fp32 = _is_fp32_cast(logits.args[0]) and linear.weight.dtype == torch.float32
+    else:
+        weight = skip(logits.args[1])
+        bias = logits.args[2] if len(logits.args) > 2 else logits.kwargs.get("bias")
+        if not (isinstance(weight, Node) and weight.op == "get_attr"):
+            return "router weight is not a module parameter"
+        if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
+            return "the router's bias is not a module parameter"
+        router, router_linear = relative(weight.target, path).rsplit(".", 1)[0], None
+        if "." in router or router == relative(weight.target, path):
+            return "the router weight is not held by a router submodule of the block"
+        if bias is not None and relative(bias.target, path) != f"{router}.bias":
+            return f"the router's bias is {relative(bias.target, path)}, not the router's own bias parameter"
+        num_experts = value(weight).shape[0]
+        fp32 = _is_fp32_cast(logits.args[0]) and _is_fp32_cast(logits.args[1])
     if root(logits.args[0]) is not root(hidden):
         return "router and experts read different inputs"
-    num_experts = value(weight).shape[0]
 
     scorings = [n for n in nodes if scoring_of(n) in ("softmax", "sigmoid")]
     if len(scorings) != 1:
@@ -153,8 +164,9 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         "top_k": _topk_k(final),
         "scoring": scoring,
         "renormalize": renormalize,
+        "router_linear": router_linear,
         "router_bias": bias is not None,
-        "router_fp32": _is_fp32_cast(logits.args[0]) and _is_fp32_cast(logits.args[1]),
+        "router_fp32": fp32,
         "correction_bias": correction,
         "n_group": n_group,
         "topk_group": topk_group,

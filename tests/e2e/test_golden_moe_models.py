@@ -44,10 +44,21 @@ CASES: dict[str, tuple[str, dict]] = {
     "glm4_moe-grouped-sigmoid": ("glm4_moe", GROUPED),
     "glm4_moe-fused-3d-checkpoint": ("glm4_moe", {**GROUPED, "norm_topk_prob": False}),
     "dots1-grouped-sigmoid": ("dots1", {**GROUPED, "n_shared_experts": 2}),
+    # granitemoe: a softmax over the top-k logits (a renormalised softmax), checkpoint-fused
+    # experts (`input_linear` [E, 2I, H]) and residual multipliers in a carried layer forward.
+    "granitemoe": ("granitemoe", {"num_local_experts": 8, "num_experts_per_tok": 2}),
+    # ... plus a shared MLP in the layer (carried as the source's two nn.Linear).
+    "granitemoeshared": ("granitemoeshared", {"num_local_experts": 8, "num_experts_per_tok": 2,
+                                              "shared_intermediate_size": 64}),
+    # flex_olmo: olmoe's routing in a post-norm layer (carried forward).
+    "flex_olmo": ("flex_olmo", {"num_experts": 8, "num_experts_per_tok": 2}),
+    # hunyuan_v1_moe: a float32 nn.Linear router inside the gate module (`gate.wg`), a shared MLP.
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 8, "moe_topk": 2}),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the
 # reference, and the generated file must match it, not vLLM native.
 NATIVE_IGNORES_CONFIG = {"olmoe-clip-qkv"}
+CARRIED_LINEARS = {"granitemoeshared": 2}  # its shared MLP keeps the source's nn.Linear pair
 NO_NATIVE = {"dots1-grouped-sigmoid"}  # vLLM 0.32 has no dots1 model file: Hugging Face is the reference
 
 
@@ -107,7 +118,7 @@ def test_moe_layers_use_fused_experts(reports, case):
     structure = reports[case].generated_structure
     assert structure, reports[case].summary()
     for i, layer in enumerate(structure):
-        assert layer["Linear"] == 0 and layer["QKVParallelLinear"] == 1, layer
+        assert layer["Linear"] == CARRIED_LINEARS.get(case, 0) and layer["QKVParallelLinear"] == 1, layer
         if i in dense:
             assert layer["MoERunner"] == 0 and layer["MergedColumnParallelLinear"] == 1, layer
         else:

@@ -172,48 +172,23 @@ def test_refuses_experts_not_built_from_config():
         rewrite(fuse_experts, REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG, qwen_moe(shared=True))
 
 
-REFUSED_NO_RENORMALISATION_IN_SOURCE = """\
-class TopKRouter(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.top_k = config.num_experts_per_tok
-        self.num_experts = config.num_experts
-        self.norm_topk_prob = config.norm_topk_prob
-        self.hidden_dim = config.hidden_size
-
-    def forward(self, hidden_states):
-        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
-        return router_logits, router_top_value, router_indices
-
-
-class Experts(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.num_experts = config.num_experts
-        self.hidden_dim = config.hidden_size
-        self.intermediate_dim = config.moe_intermediate_size
-        self.act_fn = ACT2FN[config.hidden_act]
-
-
-class MoeBlock(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.experts = Experts(config)
-        self.gate = TopKRouter(config)
-        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)
-        self.shared_expert_gate = torch.nn.Linear(config.hidden_size, 1, bias=False)
-
-    def forward(self, hidden_states):
-        batch_size, sequence_length, hidden_dim = hidden_states.shape
-        hidden_states = hidden_states.view(-1, hidden_dim)
-        _, routing_weights, selected_experts = self.gate(hidden_states)
-        return self.experts(hidden_states, selected_experts, routing_weights).reshape(batch_size, sequence_length, hidden_dim)
+_CONDITIONAL_DIVISION = """\
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
 """
 
 
-def test_refuses_no_renormalisation_in_source():
+def test_refuses_a_traced_renormalisation_the_source_guards_with_no_division():
+    source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
+        _CONDITIONAL_DIVISION, "        if self.norm_topk_prob:\n            pass\n")
     with pytest.raises(HfrewriteError, match='disagrees with the trace'):
-        rewrite(fuse_experts, REFUSED_NO_RENORMALISATION_IN_SOURCE, qwen_moe(shared=True))
+        rewrite(fuse_experts, source, qwen_moe(shared=True))
+
+
+def test_an_unconditional_router_the_replay_proved_renormalising_emits_true():
+    # granitemoe: a softmax over the top-k logits has no division; the replay proved it.
+    source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(_CONDITIONAL_DIVISION, "")
+    assert "renormalize=True," in rewrite(fuse_experts, source, qwen_moe(shared=True))
 
 
 def test_refuses_a_router_of_another_class():
