@@ -123,6 +123,19 @@ class MoePlan:
         return (self.scoring == "sigmoid" or self.n_group is not None or self.correction_bias is not None
                 or self.routed_scaling_factor != 1.0)
 
+    def describe_routing(self) -> str:
+        """The routing in one line, for --explain and refusals."""
+        steps = [f"F.linear{' (float32)' if self.router_fp32 else ''}{' + bias' if self.router_bias else ''}",
+                 self.scoring]
+        if self.correction_bias:
+            steps.append(f"+ {self.correction_bias} (choice only)")
+        if self.n_group:
+            steps.append(f"top-{self.topk_group} of {self.n_group} groups")
+        steps += [f"top-{self.top_k}", f"renormalize={self.renormalize}"]
+        if self.routed_scaling_factor != 1.0:
+            steps.append(f"x {self.routed_scaling_factor:g}")
+        return " -> ".join(steps)
+
 
 @dataclass(frozen=True)
 class NormPlan:

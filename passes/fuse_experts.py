@@ -258,8 +258,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     block, renormalize = rewrite_block(module, ctx)
     gate, down, up = moe.checkpoint_expert_names
     rows = [
-        FusionRow(moe.module_class, f"router {moe.router}: F.linear -> {moe.scoring} -> top-k -> "
-                                    f"renormalize={renormalize} (traced: {moe.renormalize}) -> GateLinear"),
+        FusionRow(moe.module_class, f"router {moe.router}: {moe.describe_routing()} (emitted renormalize="
+                                    f"{renormalize}) -> GateLinear + FusedMoEFactory routing"),
         FusionRow(moe.module_class, f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
                                     f"(checkpoint experts.N.{{{gate},{up},{down}}})"),
     ]

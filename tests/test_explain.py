@@ -14,7 +14,8 @@ def test_explain_shows_router_facts(tmp_path):
     )
     rows = [line for line in proc.stdout.splitlines() if line.startswith("Qwen3MoeSparseMoeBlock")]
     assert any(
-        "router gate: F.linear -> softmax -> top-k -> renormalize=config.norm_topk_prob" in r for r in rows
+        "router gate: F.linear -> softmax -> top-2 -> renormalize=True (emitted renormalize=config.norm_topk_prob)" in r
+        for r in rows
     ), proc.stdout
     assert any("FusedMoEFactory" in r and "experts.N.{gate_proj,up_proj,down_proj}" in r for r in rows), proc.stdout
     assert (tmp_path / "qwen3_moe.py").exists()

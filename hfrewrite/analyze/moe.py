@@ -27,7 +27,6 @@ from torch.fx import Node
 from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.routing import (
-    describe_routing,
     root,
     route,
     router_facts,
@@ -149,7 +148,7 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
                     bias.copy_(torch.randn(bias.shape, generator=generator) * 0.1)
             err = _replay_error(block, plan, trial)
             if err is not None:
-                return f"replaying the plan ({describe_routing(plan)}, [gate; up] experts) differs from the block by {err:.2e}"
+                return f"replaying the plan ({plan.describe_routing()}, [gate; up] experts) differs from the block by {err:.2e}"
     finally:
         if bias is not None:
             with torch.no_grad():

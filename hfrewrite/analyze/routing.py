@@ -223,17 +223,3 @@ def route(logits: torch.Tensor, facts: MoePlan, correction: torch.Tensor | None)
         w = w / w.sum(dim=-1, keepdim=True)
     return w * facts.routed_scaling_factor, idx
 
-
-def describe_routing(plan: MoePlan) -> str:
-    """The routing in one line, for --explain and refusals."""
-    steps = [f"F.linear{' (float32)' if plan.router_fp32 else ''}{' + bias' if plan.router_bias else ''}",
-             plan.scoring]
-    if plan.correction_bias:
-        steps.append(f"+ {plan.correction_bias} (choice only)")
-    if plan.n_group:
-        steps.append(f"top-{plan.topk_group} of {plan.n_group} groups")
-    steps.append(f"top-{plan.top_k}")
-    steps.append(f"renormalize={plan.renormalize}")
-    if plan.routed_scaling_factor != 1.0:
-        steps.append(f"x {plan.routed_scaling_factor:g}")
-    return " -> ".join(steps)

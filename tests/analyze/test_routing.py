@@ -9,7 +9,6 @@ import transformers
 from transformers.models.glm4_moe import modeling_glm4_moe as gm
 
 from hfrewrite.analyze.model import analyze
-from hfrewrite.analyze.routing import describe_routing
 from hfrewrite.errors import HfrewriteError
 
 
@@ -27,7 +26,7 @@ def test_grouped_sigmoid_routing_facts(model_type):
                                       "routed_scaling_factor": "gate.routed_scaling_factor"}
     assert (moe.shared_expert, moe.shared_expert_gate) == ("shared_experts", None)
     assert moe.grouped
-    assert describe_routing(moe) == ("F.linear (float32) -> sigmoid -> + e_score_correction_bias (choice only) "
+    assert moe.describe_routing() == ("F.linear (float32) -> sigmoid -> + e_score_correction_bias (choice only) "
                                      "-> top-2 of 4 groups -> top-3 -> renormalize=True -> x 2.5")
 
 
