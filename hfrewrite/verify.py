@@ -529,6 +529,8 @@ def run_worker(
         data = json.loads(out.read_text()) if out.exists() else {}
     results = data.get("results") or [None] * len(runs)
     tail = stderr[-4000:]
+    if os.environ.get("HFREWRITE_WORKER_LOG"):  # the whole log, e.g. a worker's native stack
+        Path(os.environ["HFREWRITE_WORKER_LOG"]).write_text(stderr)
     missing = {"error": f"worker exited ({rc}) before this run:\n{tail}"}
     results = [missing if r is None else r for r in results]
     info = {
