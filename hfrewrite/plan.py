@@ -111,6 +111,7 @@ class MoePlan:
     router_bias: bool = False  # the router linear has a bias
     router_fp32: bool = False  # the router computes its logits in float32
     correction_bias: str | None = None  # router attribute added to the scores for the choice only
+    correction_bias_2d: bool = False  # ... held as [1, E] (ernie's moe_statics), else [E]
     n_group: int | None = None  # grouped top-k: groups, and how many of them are kept
     topk_group: int | None = None
     routed_scaling_factor: float = 1.0  # applied to the routed weights

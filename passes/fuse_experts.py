@@ -106,9 +106,13 @@ def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
         options += "    out_dtype=torch.float32,\n    params_dtype=torch.float32,\n"
     src = (f"self.{moe.router} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
            f'{options}    prefix=f"{{prefix}}.{moe.router}",\n)\n')
-    if moe.correction_bias:
+    if moe.correction_bias:  # where the checkpoint has it (ernie: in a child, shaped [1, E])
+        *children, _ = moe.correction_bias.split(".")
+        for i in range(len(children)):
+            src += f"self.{moe.router}.{'.'.join(children[: i + 1])} = nn.Module()\n"
+        shape = f"{'1, ' if moe.correction_bias_2d else ''}{sizes['num_experts']}"
         src += (f"self.{moe.router}.{moe.correction_bias} = nn.Parameter(\n"
-                f"    torch.empty({sizes['num_experts']}, dtype=torch.float32)\n)\n")
+                f"    torch.empty({shape}, dtype=torch.float32)\n)\n")
     return t.stmts(src)
 
 
@@ -137,10 +141,17 @@ def _routing_kwargs(moe, router: cst.ClassDef, block: cst.ClassDef, name: str) -
         kwargs["routed_scaling_factor"] = exprs["routed_scaling_factor"]
         kwargs["apply_routed_scale_to_output"] = "True"
     if moe.correction_bias:
-        kwargs["e_score_correction_bias"] = f"self.{moe.router}.{moe.correction_bias}"
+        flat = "[0]" if moe.correction_bias_2d else ""  # a view: it sees the loaded values
+        kwargs["e_score_correction_bias"] = f"self.{moe.router}.{moe.correction_bias}{flat}"
     if moe.router_fp32:
         kwargs["router_logits_dtype"] = "torch.float32"
     return kwargs
+
+
+def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
+    """An ``if`` (no ``else``) whose body only assigns ``self.<attr>``."""
+    return (isinstance(statement, cst.If) and statement.orelse is None
+            and all(t.self_attr_assigned(s) == attr for s in statement.body.body))
 
 
 def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
@@ -181,9 +192,18 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     gate_first = moe.correction_bias is not None
     routing = _routing_kwargs(moe, t.find_class(module, moe.router_class), block, name)
     new_init: list[cst.BaseStatement] = []
+    optional_shared = False
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
+        if attr is None and moe.shared_expert and _builds_only(s, moe.shared_expert):
+            # `if config.n_shared > 0: self.shared = MLP(...)` after `self.shared = None`
+            new_init.append(s)
+            optional_shared = True
+            continue
         if attr is None:
+            if isinstance(s, cst.BaseCompoundStatement):
+                raise HfrewriteError(f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
+                                     "statement the rewrite would drop")
             if t.code(s).strip() != "super().__init__()":
                 continue
             new_init.append(s)
@@ -234,8 +254,9 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         new_init.extend(new[1:])
 
     body = "orig_shape = hidden_states.shape\nhidden_states = hidden_states.view(-1, orig_shape[-1])\n"
+    guard = f"if self.{moe.shared_expert} is not None:\n    " if optional_shared else ""
     if moe.shared_expert:
-        body += f"shared_output = self.{moe.shared_expert}(hidden_states)\n"
+        body += f"{guard}shared_output = self.{moe.shared_expert}(hidden_states)\n"
         if moe.shared_expert_gate:
             body += f"shared_output = torch.sigmoid(self.{moe.shared_expert_gate}(hidden_states)[0]) * shared_output\n"
     body += (
@@ -243,7 +264,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits)\n"
     )
     if moe.shared_expert:
-        body += "final_hidden_states = final_hidden_states + shared_output\n"
+        body += f"{guard}final_hidden_states = final_hidden_states + shared_output\n"
     body += "return final_hidden_states.view(orig_shape)\n"
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
     forward = t.with_body(forward, t.stmts(body))

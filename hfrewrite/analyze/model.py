@@ -149,6 +149,8 @@ def _shrink_routing(config, small) -> None:
         _set(small, "routed_scaling_factor", 2.5)
     if isinstance(getattr(config, "norm_topk_prob", None), bool):
         _set(small, "norm_topk_prob", True)
+    if getattr(config, "moe_num_shared_experts", None) == 0:  # ernie: trace its optional shared expert
+        _set(small, "moe_num_shared_experts", 1)
     if isinstance(getattr(config, "first_k_dense_replace", None), int):
         _set(small, "first_k_dense_replace", 1)
 

@@ -137,7 +137,7 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
     input, then on a random one, each with a random correction bias when the router has
     one (its zero init would hide where it is added)."""
     router = block.get_submodule(plan.router)
-    bias = getattr(router, plan.correction_bias) if plan.correction_bias else None
+    bias = _correction_bias(router, plan)
     saved = None if bias is None else bias.detach().clone()
     generator = torch.Generator().manual_seed(0)
     inputs = (x, torch.randn(x.shape, generator=generator, dtype=x.dtype) * x.std())
@@ -156,13 +156,19 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
     return None
 
 
+def _correction_bias(router: nn.Module, plan: MoePlan) -> torch.Tensor | None:
+    """The router's score-correction bias (a parameter or buffer, maybe in a child), if any."""
+    return dict([*router.named_parameters(), *router.named_buffers()]).get(plan.correction_bias)
+
+
 def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | None:
     x2 = x.reshape(-1, x.shape[-1])
     experts = block.get_submodule(plan.experts)
     router = block.get_submodule(plan.router)
     linear = router.get_submodule(plan.router_linear) if plan.router_linear else router
     logits = F.linear(x2, linear.weight, linear.bias if plan.router_bias else None)
-    w, idx = route(logits, plan, getattr(router, plan.correction_bias) if plan.correction_bias else None)
+    correction = _correction_bias(router, plan)
+    w, idx = route(logits, plan, None if correction is None else correction.reshape(-1))
     w = w.to(x2.dtype)
     act = ACT2FN[plan.activation]
     out = torch.zeros_like(x2)

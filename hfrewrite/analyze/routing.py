@@ -120,15 +120,16 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
 
     known = {weight, bias}
     tensors = [n for n in nodes if n.op == "get_attr" and n not in known]
-    correction = None
+    correction, correction_2d = None, False
     for n in tensors:
         t = value(n)
-        if not (torch.is_tensor(t) and t.shape == (num_experts,) and relative(n.target, path).startswith(f"{router}.")):
+        if not (torch.is_tensor(t) and t.shape in ((num_experts,), (1, num_experts))
+                and relative(n.target, path).startswith(f"{router}.")):
             return f"routing reads {relative(n.target, path)}, which is not a per-expert router bias"
         name = relative(n.target, path)[len(router) + 1:]
         if correction not in (None, name):
             return "routing reads more than one per-expert bias"
-        correction = name
+        correction, correction_2d = name, t.dim() == 2
 
     topks = [n for n in nodes if n.target is torch.topk or (n.op == "call_method" and n.target == "topk")]
     final = skip(index)
@@ -168,6 +169,7 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         "router_bias": bias is not None,
         "router_fp32": fp32,
         "correction_bias": correction,
+        "correction_bias_2d": correction_2d,
         "n_group": n_group,
         "topk_group": topk_group,
         "routed_scaling_factor": scale,

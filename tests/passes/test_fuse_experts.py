@@ -203,3 +203,21 @@ def test_shared_expert_gate_positional_bias_is_read():
         "torch.nn.Linear(config.hidden_size, 1, bias=False)", "torch.nn.Linear(config.hidden_size, 1, False)")
     after = rewrite(fuse_experts, source, qwen_moe(shared=True))
     assert "self.shared_expert_gate = ReplicatedLinear(\n            config.hidden_size,\n            1,\n            bias=False," in after
+
+
+_SHARED = "        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)\n"
+
+
+def test_an_optional_shared_expert_keeps_its_condition_and_guards_the_forward():
+    source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
+        _SHARED, "        self.shared_expert = None\n        if config.shared_expert_intermediate_size > 0:\n    " + _SHARED)
+    out = rewrite(fuse_experts, source, qwen_moe(shared=True))
+    assert "        if config.shared_expert_intermediate_size > 0:\n            self.shared_expert = Qwen3MoeMLP(" in out
+    assert out.count("if self.shared_expert is not None:") == 2
+
+
+def test_refuses_an_init_that_builds_under_another_compound_statement():
+    source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
+        _SHARED, "        for _ in range(1):\n    " + _SHARED)
+    with pytest.raises(HfrewriteError, match="builds under a `for` statement"):
+        rewrite(fuse_experts, source, qwen_moe(shared=True))
