@@ -107,11 +107,14 @@ def describe(label: str, c: dict[str, Any]) -> str:
         f"{c['num_attention_heads']} heads ({c['num_key_value_heads']} kv, head_dim "
         f"{c['head_dim']})"
     )
-    if "num_experts" in c:
+    experts = c.get("num_experts", c.get("n_routed_experts"))
+    if experts:
         text += (
-            f", {c['num_experts']} experts top-{c['num_experts_per_tok']} "
+            f", {experts} experts top-{c['num_experts_per_tok']} "
             f"(moe_intermediate {c['moe_intermediate_size']})"
         )
+        if "n_group" in c:
+            text += f" in {c['n_group']} groups, top-{c['topk_group']} groups, sigmoid, {c['n_shared_experts']} shared"
     else:
         text += f", intermediate {c['intermediate_size']}"
     return text + f", vocab {c['vocab_size']}, float32, random weights"
@@ -181,6 +184,24 @@ QWEN3_MOE = ModelSpec(
 
 _SMALL, _DENSE = LLAMA.quick_config, LLAMA.config  # the dense sizes, reused
 
+def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != key}
+
+
+# DeepSeek-V3-style routing without MLA: sigmoid scores, a score-correction bias, top-2 of
+# 4 expert groups, renormalised and scaled, an ungated shared expert, the first layer dense.
+_GROUPED = {"n_routed_experts": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
+            "routed_scaling_factor": 2.5, "norm_topk_prob": True, "n_shared_experts": 1,
+            "first_k_dense_replace": 1}
+GLM4_MOE = ModelSpec(
+    key="glm4_moe",
+    model_type="glm4_moe",
+    config={**_without(QWEN3_MOE.config, "num_experts"), **_GROUPED, "moe_intermediate_size": 384},
+    quick_config={**_without(QWEN3_MOE.quick_config, "num_experts"), **_GROUPED, "moe_intermediate_size": 128},
+    golden="glm4_moe.py",
+    label="GLM-4.5-MoE (grouped sigmoid routing)",
+)
+
 # Sandwich norms, per-head q/k norms, soft caps off in gemma3, sliding and global
 # layers with rope per layer type, scaled embeddings: the carried-source layer path.
 GEMMA3_TEXT = ModelSpec(
@@ -205,7 +226,7 @@ PHI = ModelSpec(
     label="Phi",
 )
 
-MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI)
+MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {
