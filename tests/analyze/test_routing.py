@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from transformers.models.glm4_moe import modeling_glm4_moe as gm
+from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from hfrewrite.analyze.model import analyze
 from hfrewrite.errors import HfrewriteError
@@ -101,3 +102,44 @@ def _block_with_own_bias(self, hidden_states):
     scores = F.linear(x, self.gate.weight).sigmoid() + self.offset
     weights, idx = torch.topk(scores, self.gate.top_k, dim=-1)
     return (self.experts(x, idx, weights) + self.shared_experts(x)).view(*orig_shape)
+
+
+def _qwen_router(linear_input, bias_name=None):
+    """Qwen3MoeTopKRouter.forward with its projection's input and bias changed."""
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        bias = None
+        if bias_name:
+            if not hasattr(self, bias_name):
+                self.register_parameter(bias_name, torch.nn.Parameter(torch.zeros(self.num_experts)))
+            bias = getattr(self, bias_name)
+        logits = F.linear(linear_input(hidden_states), self.weight, bias)
+        top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        return logits, top / top.sum(dim=-1, keepdim=True), idx
+
+    return forward
+
+
+def test_a_router_reading_another_input_than_the_experts_is_refused(monkeypatch):
+    monkeypatch.setattr(qm.Qwen3MoeTopKRouter, "forward", _qwen_router(lambda h: h * 2))
+    with pytest.raises(HfrewriteError, match="router and experts read different inputs"):
+        moe_plan("qwen3_moe")
+
+
+def test_a_router_bias_that_is_not_its_own_bias_parameter_is_refused(monkeypatch):
+    monkeypatch.setattr(qm.Qwen3MoeTopKRouter, "forward", _qwen_router(lambda h: h, bias_name="b"))
+    with pytest.raises(HfrewriteError, match="the router's bias is gate.b, not the router's own bias parameter"):
+        moe_plan("qwen3_moe")
+
+
+def test_a_router_weight_computed_in_the_forward_is_refused(monkeypatch):
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        logits = F.linear(hidden_states, self.weight * 1.5)
+        top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        return logits, top, idx
+
+    monkeypatch.setattr(qm.Qwen3MoeTopKRouter, "forward", forward)
+    with pytest.raises(HfrewriteError, match="router weight is not a module parameter"):
+        moe_plan("qwen3_moe")
