@@ -108,7 +108,8 @@ def windows(draw, layers: int) -> dict:
 @st.composite
 def family_config(draw) -> tuple[str, dict]:
     family = draw(st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral",
-                                   "qwen2_moe", "olmoe", "gemma2", "phi3", "granite", "gpt_neox"]))
+                                   "qwen2_moe", "olmoe", "gemma2", "phi3", "granite", "gpt_neox",
+                                   "glm4_moe"]))
     if family == "llama":
         c = {**draw(common()), **draw(rope()), "attention_bias": draw(st.booleans()),
              "mlp_bias": draw(st.booleans())}
@@ -152,6 +153,18 @@ def family_config(draw) -> tuple[str, dict]:
              "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
              "attention_multiplier": draw(st.sampled_from([0.1, 1.0])),
              "logits_scaling": draw(st.sampled_from([1.0, 2.0]))}
+    elif family == "glm4_moe":  # DeepSeek-V3 routing: sigmoid, correction bias, groups, scaling
+        c = {**draw(common()), "attention_bias": draw(st.booleans()), "use_qk_norm": draw(st.booleans())}
+        experts = draw(st.sampled_from([4, 8, 16]))
+        groups = draw(st.sampled_from([g for g in (1, 2, 4) if experts // g >= 2]))
+        kept = draw(st.integers(1, groups))
+        c |= {"n_routed_experts": experts, "n_group": groups, "topk_group": kept,
+              "num_experts_per_tok": draw(st.integers(1, min(4, kept * experts // groups))),
+              "moe_intermediate_size": draw(st.sampled_from([32, 64])),
+              "n_shared_experts": draw(st.sampled_from([1, 2])),
+              "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
+              "norm_topk_prob": draw(st.booleans()),
+              "first_k_dense_replace": draw(st.integers(0, c["num_hidden_layers"]))}
     else:  # gpt_neox: fused per-head q/k/v, partial rope, parallel or sequential residual
         c = {**draw(common(explicit_head_dim=False)), "rotary_pct": draw(st.sampled_from([0.25, 0.5, 1.0])),
              "use_parallel_residual": draw(st.booleans())}
