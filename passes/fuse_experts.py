@@ -116,13 +116,13 @@ def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
     return t.stmts(src)
 
 
-def _routing_kwargs(moe, router: cst.ClassDef, block: cst.ClassDef, name: str) -> dict[str, str]:
+def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[str, str]:
     """FusedMoEFactory's routing options beyond softmax top-k. Each constant is the source's
     expression for the attribute analysis found holding its value (`self.num_group =
-    config.n_group` -> `config.n_group`)."""
+    config.n_group` -> `config.n_group`); ``where`` holds the router's and the block's
+    ``__init__`` assignments."""
     if not moe.grouped:
         return {}
-    where = {"router": _init_exprs(router), "block": _init_exprs(block)}
     exprs = {}
     for fact, path in moe.config_attrs:
         owner, attr = ("router", path.split(".", 1)[1]) if "." in path else ("block", path)
@@ -165,7 +165,8 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         call = built.get(attr)
         if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
             raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
-    router = _init_exprs(t.find_class(module, moe.router_class))
+    router_cls = t.find_class(module, moe.router_class)
+    router = _init_exprs(router_cls)
     experts = _init_exprs(t.find_class(module, moe.experts_class))
     act = experts.get("act_fn", "")
     if not act.startswith("ACT2FN["):
@@ -179,8 +180,8 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     missing = [k for k, v in sizes.items() if not v]
     if missing:
         raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
-    renormalize = _renormalize(t.find_class(module, moe.router_class), router, name)
-    router_forward = t.find_method(t.find_class(module, moe.router_class), "forward")
+    renormalize = _renormalize(router_cls, router, name)
+    router_forward = t.find_method(router_cls, "forward")
     if renormalize is None and moe.renormalize and not m.findall(router_forward, m.If() | m.IfExp()):
         renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
     if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
@@ -190,7 +191,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
 
     gate = _gate(moe, sizes)
     gate_first = moe.correction_bias is not None
-    routing = _routing_kwargs(moe, t.find_class(module, moe.router_class), block, name)
+    routing = _routing_kwargs(moe, {"router": router, "block": _init_exprs(block)}, name)
     new_init: list[cst.BaseStatement] = []
     optional_shared = False
     for s in init.body.body:

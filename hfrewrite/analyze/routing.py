@@ -89,10 +89,10 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         return "router logits are not one linear projection of the block input"
     logits = linears[0]
     if logits.op == "call_module":  # a Linear inside the router (hunyuan's gate.wg)
-        router, router_linear = relative(logits.target, path).rsplit(".", 1) if "." in relative(
-            logits.target, path) else (relative(logits.target, path), None)
-        if router_linear is None or "." in router:
+        linear_path = relative(logits.target, path)
+        if linear_path.count(".") != 1:
             return "the router is not a module holding its linear projection"
+        router, router_linear = linear_path.split(".")
         linear = traced.submodule(logits)
         weight, bias, num_experts = None, linear.bias, linear.out_features
         fp32 = _is_fp32_cast(logits.args[0]) and linear.weight.dtype == torch.float32
