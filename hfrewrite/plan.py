@@ -73,6 +73,41 @@ class AttentionPlan:
 
 
 @dataclass(frozen=True)
+class MlaPlan:
+    """Multi-head latent attention (deepseek_v2/v3): q from a low-rank ``q_a -> norm -> q_b``
+    (or one ``q`` projection), a joint latent ``kv_a`` split into the compressed kv (normed,
+    expanded by ``kv_b`` into per-head k_nope and v) and one shared rope key; attention over
+    ``[q_nope, rope(q_pe)]`` and ``[k_nope, rope(k_pe)]``; ``o`` after it. Proven by replaying
+    that computation against the traced module. Sizes are attributes of the attention
+    module (found by value): ``dims`` maps each MLA size to the attribute holding it."""
+
+    module_class: str
+    q_a: str | None  # low-rank query: q_a -> q_a_norm -> q_b; else one q projection
+    q_a_norm: str | None
+    q_b: str  # the projection producing the per-head queries (q_b_proj, or q_proj)
+    kv_a: str
+    kv_a_norm: str
+    kv_b: str
+    o: str
+    num_heads: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    scaling: float
+    rope_neox: bool
+    # (size, attribute of the attention module holding it), e.g. (("kv_lora_rank", "kv_lora_rank"),)
+    dims: tuple[tuple[str, str], ...] = ()
+    # Attributes the traced module holds as None (branches of the source's __init__ not
+    # taken, e.g. ``q_proj`` beside a low-rank query): the file refuses configs that set them
+    none_attrs: tuple[str, ...] = ()
+
+    def dim(self, name: str) -> str:
+        return dict(self.dims)[name]
+
+
+@dataclass(frozen=True)
 class MlpPlan:
     module_class: str
     gate: LinearFact | None  # None: an ungated ``down(act(up(x)))``
@@ -117,6 +152,9 @@ class MoePlan:
     routed_scaling_factor: float = 1.0  # applied to the routed weights
     # (fact, attribute path in the block holding its value), e.g. (("n_group", "gate.num_group"),)
     config_attrs: tuple[tuple[str, str], ...] = ()
+    # Each `if` test in the router's forward and what it gave on the traced config, e.g.
+    # (('self.topk_method == "greedy"', True),): only the traced branch is proven
+    router_branches: tuple[tuple[str, bool], ...] = ()
 
     @property
     def grouped(self) -> bool:
@@ -184,7 +222,7 @@ class ModelPlan:
     lm_head: str
     tie_word_embeddings: bool
     decoder_layer: DecoderLayerPlan
-    attention: AttentionPlan
+    attention: AttentionPlan | MlaPlan
     mlp: MlpPlan | None  # the dense MLP class (dense layers, shared experts), if any
     norm: NormPlan | None  # None: the source's norm classes are kept
     declined: tuple[NoMatch, ...] = field(default=())

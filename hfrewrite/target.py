@@ -19,6 +19,7 @@ VLLM: dict[str, str] = {
     "tensor_model_parallel_all_gather": "vllm.distributed",
     "get_act_and_mul_fn": "vllm.model_executor.layers.activation",
     "Attention": "vllm.model_executor.layers.attention",
+    "MLAAttention": "vllm.model_executor.layers.attention",
     "FusedMoEFactory": "vllm.model_executor.layers.fused_moe",
     "GateLinear": "vllm.model_executor.layers.fused_moe",
     "RMSNorm": "vllm.model_executor.layers.layernorm",

@@ -29,6 +29,7 @@ import libcst as cst
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.plan import MlaPlan
 
 NAME = "fuse_qkv"
 
@@ -246,6 +247,8 @@ def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.Base
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
+    if isinstance(att, MlaPlan):  # passes/mla_attention.py
+        return PassResult(module=module)
     if att.fused_qkv:
         if att.heads_field is None or att.kv_heads_field is None:
             raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")

@@ -23,6 +23,7 @@ import libcst as cst
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.plan import MlaPlan
 
 NAME = "load_weights"
 
@@ -34,7 +35,12 @@ def _mlp_sites(module: cst.Module, mlp_class: str) -> list[str]:
         if isinstance(node, cst.ClassDef) and (init := t.find_method(node, "__init__")):
             for s in _all_statements(init):
                 attr = t.self_attr_assigned(s)
-                if attr and t.call_name(t.assigned_value(s)) == mlp_class:
+                value = t.assigned_value(s) if attr else None
+                if isinstance(value, cst.IfExp):  # `MoE(config) if ... else MLP(config)`
+                    built = {t.call_name(value.body), t.call_name(value.orelse)}
+                else:
+                    built = {t.call_name(value)} if value is not None else set()
+                if mlp_class in built:
                     sites.add(attr)
     return sorted(sites)
 
@@ -86,7 +92,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     att, mlp, moe = plan.attention, plan.mlp, plan.moe
     stacks = {}  # checkpoint-fused projections load as they are: nothing to stack
-    if not att.fused_qkv:
+    if isinstance(att, MlaPlan):
+        if att.q_a is not None:  # passes/mla_attention.py's fused_qkv_a_proj
+            stacks["fused_qkv_a_proj"] = [(att.q_a, f".{att.q_a}", "0"), (att.kv_a, f".{att.kv_a}", "1")]
+    elif not att.fused_qkv:
         stacks["qkv_proj"] = [(att.q.attr, f".{att.q.attr}", '"q"'), (att.k.attr, f".{att.k.attr}", '"k"'),
                               (att.v.attr, f".{att.v.attr}", '"v"')]
     if mlp is not None and mlp.gate is not None and not mlp.fused_gate_up:
@@ -102,7 +111,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):
         raise HfrewriteError(f"{plan.architecture}: {NAME}: no load_weights using self.hf_to_vllm_mapper")
     packed_of = {fused: list(dict.fromkeys(repr(name) for name, _, _ in parts)) for fused, parts in stacks.items()}
-    if att.fused_qkv:
+    if getattr(att, "fused_qkv", False):
         packed_of[att.q.attr] = [repr(att.q.attr)]
     if mlp is not None and mlp.fused_gate_up:
         packed_of[mlp.gate.attr] = [repr(mlp.gate.attr)]
@@ -134,7 +143,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     body = list(cls.body.body)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
-    if att.qkv_per_head:
+    if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
     cls = cls.with_changes(body=cls.body.with_changes(body=[*members, *body]))
     return PassResult(

@@ -19,6 +19,7 @@ import libcst as cst
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.plan import MlaPlan
 
 NAME = "row_parallel"
 
@@ -73,7 +74,8 @@ def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear") -> cs
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = []
     mlp = ctx.plan.mlp
-    targets = [(ctx.plan.attention.module_class, ctx.plan.attention.o.attr, "RowParallelLinear")]
+    att = ctx.plan.attention
+    targets = [] if isinstance(att, MlaPlan) else [(att.module_class, att.o.attr, "RowParallelLinear")]
     if mlp is not None:
         targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
         if mlp.gate is None:  # ungated: up is sharded by columns, act is elementwise

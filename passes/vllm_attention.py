@@ -34,7 +34,7 @@ import libcst.matchers as m
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
-from hfrewrite.plan import AttentionPlan
+from hfrewrite.plan import AttentionPlan, MlaPlan
 from hfrewrite.templates_io import template_class
 
 NAME = "vllm_attention"
@@ -345,6 +345,8 @@ def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cs
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
+    if isinstance(att, MlaPlan):  # passes/mla_attention.py
+        return PassResult(module=module)
     cls = t.find_class(module, att.module_class)
     cls, notes = rewrite_attention(cls, ctx)
     style = "neox" if att.rope_neox else "GPT-J (interleaved)"

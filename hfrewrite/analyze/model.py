@@ -30,6 +30,7 @@ from hfrewrite.analyze.checkpoint import (
     expert_checkpoint_names,
 )
 from hfrewrite.analyze.decoder import analyze_decoder
+from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
@@ -37,6 +38,7 @@ from hfrewrite.errors import HfrewriteError
 from hfrewrite.plan import (
     AttentionPlan,
     DecoderLayerPlan,
+    MlaPlan,
     MlpPlan,
     ModelPlan,
     MoePlan,
@@ -128,6 +130,7 @@ def shrink_config(
         _set(small, "mlp_only_layers", [0])
         _set(small, "decoder_sparse_step", 1)
     _shrink_routing(config, small)
+    _shrink_mla(config, small)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
         _set(small, "pad_token_id", None)
@@ -145,6 +148,8 @@ def _shrink_routing(config, small) -> None:
             _set(small, name, size)
         if hasattr(config, "n_shared_experts") and config.n_shared_experts is None:
             _set(small, "n_shared_experts", 1)  # a bare type's default config (dots1) leaves it unset
+    if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
+        _set(small, "num_experts_per_tok", 3)  # a bare type's default config (deepseek_v2) leaves it unset
     if isinstance(getattr(config, "routed_scaling_factor", None), (int, float)):
         _set(small, "routed_scaling_factor", 2.5)
     if isinstance(getattr(config, "norm_topk_prob", None), bool):
@@ -153,6 +158,25 @@ def _shrink_routing(config, small) -> None:
         _set(small, "moe_num_shared_experts", 1)
     if isinstance(getattr(config, "first_k_dense_replace", None), int):
         _set(small, "first_k_dense_replace", 1)
+
+
+def _shrink_mla(config, small) -> None:
+    """MLA sizes (deepseek_v2/v3) that differ from each other and from every other size,
+    so analysis/mla.py finds each one's attribute by value; a low-rank query stays
+    low-rank. The rope width is also the config's head_dim (transformers' rotary reads it).
+    vLLM's CPU MLA backend caches only 512 + 64 wide latents (DeepSeek's own sizes), and
+    the validation runs this config."""
+    if not isinstance(getattr(config, "kv_lora_rank", None), int):
+        return
+    sizes = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 48, "v_head_dim": 80}
+    if getattr(config, "q_lora_rank", None) is not None:
+        sizes["q_lora_rank"] = 96
+    for name, size in sizes.items():
+        _set(small, name, size)
+    if hasattr(config, "qk_head_dim"):
+        _set(small, "qk_head_dim", sizes["qk_rope_head_dim"] + sizes["qk_nope_head_dim"])
+    if hasattr(config, "head_dim"):
+        _set(small, "head_dim", sizes["qk_rope_head_dim"])
 
 
 def _set(config, name: str, value) -> None:
@@ -200,12 +224,15 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     decoder = per_layer[0][0]
     declined = _compare_layers(per_layer)
     attention = _rope_layers(per_layer)
-    attention = dataclasses.replace(attention, **_head_fields(small, attention))
+    if isinstance(attention, AttentionPlan):
+        attention = dataclasses.replace(attention, **_head_fields(small, attention))
     mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
 
     layer = traces[0].module
     norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
-    for attr in (attention.q_norm, attention.k_norm):
+    own_norms = (attention.q_a_norm, attention.kv_a_norm) if isinstance(attention, MlaPlan) else \
+        (attention.q_norm, attention.k_norm)
+    for attr in own_norms:
         if attr is not None:
             norm_modules.append(layer.get_submodule(f"{decoder.attention_block}.{attr}"))
     norm_modules.append(getattr(base, final_norm))
@@ -399,7 +426,8 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
         blocks = decoder.blocks
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
         carried = None
-    attention = _required(analyze_attention(traced, decoder.attention_block, small, layer_type))
+    analyze = analyze_mla if is_mla(traced, decoder.attention_block) else analyze_attention
+    attention = _required(analyze(traced, decoder.attention_block, small, layer_type))
     block = decoder.mlp_block
     mlp = analyze_mlp(traced, block, config)
     if not isinstance(mlp, NoMatch):
@@ -467,7 +495,7 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
             raise _Refused(
                 NoMatch("uniform_layers", decoder.module_class, f"layer {i} differs")
             )
-    windows = [attention.sliding_window for _, attention, *_ in per_layer]
+    windows = [getattr(attention, "sliding_window", None) for _, attention, *_ in per_layer]
     if len(set(windows)) == 1:
         return ()
     reason = f"layers differ in sliding_window {windows}; the source's per-layer expression is carried"
@@ -477,6 +505,8 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
     """The facts layers must share: sliding windows may differ, and rope may be absent
     on some layers (NoPE: cohere2's global layers), never different where present."""
+    if isinstance(attention, MlaPlan):
+        return attention
     return dataclasses.replace(attention, sliding_window=None, rope=False, rope_neox=True, rotary_dim=None,
                                rope_reversed=False)
 
@@ -485,6 +515,8 @@ def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
     """The attention facts to emit: a layer with rope (all roped layers agree on it),
     marked when other layers have none."""
     plans = [attention for _, attention, *_ in per_layer]
+    if isinstance(plans[0], MlaPlan):
+        return plans[0]
     roped = [a for a in plans if a.rope]
     if len({(a.rope_neox, a.rotary_dim, a.rope_reversed) for a in roped}) > 1:
         raise _Refused(NoMatch("uniform_layers", plans[0].module_class, "layers differ in their rope"))

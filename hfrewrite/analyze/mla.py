@@ -1,0 +1,196 @@
+"""Multi-head latent attention facts (deepseek_v2/v3), proven by structure and replay.
+
+Pattern (data flow into the attention leaf, never attribute names)::
+
+    q  = q_b(q_a_norm(q_a(x)))            or  q = q(x)            -> [b, H, s, nope + rope]
+    kv_c, k_pe = split(kv_a(x))            kv_c -> kv_a_norm -> kv_b -> [b, H, s, nope + v]
+    attention([q_nope, rope(q_pe)], [k_nope, rope(k_pe) (one head, shared)], v, scaling)
+    out = o(attention output)
+
+Roles: ``kv_b`` is the one linear the attention's v comes from, ``kv_a`` the one it reads,
+through exactly one norm; the q projection is the one linear q comes from that v does not;
+a norm and a linear before it make the low-rank query. The sizes come from the values
+(q and v shapes, the linears' features). The proof is a replay: vLLM's MLA computation (the
+module's own linears and norms, vLLM's rope in neox or GPT-J style, causal softmax
+attention at the traced scaling) must reproduce the traced output. Each size the emitted
+file needs is found by value among the attention module's attributes: exactly one must
+hold it (the shrunken config makes the sizes distinct).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.fx import Node
+
+from hfrewrite.analyze.attention import (
+    _HARMLESS_KWARGS,
+    _attention_call,
+    _Declined,
+    _linears_feeding,
+    _output_projection,
+)
+from hfrewrite.analyze.rope import _inv_freq, apply_rope, rope_parameters
+from hfrewrite.plan import MlaPlan, NoMatch
+from hfrewrite.trace import Traced, is_norm, relative, value
+
+PATTERN = "mla_attention"
+ATOL = 1e-4
+
+
+def is_mla(traced: Traced, path: str) -> bool:
+    """The attention's v comes from one projection that k also comes from and q does not
+    (the expansion of a shared latent): the shape this analysis handles."""
+    try:
+        call = _attention_call(traced, path)
+    except _Declined:
+        return False
+    scope = set(traced.nodes_in(path))
+    q, k, v = (_linears_feeding(arg, scope, traced) for arg in call.args[1:4])
+    return len(v) == 1 and v[0] in k and v[0] not in q
+
+
+def analyze_mla(traced: Traced, path: str, config, layer_type: str | None = None) -> MlaPlan | NoMatch:
+    cls = type(traced.module.get_submodule(path)).__name__
+    try:
+        return _analyze(traced, path, cls, config, layer_type)
+    except _Declined as d:
+        return NoMatch(PATTERN, cls, d.reason)
+
+
+def _one(nodes: list[Node], what: str) -> Node:
+    if len(nodes) != 1:
+        raise _Declined(PATTERN, f"{len(nodes)} {what}, expected one")
+    return nodes[0]
+
+
+def _norm_between(traced: Traced, scope: set[Node], start: Node, end: Node, what: str) -> Node:
+    """The one norm module on the data flow from ``start`` to ``end``."""
+    between, todo, seen = [], [end], {end}
+    while todo:
+        for arg in todo.pop().all_input_nodes:
+            if arg in scope and arg not in seen and arg is not start:
+                seen.add(arg)
+                todo.append(arg)
+                if arg.op == "call_module" and is_norm(traced.submodule(arg)):
+                    between.append(arg)
+    return _one(between, f"norms between {what}")
+
+
+def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None) -> MlaPlan:
+    scope = set(traced.nodes_in(path))
+    call = _attention_call(traced, path)
+    q_arg, k_arg, v_arg = call.args[1:4]
+    kv_b = _one(_linears_feeding(v_arg, scope, traced), "linears the attention's v comes from")
+    kv_a = _one(_linears_feeding(kv_b.args[0], scope, traced), "linears the kv expansion reads")
+    # (the shared rope key may be written into k in place: the replay proves its use)
+    if not {kv_b} <= set(_linears_feeding(k_arg, scope, traced)) <= {kv_a, kv_b}:
+        raise _Declined(PATTERN, "k does not come from the latent kv projection and its expansion")
+    kv_a_norm = _norm_between(traced, scope, kv_a, kv_b, "the latent kv projection and its expansion")
+    q_b = _one([n for n in _linears_feeding(q_arg, scope, traced) if n not in (kv_a, kv_b)],
+               "linears the attention's q comes from")
+    x = kv_a.args[0]
+    q_a = q_a_norm = None
+    if q_b.args[0] is not x:  # low-rank query: q_a -> norm -> q_b
+        q_a = _one(_linears_feeding(q_b.args[0], scope, traced), "linears the query expansion reads")
+        q_a_norm = _norm_between(traced, scope, q_a, q_b, "the query projections")
+        if q_a.args[0] is not x:
+            raise _Declined(PATTERN, "the query and latent kv projections read different inputs")
+    o = _output_projection(traced, path, scope, call)
+    linears = [q_a, q_b, kv_a, kv_b, o]
+    extra = set(traced.linears_in(path)) - set(linears)
+    if extra:
+        raise _Declined(PATTERN, f"other linears in the block: {sorted(relative(n.target, path) for n in extra)}")
+    mods = {n: traced.submodule(n) for n in linears if n is not None}
+    if any(m.bias is not None for m in mods.values()):
+        raise _Declined(PATTERN, "a biased projection (vLLM's MLA projections have no bias)")
+    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
+        passed = value(call.kwargs[key])
+        if passed is not None and passed is not False:
+            raise _Declined(PATTERN, f"the attention call passes {key}")
+    if value(call.kwargs.get("dropout", 0.0)) or value(call.kwargs.get("softcap")) or \
+            value(call.kwargs.get("sliding_window")):
+        raise _Declined(PATTERN, "attention dropout, soft cap or sliding window")
+
+    qv, vv = value(q_arg), value(v_arg)
+    if not (torch.is_tensor(qv) and torch.is_tensor(vv) and qv.dim() == 4 and vv.dim() == 4):
+        raise _Declined(PATTERN, "q and v are not [batch, heads, seq, head_dim]")
+    heads, qk_head, v_head = qv.shape[1], qv.shape[3], vv.shape[3]
+    kv_lora = mods[kv_b].in_features
+    rope = mods[kv_a].out_features - kv_lora
+    nope = qk_head - rope
+    if not (0 < rope <= qk_head and mods[kv_b].out_features == heads * (nope + v_head)
+            and mods[q_b].out_features == heads * qk_head and mods[o].in_features == heads * v_head):
+        raise _Declined(PATTERN, "projection sizes do not fit heads x (nope + rope, v) with a shared rope key")
+    scaling = value(call.kwargs.get("scaling"))
+    scaling = float(qk_head**-0.5 if scaling is None else scaling)
+
+    params = rope_parameters(config, layer_type)
+    if params.get("rope_type", "default") != "default":  # vLLM's deepseek_yarn is not replayed here
+        raise _Declined(PATTERN, f"rope_type {params['rope_type']!r}: only the default rope is proven for MLA")
+    freq = _inv_freq(config, params, layer_type, rope) if params else None
+    if freq is None:
+        raise _Declined(PATTERN, f"no rope frequencies vLLM computes for rotary dim {rope}")
+    roles = {"q_a": q_a, "q_a_norm": q_a_norm, "q_b": q_b, "kv_a": kv_a, "kv_a_norm": kv_a_norm, "kv_b": kv_b, "o": o}
+    fns = {r: traced.submodule(n) for r, n in roles.items() if n is not None}
+    got = value(o)
+    for neox in (True, False):
+        want = mla_reference(value(x), fns, heads, nope, rope, v_head, kv_lora, scaling, freq, neox)
+        if want.shape == got.shape and torch.allclose(want, got, atol=ATOL, rtol=1e-4):
+            break
+    else:
+        raise _Declined(PATTERN, "the replay of vLLM's MLA (either rope style) does not reproduce the module")
+
+    sizes = {"hidden_size": mods[kv_a].in_features, "num_heads": heads, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v_head,
+             "kv_lora_rank": kv_lora, "qk_head_dim": qk_head}
+    if q_a is not None:
+        sizes["q_lora_rank"] = mods[q_a].out_features
+    attention = traced.module.get_submodule(path)
+    dims = []
+    for name, size in sizes.items():
+        holders = [a for a, v in vars(attention).items() if type(v) is int and v == size and not a.startswith("_")]
+        if len(holders) != 1:
+            raise _Declined(PATTERN, f"{len(holders)} attributes of {cls} hold its {name} ({size}), expected one")
+        dims.append((name, holders[0]))
+    return MlaPlan(
+        module_class=cls,
+        q_a=q_a and relative(q_a.target, path),
+        q_a_norm=q_a_norm and relative(q_a_norm.target, path),
+        q_b=relative(q_b.target, path),
+        kv_a=relative(kv_a.target, path),
+        kv_a_norm=relative(kv_a_norm.target, path),
+        kv_b=relative(kv_b.target, path),
+        o=relative(o.target, path),
+        num_heads=heads,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=v_head,
+        kv_lora_rank=kv_lora,
+        q_lora_rank=sizes.get("q_lora_rank"),
+        scaling=scaling,
+        rope_neox=neox,
+        dims=tuple(dims),
+        none_attrs=tuple(sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))),
+    )
+
+
+def mla_reference(x: torch.Tensor, fns: dict[str, nn.Module], heads: int, nope: int, rope: int, v_head: int,
+                  kv_lora: int, scaling: float, freq: tuple, neox: bool) -> torch.Tensor:
+    """What the emitted file computes, on ``x`` [batch, seq, hidden]: vLLM's MLA math with
+    the module's own projections and norms, positions 0..seq-1, causal attention."""
+    batch, seq, _ = x.shape
+    with torch.no_grad():
+        q = fns["q_b"](fns["q_a_norm"](fns["q_a"](x))) if "q_a" in fns else fns["q_b"](x)
+        q = q.view(batch, seq, heads, nope + rope).transpose(1, 2)  # [b, H, s, d]
+        kv_c, k_pe = fns["kv_a"](x).split([kv_lora, rope], dim=-1)
+        kv = fns["kv_b"](fns["kv_a_norm"](kv_c)).view(batch, seq, heads, nope + v_head).transpose(1, 2)
+        k_nope, v = kv.split([nope, v_head], dim=-1)
+        positions = torch.arange(seq)
+        q_pe = apply_rope(q[..., nope:], positions, *freq, neox)
+        k_pe = apply_rope(k_pe[:, None], positions, *freq, neox).expand(batch, heads, seq, rope)
+        q = torch.cat([q[..., :nope].double(), q_pe], dim=-1)
+        k = torch.cat([k_nope.double(), k_pe], dim=-1)
+        scores = (q @ k.transpose(-1, -2)) * scaling
+        scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+        out = (scores.softmax(-1) @ v.double()).transpose(1, 2).reshape(batch, seq, heads * v_head)
+        return fns["o"](out.to(x.dtype))

@@ -1,0 +1,189 @@
+"""Replace multi-head latent attention (deepseek_v2/v3) with vLLM's ``MLAAttention``.
+
+Matches the attention class of an ``MlaPlan`` (analyze/mla.py proved the roles and replayed
+vLLM's MLA against the module). Emits the layout of vLLM's ``deepseek_v2.py``: the low-rank
+query and latent kv projections that read the same input fused into one replicated GEMM
+(``fused_qkv_a_proj``; without a low-rank query, ``kv_a`` is a ``ReplicatedLinear`` and
+``q`` a ``ColumnParallelLinear``), ``kv_b`` column-parallel (heads split across ranks),
+``o`` row-parallel, ``get_rope`` in the proven style, and ``MLAAttention``, which owns the
+compressed KV cache ``[kv_lora_rank + rope]`` per token and absorbs ``kv_b`` at decode.
+
+``__init__`` keeps the source's statements (sizes, norms, the scaling expression) except
+the projections it replaces; attributes the traced config left None (the other branch of
+a conditional projection) keep their source assignment and the file refuses configs that
+set them. ``forward`` is vLLM's: the source's runs through the HF cache. The rope is
+applied to contiguous ``[tokens, heads * rope]`` copies: vLLM 0.32's CPU rotary kernel
+reads a strided or 3-D view wrongly (its own deepseek_v2 computes wrong prefill on CPU).
+
+Preconditions: the attention call passes ``scaling=`` (carried as the softmax scale);
+``self.mla_attn`` / ``self.rotary_emb`` / ``self.fused_qkv_a_proj`` are free names.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.plan import MlaPlan
+from hfrewrite.passes.vllm_attention import _FindAttentionCall
+
+NAME = "mla_attention"
+
+_LINEAR = """\
+self.{attr} = {kind}(
+    {size_in},
+    {size_out},
+    bias=False,{extra}
+    quant_config=quant_config,
+    prefix=f"{{prefix}}.{attr}",
+)
+"""
+
+
+def _linears(plan: MlaPlan, d) -> str:
+    """The vLLM projections, as vLLM's deepseek_v2.py lays them out."""
+    out = f"self.num_local_heads = self.{d('num_heads')} // get_tensor_model_parallel_world_size()\n"
+    if plan.q_a is not None:
+        out += _LINEAR.format(
+            attr="fused_qkv_a_proj", kind="MergedColumnParallelLinear", size_in=f"self.{d('hidden_size')}",
+            size_out=f"[self.{d('q_lora_rank')}, self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}]",
+            extra="\n    disable_tp=True,")
+        q_in = f"self.{d('q_lora_rank')}"
+    else:
+        out += _LINEAR.format(attr=plan.kv_a, kind="ReplicatedLinear", size_in=f"self.{d('hidden_size')}",
+                              size_out=f"self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}", extra="")
+        q_in = f"self.{d('hidden_size')}"
+    out += _LINEAR.format(attr=plan.q_b, kind="ColumnParallelLinear", size_in=q_in,
+                          size_out=f"self.{d('num_heads')} * self.{d('qk_head_dim')}", extra="")
+    out += _LINEAR.format(attr=plan.kv_b, kind="ColumnParallelLinear", size_in=f"self.{d('kv_lora_rank')}",
+                          size_out=f"self.{d('num_heads')} * (self.{d('qk_nope_head_dim')} + self.{d('v_head_dim')})",
+                          extra="")
+    out += _LINEAR.format(attr=plan.o, kind="RowParallelLinear", size_in=f"self.{d('num_heads')} * self.{d('v_head_dim')}",
+                          size_out=f"self.{d('hidden_size')}", extra="")
+    return out
+
+
+def _attention(plan: MlaPlan, d, scaling: str) -> str:
+    q_lora = f"self.{d('q_lora_rank')}" if plan.q_a is not None else "None"
+    return (
+        "self.rotary_emb = get_rope(\n"
+        f"    self.{d('qk_rope_head_dim')},\n"
+        "    max_position=config.max_position_embeddings,\n"
+        "    rope_parameters=config.rope_parameters,\n"
+        f"    is_neox_style={plan.rope_neox},\n"
+        ")\n"
+        "self.mla_attn = MLAAttention(\n"
+        "    num_heads=self.num_local_heads,\n"
+        f"    scale={scaling},\n"
+        f"    qk_nope_head_dim=self.{d('qk_nope_head_dim')},\n"
+        f"    qk_rope_head_dim=self.{d('qk_rope_head_dim')},\n"
+        f"    v_head_dim=self.{d('v_head_dim')},\n"
+        f"    q_lora_rank={q_lora},\n"
+        f"    kv_lora_rank=self.{d('kv_lora_rank')},\n"
+        f"    kv_b_proj=self.{plan.kv_b},\n"
+        "    cache_config=cache_config,\n"
+        "    quant_config=quant_config,\n"
+        '    prefix=f"{prefix}.attn",\n'
+        ")\n"
+    )
+
+
+def _forward(plan: MlaPlan, d) -> str:
+    rope, kv_lora = f"self.{d('qk_rope_head_dim')}", f"self.{d('kv_lora_rank')}"
+    if plan.q_a is not None:
+        project = (
+            "q_c, kv_lora = self.fused_qkv_a_proj(hidden_states)[0].split(\n"
+            f"    [self.{d('q_lora_rank')}, {kv_lora} + {rope}], dim=-1\n"
+            ")\n"
+            f"q = self.{plan.q_b}(self.{plan.q_a_norm}(q_c))[0]\n"
+        )
+    else:
+        project = (f"kv_lora = self.{plan.kv_a}(hidden_states)[0]\n"
+                   f"q = self.{plan.q_b}(hidden_states)[0]\n")
+    return (
+        "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n"
+        + "".join(f"    {line}\n" for line in (
+            project +
+            f"kv_c, k_pe = kv_lora.split([{kv_lora}, {rope}], dim=-1)\n"
+            f"kv_c_normed = self.{plan.kv_a_norm}(kv_c)\n"
+            f"q = q.view(-1, self.num_local_heads, self.{d('qk_head_dim')})\n"
+            f"q_nope, q_pe = q.split([self.{d('qk_nope_head_dim')}, {rope}], dim=-1)\n"
+            "# Rope on contiguous [tokens, heads * rope] copies: vLLM's CPU rotary kernel\n"
+            "# misreads strided and 3-D views.\n"
+            "q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous())\n"
+            f"q = torch.cat([q_nope, q_pe.view(q.shape[0], self.num_local_heads, {rope})], dim=-1)\n"
+            "attn_output = self.mla_attn(\n"
+            "    q,\n"
+            "    kv_c_normed,\n"
+            "    k_pe.unsqueeze(1),\n"
+            f"    output_shape=(hidden_states.shape[0], self.num_local_heads * self.{d('v_head_dim')}),\n"
+            ")\n"
+            f"return self.{plan.o}(attn_output)[0]\n"
+        ).splitlines())
+    )
+
+
+def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
+    name = cls.name.value
+    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+    finder = _FindAttentionCall()
+    forward.visit(finder)
+    if finder.kwargs is None or "scaling" not in finder.kwargs:
+        raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
+    d = plan.dim
+    replaced = {a for a in (plan.q_a, plan.q_b, plan.kv_a, plan.kv_b, plan.o) if a}
+    body, at, guarded = [], None, []
+    for s in init.body.body:
+        attr = t.self_attr_assigned(s)
+        if attr in {"mla_attn", "rotary_emb", "fused_qkv_a_proj", "num_local_heads"}:
+            raise HfrewriteError(f"{name}: {NAME}: self.{attr} already exists")
+        if attr in replaced:
+            at = len(body) if at is None else at
+            continue
+        if attr in plan.none_attrs:
+            guarded.append(attr)
+        body.append(s)
+    if at is None or len(replaced) != len({a for a in replaced}):
+        raise HfrewriteError(f"{name}: {NAME}: the projections are not assigned in __init__")
+    guards = "".join(
+        f"if self.{attr} is not None:\n"
+        f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where self.{attr} is None")\n'
+        for attr in guarded)
+    scaling = t.code(finder.kwargs["scaling"])
+    body[at:at] = t.stmts(
+        "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n" + _linears(plan, d))
+    body += t.stmts(guards + _attention(plan, d, scaling))
+    cls = t.set_method(cls, t.with_body(init, body))
+    cls = t.set_method(cls, forward.with_changes(**{
+        k: getattr(t.stmt(_forward(plan, d)), k) for k in ("params", "returns", "body", "whitespace_before_params")}))
+    # helpers of the source's forward (expand_kv) go with it
+    used = t.self_attrs_used(t.find_method(cls, "__init__")) | t.self_attrs_used(t.find_method(cls, "forward"))
+    members = [s for s in cls.body.body if not (
+        isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward") and s.name.value not in used)]
+    return cls.with_changes(body=cls.body.with_changes(body=members))
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan.attention
+    if not isinstance(plan, MlaPlan):
+        return PassResult(module=module)
+    cls = rewrite(t.find_class(module, plan.module_class), plan)
+    fused = "fused_qkv_a_proj ([q_a; kv_a], replicated)" if plan.q_a else f"{plan.kv_a} replicated"
+    style = "neox" if plan.rope_neox else "GPT-J (interleaved)"
+    rows = (
+        FusionRow(plan.module_class, f"latent attention -> vllm MLAAttention (compressed KV cache "
+                                     f"{plan.kv_lora_rank}+{plan.qk_rope_head_dim}; proven by replay)"),
+        FusionRow(plan.module_class, f"{fused}, {plan.q_b}/{plan.kv_b} -> ColumnParallelLinear, "
+                                     f"{plan.o} -> RowParallelLinear"),
+        FusionRow(plan.module_class, f"get_rope ({style} style, rotary dim {plan.qk_rope_head_dim})"),
+    )
+    kinds = ["ColumnParallelLinear", "RowParallelLinear",
+             "MergedColumnParallelLinear" if plan.q_a else "ReplicatedLinear"]
+    return PassResult(
+        module=t.replace_class(module, plan.module_class, cls),
+        imports=("MLAAttention", "get_rope", "get_tensor_model_parallel_world_size", *kinds),
+        fused=rows,
+        matches=1,
+    )
