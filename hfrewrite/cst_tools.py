@@ -181,3 +181,28 @@ def self_attrs_used(node: cst.CSTNode) -> set[str]:
     visitor = _SelfAttrs()
     node.visit(visitor)
     return visitor.attrs
+
+
+def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, skip: str | None = None) -> str:
+    """Statements refusing configs on which a config switch takes another branch than the
+    traced one: each ``(test, outcome)`` with ``self.<attr>`` replaced by the expression
+    ``__init__`` assigns it (``self.config`` -> ``config``); a test equal to ``skip`` (a
+    switch the emitted code carries, such as a renormalisation flag) is left out. Raises
+    ValueError for a test on an attribute ``__init__`` does not assign."""
+    import ast
+    import re
+
+    out = ""
+    for test, outcome in branches:
+        expr = test
+        for attr, source in init_exprs.items():
+            expr = re.sub(rf"\bself\.{attr}\b", source, expr)
+        if "self." in expr:
+            raise ValueError(test)
+        if skip and ast.unparse(ast.parse(expr)) in ast.unparse(ast.parse(skip)):
+            continue
+        shown = expr.replace('"', "'")
+        out += (f"if {'not ' if outcome else ''}({expr}):\n"
+                f'    raise NotImplementedError("hfrewrite: {cls} was converted for configs where '
+                f'`{shown}` is {outcome}: its {what} takes another branch here")\n')
+    return out

@@ -102,6 +102,9 @@ class MlaPlan:
     # Attributes the traced module holds as None (branches of the source's __init__ not
     # taken, e.g. ``q_proj`` beside a low-rank query): the file refuses configs that set them
     none_attrs: tuple[str, ...] = ()
+    # Config switches of the source's forward and their traced values (analyze/branches.py),
+    # e.g. (("self.config.rope_interleave", True),): the file refuses configs that flip them
+    config_branches: tuple[tuple[str, bool], ...] = ()
 
     def dim(self, name: str) -> str:
         return dict(self.dims)[name]

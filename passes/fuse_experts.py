@@ -31,9 +31,6 @@ agrees with the plan.
 
 from __future__ import annotations
 
-import ast
-import re
-
 import libcst as cst
 import libcst.matchers as m
 
@@ -157,25 +154,6 @@ def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
             and all(t.self_attr_assigned(s) == attr for s in statement.body.body))
 
 
-def _branch_guards(moe, router_attrs: dict[str, str], renormalize: str | None, name: str) -> str:
-    """Statements refusing configs on which the router's config switches take a branch the
-    trace did not (deepseek_v2's `topk_method`); the renormalisation switch is emitted."""
-    out = ""
-    for test, outcome in moe.router_branches:
-        expr = test
-        for attr, source in router_attrs.items():
-            expr = re.sub(rf"\bself\.{attr}\b", source, expr)
-        if "self." in expr:
-            raise HfrewriteError(f"{name}: {NAME}: the router branches on {test}, which no config field sets")
-        if renormalize and ast.unparse(ast.parse(expr)) in ast.unparse(ast.parse(renormalize)):
-            continue
-        shown = expr.replace('"', "'")
-        out += (f"if {'not ' if outcome else ''}({expr}):\n"
-                f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where '
-                f'`{shown}` is {outcome}: its router takes another branch here")\n')
-    return out
-
-
 def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
     """The rewritten block and the emitted renormalisation expression."""
     moe = ctx.plan.moe
@@ -208,7 +186,10 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
     if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
         raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
-    guards = _branch_guards(moe, router, renormalize, name)
+    try:
+        guards = t.branch_guards(moe.router_branches, router, name, "router", skip=renormalize)
+    except ValueError as e:
+        raise HfrewriteError(f"{name}: {NAME}: the router branches on {e}, which no config field sets") from e
     ckpt = moe.checkpoint_expert_names
     ckpt_arg = "" if ckpt == ("gate_proj", "down_proj", "up_proj") else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
 

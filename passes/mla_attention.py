@@ -147,7 +147,12 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         body.append(s)
     if at is None or len(replaced) != len({a for a in replaced}):
         raise HfrewriteError(f"{name}: {NAME}: the projections are not assigned in __init__")
-    guards = "".join(
+    exprs = {a: t.code(t.assigned_value(s)) for s in init.body.body if (a := t.self_attr_assigned(s))}
+    try:
+        switches = t.branch_guards(plan.config_branches, exprs, name, "forward")
+    except ValueError as e:
+        raise HfrewriteError(f"{name}: {NAME}: the forward branches on {e}, which no config field sets") from e
+    guards = switches + "".join(
         f"if self.{attr} is not None:\n"
         f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where self.{attr} is None")\n'
         for attr in guarded)

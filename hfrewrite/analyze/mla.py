@@ -30,6 +30,7 @@ from hfrewrite.analyze.attention import (
     _linears_feeding,
     _output_projection,
 )
+from hfrewrite.analyze.branches import config_branches
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, rope_parameters
 from hfrewrite.plan import MlaPlan, NoMatch
 from hfrewrite.trace import Traced, is_norm, relative, value
@@ -170,6 +171,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         scaling=scaling,
         rope_neox=neox,
         dims=tuple(dims),
+        config_branches=config_branches(attention),
         none_attrs=tuple(sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))),
     )
 

@@ -17,11 +17,8 @@ randomised) and must reproduce the block's output, so a router quirk the rules d
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import operator
-import textwrap
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +26,7 @@ from torch import nn
 from torch.fx import Node
 from transformers.activations import ACT2FN
 
+from hfrewrite.analyze.branches import config_branches
 from hfrewrite.analyze.routing import (
     root,
     route,
@@ -86,7 +84,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         activation=activation,
         shared_expert=shared,
         shared_expert_gate=shared_gate,
-        router_branches=router_branches(block.get_submodule(facts["router"])),
+        router_branches=config_branches(block.get_submodule(facts["router"])),
         **facts,
     )
     # The structure's renormalisation first; a softmax over the top-k logits replays as the other.
@@ -195,27 +193,3 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
         return None
     return (got - out).abs().max().item()
 
-
-def router_branches(router: nn.Module) -> tuple[tuple[str, bool], ...]:
-    """Each ``if``/``elif`` test of the router's forward that reads only the router's own
-    attributes and constants, with its value on the traced router: the branches the trace
-    took. Tests on tensors are left out (the trace saw them run)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(router).forward)))
-    except (OSError, TypeError, SyntaxError):
-        return ()
-    found, unreachable = [], set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.If) or id(node) in unreachable:
-            continue
-        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
-        if names - {"self", "None", "True", "False"}:
-            continue
-        try:
-            outcome = bool(eval(compile(ast.Expression(node.test), "<router>", "eval"), {}, {"self": router}))
-        except Exception:  # noqa: BLE001 - a test that needs tensors: not a config switch
-            continue
-        found.append((ast.unparse(node.test), outcome))
-        if outcome and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
-            unreachable.add(id(node.orelse[0]))  # an elif after the branch taken
-    return tuple(dict.fromkeys(found))
