@@ -27,8 +27,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # grouped sigmoid routing with a (random) correction bias, renormalised and scaled
     "deepseek_v3": ("deepseek_v3", {**MLA, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
                                     "topk_method": "noaux_tc"}),
-    # softmax top-k ("greedy"), scaled, not renormalised
-    "deepseek_v2": ("deepseek_v2", {**MLA, "topk_method": "greedy", "routed_scaling_factor": 2.0}),
+    # softmax top-k ("greedy"), scaled, not renormalised; one expert group as DeepSeek-V2-Lite
+    # sets it (vLLM's own file asserts on n_group None at the first forward)
+    "deepseek_v2": ("deepseek_v2", {**MLA, "topk_method": "greedy", "routed_scaling_factor": 2.0,
+                                    "n_group": 1, "topk_group": 1}),
 }
 
 
