@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import re
+
 import libcst as cst
 
 from hfrewrite.errors import HfrewriteError
@@ -189,9 +192,6 @@ def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, ski
     ``__init__`` assigns it (``self.config`` -> ``config``); a test equal to ``skip`` (a
     switch the emitted code carries, such as a renormalisation flag) is left out. Raises
     ValueError for a test on an attribute ``__init__`` does not assign."""
-    import ast
-    import re
-
     out = ""
     for test, outcome in branches:
         expr = test
@@ -206,3 +206,9 @@ def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, ski
                 f'    raise NotImplementedError("hfrewrite: {cls} was converted for configs where '
                 f'`{shown}` is {outcome}: its {what} takes another branch here")\n')
     return out
+
+
+def init_exprs(cls: cst.ClassDef) -> dict[str, str]:
+    """`self.x = expr` in ``cls.__init__`` -> {"x": "expr"}."""
+    return {attr: code(assigned_value(s)) for s in find_method(cls, "__init__").body.body
+            if (attr := self_attr_assigned(s))}

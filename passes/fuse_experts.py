@@ -41,16 +41,6 @@ from hfrewrite.pass_api import FusionRow, PassContext, PassResult
 NAME = "fuse_experts"
 
 
-def _init_exprs(cls: cst.ClassDef) -> dict[str, str]:
-    """`self.x = expr` in __init__ -> {"x": "expr"}."""
-    init = t.find_method(cls, "__init__")
-    return {
-        attr: t.code(t.assigned_value(s))
-        for s in init.body.body
-        if (attr := t.self_attr_assigned(s))
-    }
-
-
 def _is_sum(node: cst.BaseExpression) -> bool:
     """``x.sum(...)``, possibly inside parentheses or further calls' receivers."""
     return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name("sum")))))
@@ -166,8 +156,8 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
             raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
     router_cls = t.find_class(module, moe.router_class)
-    router = _init_exprs(router_cls)
-    experts = _init_exprs(t.find_class(module, moe.experts_class))
+    router = t.init_exprs(router_cls)
+    experts = t.init_exprs(t.find_class(module, moe.experts_class))
     act = experts.get("act_fn", "")
     if not act.startswith("ACT2FN["):
         raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
@@ -195,7 +185,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
 
     gate = _gate(moe, sizes)
     gate_first = moe.correction_bias is not None
-    routing = _routing_kwargs(moe, {"router": router, "block": _init_exprs(block)}, name)
+    routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     new_init: list[cst.BaseStatement] = []
     optional_shared = False
     for s in init.body.body:

@@ -145,11 +145,10 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         if attr in plan.none_attrs:
             guarded.append(attr)
         body.append(s)
-    if at is None or len(replaced) != len({a for a in replaced}):
+    if at is None:
         raise HfrewriteError(f"{name}: {NAME}: the projections are not assigned in __init__")
-    exprs = {a: t.code(t.assigned_value(s)) for s in init.body.body if (a := t.self_attr_assigned(s))}
     try:
-        switches = t.branch_guards(plan.config_branches, exprs, name, "forward")
+        switches = t.branch_guards(plan.config_branches, t.init_exprs(cls), name, "forward")
     except ValueError as e:
         raise HfrewriteError(f"{name}: {NAME}: the forward branches on {e}, which no config field sets") from e
     guards = switches + "".join(
