@@ -158,15 +158,23 @@ class MoePlan:
     # Each `if` test in the router's forward and what it gave on the traced config, e.g.
     # (('self.topk_method == "greedy"', True),): only the traced branch is proven
     router_branches: tuple[tuple[str, bool], ...] = ()
+    # Routing the rules above do not express, run by the source's own router module and
+    # handed to the fused experts as a custom routing function: the positions of
+    # (weights, expert ids) in what the router returns. ``scoring`` is then "carried".
+    carried_router: tuple[int, int] | None = None
 
     @property
     def grouped(self) -> bool:
         """Routing vLLM's CPU router computes on its grouped top-k path only."""
+        if self.carried_router:
+            return False
         return (self.scoring == "sigmoid" or self.n_group is not None or self.correction_bias is not None
                 or self.routed_scaling_factor != 1.0)
 
     def describe_routing(self) -> str:
         """The routing in one line, for --explain and refusals."""
+        if self.carried_router:
+            return f"{self.router_class} (source, carried) -> top-{self.top_k} weights and ids"
         steps = [f"F.linear{' (float32)' if self.router_fp32 else ''}{' + bias' if self.router_bias else ''}",
                  self.scoring]
         if self.correction_bias:

@@ -261,7 +261,7 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
     models = ModelRegistry.models
     previous = models.get(architecture)
     if model_cls is None:
-        entry = _NATIVE.get(architecture)
+        entry = _NATIVE.get(architecture) or _NATIVE.get(NATIVE_ALIASES.get(architecture, ""))
         if entry is None:
             yield False
             return
@@ -289,6 +289,8 @@ def _native_snapshot() -> dict:
 
 
 _NATIVE: dict = {}
+# transformers class names vLLM registers under the Hub configs' older spelling.
+NATIVE_ALIASES = {"PhimoeForCausalLM": "PhiMoEForCausalLM"}
 
 
 class VllmRunError(RuntimeError):

@@ -170,22 +170,16 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     missing = [k for k, v in sizes.items() if not v]
     if missing:
         raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
-    renormalize = _renormalize(router_cls, router, name)
-    router_forward = t.find_method(router_cls, "forward")
-    if renormalize is None and moe.renormalize and not m.findall(router_forward, m.If() | m.IfExp()):
-        renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
-    if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
-        raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
-    try:
-        guards = t.branch_guards(moe.router_branches, router, name, "router", skip=renormalize)
-    except ValueError as e:
-        raise HfrewriteError(f"{name}: {NAME}: the router branches on {e}, which no config field sets") from e
+    if moe.carried_router:  # the source's router runs as it is: its own code is the proof
+        renormalize, guards, routing = None, "", {"custom_routing_function": "self.route"}
+    else:
+        renormalize, guards = _source_renormalize(router_cls, router, moe, name)
+        routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     ckpt = moe.checkpoint_expert_names
     ckpt_arg = "" if ckpt == ("gate_proj", "down_proj", "up_proj") else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
 
-    gate = _gate(moe, sizes)
+    gate = [] if moe.carried_router else _gate(moe, sizes)
     gate_first = moe.correction_bias is not None
-    routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     new_init: list[cst.BaseStatement] = []
     optional_shared = False
     for s in init.body.body:
@@ -213,6 +207,8 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
                 "self.n_local_physical_experts = self.n_physical_experts // self.ep_size\n"
             ))
             continue
+        elif attr == moe.router and moe.carried_router:
+            new = s
         elif attr == moe.router:
             if gate_first:
                 continue  # built above the experts, which read its correction bias
@@ -254,10 +250,13 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         body += f"{guard}shared_output = self.{moe.shared_expert}(hidden_states)\n"
         if moe.shared_expert_gate:
             body += f"shared_output = torch.sigmoid(self.{moe.shared_expert_gate}(hidden_states)[0]) * shared_output\n"
-    body += (
-        f"router_logits, _ = self.{moe.router}(hidden_states)\n"
-        f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits)\n"
-    )
+    if moe.carried_router:  # self.route runs the router on the hidden states
+        body += f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits=hidden_states)\n"
+    else:
+        body += (
+            f"router_logits, _ = self.{moe.router}(hidden_states)\n"
+            f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits)\n"
+        )
     if moe.shared_expert:
         body += f"{guard}final_hidden_states = final_hidden_states + shared_output\n"
     body += "return final_hidden_states.view(orig_shape)\n"
@@ -266,7 +265,36 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     if guards:
         new_init.extend(t.stmts(guards))
     block = t.set_method(block, t.with_body(init, new_init))
-    return t.set_method(block, forward), renormalize or "False"
+    block = t.set_method(block, forward)
+    if moe.carried_router:
+        w, ids = moe.carried_router
+        block = t.set_method(block, t.stmt(
+            "def route(\n    self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool\n"
+            ") -> tuple[torch.Tensor, torch.Tensor]:\n"
+            '    """The fused experts\' routing: the source\'s router, run as it is."""\n'
+            f"    routing = self.{moe.router}(hidden_states)\n"
+            f"    if routing[{ids}].shape[-1] != topk:\n"
+            f"        raise ValueError(f\"{moe.router_class} chose {{routing[{ids}].shape[-1]}} experts per token, \"\n"
+            f"                         f\"the fused experts take {{topk}}\")\n"
+            f"    return routing[{w}], routing[{ids}]\n"
+        ))
+    return block, renormalize or "False"
+
+
+def _source_renormalize(router_cls: cst.ClassDef, router: dict[str, str], moe, name: str) -> tuple[str | None, str]:
+    """The source's renormalisation condition, checked against the trace, and the guards
+    that refuse configs flipping the router's other branches."""
+    renormalize = _renormalize(router_cls, router, name)
+    router_forward = t.find_method(router_cls, "forward")
+    if renormalize is None and moe.renormalize and not m.findall(router_forward, m.If() | m.IfExp()):
+        renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
+    if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
+        raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
+    try:
+        guards = t.branch_guards(moe.router_branches, router, name, "router", skip=renormalize)
+    except ValueError as e:
+        raise HfrewriteError(f"{name}: {NAME}: the router branches on {e}, which no config field sets") from e
+    return renormalize, guards
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
@@ -277,12 +305,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     gate, down, up = moe.checkpoint_expert_names
     rows = [
         FusionRow(moe.module_class, f"router {moe.router}: {moe.describe_routing()} (emitted renormalize="
-                                    f"{renormalize}) -> GateLinear + FusedMoEFactory routing"),
+                                    f"{renormalize}) -> " + ("FusedMoEFactory custom_routing_function=self.route"
+                                    if moe.carried_router else "GateLinear + FusedMoEFactory routing")),
         FusionRow(moe.module_class, f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
                                     f"(checkpoint experts.N.{{{gate},{up},{down}}})"),
     ]
     rows += [FusionRow(moe.module_class, f"checkpoint rename {old!r} -> {new!r}") for old, new in moe.checkpoint_renames]
-    imports = ["GateLinear", "FusedMoEFactory", "get_current_vllm_config", "get_ep_group"]
+    imports = ["FusedMoEFactory", "get_current_vllm_config", "get_ep_group"]
+    if not moe.carried_router:
+        imports.append("GateLinear")
     if moe.shared_expert_gate:
         rows.append(FusionRow(moe.module_class, f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept"))
         imports.append("ReplicatedLinear")

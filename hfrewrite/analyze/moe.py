@@ -7,6 +7,11 @@ Pattern (transformers 5.x: qwen2_moe, qwen3_moe, olmoe, mixtral; deepseek_v3, gl
     y = experts(x, idx, w)                         # leaf: stacked [E, 2I, H] / [E, H, I]
     y = y + [sigmoid(shared_gate(x)) *] shared(x)  # optional shared expert
 
+Routing none of those facts expresses (phimoe's sparsemixer) is carried: when the experts'
+weights and ids are two outputs of one leaf child of the block called on its input, that
+child runs as the source has it, as the fused experts' custom routing function; the replay
+then proves the rest (router outputs -> fused experts -> shared expert) on its outputs.
+
 Preconditions (fail closed): exactly one experts leaf, fed by the routing of one router
 projection of the block input; the experts hold no biases and their ``gate_up_proj`` is
 ``[gate; up]`` concatenated; the block returns one tensor. Finally the plan is replayed
@@ -60,6 +65,8 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
 
     facts = router_facts(traced, path, block, index, weights, hidden)
     if isinstance(facts, str):
+        facts = _carried_router(traced, path, index, weights, hidden) or facts
+    if isinstance(facts, str):
         return no(facts)
     if activation not in MOE_ACTIVATIONS:
         return no(f"vLLM's fused MoE has no {activation!r} activation here")
@@ -84,17 +91,36 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         activation=activation,
         shared_expert=shared,
         shared_expert_gate=shared_gate,
-        router_branches=config_branches(block.get_submodule(facts["router"])),
+        router_branches=() if facts.get("carried_router") else config_branches(block.get_submodule(facts["router"])),
         **facts,
     )
     # The structure's renormalisation first; a softmax over the top-k logits replays as the other.
     x = value(root(hidden))
     mismatch = _replay(block, plan, x)
-    if mismatch:
+    if mismatch and not plan.carried_router:
         other = dataclasses.replace(plan, renormalize=not plan.renormalize)
         if _replay(block, other, x) is None:
             return other
     return no(mismatch) if mismatch else plan
+
+
+def _carried_router(traced: Traced, path: str, index, weights, hidden) -> dict | None:
+    """Routing facts when the experts' weights and ids are two outputs of one call of a
+    leaf child of the block on the block input (phimoe's sparsemixer router, an
+    ``nn.Linear`` subclass): the emitted block runs that child as the source has it."""
+    picks = []
+    for node in (weights, index):
+        if not (isinstance(node, Node) and node.target is operator.getitem and isinstance(node.args[1], int)):
+            return None
+        picks.append(node.args[1])
+    call = weights.args[0]
+    if call is not index.args[0] or call.op != "call_module" or picks[0] == picks[1]:
+        return None
+    router = relative(call.target, path)
+    if "." in router or len(call.args) != 1 or call.kwargs or root(call.args[0]) is not root(hidden):
+        return None
+    return {"router": router, "top_k": int(value(index).shape[-1]), "scoring": "carried",
+            "renormalize": False, "carried_router": tuple(picks)}
 
 
 def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
@@ -167,10 +193,15 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
     x2 = x.reshape(-1, x.shape[-1])
     experts = block.get_submodule(plan.experts)
     router = block.get_submodule(plan.router)
-    linear = router.get_submodule(plan.router_linear) if plan.router_linear else router
-    logits = F.linear(x2, linear.weight, linear.bias if plan.router_bias else None)
-    correction = _correction_bias(router, plan)
-    w, idx = route(logits, plan, None if correction is None else correction.reshape(-1))
+    if plan.carried_router:
+        with torch.no_grad():
+            routed = router(x2)
+        w, idx = (routed[i] for i in plan.carried_router)
+    else:
+        linear = router.get_submodule(plan.router_linear) if plan.router_linear else router
+        logits = F.linear(x2, linear.weight, linear.bias if plan.router_bias else None)
+        correction = _correction_bias(router, plan)
+        w, idx = route(logits, plan, None if correction is None else correction.reshape(-1))
     w = w.to(x2.dtype)
     act = ACT2FN[plan.activation]
     out = torch.zeros_like(x2)

@@ -108,3 +108,27 @@ def test_refuses_block_returning_a_tuple(monkeypatch):
     monkeypatch.setattr(qm.Qwen3MoeDecoderLayer, "forward", layer_forward)
     with pytest.raises(HfrewriteError, match="Qwen3MoeSparseMoeBlock: fuse_experts: the block returns more than one tensor"):
         plan("qwen3_moe")
+
+
+def test_phimoe_sparsemixer_router_is_carried_and_proven_with_the_experts():
+    moe = plan("phimoe").moe
+    # No runner option expresses sparsemixer: the router module runs as the source has it,
+    # its (weights, ids) outputs handed to the fused experts.
+    assert (moe.router, moe.router_class, moe.carried_router) == ("router", "PhimoeTopKRouter", (1, 2))
+    assert (moe.scoring, moe.top_k, moe.grouped) == ("carried", 2, False)
+    assert moe.checkpoint_expert_names == ("w1", "w2", "w3")
+
+
+def test_carried_router_still_needs_the_experts_replay(monkeypatch):
+    # A block that scales the experts' output after the fused call: the router is carried,
+    # but the replay of router -> experts no longer reproduces the block.
+    from transformers.models.phimoe import modeling_phimoe as pm
+
+    original = pm.PhimoeSparseMoeBlock.forward
+
+    def forward(self, hidden_states):
+        return original(self, hidden_states) * 1.5
+
+    monkeypatch.setattr(pm.PhimoeSparseMoeBlock, "forward", forward)
+    with pytest.raises(HfrewriteError, match="replaying the plan"):
+        plan("phimoe")
