@@ -517,6 +517,16 @@ class DeepseekV3ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExpert
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        # Hub checkpoints store config.num_nextn_predict_layers multi-token-prediction layers after
+        # the last decoder layer; they serve speculative decoding, not this model.
+        weights = (
+            (name, tensor)
+            for name, tensor in weights
+            if not (
+                name.startswith("model.layers.")
+                and int(name.split(".")[2]) >= self.config.num_hidden_layers
+            )
+        )
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)

@@ -458,6 +458,16 @@ class Glm4MoeForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        # Hub checkpoints store config.num_nextn_predict_layers multi-token-prediction layers after
+        # the last decoder layer; they serve speculative decoding, not this model.
+        weights = (
+            (name, tensor)
+            for name, tensor in weights
+            if not (
+                name.startswith("model.layers.")
+                and int(name.split(".")[2]) >= self.config.num_hidden_layers
+            )
+        )
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)

@@ -249,3 +249,6 @@ class ModelPlan:
     embeddings_transformed: bool = False
     # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
     checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()
+    # The config counts multi-token-prediction layers stored after the last decoder layer
+    # (DeepSeek-V3, GLM-4.5: ``num_nextn_predict_layers``): load_weights skips them.
+    mtp_layers_field: str | None = None

@@ -80,6 +80,22 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
     return out
 
 
+def _skipping_mtp_layers(load: cst.FunctionDef, plan) -> cst.FunctionDef:
+    """load_weights drops the layers past the last decoder layer first."""
+    prefix = f"{plan.base_model_attr}.{plan.layers}."
+    skip = t.stmts(
+        f"# Hub checkpoints store config.{plan.mtp_layers_field} multi-token-prediction layers after\n"
+        "# the last decoder layer; they serve speculative decoding, not this model.\n"
+        "weights = (\n"
+        "    (name, tensor)\n"
+        "    for name, tensor in weights\n"
+        f'    if not (name.startswith("{prefix}")\n'
+        f'            and int(name.split(".")[{prefix.count(".")}]) >= self.config.num_hidden_layers)\n'
+        ")\n"
+    )
+    return t.with_body(load, [*skip, *load.body.body])
+
+
 class _WrapWeights(cst.CSTTransformer):
     def leave_Call(self, original, updated):
         if t.code(updated.func) == "loader.load_weights" and updated.args:
@@ -145,6 +161,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
+    if plan.mtp_layers_field:
+        body = [_skipping_mtp_layers(m, plan) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
+                else m for m in body]
     cls = cls.with_changes(body=cls.body.with_changes(body=[*members, *body]))
     return PassResult(
         module=t.replace_class(module, plan.architecture, cls),

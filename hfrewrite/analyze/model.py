@@ -263,6 +263,8 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
         + checkpoint_prefix_renames(type(model).__name__),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        mtp_layers_field=next((f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")),
+                              None),
         decoder_layer=decoder,
         attention=attention,
         mlp=mlp,
@@ -270,6 +272,11 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         declined=declined,
         moe=moe,
     )
+
+
+# Config fields counting multi-token-prediction layers (vLLM's deepseek_mtp.py / glm4_moe_mtp.py
+# load them as layers num_hidden_layers.. of the same checkpoint).
+MTP_FIELDS = ("num_nextn_predict_layers",)
 
 
 def _head_fields(small, attention: AttentionPlan) -> dict:

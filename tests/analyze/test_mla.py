@@ -59,3 +59,11 @@ def test_a_rope_on_q_only_is_refused(monkeypatch):
     monkeypatch.setattr(dm, "apply_rotary_pos_emb_interleave", lambda q, k, cos, sin: (orig(q, k, cos, sin)[0], k))
     with pytest.raises(HfrewriteError, match="the replay of vLLM's MLA"):
         mla_plan()
+
+
+def test_multi_token_prediction_layers_are_skipped_at_load():
+    # DeepSeek-V3 and GLM-4.5 Hub checkpoints hold them after the last decoder layer.
+    assert analyze(transformers.AutoConfig.for_model("deepseek_v3")).mtp_layers_field == "num_nextn_predict_layers"
+    assert analyze(transformers.AutoConfig.for_model("deepseek_v2")).mtp_layers_field is None
+    golden = (Path(__file__).resolve().parents[2] / "golden" / "deepseek_v3.py").read_text()
+    assert '>= self.config.num_hidden_layers' in golden.split("def load_weights", 1)[1].split("def ", 1)[0]

@@ -13,9 +13,13 @@ Face's from the first step; the test asserts that, so it notices when vLLM fixes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
+
+from safetensors.torch import load_file, save_file
 
 from hfrewrite.verify import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
 
@@ -25,8 +29,9 @@ MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64, "qk_nope_hea
        "n_routed_experts": 8, "num_experts_per_tok": 3, "n_shared_experts": 1}
 CASES: dict[str, tuple[str, dict]] = {
     # grouped sigmoid routing with a (random) correction bias, renormalised and scaled
+    # (the checkpoint also holds a multi-token-prediction layer past the last layer)
     "deepseek_v3": ("deepseek_v3", {**MLA, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
-                                    "topk_method": "noaux_tc"}),
+                                    "topk_method": "noaux_tc", "num_nextn_predict_layers": 1}),
     # softmax top-k ("greedy"), scaled, not renormalised; one expert group as DeepSeek-V2-Lite
     # sets it (vLLM's own file asserts on n_group None at the first forward)
     "deepseek_v2": ("deepseek_v2", {**MLA, "topk_method": "greedy", "routed_scaling_factor": 2.0,
@@ -34,11 +39,30 @@ CASES: dict[str, tuple[str, dict]] = {
 }
 
 
+def add_mtp_layer(ckpt: Path, layers: int) -> None:
+    """Append a multi-token-prediction layer as DeepSeek-V3's Hub checkpoints store it: a
+    decoder layer numbered past the last one, plus its projection, norms and head
+    (`num_nextn_predict_layers` is 1 in the config). Hugging Face ignores it on load."""
+    path = ckpt / "model.safetensors"
+    tensors = load_file(path)
+    last = f"model.layers.{layers - 1}."
+    extra = {f"model.layers.{layers}." + k[len(last):]: v.clone() for k, v in tensors.items() if k.startswith(last)}
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    extra.update({f"model.layers.{layers}.{name}": tensor for name, tensor in (
+        ("eh_proj.weight", torch.randn(hidden, 2 * hidden)), ("enorm.weight", torch.ones(hidden)),
+        ("hnorm.weight", torch.ones(hidden)), ("shared_head.norm.weight", torch.ones(hidden)),
+        ("shared_head.head.weight", tensors["model.embed_tokens.weight"].clone()))})
+    save_file({**tensors, **extra}, path, metadata={"format": "pt"})
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    cases = [VerifyCase(make_tiny_checkpoint(t, tmp_path_factory.mktemp(name), seed=i, **overrides),
-                        GOLDEN / f"{t}.py")
-             for i, (name, (t, overrides)) in enumerate(CASES.items())]
+    cases = []
+    for i, (name, (t, overrides)) in enumerate(CASES.items()):
+        ckpt = make_tiny_checkpoint(t, tmp_path_factory.mktemp(name), seed=i, **overrides)
+        if name == "deepseek_v3":  # the generated load_weights skips it, as vLLM's own file does
+            add_mtp_layer(ckpt, json.loads((ckpt / "config.json").read_text())["num_hidden_layers"])
+        cases.append(VerifyCase(ckpt, GOLDEN / f"{t}.py"))
     return dict(zip(CASES, verify_many(cases)))
 
 
