@@ -255,6 +255,10 @@ class DeepseekV3Attention(nn.Module):
             raise NotImplementedError(
                 "hfrewrite: DeepseekV3Attention was converted for configs where self.q_proj is None"
             )
+        if config.rope_parameters.get("rope_type", "default") != "default":
+            raise NotImplementedError(
+                "hfrewrite: DeepseekV3Attention was converted for rope_type 'default': convert this config to prove its rope"
+            )
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
             max_position=config.max_position_embeddings,
@@ -298,10 +302,11 @@ class DeepseekV3Attention(nn.Module):
             ],
             dim=-1,
         )
+        k_pe = k_pe.unsqueeze(1)
         attn_output = self.mla_attn(
             q,
             kv_c_normed,
-            k_pe.unsqueeze(1),
+            k_pe,
             output_shape=(
                 hidden_states.shape[0],
                 self.num_local_heads * self.v_head_dim,

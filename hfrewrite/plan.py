@@ -97,6 +97,9 @@ class MlaPlan:
     q_lora_rank: int | None
     scaling: float
     rope_neox: bool
+    # The rope type proven ("default", or "deepseek_yarn": vLLM's YaRN with the ratio of the
+    # mscale factors, which is what transformers computes for a "yarn" config)
+    rope_kind: str = "default"
     # (size, attribute of the attention module holding it), e.g. (("kv_lora_rank", "kv_lora_rank"),)
     dims: tuple[tuple[str, str], ...] = ()
     # Attributes the traced module holds as None (branches of the source's __init__ not

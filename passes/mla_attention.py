@@ -65,13 +65,37 @@ def _linears(plan: MlaPlan, d) -> str:
     return out
 
 
+# What get_rope is given, per proven rope: a "yarn" config runs as vLLM's deepseek_yarn (YaRN
+# with the ratio of the two mscale factors on cos/sin, which transformers computes for it).
+_ROPE_PARAMETERS = {
+    "default": "config.rope_parameters",
+    "deepseek_yarn": '{**config.rope_parameters, "rope_type": "deepseek_yarn"}',
+}
+_ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
+
+
+def _rope_guard(plan: MlaPlan, name: str) -> str:
+    """Refuse the rope types and YaRN knobs the replay did not prove (vLLM's deepseek_yarn
+    ignores transformers' `attention_factor` and `truncate=False`)."""
+    rope_type = _ROPE_TYPES[plan.rope_kind]
+    out = (f'if config.rope_parameters.get("rope_type", "default") != "{rope_type}":\n'
+           f'    raise NotImplementedError("hfrewrite: {name} was converted for rope_type {rope_type!r}: '
+           'convert this config to prove its rope")\n')
+    if plan.rope_kind == "deepseek_yarn":
+        out += ('if config.rope_parameters.get("attention_factor") is not None or not config.rope_parameters.get(\n'
+                '    "truncate", True\n):\n'
+                f'    raise NotImplementedError("hfrewrite: {name}: vLLM\'s deepseek_yarn rope has no attention_factor '
+                'and always truncates")\n')
+    return out
+
+
 def _attention(plan: MlaPlan, d, scaling: str) -> str:
     q_lora = f"self.{d('q_lora_rank')}" if plan.q_a is not None else "None"
     return (
         "self.rotary_emb = get_rope(\n"
         f"    self.{d('qk_rope_head_dim')},\n"
         "    max_position=config.max_position_embeddings,\n"
-        "    rope_parameters=config.rope_parameters,\n"
+        f"    rope_parameters={_ROPE_PARAMETERS[plan.rope_kind]},\n"
         f"    is_neox_style={plan.rope_neox},\n"
         ")\n"
         "self.mla_attn = MLAAttention(\n"
@@ -88,6 +112,23 @@ def _attention(plan: MlaPlan, d, scaling: str) -> str:
         '    prefix=f"{prefix}.attn",\n'
         ")\n"
     )
+
+
+# The rope in the forward, per proven rope; k_pe leaves as [tokens, 1, rope].
+_ROPE_CALL = {
+    "default": (
+        "# Rope on contiguous [tokens, heads * rope] copies: vLLM's CPU rotary kernel\n"
+        "# misreads strided and 3-D views.\n"
+        "q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous())\n"
+        "q = torch.cat([q_nope, q_pe.view(q.shape[0], self.num_local_heads, {rope})], dim=-1)\n"
+        "k_pe = k_pe.unsqueeze(1)\n"
+    ),
+    # vLLM's deepseek_yarn rope computes out of place, in PyTorch, on [tokens, heads, rope].
+    "deepseek_yarn": (
+        "q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe.unsqueeze(1))\n"
+        "q = torch.cat([q_nope, q_pe], dim=-1)\n"
+    ),
+}
 
 
 def _forward(plan: MlaPlan, d) -> str:
@@ -110,14 +151,11 @@ def _forward(plan: MlaPlan, d) -> str:
             f"kv_c_normed = self.{plan.kv_a_norm}(kv_c)\n"
             f"q = q.view(-1, self.num_local_heads, self.{d('qk_head_dim')})\n"
             f"q_nope, q_pe = q.split([self.{d('qk_nope_head_dim')}, {rope}], dim=-1)\n"
-            "# Rope on contiguous [tokens, heads * rope] copies: vLLM's CPU rotary kernel\n"
-            "# misreads strided and 3-D views.\n"
-            "q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous())\n"
-            f"q = torch.cat([q_nope, q_pe.view(q.shape[0], self.num_local_heads, {rope})], dim=-1)\n"
+            + _ROPE_CALL[plan.rope_kind].format(rope=rope) +
             "attn_output = self.mla_attn(\n"
             "    q,\n"
             "    kv_c_normed,\n"
-            "    k_pe.unsqueeze(1),\n"
+            "    k_pe,\n"
             f"    output_shape=(hidden_states.shape[0], self.num_local_heads * self.{d('v_head_dim')}),\n"
             ")\n"
             f"return self.{plan.o}(attn_output)[0]\n"
@@ -158,7 +196,7 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     scaling = t.code(finder.kwargs["scaling"])
     body[at:at] = t.stmts(
         "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n" + _linears(plan, d))
-    body += t.stmts(guards + _attention(plan, d, scaling))
+    body += t.stmts(guards + _rope_guard(plan, name) + _attention(plan, d, scaling))
     cls = t.set_method(cls, t.with_body(init, body))
     cls = t.set_method(cls, forward.with_changes(**{
         k: getattr(t.stmt(_forward(plan, d)), k) for k in ("params", "returns", "body", "whitespace_before_params")}))
@@ -181,7 +219,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                                      f"{plan.kv_lora_rank}+{plan.qk_rope_head_dim}; proven by replay)"),
         FusionRow(plan.module_class, f"{fused}, {plan.q_b}/{plan.kv_b} -> ColumnParallelLinear, "
                                      f"{plan.o} -> RowParallelLinear"),
-        FusionRow(plan.module_class, f"get_rope ({style} style, rotary dim {plan.qk_rope_head_dim})"),
+        FusionRow(plan.module_class, f"get_rope ({plan.rope_kind}, {style} style, rotary dim {plan.qk_rope_head_dim})"),
     )
     kinds = ["ColumnParallelLinear", "RowParallelLinear",
              "MergedColumnParallelLinear" if plan.q_a else "ReplicatedLinear"]

@@ -31,7 +31,7 @@ from hfrewrite.analyze.attention import (
     _output_projection,
 )
 from hfrewrite.analyze.branches import config_branches
-from hfrewrite.analyze.rope import _inv_freq, apply_rope, rope_parameters
+from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
 from hfrewrite.plan import MlaPlan, NoMatch
 from hfrewrite.trace import Traced, is_norm, relative, value
 
@@ -127,9 +127,15 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     scaling = float(qk_head**-0.5 if scaling is None else scaling)
 
     params = rope_parameters(config, layer_type)
-    if params.get("rope_type", "default") != "default":  # vLLM's deepseek_yarn is not replayed here
-        raise _Declined(PATTERN, f"rope_type {params['rope_type']!r}: only the default rope is proven for MLA")
-    freq = _inv_freq(config, params, layer_type, rope) if params else None
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "yarn":  # vLLM's deepseek_v2.py maps it to its deepseek_yarn rope
+        rope_kind, freq = "deepseek_yarn", deepseek_yarn(params, rope)
+        if isinstance(freq, str):
+            raise _Declined(PATTERN, freq)
+    elif rope_type == "default":
+        rope_kind, freq = "default", _inv_freq(config, params, layer_type, rope) if params else None
+    else:
+        raise _Declined(PATTERN, f"rope_type {rope_type!r}: only the default rope and YaRN are proven for MLA")
     if freq is None:
         raise _Declined(PATTERN, f"no rope frequencies vLLM computes for rotary dim {rope}")
     roles = {"q_a": q_a, "q_a_norm": q_a_norm, "q_b": q_b, "kv_a": kv_a, "kv_a_norm": kv_a_norm, "kv_b": kv_b, "o": o}
@@ -170,6 +176,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         q_lora_rank=sizes.get("q_lora_rank"),
         scaling=scaling,
         rope_neox=neox,
+        rope_kind=rope_kind,
         dims=tuple(dims),
         config_branches=config_branches(attention),
         none_attrs=tuple(sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))),

@@ -70,6 +70,38 @@ def _inv_freq(config, params: dict, layer_type: str | None, rotary_dim: int) -> 
     return inv_freq.double(), float(scale)
 
 
+def deepseek_yarn(params: dict, rotary_dim: int) -> tuple[torch.Tensor, float] | str:
+    """(inv_freq, cos/sin scale) as vLLM 0.32's ``DeepseekScalingRotaryEmbedding`` computes
+    them from ``params`` (what ``get_rope`` builds for rope_type "deepseek_yarn"), or why
+    it cannot take them. Checked against vLLM's class in tests/analyze/test_rope_tables.py."""
+    import math
+
+    missing = [k for k in ("rope_theta", "factor", "original_max_position_embeddings") if params.get(k) is None]
+    if missing:
+        return f"vLLM's deepseek_yarn needs {', '.join(missing)}"
+    extra = {k: params[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim") if k in params}
+    if any(v is None for v in extra.values()):
+        return f"vLLM's deepseek_yarn cannot take None for {sorted(k for k, v in extra.items() if v is None)}"
+    base, factor = float(params["rope_theta"]), float(params["factor"])
+    beta_fast, beta_slow = extra.get("beta_fast", 32), extra.get("beta_slow", 1)
+
+    def mscale_of(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    def correction_dim(rotations: float) -> float:
+        return rotary_dim * math.log(params["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / (
+            2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), rotary_dim - 1)
+    pos_freqs = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim)
+    ramp = torch.clamp((torch.arange(rotary_dim // 2, dtype=torch.float) - low) / ((high + 0.001 if low == high else high) - low), 0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    scale = mscale_of(float(extra.get("mscale", 1))) / mscale_of(float(extra.get("mscale_all_dim", 0)))
+    return inv_freq.double(), float(scale)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
                neox: bool, reverse: bool = False) -> torch.Tensor:
     """vLLM's rotary embedding on ``x`` [..., seq, head_dim] (rotating its first

@@ -67,3 +67,18 @@ def test_multi_token_prediction_layers_are_skipped_at_load():
     assert analyze(transformers.AutoConfig.for_model("deepseek_v2")).mtp_layers_field is None
     golden = (Path(__file__).resolve().parents[2] / "golden" / "deepseek_v3.py").read_text()
     assert '>= self.config.num_hidden_layers' in golden.split("def load_weights", 1)[1].split("def ", 1)[0]
+
+
+def test_yarn_is_proven_as_vllms_deepseek_yarn_and_other_ropes_are_guarded():
+    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
+    assert mla_plan(rope_parameters=yarn, max_position_embeddings=16384).rope_kind == "deepseek_yarn"
+    assert mla_plan().rope_kind == "default"
+    # the golden, traced with the default rope, refuses a YaRN config rather than run plain YaRN
+    golden = (Path(__file__).resolve().parents[2] / "golden" / "deepseek_v3.py").read_text()
+    assert 'rope_parameters.get("rope_type", "default") != "default"' in golden
+
+
+def test_mla_rope_types_vllm_deepseek_does_not_map_are_refused():
+    with pytest.raises(HfrewriteError, match="only the default rope and YaRN"):
+        mla_plan(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
