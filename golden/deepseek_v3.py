@@ -496,7 +496,7 @@ class DeepseekV3ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExpert
         # No sparse layer here (a configuration that makes every layer dense, or a pipeline
         # stage without one): vLLM then treats the model as dense.
         self.num_moe_layers = len(self.moe_layers)
-        self.num_expert_groups = 1
+        self.num_expert_groups = config.n_group
         self.num_shared_experts = 0
         if moe_blocks:
             example = moe_blocks[0]

@@ -443,7 +443,7 @@ class Dots1ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
         # No sparse layer here (a configuration that makes every layer dense, or a pipeline
         # stage without one): vLLM then treats the model as dense.
         self.num_moe_layers = len(self.moe_layers)
-        self.num_expert_groups = 1
+        self.num_expert_groups = config.n_group
         self.num_shared_experts = 0
         if moe_blocks:
             example = moe_blocks[0]

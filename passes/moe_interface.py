@@ -15,12 +15,23 @@ residual block; the causal LM holds the base model under the plan's attribute.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite import cst_tools as t
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.templates_io import template_class
 
 NAME = "moe_interface"
+
+
+def _expert_groups(block: cst.ClassDef) -> str:
+    """The expert-group count the block hands its fused experts (``num_expert_group=``, the
+    source's expression for it, as fuse_experts emitted it), else 1."""
+    for call in m.findall(block, m.Call(func=m.Name("FusedMoEFactory"))):
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "num_expert_group":
+                return t.code(arg.value)
+    return "1"
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
@@ -36,7 +47,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     causal = t.find_class(module, plan.architecture)
     init = t.find_method(causal, "__init__")
-    extra = list(t.find_method(tpl, "__init__").body.body)
+    groups = _expert_groups(t.find_class(module, moe.module_class))
+    extra = [t.stmt(f"self.num_expert_groups = {groups}\n") if t.self_attr_assigned(s) == "num_expert_groups"
+             else s for s in t.find_method(tpl, "__init__").body.body]
     extra[0] = extra[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *extra[0].leading_lines])
     causal = t.set_method(causal, t.with_body(init, [*init.body.body, *extra]))
     causal = t.set_method(causal, t.find_method(tpl, "update_physical_experts_metadata"))

@@ -66,3 +66,14 @@ def test_qwen3_moe_causal_lm():
 def test_dense_model_is_left_alone():
     dense = BEFORE_QWEN3_MOE_CAUSAL_LM.replace("Qwen3Moe", "Llama")
     assert rewrite(moe_interface, dense, llama_like()) == dense
+
+
+def test_expert_groups_are_the_count_the_block_hands_its_runner():
+    block = """\
+class MoeBlock(nn.Module):
+    def __init__(self, config):
+        self.experts = FusedMoEFactory(num_experts=8, use_grouped_topk=True, num_expert_group=config.n_group)
+"""
+    after = rewrite(moe_interface, block + "\n\n" + BEFORE_QWEN3_MOE_CAUSAL_LM, qwen_moe())
+    assert "self.num_expert_groups = config.n_group\n" in after
+    assert "self.num_expert_groups = 1\n" not in after
