@@ -24,10 +24,11 @@ from hfrewrite.templates_io import template_class
 NAME = "moe_interface"
 
 
-def _expert_groups(block: cst.ClassDef) -> str:
+def _expert_groups(module: cst.Module, block: str) -> str:
     """The expert-group count the block hands its fused experts (``num_expert_group=``, the
     source's expression for it, as fuse_experts emitted it), else 1."""
-    for call in m.findall(block, m.Call(func=m.Name("FusedMoEFactory"))):
+    classes = [c for c in module.body if isinstance(c, cst.ClassDef) and c.name.value == block]
+    for call in m.findall(cst.Module(body=classes), m.Call(func=m.Name("FusedMoEFactory"))):
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "num_expert_group":
                 return t.code(arg.value)
@@ -47,7 +48,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     causal = t.find_class(module, plan.architecture)
     init = t.find_method(causal, "__init__")
-    groups = _expert_groups(t.find_class(module, moe.module_class))
+    groups = _expert_groups(module, moe.module_class)
     extra = [t.stmt(f"self.num_expert_groups = {groups}\n") if t.self_attr_assigned(s) == "num_expert_groups"
              else s for s in t.find_method(tpl, "__init__").body.body]
     extra[0] = extra[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *extra[0].leading_lines])
