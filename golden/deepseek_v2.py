@@ -87,7 +87,23 @@ class DeepseekV2Moe(nn.Module):
         self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts
         self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
         self.n_local_physical_experts = self.n_physical_experts // self.ep_size
+        self.gate = GateLinear(
+            config.hidden_size,
+            config.num_experts,
+            out_dtype=torch.float32,
+            params_dtype=torch.float32,
+            prefix=f"{prefix}.gate",
+        )
+        self.shared_experts = DeepseekV2MLP(
+            config=config,
+            intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
+            reduce_results=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.shared_experts",
+        )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
+            shared_experts=self.shared_experts,
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -105,19 +121,6 @@ class DeepseekV2Moe(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.gate = GateLinear(
-            config.hidden_size,
-            config.num_experts,
-            out_dtype=torch.float32,
-            params_dtype=torch.float32,
-            prefix=f"{prefix}.gate",
-        )
-        self.shared_experts = DeepseekV2MLP(
-            config=config,
-            intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
-            quant_config=quant_config,
-            prefix=f"{prefix}.shared_experts",
-        )
         if not (config.topk_method == "greedy"):
             raise NotImplementedError(
                 "hfrewrite: DeepseekV2Moe was converted for configs where `config.topk_method == 'greedy'` is True: its router takes another branch here"
@@ -126,10 +129,10 @@ class DeepseekV2Moe(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        shared_output = self.shared_experts(hidden_states)
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
-        final_hidden_states = final_hidden_states + shared_output
+        # vLLM's MoE runner applies the gate and adds the shared expert.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 
@@ -139,6 +142,7 @@ class DeepseekV2MLP(nn.Module):
         config: DeepseekV2Config,
         hidden_size=None,
         intermediate_size=None,
+        reduce_results: bool = True,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ):
@@ -158,6 +162,7 @@ class DeepseekV2MLP(nn.Module):
             self.intermediate_size,
             self.hidden_size,
             bias=config.mlp_bias,
+            reduce_results=reduce_results,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )

@@ -76,6 +76,7 @@ class Ernie4_5_MoeMLP(nn.Module):
         self,
         config,
         intermediate_size=None,
+        reduce_results: bool = True,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ):
@@ -96,6 +97,7 @@ class Ernie4_5_MoeMLP(nn.Module):
             self.intermediate_size,
             self.hidden_size,
             bias=config.use_bias,
+            reduce_results=reduce_results,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
@@ -200,7 +202,19 @@ class Ernie4_5_MoeSparseMoeBlock(nn.Module):
         self.gate.moe_statics.e_score_correction_bias = nn.Parameter(
             torch.empty(1, config.num_experts, dtype=torch.float32)
         )
+
+        self.shared_experts = None
+        if config.moe_num_shared_experts > 0:
+            self.shared_experts = Ernie4_5_MoeMLP(
+                config,
+                config.moe_intermediate_size * config.moe_num_shared_experts,
+                reduce_results=False,
+                quant_config=quant_config,
+                prefix=f"{prefix}.shared_experts",
+            )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
+            shared_experts=self.shared_experts,
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -218,24 +232,13 @@ class Ernie4_5_MoeSparseMoeBlock(nn.Module):
             prefix=f"{prefix}.experts",
         )
 
-        self.shared_experts = None
-        if config.moe_num_shared_experts > 0:
-            self.shared_experts = Ernie4_5_MoeMLP(
-                config,
-                config.moe_intermediate_size * config.moe_num_shared_experts,
-                quant_config=quant_config,
-                prefix=f"{prefix}.shared_experts",
-            )
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        if self.shared_experts is not None:
-            shared_output = self.shared_experts(hidden_states)
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
-        if self.shared_experts is not None:
-            final_hidden_states = final_hidden_states + shared_output
+        # vLLM's MoE runner applies the gate and adds the shared expert.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 

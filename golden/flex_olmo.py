@@ -174,6 +174,7 @@ class FlexOlmoSparseMoeBlock(nn.Module):
             prefix=f"{prefix}.gate",
         )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -189,8 +190,10 @@ class FlexOlmoSparseMoeBlock(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
+        # vLLM's MoE runner applies the gate.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 

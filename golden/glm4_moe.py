@@ -153,6 +153,7 @@ class Glm4MoeMLP(nn.Module):
         self,
         config,
         intermediate_size=None,
+        reduce_results: bool = True,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ):
@@ -172,6 +173,7 @@ class Glm4MoeMLP(nn.Module):
             self.intermediate_size,
             self.hidden_size,
             bias=False,
+            reduce_results=reduce_results,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
@@ -213,7 +215,16 @@ class Glm4MoeMoE(nn.Module):
         self.gate.e_score_correction_bias = nn.Parameter(
             torch.empty(config.num_local_experts, dtype=torch.float32)
         )
+        self.shared_experts = Glm4MoeMLP(
+            config=config,
+            intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
+            reduce_results=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.shared_experts",
+        )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
+            shared_experts=self.shared_experts,
             num_experts=config.num_local_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -233,20 +244,14 @@ class Glm4MoeMoE(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.shared_experts = Glm4MoeMLP(
-            config=config,
-            intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
-            quant_config=quant_config,
-            prefix=f"{prefix}.shared_experts",
-        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        shared_output = self.shared_experts(hidden_states)
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
-        final_hidden_states = final_hidden_states + shared_output
+        # vLLM's MoE runner applies the gate and adds the shared expert.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 

@@ -119,6 +119,7 @@ class GraniteMoeSharedMoE(nn.Module):
             prefix=f"{prefix}.router",
         )
         self.experts = FusedMoEFactory(
+            gate=self.router,
             num_experts=config.num_local_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -134,8 +135,10 @@ class GraniteMoeSharedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        router_logits, _ = self.router(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
+        # vLLM's MoE runner applies the gate.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 

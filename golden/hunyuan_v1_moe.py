@@ -75,6 +75,7 @@ class HunYuanMoEV1MLP(nn.Module):
     def __init__(
         self,
         config: HunYuanMoEV1Config,
+        reduce_results: bool = True,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ):
@@ -92,6 +93,7 @@ class HunYuanMoEV1MLP(nn.Module):
             self.intermediate_size,
             self.hidden_size,
             bias=False,
+            reduce_results=reduce_results,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
@@ -211,7 +213,15 @@ class HunYuanMoEV1Moe(nn.Module):
             params_dtype=torch.float32,
             prefix=f"{prefix}.gate",
         )
+        self.shared_mlp = HunYuanMoEV1MLP(
+            config,
+            reduce_results=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.shared_mlp",
+        )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
+            shared_experts=self.shared_mlp,
             num_experts=config.num_experts
             if isinstance(config.num_experts, int)
             else config.num_experts[layer_idx],
@@ -227,17 +237,14 @@ class HunYuanMoEV1Moe(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.shared_mlp = HunYuanMoEV1MLP(
-            config, quant_config=quant_config, prefix=f"{prefix}.shared_mlp"
-        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        shared_output = self.shared_mlp(hidden_states)
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
-        final_hidden_states = final_hidden_states + shared_output
+        # vLLM's MoE runner applies the gate and adds the shared expert.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 

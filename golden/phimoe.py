@@ -398,7 +398,10 @@ class PhimoeSparseMoeBlock(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        final_hidden_states = self.experts(hidden_states, router_logits=hidden_states)
+        # vLLM's MoE runner runs self.route.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
     def route(

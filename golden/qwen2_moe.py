@@ -82,6 +82,7 @@ class Qwen2MoeMLP(nn.Module):
         self,
         config,
         intermediate_size=None,
+        reduce_results: bool = True,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ):
@@ -101,6 +102,7 @@ class Qwen2MoeMLP(nn.Module):
             self.intermediate_size,
             self.hidden_size,
             bias=False,
+            reduce_results=reduce_results,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
@@ -184,6 +186,21 @@ class Qwen2MoeAttention(nn.Module):
         return attn_output
 
 
+class GatedSharedExpert(nn.Module):
+    """A shared expert scaled by the sigmoid of its own gate, handed whole to vLLM's MoE
+    runner (which adds it to the routed experts' output), as vLLM's qwen2_moe.py builds its
+    shared MLP with ``expert_gate``. Holds the block's own modules: the checkpoint names stay
+    the block's."""
+
+    def __init__(self, expert: nn.Module, gate: nn.Module) -> None:
+        super().__init__()
+        self.expert = expert
+        self.gate = gate
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(hidden_states)[0]) * self.expert(hidden_states)
+
+
 class Qwen2MoeSparseMoeBlock(nn.Module):
     def __init__(
         self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
@@ -202,7 +219,25 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
             config.num_experts,
             prefix=f"{prefix}.gate",
         )
+        self.shared_expert = Qwen2MoeMLP(
+            config,
+            intermediate_size=config.shared_expert_intermediate_size,
+            reduce_results=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.shared_expert",
+        )
+        self.shared_expert_gate = ReplicatedLinear(
+            config.hidden_size,
+            1,
+            bias=False,
+            quant_config=None,
+            prefix=f"{prefix}.shared_expert_gate",
+        )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
+            shared_experts=GatedSharedExpert(
+                self.shared_expert, self.shared_expert_gate
+            ),
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -214,30 +249,14 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.shared_expert = Qwen2MoeMLP(
-            config,
-            intermediate_size=config.shared_expert_intermediate_size,
-            quant_config=quant_config,
-            prefix=f"{prefix}.shared_expert",
-        )
-        self.shared_expert_gate = ReplicatedLinear(
-            config.hidden_size,
-            1,
-            bias=False,
-            quant_config=None,
-            prefix=f"{prefix}.shared_expert_gate",
-        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        shared_output = self.shared_expert(hidden_states)
-        shared_output = (
-            torch.sigmoid(self.shared_expert_gate(hidden_states)[0]) * shared_output
+        # vLLM's MoE runner applies the gate and adds the shared expert.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
         )
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
-        final_hidden_states = final_hidden_states + shared_output
         return final_hidden_states.view(orig_shape)
 
 

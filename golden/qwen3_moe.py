@@ -206,7 +206,13 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts
         self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
         self.n_local_physical_experts = self.n_physical_experts // self.ep_size
+        self.gate = GateLinear(
+            config.hidden_size,
+            config.num_experts,
+            prefix=f"{prefix}.gate",
+        )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -218,17 +224,14 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.gate = GateLinear(
-            config.hidden_size,
-            config.num_experts,
-            prefix=f"{prefix}.gate",
-        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
+        # vLLM's MoE runner applies the gate.
+        final_hidden_states = self.experts(
+            hidden_states=hidden_states, router_logits=hidden_states
+        )
         return final_hidden_states.view(orig_shape)
 
 

@@ -37,6 +37,7 @@ import libcst.matchers as m
 from hfrewrite import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.templates_io import template_class
 
 NAME = "fuse_experts"
 
@@ -179,14 +180,15 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     ckpt_arg = "" if ckpt == ("gate_proj", "down_proj", "up_proj") else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
 
     gate = [] if moe.carried_router else _gate(moe, sizes)
-    gate_first = moe.correction_bias is not None
+    handoff = {} if moe.carried_router else {"gate": f"self.{moe.router}"}
     new_init: list[cst.BaseStatement] = []
+    experts_at = None
     optional_shared = False
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
         if attr is None and moe.shared_expert and _builds_only(s, moe.shared_expert):
             # `if config.n_shared > 0: self.shared = MLP(...)` after `self.shared = None`
-            new_init.append(s)
+            new_init.append(s.visit(_NotReducing(moe.shared_expert)))
             optional_shared = True
             continue
         if attr is None:
@@ -210,24 +212,10 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         elif attr == moe.router and moe.carried_router:
             new = s
         elif attr == moe.router:
-            if gate_first:
-                continue  # built above the experts, which read its correction bias
             new = gate
         elif attr == moe.experts:
-            new = t.stmt(
-                f"self.{attr} = FusedMoEFactory(\n"
-                + "".join(f"    {k}={v},\n" for k, v in sizes.items())
-                + f"    renormalize={renormalize or 'False'},\n"
-                + "".join(f"    {k}={v},\n" for k, v in routing.items())
-                + "    enable_eplb=parallel_config.enable_eplb,\n"
-                "    num_redundant_experts=self.n_redundant_experts,\n"
-                f"    activation={act[len('ACT2FN['):-1]},\n"
-                "    quant_config=quant_config,\n"
-                f'    prefix=f"{{prefix}}.{attr}",\n'
-                f"{ckpt_arg})\n"
-            )
-            if gate_first:
-                new_init.extend(gate)
+            experts_at = s  # built last: the runner takes the gate and the shared expert built before it
+            continue
         elif attr == moe.shared_expert_gate:
             call = t.assigned_value(s)
             bias = t.arg(call, 2, "bias")
@@ -237,29 +225,41 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
                 f'    quant_config=None,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
             )
         elif attr == moe.shared_expert:
-            new = s
+            new = s.visit(_NotReducing(moe.shared_expert))
         else:
             continue  # training-only knobs (jitter noise...) and router copies of config
         new = new if isinstance(new, list) else [new]
         new_init.append(new[0].with_changes(leading_lines=s.leading_lines))
         new_init.extend(new[1:])
-
-    body = "orig_shape = hidden_states.shape\nhidden_states = hidden_states.view(-1, orig_shape[-1])\n"
-    guard = f"if self.{moe.shared_expert} is not None:\n    " if optional_shared else ""
     if moe.shared_expert:
-        body += f"{guard}shared_output = self.{moe.shared_expert}(hidden_states)\n"
+        shared = f"self.{moe.shared_expert}"
         if moe.shared_expert_gate:
-            body += f"shared_output = torch.sigmoid(self.{moe.shared_expert_gate}(hidden_states)[0]) * shared_output\n"
-    if moe.carried_router:  # self.route runs the router on the hidden states
-        body += f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits=hidden_states)\n"
-    else:
-        body += (
-            f"router_logits, _ = self.{moe.router}(hidden_states)\n"
-            f"final_hidden_states = self.{moe.experts}(hidden_states, router_logits)\n"
-        )
-    if moe.shared_expert:
-        body += f"{guard}final_hidden_states = final_hidden_states + shared_output\n"
-    body += "return final_hidden_states.view(orig_shape)\n"
+            gated = f"GatedSharedExpert({shared}, self.{moe.shared_expert_gate})"
+            shared = f"{gated} if {shared} is not None else None" if optional_shared else gated
+        handoff["shared_experts"] = shared
+    new_init.append(t.stmt(
+        f"self.{moe.experts} = FusedMoEFactory(\n"
+        + "".join(f"    {k}={v},\n" for k, v in handoff.items())
+        + "".join(f"    {k}={v},\n" for k, v in sizes.items())
+        + f"    renormalize={renormalize or 'False'},\n"
+        + "".join(f"    {k}={v},\n" for k, v in routing.items())
+        + "    enable_eplb=parallel_config.enable_eplb,\n"
+        "    num_redundant_experts=self.n_redundant_experts,\n"
+        f"    activation={act[len('ACT2FN['):-1]},\n"
+        "    quant_config=quant_config,\n"
+        f'    prefix=f"{{prefix}}.{moe.experts}",\n'
+        f"{ckpt_arg})\n"
+    ).with_changes(leading_lines=experts_at.leading_lines))
+
+    steps = ["runs self.route" if moe.carried_router else "applies the gate"]
+    steps += ["adds the shared expert"] if moe.shared_expert else []
+    comment = f"# vLLM's MoE runner {' and '.join(steps)}"
+    body = (
+        "orig_shape = hidden_states.shape\nhidden_states = hidden_states.view(-1, orig_shape[-1])\n"
+        f"{comment}.\n"
+        f"final_hidden_states = self.{moe.experts}(hidden_states=hidden_states, router_logits=hidden_states)\n"
+        "return final_hidden_states.view(orig_shape)\n"
+    )
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
     forward = t.with_body(forward, t.stmts(body))
     if guards:
@@ -279,6 +279,29 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             f"    return routing[{w}], routing[{ids}]\n"
         ))
     return block, renormalize or "False"
+
+
+class _NotReducing(cst.CSTTransformer):
+    """`self.<shared> = MLP(...)` gains `reduce_results=False`: the runner all-reduces the
+    shared expert's partial output together with the routed experts' (row_parallel gives
+    the MLP class that parameter)."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def leave_Assign(self, original, updated):
+        if t.code(updated.targets[0].target) == f"self.{self.attr}" and isinstance(updated.value, cst.Call):
+            arg = cst.Arg(value=cst.Name("False"), keyword=cst.Name("reduce_results"),
+                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            return updated.with_changes(value=updated.value.with_changes(args=[*updated.value.args, arg]))
+        return updated
+
+
+def _insert_before(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
+    body = list(module.body)
+    at = next(i for i, n in enumerate(body) if isinstance(n, cst.ClassDef) and n.name.value == name)
+    body.insert(at, new.with_changes(leading_lines=body[at].leading_lines))
+    return module.with_changes(body=body)
 
 
 def _source_renormalize(router_cls: cst.ClassDef, router: dict[str, str], moe, name: str) -> tuple[str | None, str]:
@@ -317,8 +340,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if moe.shared_expert_gate:
         rows.append(FusionRow(moe.module_class, f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept"))
         imports.append("ReplicatedLinear")
+    module = t.replace_class(module, moe.module_class, block)
+    if moe.shared_expert_gate:
+        module = _insert_before(module, moe.module_class, template_class("moe.py", "GatedSharedExpert", {}, {}))
     return PassResult(
-        module=t.replace_class(module, moe.module_class, block),
+        module=module,
         imports=tuple(imports),
         fused=tuple(rows),
         matches=1,

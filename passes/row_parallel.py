@@ -48,7 +48,9 @@ class _Unpack(cst.CSTTransformer):
         return updated
 
 
-def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear") -> cst.ClassDef:
+def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear", reduce_param: bool = False) -> cst.ClassDef:
+    """``reduce_param``: the class takes ``reduce_results: bool = True`` and passes it on
+    (a MoE block's shared expert is built with False: vLLM's MoE runner reduces it)."""
     name = cls.name.value
     init = t.find_method(cls, "__init__")
     body = list(init.body.body)
@@ -61,14 +63,24 @@ def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear") -> cs
             bias_src = t.code(bias) if bias is not None else "True"
             body[i] = t.stmt(
                 f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {t.code(size_out)},\n"
-                f"    bias={bias_src},\n    quant_config=quant_config,\n"
+                f"    bias={bias_src},\n{'    reduce_results=reduce_results,' + chr(10) if reduce_param else ''}"
+                "    quant_config=quant_config,\n"
                 f'    prefix=f"{{prefix}}.{attr}",\n)\n'
             ).with_changes(leading_lines=s.leading_lines)
             break
     else:
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not assigned in __init__")
+    if reduce_param:
+        init = _with_param(init, "reduce_results: bool = True")
     cls = t.set_method(cls, t.with_body(init, body))
     return cls.visit(_Unpack(attr))
+
+
+def _with_param(fn: cst.FunctionDef, param: str) -> cst.FunctionDef:
+    """``fn`` with one more keyword parameter (before ``**kwargs``, if any)."""
+    new = t.stmt(f"def f(self, {param}):\n    pass\n").params.params[-1]
+    params = fn.params
+    return fn.with_changes(params=params.with_changes(params=[*params.params, new]))
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
@@ -76,12 +88,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
     att = ctx.plan.attention
     targets = [] if isinstance(att, MlaPlan) else [(att.module_class, att.o.attr, "RowParallelLinear")]
+    moe = ctx.plan.moe
+    shared = moe is not None and moe.shared_expert is not None
     if mlp is not None:
         targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
         if mlp.gate is None:  # ungated: up is sharded by columns, act is elementwise
             targets.append((mlp.module_class, mlp.up.attr, "ColumnParallelLinear"))
     for cls_name, attr, kind in targets:
-        module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr, kind))
+        reduce_param = shared and cls_name == mlp.module_class and kind == "RowParallelLinear"
+        module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr, kind, reduce_param))
         rows.append(FusionRow(cls_name, f"{attr} -> {kind}"))
     return PassResult(module=module, imports=tuple(sorted({k for *_, k in targets})), fused=tuple(rows),
                       matches=len(rows))

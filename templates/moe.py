@@ -7,6 +7,7 @@ splices ``__init__``'s statements into the causal LM's ``__init__`` and adds the
 Follows vLLM's own ``qwen3_moe.py``.
 """
 
+import torch
 from torch import nn
 from vllm.model_executor.models.utils import PPMissingLayer
 
@@ -53,3 +54,18 @@ class TemplateMoeForCausalLM(nn.Module):
 
 
 TemplateSparseMoeBlock = nn.Module  # placeholder name, renamed by the pass
+
+
+class GatedSharedExpert(nn.Module):
+    """A shared expert scaled by the sigmoid of its own gate, handed whole to vLLM's MoE
+    runner (which adds it to the routed experts' output), as vLLM's qwen2_moe.py builds its
+    shared MLP with ``expert_gate``. Holds the block's own modules: the checkpoint names stay
+    the block's."""
+
+    def __init__(self, expert: nn.Module, gate: nn.Module) -> None:
+        super().__init__()
+        self.expert = expert
+        self.gate = gate
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(hidden_states)[0]) * self.expert(hidden_states)

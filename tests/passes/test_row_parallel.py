@@ -89,3 +89,17 @@ class LlamaMLP(nn.Module):
 def test_refuses_not_linear():
     with pytest.raises(HfrewriteError, match='is not nn.Linear'):
         rewrite(row_parallel, REFUSED_NOT_LINEAR, llama_like())
+
+
+def test_the_shared_expert_class_can_leave_the_reduction_to_the_moe_runner():
+    import dataclasses
+
+    from plans import qwen_moe
+
+    source = BEFORE_ASSIGNMENT_AND_NESTED_CALL.replace("Llama", "Qwen3Moe")
+    shared = rewrite(row_parallel, source, qwen_moe(shared=True))
+    assert "def __init__(self, config, reduce_results: bool = True):" in shared
+    assert "bias=True,\n            reduce_results=reduce_results,\n            quant_config=quant_config," in shared
+    plan = qwen_moe(shared=True)
+    no_shared = dataclasses.replace(plan, moe=dataclasses.replace(plan.moe, shared_expert=None, shared_expert_gate=None))
+    assert "reduce_results" not in rewrite(row_parallel, source, no_shared)
