@@ -12,6 +12,7 @@ from hfrewrite.errors import HfrewriteError
 from hfrewrite.pass_api import FusionRow, PassContext
 from hfrewrite.pipeline import run_passes
 from hfrewrite.plan import NoMatch
+from hfrewrite.progress import step
 
 
 @dataclass(frozen=True)
@@ -24,15 +25,19 @@ class Generated:
 
 def generate(resolved) -> Generated:
     """The generated vLLM file for a resolved model; nothing is written here."""
-    plan = analyze(resolved.config)
+    with step("building and tracing a shrunk copy, proving replacements"):
+        plan = analyze(resolved.config)
     try:
         module = cst.parse_module(resolved.modeling_path.read_text(encoding="utf-8"))
     except (OSError, cst.ParserSyntaxError) as exc:
         raise HfrewriteError(f"cannot read {resolved.modeling_path}: {exc}") from None
-    result = run_passes(module, PassContext(plan=plan, modeling_file=resolved.modeling_path.name))
+    with step(f"rewriting {resolved.modeling_path.name}"):
+        result = run_passes(module, PassContext(plan=plan, modeling_file=resolved.modeling_path.name))
+    with step("formatting"):
+        text = emit.render(resolved, result.module.code)
     return Generated(
         filename=f"{resolved.model_type}.py",
-        text=emit.render(resolved, result.module.code),
+        text=text,
         fused=result.fused,
         declined=result.declined,
     )

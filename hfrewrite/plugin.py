@@ -70,6 +70,11 @@ vLLM calls ``register`` through the ``{group}`` entry point in every process it
 starts: the engine and each tensor-parallel worker.
 """
 
+import logging
+
+# A child of vLLM's logger: printed with vLLM's own INFO lines.
+logger = logging.getLogger(f"vllm.{{__name__}}")
+
 # Architecture (config.json ``architectures``) -> "module:Class", lazily imported by vLLM.
 ARCHITECTURES = {{
 {entries}}}
@@ -80,6 +85,11 @@ def register() -> None:
 
     for architecture, model_cls in ARCHITECTURES.items():
         ModelRegistry.register_model(architecture, model_cls)
+        module = model_cls.split(":")[0]
+        logger.info(
+            "hfrewrite plugin %s: %s -> %s (generated file %s.py)",
+            __name__, architecture, model_cls, module.replace(".", "/"),
+        )
 '''
 
 

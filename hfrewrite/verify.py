@@ -167,17 +167,19 @@ def write_vllm_standin(
 # --------------------------------------------------------------------------- in-process runs
 
 
-def hf_model(ckpt: Path) -> Any:
-    """The checkpoint's Hugging Face causal LM in float32, in eval mode, with transformers'
-    reference (eager) attention: soft caps and sliding windows exactly."""
+def hf_model(ckpt: Path, dtype: str = "float32") -> Any:
+    """The checkpoint's Hugging Face causal LM in ``dtype`` (float32 unless asked), in eval
+    mode, with transformers' reference (eager) attention: soft caps and sliding windows exactly."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=getattr(torch, dtype), attn_implementation="eager").eval()
 
 
 def hf_greedy(
-    ckpt: Path, prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS, max_tokens: int = 16
+    ckpt: Path, prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS, max_tokens: int = 16,
+    dtype: str = "float32",
 ) -> tuple[Tokens, Logprobs]:
     """Greedy tokens and their logprobs from Hugging Face ``generate`` (float32).
 
@@ -186,7 +188,7 @@ def hf_greedy(
     """
     import torch
 
-    model = hf_model(ckpt)
+    model = hf_model(ckpt, dtype)
     gen_config = model.generation_config
     gen_config.eos_token_id = None
     gen_config.pad_token_id = 0
@@ -367,16 +369,16 @@ def _run_engine(
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
+    options = {"dtype": "float32", **(llm_kwargs or {})}
     llm = LLM(
         model=str(ckpt),
         skip_tokenizer_init=True,
-        dtype="float32",
         max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         model_impl="vllm",  # never fall back to the Transformers backend
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         seed=0,
-        **(llm_kwargs or {}),
+        **options,
     )
     t1 = time.perf_counter()
     params = SamplingParams(
@@ -674,6 +676,7 @@ class VerifyCase:
     architecture: str | None = None
     prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS
     max_tokens: int = 16
+    dtype: str = "float32"  # both sides compute in it
 
 
 def _max_diff(toks_a, lps_a, toks_b, lps_b) -> float | None:
@@ -795,9 +798,12 @@ def verify_many(
             "max_tokens": case.max_tokens,
             "architecture": arch,
         }
+        if case.dtype != "float32":
+            common["dtype"] = case.dtype
         hf = add({"kind": "hf", **common, "generated_module": None})
+        engine = {"llm_kwargs": {"dtype": case.dtype}} if case.dtype != "float32" else {}
         gen = add(
-            {"kind": "vllm", **common, "generated_module": str(case.generated_module)}
+            {"kind": "vllm", **common, **engine, "generated_module": str(case.generated_module)}
         )
         nat = add({"kind": "vllm", **common, "generated_module": None}) if native else None
         plan.append((case, arch, hf, gen, nat))

@@ -35,7 +35,7 @@ def main(job_path: str, out_path: str) -> int:
         try:
             if run["kind"] == "hf":
                 tokens, logprobs = verify.hf_greedy(
-                    run["ckpt"], run["prompts"], run["max_tokens"]
+                    run["ckpt"], run["prompts"], run["max_tokens"], run.get("dtype", "float32")
                 )
                 result = {"tokens": tokens, "logprobs": logprobs}
             else:

@@ -179,3 +179,14 @@ def test_console_script_bad_input(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == f"hfrewrite: error: no config.json in {tmp_path / 'm'}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_takes_a_checkpoint_directory(monkeypatch, capsys, tmp_path):
+    calls = []
+    fake = types.ModuleType("hfrewrite.verify_checkpoint")
+    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify_checkpoint", None)
+    fake.main = lambda args: calls.append((args.model_type, args.dtype, args.max_tokens)) or 0
+    monkeypatch.setitem(sys.modules, "hfrewrite.verify_checkpoint", fake)
+    (tmp_path / "config.json").write_text("{}")
+    assert run(capsys, "verify", tmp_path, "--dtype", "bfloat16")[0] == 0
+    assert calls == [(str(tmp_path), "bfloat16", 16)]

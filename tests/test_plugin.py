@@ -35,6 +35,11 @@ vLLM calls ``register`` through the ``vllm.general_plugins`` entry point in ever
 starts: the engine and each tensor-parallel worker.
 """
 
+import logging
+
+# A child of vLLM's logger: printed with vLLM's own INFO lines.
+logger = logging.getLogger(f"vllm.{__name__}")
+
 # Architecture (config.json ``architectures``) -> "module:Class", lazily imported by vLLM.
 ARCHITECTURES = {
     "LlamaForCausalLM": "my_models.llama:LlamaForCausalLM",
@@ -47,6 +52,11 @@ def register() -> None:
 
     for architecture, model_cls in ARCHITECTURES.items():
         ModelRegistry.register_model(architecture, model_cls)
+        module = model_cls.split(":")[0]
+        logger.info(
+            "hfrewrite plugin %s: %s -> %s (generated file %s.py)",
+            __name__, architecture, model_cls, module.replace(".", "/"),
+        )
 '''
 
 
@@ -170,8 +180,9 @@ class ModelRegistry:
 """
 
 LOAD_PLUGINS = """\
-import json, sys
+import json, logging, sys
 from importlib import metadata
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
 (ep,) = [e for e in metadata.entry_points(group="vllm.general_plugins")
          if e.name == "my_models"]
 ep.load()()
@@ -217,6 +228,9 @@ def test_pip_installed_plugin_registers_through_its_entry_point(tmp_path, capsys
         ["LlamaForCausalLM", "my_models.llama:LlamaForCausalLM"],
         ["Qwen3ForCausalLM", "my_models.qwen3:Qwen3ForCausalLM"],
     ]
+    # what vLLM prints among its own INFO lines (a child of its "vllm" logger)
+    assert ("vllm.my_models INFO hfrewrite plugin my_models: LlamaForCausalLM -> "
+            "my_models.llama:LlamaForCausalLM (generated file my_models/llama.py)") in proc.stderr
 
 
 def test_check_catches_hand_edits_to_the_plugin_package(tmp_path, capsys):
@@ -226,7 +240,7 @@ def test_check_catches_hand_edits_to_the_plugin_package(tmp_path, capsys):
     good = init.read_text()
     assert check_paths([d], fix=False).exit_code == 0
 
-    init.write_text(good.replace("model_cls)\n", "model_cls)\n    print('hi')\n"))
+    init.write_text(good + "print('hi')\n")
     report = check_paths([d], fix=False)
     assert report.exit_code == 1
     edited = f"{init} was edited by hand; rerun `hfrewrite convert MODEL --plugin {d}`"

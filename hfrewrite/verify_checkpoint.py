@@ -1,0 +1,139 @@
+"""``hfrewrite verify CHECKPOINT_DIR [--generated FILE] [--dtype D]``: the generated file on
+the user's own weights.
+
+Loads the checkpoint in Hugging Face and, with the generated file registered, in vLLM (one
+worker process, as ``verify`` does for tiny checkpoints), decodes a few prompts greedily in
+both and reports, per prompt, whether the tokens agree, the first step where they do not,
+and the largest chosen-token logprob difference before it. Prompts are texts encoded with
+the checkpoint's tokenizer when it has one, else fixed token ids. vLLM's own class is not
+run (a third copy of the weights); ``verify MODEL_TYPE`` compares with it on tiny ones.
+
+Refused before anything loads when the two copies would not fit: the estimate is the
+parameter count (from the safetensors headers, else the file sizes) times the bytes of
+``dtype``, twice, plus a fixed allowance for the engines, against the memory available now.
+
+Pass: float32, every prompt's tokens equal and logprobs within ``LOGPROB_TOL``; bfloat16
+(rounding differs between the two implementations, so greedy paths may part late), the
+first token of every prompt equal and the logprobs before any divergence within
+``BF16_LOGPROB_TOL``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hfrewrite.errors import HfrewriteError
+
+PROMPT_TEXTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+)
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ENGINE_ALLOWANCE = 3 << 30  # two processes' runtimes, activations, a KV cache
+BF16_LOGPROB_TOL = 0.25  # measured 0.15 on a random tiny Llama (float32: 1e-5)
+
+
+def parameter_count(ckpt: Path) -> int:
+    """Parameters in the checkpoint's safetensors files (headers only), else its size / 2."""
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        weights = [f for f in ckpt.iterdir() if f.suffix in (".bin", ".pt", ".pth")]
+        if not weights:
+            raise HfrewriteError(f"{ckpt}: no weights (*.safetensors or *.bin) in the directory")
+        return sum(f.stat().st_size for f in weights) // 2
+    total = 0
+    for f in files:
+        with open(f, "rb") as handle:
+            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for size in entry["shape"]:
+                    count *= size
+                total += count
+    return total
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (Linux ``MemAvailable``)."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise HfrewriteError("cannot read the available memory (/proc/meminfo)")
+
+
+def check_fits(ckpt: Path, dtype: str) -> None:
+    need = 2 * parameter_count(ckpt) * BYTES[dtype] + ENGINE_ALLOWANCE
+    have = available_memory()
+    if need > have:
+        raise HfrewriteError(
+            f"{ckpt}: verifying needs about {need / 2**30:.1f} GiB (Hugging Face and vLLM copies in "
+            f"{dtype}), {have / 2**30:.1f} GiB is available; try --dtype bfloat16 or a larger machine")
+
+
+def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
+    """Token ids of ``PROMPT_TEXTS`` with the checkpoint's tokenizer, and the texts; the
+    fixed token ids of ``verify.DEFAULT_PROMPTS`` (no texts) when it has none."""
+    from hfrewrite.verify import DEFAULT_PROMPTS
+
+    if not any((ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return [list(p) for p in DEFAULT_PROMPTS], None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    return [tokenizer(text)["input_ids"] for text in PROMPT_TEXTS], list(PROMPT_TEXTS)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def main(args: Any) -> int:
+    from hfrewrite.verify import LOGPROB_TOL, VerifyCase, verify_many
+
+    ckpt = Path(args.model_type)
+    dtype = args.dtype
+    check_fits(ckpt, dtype)
+    prompts, texts = checkpoint_prompts(ckpt)
+    with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
+        generated = args.generated
+        if generated is None:
+            from hfrewrite import convert
+            from hfrewrite.resolve import resolve
+
+            result = convert.generate(resolve(str(ckpt)))
+            generated = Path(tmp) / result.filename
+            generated.write_text(result.text)
+        elif not Path(generated).is_file():
+            raise HfrewriteError(f"{generated}: no such file")
+        case = VerifyCase(ckpt.resolve(), Path(generated).resolve(), prompts=prompts,
+                          max_tokens=args.max_tokens, dtype=dtype)
+        report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
+    if report.errors:
+        for side, error in report.errors.items():
+            print(f"{side} run failed:\n{error.strip()}")
+        print("FAILED")
+        return 1
+    tol = LOGPROB_TOL if dtype == "float32" else BF16_LOGPROB_TOL
+    ok = report.logprob_diff_hf is not None and report.logprob_diff_hf <= tol
+    for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
+        label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
+        step = first_divergence(hf, gen)
+        if step is None:
+            print(f"{label}: {len(hf)} greedy tokens equal")
+        else:
+            print(f"{label}: greedy tokens equal up to step {step} of {len(hf)}, then {gen[step:step + 3]} "
+                  f"(vLLM) vs {hf[step:step + 3]} (HF)")
+        ok = ok and (step is None if dtype == "float32" else step != 0)
+    diff = report.logprob_diff_hf
+    print(f"max |logprob diff| before any divergence: {'n/a' if diff is None else f'{diff:.2e}'} "
+          f"(tolerance {tol:g} in {dtype})")
+    print("verified" if ok else "FAILED")
+    return 0 if ok else 1
