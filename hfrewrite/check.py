@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import multiprocessing
 import shlex
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,10 +107,11 @@ class CheckReport:
 
 
 def check_paths(
-    paths: list[Path], fix: bool, vllm_tree: Path | None = None
+    paths: list[Path], fix: bool, vllm_tree: Path | None = None, jobs: int = 1
 ) -> CheckReport:
     """Regenerate every hfrewrite-generated file under ``paths`` (and in ``vllm_tree``)
-    and compare (or fix)."""
+    and compare (or fix). ``jobs`` > 1 regenerates in that many worker processes (each
+    imports torch and transformers once); results, and so the report, keep file order."""
     scan = list(paths)
     problems: tuple[str, ...] = ()
     if vllm_tree is not None:
@@ -116,7 +119,7 @@ def check_paths(
 
         scan.append(models_dir(vllm_tree))
         problems = registry_problems(vllm_tree)
-    results: list[FileResult] = []
+    tasks: list[tuple[Path, str, SourceRecord, bool]] = []
     skipped: list[Path] = []
     for file in _python_files(scan):
         text = _read(file)
@@ -130,7 +133,8 @@ def check_paths(
             else:
                 skipped.append(file)
             continue
-        results.append(_check_file(file, text, record, fix))
+        tasks.append((file, text, record, fix))
+    results = _check_all(tasks, jobs)
     if not results:
         where = ", ".join(str(p) for p in scan)
         raise HfrewriteError(f"no hfrewrite-generated .py files under {where}")
@@ -141,6 +145,29 @@ def check_paths(
         None if vllm_tree is None else Path(vllm_tree),
         problems,
     )
+
+
+def _check_all(tasks: list[tuple[Path, str, SourceRecord, bool]], jobs: int) -> list[FileResult]:
+    """Every task's result, in task order; the first failing file (in order) raises."""
+    from hfrewrite import convert
+
+    # In-process when the pipeline is replaced (tests' fake generate): workers would not see it.
+    if jobs <= 1 or len(tasks) <= 1 or convert.generate is not convert.PIPELINE:
+        return [_check_file(*task) for task in tasks]
+    with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        outcomes = list(pool.map(_check_task, tasks))
+    for outcome in outcomes:
+        if isinstance(outcome, str):
+            raise HfrewriteError(outcome)
+    return outcomes
+
+
+def _check_task(task: tuple[Path, str, SourceRecord, bool]) -> FileResult | str:
+    """``_check_file`` in a worker: an error comes back as its message."""
+    try:
+        return _check_file(*task)
+    except HfrewriteError as exc:
+        return str(exc)
 
 
 def _check_file(file: Path, text: str, record: SourceRecord, fix: bool) -> FileResult:

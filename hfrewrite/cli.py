@@ -138,6 +138,15 @@ def _parser() -> argparse.ArgumentParser:
         help="vLLM source checkout: check its generated models and their registry entries",
     )
     p.add_argument("--fix", action="store_true", help="rewrite the files that differ")
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="regenerate in N worker processes (default: the core count); the report "
+        "is the same as with -j 1",
+    )
     p.set_defaults(run=_check)
 
     p = sub.add_parser("verify", help="run the generated file in real vLLM against HF")
@@ -298,7 +307,7 @@ def _check(args: argparse.Namespace) -> int:
 
     if not args.paths and args.vllm_tree is None:
         raise HfrewriteError("give PATH... or --vllm-tree PATH")
-    report = check_paths(args.paths, fix=args.fix, vllm_tree=args.vllm_tree)
+    report = check_paths(args.paths, fix=args.fix, vllm_tree=args.vllm_tree, jobs=args.jobs)
     sys.stdout.write(report.format())
     return report.exit_code
 

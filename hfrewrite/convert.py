@@ -41,3 +41,8 @@ def generate(resolved) -> Generated:
         fused=result.fused,
         declined=result.declined,
     )
+
+
+# ``generate`` as defined here (tests may replace the module attribute; `check` then stays
+# in-process, where the replacement is seen).
+PIPELINE = generate

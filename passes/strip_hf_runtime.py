@@ -78,6 +78,9 @@ class _DropHfRuntime(cst.CSTTransformer):
             updated = updated.visit(_NoSuperArgs())  # nn.Module.__init__ takes no config
         return updated
 
+    def visit_FunctionDef(self, node):
+        return False  # only its decorators change: the body is not walked
+
     def leave_FunctionDef(self, original, updated):
         decorators = [d for d in updated.decorators if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names]
         return updated.with_changes(decorators=decorators)
@@ -99,7 +102,22 @@ def _absolute(imp: cst.ImportFrom, modeling_file: str) -> str:
     return ".".join([*parts, t.dotted(imp.module)] if imp.module else parts)
 
 
-def _reachable(module: cst.Module, root: str) -> set[str]:
+class _PerNode:
+    """A function of a node, computed once per node object: the fixpoint loop in ``run``
+    rebuilds the module each round but reuses every node it did not change."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.cache: dict[int, tuple[cst.CSTNode, object]] = {}
+
+    def __call__(self, node: cst.CSTNode):
+        hit = self.cache.get(id(node))
+        if hit is None or hit[0] is not node:
+            hit = self.cache[id(node)] = (node, self.fn(node))
+        return hit[1]
+
+
+def _reachable(module: cst.Module, root: str, names_used=t.names_used) -> set[str]:
     defs = {n: node for node in module.body if (n := _defined_name(node))}
     seen, todo = set(), [root]
     while todo:
@@ -107,18 +125,33 @@ def _reachable(module: cst.Module, root: str) -> set[str]:
         if name in seen or name not in defs:
             continue
         seen.add(name)
-        todo.extend(t.names_used(defs[name]) - seen)
+        todo.extend(names_used(defs[name]) - seen)
     return seen
 
 
-def _stateless_classes(module: cst.Module) -> set[str]:
+_PERSISTENT = m.Arg(keyword=m.Name("persistent"), value=m.Name("True"))
+
+
+def _calls_and_persistence(cls: cst.ClassDef) -> tuple[set[str], bool]:
+    """The dotted names a class calls, and whether it registers a persistent buffer."""
+    calls, persistent = set(), []
+
+    class _Calls(cst.CSTVisitor):  # one walk for both (matchers' findall walks twice)
+        def visit_Call(self, call: cst.Call) -> None:
+            calls.add(t.dotted(call.func) or "")
+            persistent.extend(a for a in call.args if m.matches(a, _PERSISTENT))
+
+    cls.visit(_Calls())
+    return calls, bool(persistent)
+
+
+def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> set[str]:
     """Module classes that hold no checkpoint state: no parameters, no persistent buffers,
     no layers (HF's rotary embedding). Dropping an unused one cannot orphan a weight."""
     classes = {n.name.value: n for n in module.body if isinstance(n, cst.ClassDef)}
 
     def holds_state(cls: cst.ClassDef) -> bool:
-        calls = {t.dotted(c.func) or "" for c in m.findall(cls, m.Call())}
-        persistent = m.findall(cls, m.Arg(keyword=m.Name("persistent"), value=m.Name("True")))
+        calls, persistent = calls_of(cls)
         layers = {c for c in calls if c.startswith("nn.") and c[3:4].isupper()} - {"nn.Buffer", "nn.Module"}
         return bool(persistent or layers or any(c.endswith("Parameter") for c in calls)
                     or calls & (set(classes) - {cls.name.value}))
@@ -130,40 +163,74 @@ class _PruneAttributes(cst.CSTTransformer):
     """Drop `self.x = ...` from a class's __init__ when nothing reads `self.x` in that class
     and no other class reads it through a submodule (`self.model.x`). A value that builds
     something is dropped only when it is a stateless class of this module, so the set of
-    checkpoint weights never changes."""
+    checkpoint weights never changes. Applied to one ``__init__``; ``read``: what is read."""
 
-    def __init__(self, cross_reads: set[str], stateless: set[str]) -> None:
-        self.cross_reads = cross_reads
+    def __init__(self, read: set[str], stateless: set[str]) -> None:
+        self.read = read
         self.stateless = stateless
-        self.read: list[set[str]] = []
-        self.in_init = 0
-
-    def visit_ClassDef(self, node):
-        reader = _ReadAttributes()
-        node.visit(reader)
-        init = t.find_method(node, "__init__")
-        model_class = init is not None and "vllm_config" in t.names_used(init.params)
-        self.read.append(reader.self_reads | self.cross_reads | (READ_BY_VLLM if model_class else set()))
-
-    def leave_ClassDef(self, original, updated):
-        self.read.pop()
-        return updated
+        self.pruned = 0
+        self.depth = 0
 
     def visit_FunctionDef(self, node):
-        self.in_init += node.name.value == "__init__"
+        self.depth += 1
+        return self.depth == 1  # nested functions keep their assignments
 
     def leave_FunctionDef(self, original, updated):
-        self.in_init -= original.name.value == "__init__"
+        self.depth -= 1
         return updated
 
     def leave_SimpleStatementLine(self, original, updated):
         attr = t.self_attr_assigned(updated)
-        if self.in_init and self.read and attr and attr not in self.read[-1]:
+        if attr and attr not in self.read:
             value = t.assigned_value(updated)
             builds = [c for c in _calls(value) if c not in ("getattr", "max", "min", "int", "float")]
             if all(c in self.stateless for c in builds):
+                self.pruned += 1
                 return cst.RemoveFromParent()
         return updated
+
+
+class _Assigned(cst.CSTVisitor):
+    """`self.x = ...` targets anywhere in a function (nested blocks included)."""
+
+    def __init__(self) -> None:
+        self.attrs: set[str] = set()
+
+    def visit_SimpleStatementLine(self, node):
+        attr = t.self_attr_assigned(node)
+        if attr:
+            self.attrs.add(attr)
+        return False
+
+
+def _class_reads(cls: cst.ClassDef) -> tuple[set[str], set[str]] | None:
+    """(attributes its ``__init__`` assigns, attributes the class reads), None without one."""
+    init = t.find_method(cls, "__init__")
+    if init is None:
+        return None
+    assigned = _Assigned()
+    init.visit(assigned)
+    reader = _ReadAttributes()
+    cls.visit(reader)
+    model_class = "vllm_config" in t.names_used(init.params)
+    return assigned.attrs, reader.self_reads | (READ_BY_VLLM if model_class else set())
+
+
+def _prune_class(cls: cst.ClassDef, cross_reads: set[str], stateless: set[str],
+                 reads_of=_class_reads) -> tuple[cst.ClassDef, int]:
+    """``cls`` without the ``__init__`` assignments nothing reads, and how many went. Only a
+    class with such an assignment is rewritten (the others are not walked twice)."""
+    facts = reads_of(cls)
+    if facts is None:
+        return cls, 0
+    assigned, read = facts
+    read = read | cross_reads
+    if not assigned - read:
+        return cls, 0
+    init = t.find_method(cls, "__init__")
+    prune = _PruneAttributes(read, stateless)
+    pruned = init.visit(prune)
+    return (t.set_method(cls, pruned) if prune.pruned else cls), prune.pruned
 
 
 def _calls(node: cst.CSTNode) -> list[str]:
@@ -229,13 +296,23 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
     module = module.visit(_DropHfRuntime(hf_names))
     module = _drop_unused_private_methods(module)
+    names_used, calls_of, reads_of = _PerNode(t.names_used), _PerNode(_calls_and_persistence), _PerNode(_class_reads)
     for _ in range(3):  # pruning an attribute can orphan a class, which can orphan another attribute
-        keep = _reachable(module, ctx.plan.architecture)
+        keep = _reachable(module, ctx.plan.architecture, names_used)
         body = [n for n in module.body if _defined_name(n) is None or _defined_name(n) in keep]
+        dropped = len(body) != len(module.body)
         module = module.with_changes(body=body)
         reader = _ReadAttributes()
         module.visit(reader)
-        module = module.visit(_PruneAttributes(reader.cross_reads, _stateless_classes(module)))
+        stateless, body, pruned = _stateless_classes(module, calls_of), [], 0
+        for node in module.body:
+            if isinstance(node, cst.ClassDef):
+                node, count = _prune_class(node, reader.cross_reads, stateless, reads_of)
+                pruned += count
+            body.append(node)
+        module = module.with_changes(body=body)
+        if not (dropped or pruned):
+            break  # a fixpoint: nothing left to orphan
     body, relative = [], []
     for node in module.body:
         if isinstance(node, cst.SimpleStatementLine):  # `from .a import x; import y` splits

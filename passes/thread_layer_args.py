@@ -61,9 +61,11 @@ def _needs(module: cst.Module) -> dict[str, list[str]]:
 
 
 class _Thread(cst.CSTTransformer):
-    def __init__(self, needs: dict[str, list[str]]) -> None:
+    """Applied to one class's ``__init__`` (``cls``: that class), the only code it changes."""
+
+    def __init__(self, needs: dict[str, list[str]], cls: str) -> None:
         self.needs = needs
-        self.cls: list[str] = []
+        self.cls: list[str] = [cls]
         self.fn: list[str] = []
 
     def visit_ClassDef(self, node):
@@ -108,4 +110,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     needs = _needs(module)
     imports = tuple(sym for a, sym in (("cache_config", "CacheConfig"), ("quant_config", "QuantizationConfig"))
                     if any(a in n for n in needs.values()))
-    return PassResult(module=module.visit(_Thread(needs)), imports=imports, matches=len(needs))
+    body = []
+    for node in module.body:  # only class __init__s change: the rest is not walked
+        init = t.find_method(node, "__init__") if isinstance(node, cst.ClassDef) else None
+        if init is not None:
+            threaded = init.visit(_Thread(needs, node.name.value))
+            if threaded is not init:
+                node = t.set_method(node, threaded)
+        body.append(node)
+    return PassResult(module=module.with_changes(body=body), imports=imports, matches=len(needs))
