@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import multiprocessing
 import shlex
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,10 +150,10 @@ def check_paths(
 
 def _check_all(tasks: list[tuple[Path, str, SourceRecord, bool]], jobs: int) -> list[FileResult]:
     """Every task's result, in task order; the first failing file (in order) raises."""
-    from hfrewrite import convert
-
-    # In-process when the pipeline is replaced (tests' fake generate): workers would not see it.
-    if jobs <= 1 or len(tasks) <= 1 or convert.generate is not convert.PIPELINE:
+    # In-process when the pipeline is replaced (tests' fake generate): workers would not see
+    # it. Not imported here yet means not replaced: the workers import torch, not this process.
+    convert = sys.modules.get("hfrewrite.convert")
+    if jobs <= 1 or len(tasks) <= 1 or (convert is not None and convert.generate is not convert.PIPELINE):
         return [_check_file(*task) for task in tasks]
     with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
         outcomes = list(pool.map(_check_task, tasks))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -148,10 +150,35 @@ class _Names(cst.CSTVisitor):
         self.names.add(node.value)
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """A node's child nodes, read from its fields. Unlike ``node.visit``, which rebuilds
+    (and revalidates) every node it passes, this only reads: for analyses, not rewrites."""
+    names = _FIELDS.get(type(node))
+    if names is None:
+        names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (item for item in value if isinstance(item, cst.CSTNode))
+
+
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``node`` and every node below it (pre-order), read-only."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(children(current))
+
+
 def names_used(node: cst.CSTNode) -> set[str]:
-    visitor = _Names()
-    node.visit(visitor)
-    return visitor.names
+    """Every ``Name`` below ``node`` (attribute names included)."""
+    return {n.value for n in walk(node) if isinstance(n, cst.Name)}
 
 
 class _RootNames(_Names):

@@ -74,8 +74,9 @@ class _DropHfRuntime(cst.CSTTransformer):
         if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
             bases = [cst.Arg(t.expr("nn.Module")), *bases]
         updated = updated.with_changes(decorators=decorators, bases=bases)
-        if [t.code(b.value) for b in bases] == ["nn.Module"]:
-            updated = updated.visit(_NoSuperArgs())  # nn.Module.__init__ takes no config
+        init = t.find_method(updated, "__init__")
+        if [t.code(b.value) for b in bases] == ["nn.Module"] and init is not None:
+            updated = t.set_method(updated, init.visit(_NoSuperArgs()))  # nn.Module.__init__ takes no config
         return updated
 
     def visit_FunctionDef(self, node):
@@ -88,6 +89,9 @@ class _DropHfRuntime(cst.CSTTransformer):
 
 
 class _NoSuperArgs(cst.CSTTransformer):
+    def visit_FunctionDef(self, node):
+        return node.name.value == "__init__"  # not into nested functions
+
     def leave_Call(self, original, updated):
         if t.code(updated.func) == "super().__init__" and updated.args:
             return updated.with_changes(args=[])
@@ -134,15 +138,9 @@ _PERSISTENT = m.Arg(keyword=m.Name("persistent"), value=m.Name("True"))
 
 def _calls_and_persistence(cls: cst.ClassDef) -> tuple[set[str], bool]:
     """The dotted names a class calls, and whether it registers a persistent buffer."""
-    calls, persistent = set(), []
-
-    class _Calls(cst.CSTVisitor):  # one walk for both (matchers' findall walks twice)
-        def visit_Call(self, call: cst.Call) -> None:
-            calls.add(t.dotted(call.func) or "")
-            persistent.extend(a for a in call.args if m.matches(a, _PERSISTENT))
-
-    cls.visit(_Calls())
-    return calls, bool(persistent)
+    calls = [n for n in t.walk(cls) if isinstance(n, cst.Call)]
+    persistent = any(m.matches(a, _PERSISTENT) for c in calls for a in c.args)
+    return {t.dotted(c.func) or "" for c in calls}, persistent
 
 
 def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> set[str]:
@@ -190,30 +188,15 @@ class _PruneAttributes(cst.CSTTransformer):
         return updated
 
 
-class _Assigned(cst.CSTVisitor):
-    """`self.x = ...` targets anywhere in a function (nested blocks included)."""
-
-    def __init__(self) -> None:
-        self.attrs: set[str] = set()
-
-    def visit_SimpleStatementLine(self, node):
-        attr = t.self_attr_assigned(node)
-        if attr:
-            self.attrs.add(attr)
-        return False
-
-
 def _class_reads(cls: cst.ClassDef) -> tuple[set[str], set[str]] | None:
     """(attributes its ``__init__`` assigns, attributes the class reads), None without one."""
     init = t.find_method(cls, "__init__")
     if init is None:
         return None
-    assigned = _Assigned()
-    init.visit(assigned)
-    reader = _ReadAttributes()
-    cls.visit(reader)
+    assigned = {a for n in t.walk(init) if isinstance(n, cst.SimpleStatementLine) and (a := t.self_attr_assigned(n))}
+    self_reads, _ = _attribute_reads(cls)
     model_class = "vllm_config" in t.names_used(init.params)
-    return assigned.attrs, reader.self_reads | (READ_BY_VLLM if model_class else set())
+    return assigned, self_reads | (READ_BY_VLLM if model_class else set())
 
 
 def _prune_class(cls: cst.ClassDef, cross_reads: set[str], stateless: set[str],
@@ -234,52 +217,43 @@ def _prune_class(cls: cst.ClassDef, cross_reads: set[str], stateless: set[str],
 
 
 def _calls(node: cst.CSTNode) -> list[str]:
-    found: list[str] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(t.dotted(call.func) or "?")
-
-    node.visit(_Calls())
-    return found
+    return [t.dotted(n.func) or "?" for n in t.walk(node) if isinstance(n, cst.Call)]
 
 
-class _ReadAttributes(cst.CSTVisitor):
+def _attribute_reads(node: cst.CSTNode) -> tuple[set[str], set[str]]:
     """`self.x` reads, and `<other>.x` reads of other objects (a class reaching into a
     submodule, `self.model.embed_tokens`, or into a block, `block.n_logical_experts`);
-    reads of config and library attributes do not count."""
+    reads of config and library attributes do not count, nor does the target `self.x` of
+    an assignment (its value may read)."""
+    self_reads: set[str] = set()
+    cross_reads: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Assign):
+            stack.append(current.value)
+            stack.extend(target for target in current.targets if not (
+                isinstance(target.target, cst.Attribute) and t.dotted(target.target.value) == "self"))
+            continue
+        if isinstance(current, cst.Attribute):
+            base = t.dotted(current.value) or ""
+            if base == "self":
+                self_reads.add(current.attr.value)
+            elif base and base.split(".")[0] not in ("config", "torch", "nn", "F") and not base.endswith("_config"):
+                # another object's attribute: `self.model.embed_tokens`, `block.n_logical_experts`
+                cross_reads.add(current.attr.value)
+        stack.extend(t.children(current))
+    return self_reads, cross_reads
 
-    def __init__(self) -> None:
-        self.self_reads: set[str] = set()
-        self.cross_reads: set[str] = set()
 
-    def visit_Assign(self, node):
-        # the target `self.x` of an assignment is not a read; its value may be
-        node.value.visit(self)
-        for target in node.targets:
-            if not (isinstance(target.target, cst.Attribute) and t.dotted(target.target.value) == "self"):
-                target.visit(self)
-        return False
-
-    def visit_Attribute(self, node):
-        base = t.dotted(node.value) or ""
-        if base == "self":
-            self.self_reads.add(node.attr.value)
-        elif base and base.split(".")[0] not in ("config", "torch", "nn", "F") and not base.endswith("_config"):
-            # another object's attribute: `self.model.embed_tokens`, `block.n_logical_experts`
-            self.cross_reads.add(node.attr.value)
+def _cross_reads(node: cst.CSTNode) -> set[str]:
+    return _attribute_reads(node)[1]
 
 
 def _drop_unused_private_methods(module: cst.Module) -> cst.Module:
     """Private helpers (``_split_heads``) that no code refers to any more: the rewritten
     forward replaced their only use. Dunder methods are never dropped."""
-    used: set[str] = set()
-
-    class _Attrs(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            used.add(node.attr.value)
-
-    module.visit(_Attrs())
+    used = {n.attr.value for n in t.walk(module) if isinstance(n, cst.Attribute)}
 
     def unused(member: cst.CSTNode) -> bool:
         return (isinstance(member, cst.FunctionDef) and member.name.value.startswith("_")
@@ -297,17 +271,17 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     module = module.visit(_DropHfRuntime(hf_names))
     module = _drop_unused_private_methods(module)
     names_used, calls_of, reads_of = _PerNode(t.names_used), _PerNode(_calls_and_persistence), _PerNode(_class_reads)
+    cross_reads_of = _PerNode(_cross_reads)
     for _ in range(3):  # pruning an attribute can orphan a class, which can orphan another attribute
         keep = _reachable(module, ctx.plan.architecture, names_used)
         body = [n for n in module.body if _defined_name(n) is None or _defined_name(n) in keep]
         dropped = len(body) != len(module.body)
         module = module.with_changes(body=body)
-        reader = _ReadAttributes()
-        module.visit(reader)
+        cross_reads = set().union(*(cross_reads_of(n) for n in module.body))
         stateless, body, pruned = _stateless_classes(module, calls_of), [], 0
         for node in module.body:
             if isinstance(node, cst.ClassDef):
-                node, count = _prune_class(node, reader.cross_reads, stateless, reads_of)
+                node, count = _prune_class(node, cross_reads, stateless, reads_of)
                 pruned += count
             body.append(node)
         module = module.with_changes(body=body)
@@ -325,7 +299,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 node = node.with_changes(body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in rest])
         body.append(node)
     module = module.with_changes(body=body)
-    still_used = t.names_used(module) - {c for c in configs}
+    still_used = set().union(*(names_used(n) for n in module.body)) - {c for c in configs}
     carried = "".join(
         f"from {_absolute(imp, ctx.modeling_file)} import {name}\n"
         for imp in relative if not isinstance(imp.names, cst.ImportStar)

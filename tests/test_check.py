@@ -6,6 +6,7 @@ exercise regenerate-and-diff, not the rewrite passes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,7 +90,7 @@ GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
 def test_golden_files_are_up_to_date():
     """The real pipeline regenerates every file in golden/ byte for byte (CI runs this)."""
-    report = check_paths([GOLDEN], fix=False)
+    report = check_paths([GOLDEN], fix=False, jobs=os.cpu_count() or 1)
     assert {r.path.name for r in report.results} >= {
         "llama.py",
         "mistral.py",
