@@ -151,6 +151,15 @@ class _Names(cst.CSTVisitor):
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_IS_NODE: dict[type, bool] = {}  # isinstance on CSTNode (an ABC) is slow: cached per type
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode)
+    return known
 
 
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
@@ -161,10 +170,10 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
     for name in names:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if type(value) in (list, tuple):
+            yield from (item for item in value if _is_node(item))
+        elif _is_node(value):
             yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (item for item in value if isinstance(item, cst.CSTNode))
 
 
 def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
