@@ -118,7 +118,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: __init__ is not (size, eps)")
 
     renamer = _RenameCalls(plan.norm.module_class, vllm_norm, dict(zip(params[:2], ["hidden_size", "eps"])))
-    module = module.visit(renamer)
+    # only top-level definitions that name the norm class can call it: the rest is not walked
+    module = module.with_changes(body=[
+        n.visit(renamer) if plan.norm.module_class in t.names_used(n) else n for n in module.body])
     # the source class is unused now; drop it, as it may share vLLM's name (GemmaRMSNorm)
     module = module.with_changes(body=[n for n in module.body if not (
         isinstance(n, cst.ClassDef) and n.name.value == plan.norm.module_class)])
