@@ -68,6 +68,14 @@ def set_method(cls: cst.ClassDef, fn: cst.FunctionDef) -> cst.ClassDef:
     return cls.with_changes(body=cls.body.with_changes(body=body))
 
 
+def with_params(fn: cst.FunctionDef, params: list[str]) -> cst.FunctionDef:
+    """``fn`` with more parameters (source text, e.g. ``"prefix: str = ''"``) after its own."""
+    if not params:
+        return fn
+    new = stmt(f"def f(self, {', '.join(params)}):\n    pass\n").params.params[1:]
+    return fn.with_changes(params=fn.params.with_changes(params=[*fn.params.params, *new]))
+
+
 def with_body(fn: cst.FunctionDef, body: list[cst.BaseStatement]) -> cst.FunctionDef:
     return fn.with_changes(body=fn.body.with_changes(body=body))
 

@@ -263,7 +263,7 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
     models = ModelRegistry.models
     previous = models.get(architecture)
     if model_cls is None:
-        entry = _NATIVE.get(architecture) or _NATIVE.get(NATIVE_ALIASES.get(architecture, ""))
+        entry = _native_entry(architecture)
         if entry is None:
             yield False
             return
@@ -291,8 +291,16 @@ def _native_snapshot() -> dict:
 
 
 _NATIVE: dict = {}
-# transformers class names vLLM registers under the Hub configs' older spelling.
-NATIVE_ALIASES = {"PhimoeForCausalLM": "PhiMoEForCausalLM"}
+
+
+def _native_entry(architecture: str):
+    """vLLM's built-in entry for ``architecture``; else the one entry spelled the same but
+    for capitals (transformers renamed some classes; vLLM registers the Hub configs'
+    spelling: ``PhimoeForCausalLM`` is its ``PhiMoEForCausalLM``); else None."""
+    if architecture in _NATIVE:
+        return _NATIVE[architecture]
+    same = [a for a in _NATIVE if a.casefold() == architecture.casefold()]
+    return _NATIVE[same[0]] if len(same) == 1 else None
 
 
 class VllmRunError(RuntimeError):
@@ -690,12 +698,17 @@ def _max_diff(toks_a, lps_a, toks_b, lps_b) -> float | None:
     return max(diffs) if diffs else None
 
 
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first step where two greedy sequences differ (the shorter one's length when it is
+    a prefix of the other), None when they are equal."""
+    if list(a) == list(b):
+        return None
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _first_mismatch(name: str, got: Tokens, want: Tokens) -> str | None:
     for i, (g, w) in enumerate(zip(got, want)):
-        if g != w:
-            j = next(
-                (k for k, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w))
-            )
+        if (j := first_difference(g, w)) is not None:
             return f"prompt {i}: tokens differ from {name} at step {j} ({g[j : j + 3]} vs {w[j : j + 3]})"
     if len(got) != len(want):
         return f"{len(got)} outputs vs {len(want)} from {name}"

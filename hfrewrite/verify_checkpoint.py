@@ -91,12 +91,8 @@ def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
     return [tokenizer(text)["input_ids"] for text in PROMPT_TEXTS], list(PROMPT_TEXTS)
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
-
-
 def main(args: Any) -> int:
-    from hfrewrite.verify import LOGPROB_TOL, VerifyCase, verify_many
+    from hfrewrite.verify import LOGPROB_TOL, VerifyCase, first_difference, verify_many
 
     ckpt = Path(args.model_type)
     dtype = args.dtype
@@ -125,7 +121,7 @@ def main(args: Any) -> int:
     ok = report.logprob_diff_hf is not None and report.logprob_diff_hf <= tol
     for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
         label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
-        step = first_divergence(hf, gen)
+        step = first_difference(hf, gen)
         if step is None:
             print(f"{label}: {len(hf)} greedy tokens equal")
         else:

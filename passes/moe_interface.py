@@ -15,7 +15,6 @@ residual block; the causal LM holds the base model under the plan's attribute.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from hfrewrite import cst_tools as t
 from hfrewrite.pass_api import FusionRow, PassContext, PassResult
@@ -27,8 +26,9 @@ NAME = "moe_interface"
 def _expert_groups(module: cst.Module, block: str) -> str:
     """The expert-group count the block hands its fused experts (``num_expert_group=``, the
     source's expression for it, as fuse_experts emitted it), else 1."""
-    classes = [c for c in module.body if isinstance(c, cst.ClassDef) and c.name.value == block]
-    for call in m.findall(cst.Module(body=classes), m.Call(func=m.Name("FusedMoEFactory"))):
+    calls = (n for c in module.body if isinstance(c, cst.ClassDef) and c.name.value == block
+             for n in t.walk(c) if isinstance(n, cst.Call) and t.call_name(n) == "FusedMoEFactory")
+    for call in calls:
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "num_expert_group":
                 return t.code(arg.value)

@@ -71,16 +71,10 @@ def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear", reduc
     else:
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not assigned in __init__")
     if reduce_param:
-        init = _with_param(init, "reduce_results: bool = True")
+        init = t.with_params(init, ["reduce_results: bool = True"])
     cls = t.set_method(cls, t.with_body(init, body))
     return cls.visit(_Unpack(attr))
 
-
-def _with_param(fn: cst.FunctionDef, param: str) -> cst.FunctionDef:
-    """``fn`` with one more keyword parameter (before ``**kwargs``, if any)."""
-    new = t.stmt(f"def f(self, {param}):\n    pass\n").params.params[-1]
-    params = fn.params
-    return fn.with_changes(params=params.with_changes(params=[*params.params, new]))
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

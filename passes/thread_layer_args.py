@@ -84,8 +84,7 @@ class _Thread(cst.CSTTransformer):
             return updated
         have = {p.name.value for p in updated.params.params}
         extra = [a for a in self.needs[self.cls[-1]] if a not in have]
-        sig = t.stmt(f"def f(self, {', '.join(ARGS[a] for a in extra)}): pass\n").params.params[1:]
-        return updated.with_changes(params=updated.params.with_changes(params=[*updated.params.params, *sig]))
+        return t.with_params(updated, [ARGS[a] for a in extra])
 
     def leave_SimpleStatementLine(self, original, updated):
         attr = t.self_attr_assigned(updated)

@@ -34,5 +34,7 @@ def test_prompts_are_token_ids_without_a_tokenizer(tmp_path):
 
 
 def test_first_divergence():
-    assert vc.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert vc.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    from hfrewrite.verify import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
