@@ -62,7 +62,7 @@ fuzz: setup
 	HFREWRITE_FUZZ_REPORT=docs/fuzz.json $(PY) -m pytest -q -s tests/e2e/test_config_fuzz.py
 
 docs: setup
-	$(PY) -m hfrewrite.passes_doc docs/passes.md
+	$(PY) -m hfrewrite.emit.passes_doc docs/passes.md
 
 # What convert-time validation costs: every golden type converted with and without it,
 # side by side (docs/validation-cost.json; the table in docs/reliability.md). About 20 minutes.

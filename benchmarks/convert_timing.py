@@ -27,10 +27,11 @@ CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import libcst as cst
-from hfrewrite import convert, emit
+from hfrewrite import convert
+from hfrewrite.emit import output as emit
 from hfrewrite.analyze.model import analyze
-from hfrewrite.pass_api import PassContext
-from hfrewrite.pipeline import run_passes
+from hfrewrite.emit.pass_api import PassContext
+from hfrewrite.emit.pipeline import run_passes
 from hfrewrite.resolve import resolve
 t1 = time.perf_counter()
 resolved = resolve(sys.argv[1])
@@ -43,7 +44,7 @@ text = emit.render(resolved, result.module.code)
 t4 = time.perf_counter()
 out = {"import": t1 - t0, "analyze": t2 - t1, "rewrite": t3 - t2, "format": t4 - t3}
 if sys.argv[2] == "1":
-    from hfrewrite.validate import validate
+    from hfrewrite.verify.validate import validate
     validate(resolved, convert.Generated(f"{resolved.model_type}.py", text, result.fused, result.declined))
     out["validate"] = time.perf_counter() - t4
 print(json.dumps(out))

@@ -519,7 +519,7 @@ class _VllmWorker:
         if self.impl == "generated":
             key = (architecture, str(generated_module))
             if key not in self._classes:
-                from hfrewrite.verify import load_generated_class
+                from hfrewrite.verify.harness import load_generated_class
 
                 self._classes[key] = load_generated_class(
                     Path(generated_module), architecture
@@ -659,7 +659,7 @@ class _HfWorker:
         return {"import_s": time.perf_counter() - t0}
 
     def op_make_checkpoint(self, model_type: str, out_dir: str, config: dict) -> dict:
-        from hfrewrite.verify import checkpoint_architecture, make_tiny_checkpoint
+        from hfrewrite.verify.harness import checkpoint_architecture, make_tiny_checkpoint
 
         t0 = time.perf_counter()
         make_tiny_checkpoint(model_type, Path(out_dir), seed=0, **config)

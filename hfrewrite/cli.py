@@ -1,9 +1,9 @@
 """The `hfrewrite` command: argument parsing and printing only.
 
 ``convert`` resolves a model, generates its vLLM file and writes ``<out>/<model_type>.py``,
-or into a vLLM source tree (``--vllm-tree``: hfrewrite.vllm_tree) or a plugin package
-(``--plugin``: hfrewrite.plugin); ``check`` regenerates generated files and diffs them;
-``verify`` runs the generated file in real vLLM (hfrewrite.verify). Bad input raises
+or into a vLLM source tree (``--vllm-tree``: hfrewrite.deliver.vllm_tree) or a plugin package
+(``--plugin``: hfrewrite.deliver.plugin); ``check`` regenerates generated files and diffs them;
+``verify`` runs the generated file in real vLLM (hfrewrite.verify.harness). Bad input raises
 HfrewriteError, printed as one line ``hfrewrite: error: ...`` on stderr with exit code 2
 and nothing written; anything else is a bug and keeps its traceback (exit code 1).
 """
@@ -184,7 +184,7 @@ def _convert(args: argparse.Namespace) -> int:
     if args.plugin_name is not None and args.plugin is None:
         raise HfrewriteError("--plugin-name needs --plugin DIR")
     if args.vllm_tree is not None:
-        from hfrewrite.vllm_tree import models_dir
+        from hfrewrite.deliver.vllm_tree import models_dir
 
         models_dir(args.vllm_tree)  # not a vLLM tree: fail before the slow part
     if args.plugin is not None:
@@ -200,7 +200,7 @@ def _convert(args: argparse.Namespace) -> int:
         validated = "not validated (--no-verify)"
     else:
         from hfrewrite.progress import step
-        from hfrewrite.validate import validate
+        from hfrewrite.verify.validate import validate
 
         with step("validating in vLLM against Hugging Face (a tiny random checkpoint)"):
             validated = validate(resolved, generated).line()
@@ -230,11 +230,11 @@ def _convert(args: argparse.Namespace) -> int:
 def _destination(args: argparse.Namespace) -> Path:
     """The directory the generated model file goes to."""
     if args.plugin is not None:
-        from hfrewrite.plugin import package_name
+        from hfrewrite.deliver.plugin import package_name
 
         return Path(args.plugin) / package_name(args.plugin, args.plugin_name)
     if args.vllm_tree is not None:
-        from hfrewrite.vllm_tree import models_dir
+        from hfrewrite.deliver.vllm_tree import models_dir
 
         return models_dir(args.vllm_tree)
     return args.output_dir or Path("out")
@@ -259,7 +259,7 @@ def _check_destination(directory: Path, option: str) -> None:
 
 def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
     """Write the generated file where the options say; the lines that report it."""
-    from hfrewrite.emit import write_atomic
+    from hfrewrite.emit.output import write_atomic
 
     def done(status: str, path: Path) -> str:
         return f"{'wrote' if status == 'written' else 'unchanged'} {path}"
@@ -267,13 +267,13 @@ def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
     if args.vllm_tree is None and args.plugin is None:
         out = (args.output_dir or Path("out")) / generated.filename
         return [done(write_atomic(out, generated.text, force=args.force), out)]
-    from hfrewrite.vllm_tree import architectures, causal_lm_class
+    from hfrewrite.deliver.vllm_tree import architectures, causal_lm_class
 
     named = tuple(getattr(resolved.config, "architectures", None) or ())
     cls = causal_lm_class(generated.text, preferred=named)
     archs = architectures(resolved.config, cls)
     if args.vllm_tree is not None:
-        from hfrewrite.vllm_tree import install
+        from hfrewrite.deliver.vllm_tree import install
 
         tree = install(
             args.vllm_tree, generated.text, resolved.model_type, archs, cls, args.force
@@ -285,7 +285,7 @@ def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
             lines.append(f"  {arch} was {module}.{name} in {table}")
         lines.append(done(tree.registry_status, tree.registry_path))
         return lines
-    from hfrewrite.plugin import install
+    from hfrewrite.deliver.plugin import install
 
     plugin = install(
         args.plugin,
@@ -303,7 +303,7 @@ def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from hfrewrite.check import check_paths
+    from hfrewrite.deliver.check import check_paths
 
     if not args.paths and args.vllm_tree is None:
         raise HfrewriteError("give PATH... or --vllm-tree PATH")
@@ -315,17 +315,17 @@ def _check(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     # Imported lazily: verification pulls in vLLM.
     checkpoint = (Path(args.model_type) / "config.json").is_file()
-    verify = importlib.import_module("hfrewrite.verify_checkpoint" if checkpoint else "hfrewrite.verify")
+    verify = importlib.import_module("hfrewrite.verify.checkpoint" if checkpoint else "hfrewrite.verify.harness")
     return int(verify.main(args) or 0)
 
 
 def _list_passes() -> int:
-    # The pass registry is hfrewrite.pipeline.PASSES (the lead's); imported lazily.
-    if importlib.util.find_spec("hfrewrite.pipeline") is None:
+    # The pass registry is hfrewrite.emit.pipeline.PASSES (the lead's); imported lazily.
+    if importlib.util.find_spec("hfrewrite.emit.pipeline") is None:
         raise HfrewriteError(
-            "the pass registry is not available yet (hfrewrite/pipeline.py)"
+            "the pass registry is not available yet (hfrewrite/emit/pipeline.py)"
         )
-    passes = importlib.import_module("hfrewrite.pipeline").PASSES
+    passes = importlib.import_module("hfrewrite.emit.pipeline").PASSES
     entries = (
         passes.items() if isinstance(passes, dict) else ((None, p) for p in passes)
     )

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite import cst_tools as t
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 
 NAME = "carry_decoder_layer"
 

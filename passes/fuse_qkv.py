@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite import cst_tools as t
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.pass_api import FusionRow, PassContext, PassResult
-from hfrewrite.plan import MlaPlan
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.analyze.plan import MlaPlan
 
 NAME = "fuse_qkv"
 

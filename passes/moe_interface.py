@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite import cst_tools as t
-from hfrewrite.pass_api import FusionRow, PassContext, PassResult
-from hfrewrite.templates_io import template_class
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.emit.templates_io import template_class
 
 NAME = "moe_interface"
 

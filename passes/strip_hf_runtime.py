@@ -25,8 +25,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite import cst_tools as t
-from hfrewrite.pass_api import PassContext, PassResult
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import PassContext, PassResult
 
 NAME = "strip_hf_runtime"
 # Attributes vLLM itself reads from the model classes (those built from `vllm_config`),

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite import cst_tools as t
-from hfrewrite.pass_api import PassContext, PassResult
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import PassContext, PassResult
 
 NAME = "thread_layer_args"
 ARGS = {

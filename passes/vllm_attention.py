@@ -31,11 +31,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite import cst_tools as t
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.pass_api import FusionRow, PassContext, PassResult
-from hfrewrite.plan import AttentionPlan, MlaPlan
-from hfrewrite.templates_io import template_class
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.analyze.plan import AttentionPlan, MlaPlan
+from hfrewrite.emit.templates_io import template_class
 
 NAME = "vllm_attention"
 

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfrewrite import convert, emit
-from hfrewrite.check import check_paths
+from hfrewrite import convert
+from hfrewrite.emit import output as emit
+from hfrewrite.deliver.check import check_paths
 from hfrewrite.errors import HfrewriteError
 
 BODY = "# Copyright header kept from the source.\nimport torch\n\nX = 1\n"

@@ -3,7 +3,7 @@
 import shutil
 from pathlib import Path
 
-from hfrewrite.check import check_paths
+from hfrewrite.deliver.check import check_paths
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import huggingface_hub.constants
 import pytest
 
-from hfrewrite import convert, emit
+from hfrewrite import convert
+from hfrewrite.emit import output as emit
 from hfrewrite.cli import main
-from hfrewrite.plan import NoMatch
+from hfrewrite.analyze.plan import NoMatch
 
 BODY = "# Copyright header kept from the source.\nimport torch\n\nX = 1\n"
 
@@ -153,10 +154,10 @@ def test_check_exit_codes(tmp_path, capsys):
 
 def test_verify_is_wired_lazily(monkeypatch, capsys):
     calls = []
-    fake = types.ModuleType("hfrewrite.verify")
-    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify", None)
+    fake = types.ModuleType("hfrewrite.verify.harness")
+    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify.harness", None)
     fake.main = lambda args: calls.append((args.model_type, args.generated)) or 0
-    monkeypatch.setitem(sys.modules, "hfrewrite.verify", fake)
+    monkeypatch.setitem(sys.modules, "hfrewrite.verify.harness", fake)
     assert run(capsys, "verify", "qwen3", "--generated", "g/qwen3.py")[0] == 0
     assert calls == [("qwen3", Path("g/qwen3.py"))]
 
@@ -183,10 +184,10 @@ def test_console_script_bad_input(tmp_path):
 
 def test_verify_takes_a_checkpoint_directory(monkeypatch, capsys, tmp_path):
     calls = []
-    fake = types.ModuleType("hfrewrite.verify_checkpoint")
-    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify_checkpoint", None)
+    fake = types.ModuleType("hfrewrite.verify.checkpoint")
+    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify.checkpoint", None)
     fake.main = lambda args: calls.append((args.model_type, args.dtype, args.max_tokens)) or 0
-    monkeypatch.setitem(sys.modules, "hfrewrite.verify_checkpoint", fake)
+    monkeypatch.setitem(sys.modules, "hfrewrite.verify.checkpoint", fake)
     (tmp_path / "config.json").write_text("{}")
     assert run(capsys, "verify", tmp_path, "--dtype", "bfloat16")[0] == 0
     assert calls == [(str(tmp_path), "bfloat16", 16)]

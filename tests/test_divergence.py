@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from hfrewrite import divergence, verify
+from hfrewrite.verify import divergence
+from hfrewrite.verify import harness as verify
 
 PROMPT = list(range(3, 23))
 

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfrewrite import __version__, emit
+from hfrewrite import __version__
+from hfrewrite.emit import output as emit
 from hfrewrite.errors import HfrewriteError
 
 LICENSE = (
@@ -99,7 +100,7 @@ RENDER_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_emit import BODY, fake_resolved
-from hfrewrite.emit import render
+from hfrewrite.emit.output import render
 sys.stdout.write(render(fake_resolved(), BODY))
 """
 

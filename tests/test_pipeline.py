@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from hfrewrite.passes_doc import render
-from hfrewrite.pipeline import PASSES, describe
+from hfrewrite.emit.passes_doc import render
+from hfrewrite.emit.pipeline import PASSES, describe
 
 PASSES_DIR = Path(__file__).resolve().parents[1] / "passes"
 

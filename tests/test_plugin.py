@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import pytest
 import tomllib
 
-from hfrewrite import convert, emit
-from hfrewrite import plugin as P
-from hfrewrite.check import check_paths
+from hfrewrite import convert
+from hfrewrite.emit import output as emit
+from hfrewrite.deliver import plugin as P
+from hfrewrite.deliver.check import check_paths
 from hfrewrite.cli import main
 
 CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hfrewrite import verify_checkpoint as vc
+from hfrewrite.verify import checkpoint as vc
 from hfrewrite.errors import HfrewriteError
 
 
@@ -34,7 +34,7 @@ def test_prompts_are_token_ids_without_a_tokenizer(tmp_path):
 
 
 def test_first_divergence():
-    from hfrewrite.verify import first_difference
+    from hfrewrite.verify.harness import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfrewrite import convert, emit
-from hfrewrite import vllm_tree as T
-from hfrewrite.check import check_paths
+from hfrewrite import convert
+from hfrewrite.emit import output as emit
+from hfrewrite.deliver import vllm_tree as T
+from hfrewrite.deliver.check import check_paths
 from hfrewrite.cli import main
 from hfrewrite.errors import HfrewriteError
 

@@ -26,8 +26,8 @@ from torch import nn
 from torch.fx import Node
 
 from hfrewrite.analyze.rope import per_layer_type, prove_rope
-from hfrewrite.plan import AttentionPlan, LinearFact, NoMatch
-from hfrewrite.trace import (
+from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch
+from hfrewrite.analyze.trace import (
     Traced,
     is_norm,
     opaque_attention,

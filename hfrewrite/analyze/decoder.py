@@ -22,8 +22,8 @@ import operator
 import torch
 from torch.fx import Node
 
-from hfrewrite.plan import DecoderLayerPlan, NoMatch, ResidualBlock
-from hfrewrite.trace import Traced, is_identity_dropout, is_norm, top_scope
+from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock
+from hfrewrite.analyze.trace import Traced, is_identity_dropout, is_norm, top_scope
 
 _ADD = (operator.add, torch.add, "add")
 _CASTS = ("to", "float", "type_as", "contiguous")

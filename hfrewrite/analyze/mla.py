@@ -32,8 +32,8 @@ from hfrewrite.analyze.attention import (
 )
 from hfrewrite.analyze.branches import config_branches
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
-from hfrewrite.plan import MlaPlan, NoMatch
-from hfrewrite.trace import Traced, is_norm, relative, value
+from hfrewrite.analyze.plan import MlaPlan, NoMatch
+from hfrewrite.analyze.trace import Traced, is_norm, relative, value
 
 PATTERN = "mla_attention"
 ATOL = 1e-4

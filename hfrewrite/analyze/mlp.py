@@ -20,8 +20,8 @@ import torch
 from torch.fx import Node
 from transformers.activations import ACT2FN
 
-from hfrewrite.plan import LinearFact, MlpPlan, NoMatch
-from hfrewrite.trace import Traced, past_identity_dropouts, relative, value
+from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
+from hfrewrite.analyze.trace import Traced, past_identity_dropouts, relative, value
 
 # Keys of vllm.model_executor.layers.activation._ACTIVATION_AND_MUL_REGISTRY (vLLM 0.32)
 # whose math is ``act(gate) * up``; "swigluoai" (clamped, gpt-oss) and "geglu" (no

@@ -1,7 +1,7 @@
 """The analysis entry point: config -> ModelPlan (frozen facts) or one clear error.
 
 Steps: shrink the config (:func:`shrink_config`); build its ``AutoModelForCausalLM`` on
-CPU with the opaque attention of :mod:`hfrewrite.trace`; find the embedding, decoder
+CPU with the opaque attention of :mod:`hfrewrite.analyze.trace`; find the embedding, decoder
 ModuleList, final norm and lm_head in the module tree; run the model once on example
 ids to capture what each decoder layer receives; trace each layer of the shrunk model
 (one per distinct ``layer_types`` entry, at least two) whole, attention and MLP inline;
@@ -35,7 +35,7 @@ from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.plan import (
+from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
     MlaPlan,
@@ -45,7 +45,7 @@ from hfrewrite.plan import (
     NoMatch,
     NormPlan,
 )
-from hfrewrite.trace import (
+from hfrewrite.analyze.trace import (
     ATTN_IMPLEMENTATION,
     Traced,
     is_experts,

@@ -38,8 +38,8 @@ from hfrewrite.analyze.routing import (
     router_facts,
     scoring_of,
 )
-from hfrewrite.plan import MoePlan, NoMatch
-from hfrewrite.trace import Traced, is_experts, relative, value
+from hfrewrite.analyze.plan import MoePlan, NoMatch
+from hfrewrite.analyze.trace import Traced, is_experts, relative, value
 
 # Activations vLLM's fused MoE kernels take by name (vLLM 0.32 on CPU: silu).
 MOE_ACTIVATIONS = ("silu", "swish")

@@ -16,8 +16,8 @@ import operator
 import torch
 from torch import nn
 
-from hfrewrite.plan import NoMatch, NormPlan
-from hfrewrite.trace import trace
+from hfrewrite.analyze.plan import NoMatch, NormPlan
+from hfrewrite.analyze.trace import trace
 
 _ADD = (operator.add, torch.add, "add")
 _MEAN = (torch.mean, "mean")

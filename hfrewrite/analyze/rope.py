@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
-from hfrewrite.trace import value
+from hfrewrite.analyze.trace import value
 
 ATOL = 1e-5
 

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx import Node
 
-from hfrewrite.plan import MoePlan
-from hfrewrite.trace import Traced, relative, value
+from hfrewrite.analyze.plan import MoePlan
+from hfrewrite.analyze.trace import Traced, relative, value
 
 _PASS_THROUGH = ("to", "float", "type", "type_as", "contiguous")
 _SCORINGS = {F.softmax: "softmax", torch.softmax: "softmax", "softmax": "softmax",

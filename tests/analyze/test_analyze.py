@@ -13,8 +13,8 @@ from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
-from hfrewrite.trace import opaque_attention, trace
+from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
+from hfrewrite.analyze.trace import opaque_attention, trace
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -15,8 +15,8 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.norm import analyze_norm
-from hfrewrite.plan import NoMatch
-from hfrewrite.trace import opaque_attention, trace
+from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.analyze.trace import opaque_attention, trace
 
 HEADS, HEAD_DIM, SEQ = 2, 16, 5
 CONFIG = transformers.LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM)

@@ -10,7 +10,7 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as dm
 
 from hfrewrite.analyze.model import analyze
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.plan import MlaPlan
+from hfrewrite.analyze.plan import MlaPlan
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

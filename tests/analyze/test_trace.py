@@ -10,7 +10,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.model import shrink_config
-from hfrewrite.trace import opaque_attention, trace, value
+from hfrewrite.analyze.trace import opaque_attention, trace, value
 
 TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, reject, seed, settings
 from hypothesis import strategies as st
 
 from hfrewrite import convert
-from hfrewrite import verify as V
+from hfrewrite.verify import harness as V
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.resolve import resolve
 

@@ -79,7 +79,7 @@ def test_verify_catches_the_planted_bug(tmp_path, capsys, planted):
 
 
 def test_the_validation_checkpoint_keeps_switches_and_shortens_windows():
-    from hfrewrite.validate import WINDOW, validation_config
+    from hfrewrite.verify.validate import WINDOW, validation_config
 
     config = resolve("qwen2").config
     config.sliding_window, config.use_sliding_window = 4096, True

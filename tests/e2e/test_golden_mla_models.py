@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from hfrewrite import convert
 from hfrewrite.resolve import resolve
-from hfrewrite.verify import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 48,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hfrewrite.verify import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}

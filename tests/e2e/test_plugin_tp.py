@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite import verify as V
+from hfrewrite.verify import harness as V
 from hfrewrite.cli import main
 
 PACKAGE = "hfrewrite_tp_models"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hfrewrite.cli import main
-from hfrewrite.verify import hf_greedy, make_tiny_checkpoint
+from hfrewrite.verify.harness import hf_greedy, make_tiny_checkpoint
 
 PACKAGE = "hfrewrite_served_models"
 VOCAB = 512

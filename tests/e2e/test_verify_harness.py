@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite import verify as V
+from hfrewrite.verify import harness as V
 
 # The tail of LlamaForCausalLM.load_weights in vLLM's llama.py (occurs once).
 LOAD_TAIL = "        loader = AutoWeightsLoader(self)\n        return loader.load_weights(weights)\n"

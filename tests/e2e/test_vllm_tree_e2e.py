@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite import verify as V
+from hfrewrite.verify import harness as V
 from hfrewrite.cli import main
-from hfrewrite.vllm_tree import REGISTRY
+from hfrewrite.deliver.vllm_tree import REGISTRY
 
 # Every test here needs the installed vLLM package (the tree is copied from it).
 pytestmark = pytest.mark.vllm

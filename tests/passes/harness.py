@@ -4,7 +4,7 @@ from textwrap import dedent
 
 import libcst as cst
 
-from hfrewrite.pass_api import PassContext, PassResult
+from hfrewrite.emit.pass_api import PassContext, PassResult
 
 
 def apply(pass_module, source: str, plan) -> PassResult:

@@ -1,6 +1,6 @@
 """Hand-written plans for pass tests (what analysis finds for tiny llama/qwen3 configs)."""
 
-from hfrewrite.plan import (
+from hfrewrite.analyze.plan import (
     AttentionPlan, DecoderLayerPlan, LinearFact, MlpPlan, ModelPlan, NormPlan, ResidualBlock,
 )
 
@@ -47,7 +47,7 @@ def qwen_moe(shared: bool = False) -> ModelPlan:
     """A qwen2/3-MoE-like plan: MoE blocks, an optional shared expert of the MLP class."""
     import dataclasses
 
-    from hfrewrite.plan import MoePlan
+    from hfrewrite.analyze.plan import MoePlan
 
     moe = MoePlan(
         module_class="MoeBlock", router="gate", router_class="TopKRouter", experts="experts",

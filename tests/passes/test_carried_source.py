@@ -8,7 +8,7 @@ import pytest
 from harness import rewrite
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import carry_decoder_layer, fuse_gate_up, fuse_qkv, row_parallel, strip_hf_runtime
-from hfrewrite.plan import DecoderLayerPlan, LinearFact, MlpPlan
+from hfrewrite.analyze.plan import DecoderLayerPlan, LinearFact, MlpPlan
 from plans import llama_like
 
 CARRIED = DecoderLayerPlan("Gemma2DecoderLayer", (), attention_block="self_attn", mlp_block="mlp")

@@ -114,7 +114,7 @@ def test_refuses_block_not_called():
 def test_sandwich_norms_stay_on_the_block_outputs():
     import dataclasses
 
-    from hfrewrite.plan import ResidualBlock
+    from hfrewrite.analyze.plan import ResidualBlock
 
     plan = llama_like()
     blocks = (ResidualBlock("input_layernorm", "self_attn", "post_attention_layernorm"),

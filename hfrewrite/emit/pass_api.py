@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from hfrewrite.plan import ModelPlan, NoMatch
+from hfrewrite.analyze.plan import ModelPlan, NoMatch
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class PassContext:
 @dataclass(frozen=True)
 class PassResult:
     module: cst.Module
-    imports: tuple[str, ...] = ()  # symbols known to hfrewrite.target
+    imports: tuple[str, ...] = ()  # symbols known to hfrewrite.emit.target
     fused: tuple[FusionRow, ...] = ()
     declined: tuple[NoMatch, ...] = ()
     matches: int = 0  # how many times the pattern fired

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfrewrite import __version__
-from hfrewrite.emit import write_atomic
+from hfrewrite.emit.output import write_atomic
 from hfrewrite.errors import HfrewriteError
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"

@@ -7,9 +7,9 @@ from types import ModuleType
 
 import libcst as cst
 
-from hfrewrite import cst_tools as t
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.pass_api import FusionRow, PassContext
+from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.passes import (
     carry_decoder_layer,
     fuse_experts,
@@ -26,8 +26,8 @@ from hfrewrite.passes import (
     vllm_attention,
     vllm_model_interface,
 )
-from hfrewrite.plan import NoMatch
-from hfrewrite.target import import_of
+from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.emit.target import import_of
 
 # The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
 PASSES: tuple[ModuleType, ...] = (

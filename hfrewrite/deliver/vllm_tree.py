@@ -27,7 +27,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from hfrewrite.emit import parse_header, write_atomic
+from hfrewrite.emit.output import parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
 
 MODELS_DIR = Path("vllm/model_executor/models")

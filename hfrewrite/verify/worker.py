@@ -1,4 +1,4 @@
-"""Subprocess worker for ``hfrewrite.verify``: ``python -m hfrewrite.verify_worker JOB OUT``,
+"""Subprocess worker for ``hfrewrite.verify.harness``: ``python -m hfrewrite.verify.worker JOB OUT``,
 or ``--serve FD`` (``verify.VllmServer``): vLLM runs read one per line from stdin, each
 result written as one JSON line to file descriptor FD, vLLM imported once.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def main(job_path: str, out_path: str) -> int:
-    from hfrewrite import verify
+    from hfrewrite.verify import harness as verify
 
     runs = json.loads(Path(job_path).read_text())["runs"]
     results: list[dict | None] = [None] * len(runs)
@@ -63,7 +63,7 @@ def main(job_path: str, out_path: str) -> int:
 
 
 def serve(out_fd: int) -> int:
-    from hfrewrite import verify
+    from hfrewrite.verify import harness as verify
 
     with os.fdopen(out_fd, "w") as out:
         for line in sys.stdin:

@@ -6,7 +6,7 @@ The tiny configuration is the analysis's own shrunk copy (``shrink_config``: eve
 the head layout, tying, one layer per layer type, MoE routing switches) with the sliding
 window, when there is one, made shorter than the longest prompt so that it matters. The
 reference runs in this process, from the classes the analysis traced; the generated file
-runs in a vLLM worker process (``hfrewrite.verify``): greedy tokens equal, chosen-token
+runs in a vLLM worker process (``hfrewrite.verify.harness``): greedy tokens equal, chosen-token
 logprobs within ``LOGPROB_TOL``.
 """
 
@@ -51,7 +51,7 @@ def validation_config(config):
 def validate(resolved, generated) -> Validation:
     """Run ``generated`` (a ``convert.Generated``) in vLLM against HF; raise
     ``HfrewriteError`` naming the first difference when they disagree."""
-    from hfrewrite import verify
+    from hfrewrite.verify import harness as verify
 
     if importlib.util.find_spec("vllm") is None:
         raise HfrewriteError("convert-time validation needs vLLM, which is not installed here "
@@ -90,7 +90,7 @@ def _where(ckpt: Path, prompt: list[int], recorded: Path) -> str:
     Hugging Face's on the same prompt; "" when there is no recording to compare."""
     import torch
 
-    from hfrewrite import divergence
+    from hfrewrite.verify import divergence
 
     if not recorded.exists():
         return ""

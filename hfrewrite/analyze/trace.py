@@ -32,7 +32,7 @@ from torch.fx.proxy import Attribute
 from torch.utils import _pytree as pytree
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from hfrewrite.plan import LinearFact
+from hfrewrite.analyze.plan import LinearFact
 
 ATTN_IMPLEMENTATION = "hfrewrite_opaque"
 

@@ -81,7 +81,7 @@ def check_fits(ckpt: Path, dtype: str) -> None:
 def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
     """Token ids of ``PROMPT_TEXTS`` with the checkpoint's tokenizer, and the texts; the
     fixed token ids of ``verify.DEFAULT_PROMPTS`` (no texts) when it has none."""
-    from hfrewrite.verify import DEFAULT_PROMPTS
+    from hfrewrite.verify.harness import DEFAULT_PROMPTS
 
     if not any((ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return [list(p) for p in DEFAULT_PROMPTS], None
@@ -92,7 +92,7 @@ def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
 
 
 def main(args: Any) -> int:
-    from hfrewrite.verify import LOGPROB_TOL, VerifyCase, first_difference, verify_many
+    from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, first_difference, verify_many
 
     ckpt = Path(args.model_type)
     dtype = args.dtype

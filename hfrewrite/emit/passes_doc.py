@@ -6,13 +6,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hfrewrite.pipeline import PASSES
+from hfrewrite.emit.pipeline import PASSES
 
 INTRO = """\
 # The rewrite passes
 
 Each pass is one file in `passes/`, run in the order below (the registry in
-`hfrewrite/pipeline.py`, also printed by `hfrewrite --list-passes`). A pass reads the frozen
+`hfrewrite/emit/pipeline.py`, also printed by `hfrewrite --list-passes`). A pass reads the frozen
 plan and returns a new libcst tree plus requests (imports by symbol, fusion rows); it never
 runs torch or writes files. Where a precondition fails the pass raises with the reason and
 nothing is written: hfrewrite refuses rather than emit a file that computes something else.

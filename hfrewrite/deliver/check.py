@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfrewrite import __version__
-from hfrewrite.emit import SourceRecord, parse_header, write_atomic
+from hfrewrite.emit.output import SourceRecord, parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.plugin import is_plugin_init, plugin_problems
+from hfrewrite.deliver.plugin import is_plugin_init, plugin_problems
 from hfrewrite.resolve import resolve
 
 
@@ -116,7 +116,7 @@ def check_paths(
     scan = list(paths)
     problems: tuple[str, ...] = ()
     if vllm_tree is not None:
-        from hfrewrite.vllm_tree import models_dir, registry_problems
+        from hfrewrite.deliver.vllm_tree import models_dir, registry_problems
 
         scan.append(models_dir(vllm_tree))
         problems = registry_problems(vllm_tree)

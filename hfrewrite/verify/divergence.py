@@ -75,7 +75,7 @@ def record_hf(ckpt: Path, prompt: list[int]) -> tuple[dict[str, Any], set[str]]:
     they finished), and the names of the decoder layers (the outermost ModuleList's children)."""
     import torch
 
-    from hfrewrite.verify import hf_model
+    from hfrewrite.verify.harness import hf_model
 
     model = hf_model(ckpt)
     recorded: dict[str, Any] = {}

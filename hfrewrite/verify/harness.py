@@ -8,7 +8,7 @@ file passes when its tokens equal both and its chosen-token logprobs agree withi
 layers each decoder layer uses) is reported next to vLLM's native structure.
 
 Process model: ``verify``/``verify_many`` run everything in one subprocess
-(``python -m hfrewrite.verify_worker``), so this module never imports vLLM in the
+(``python -m hfrewrite.verify.worker``), so this module never imports vLLM in the
 caller. Inside that worker all Hugging Face runs happen first, then every vLLM run
 builds one in-process ``LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), drops it and
 builds the next: vLLM is imported once per batch, however many checkpoints it holds.
@@ -408,7 +408,7 @@ def _run_engine(
     # A module-level function: with tensor parallelism it is pickled to the workers.
     facts = llm.apply_model(_model_facts)[0]
     if record:
-        from hfrewrite import divergence
+        from hfrewrite.verify import divergence
 
         try:
             divergence.record_vllm(llm, record_prompt(prompts), Path(record))
@@ -498,7 +498,7 @@ def run_worker(
     timeout: float = 900,
     env: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Execute ``runs`` in one ``hfrewrite.verify_worker`` subprocess.
+    """Execute ``runs`` in one ``hfrewrite.verify.worker`` subprocess.
 
     Each run is ``{"kind": "hf" | "vllm", "ckpt", "prompts", "max_tokens",
     "generated_module", "architecture"}``, vLLM runs optionally with
@@ -524,7 +524,7 @@ def run_worker(
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "hfrewrite.verify_worker", str(job), str(out)],
+                [sys.executable, "-m", "hfrewrite.verify.worker", str(job), str(out)],
                 check=False,
                 env=env,
                 capture_output=True,
@@ -568,7 +568,7 @@ class VllmServer:
                                 if k not in os.environ}, **(env or {})}
         self._log = open(log, "w")  # noqa: SIM115  (closed in close())
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "hfrewrite.verify_worker", "--serve", str(write)],
+            [sys.executable, "-m", "hfrewrite.verify.worker", "--serve", str(write)],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True,
             env=env, pass_fds=(write,),
         )

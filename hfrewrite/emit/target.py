@@ -59,5 +59,5 @@ def import_of(symbol: str) -> tuple[str, str]:
     """(module, name) to import for a symbol a pass emits."""
     module = VLLM.get(symbol) or OTHER.get(symbol)
     if module is None:
-        raise KeyError(f"hfrewrite.target does not know where {symbol!r} lives")
+        raise KeyError(f"hfrewrite.emit.target does not know where {symbol!r} lives")
     return module, symbol
