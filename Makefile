@@ -1,7 +1,8 @@
 # hfrewrite: setup, demo, tests and goldens. Everything runs from .venv.
 #
 #   make demo     set up, convert llama to demo-out/llama.py, show its head
-#   make test     set up, run the test suite (real vLLM on CPU included)
+#   make test     set up, lint, run the test suite (real vLLM on CPU included)
+#   make lint     ruff check + ruff format --check with the pinned ruff (part of make test)
 #   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
 #   make fuzz     300 fuzzed configs in real vLLM vs Hugging Face (docs/reliability.md)
 #   make mutate   mutation score of passes/ and hfrewrite/analyze/ (docs/reliability.md)
@@ -17,7 +18,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
 	deepseek_v2 deepseek_v3 phimoe
 
-.PHONY: setup demo test golden docs fuzz validation-cost
+.PHONY: setup demo lint test golden docs fuzz validation-cost
 
 setup: $(STAMP)
 
@@ -37,13 +38,19 @@ demo: setup
 	@echo '--- demo-out/llama.py (first 60 lines) ---'
 	@sed -n 1,60p demo-out/llama.py
 
+# The pinned ruff and the project's config (pyproject.toml [tool.ruff]); golden/ is excluded
+# there: `hfrewrite check golden/` and tests/test_golden_rules.py own the generated files.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 # The environment real vLLM needs on these CPU machines (docs/vllm-on-cpu.md).
 test: export VLLM_CPU_KVCACHE_SPACE = 1
 test: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
 test: export HF_HUB_OFFLINE = 1
 test: export HFREWRITE_REQUIRE_VLLM = 1
 test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
-test: setup
+test: setup lint
 	$(PY) -m pytest -q
 
 golden: setup
@@ -91,7 +98,7 @@ mutate: setup $(MUTATE_STAMP)
 	git diff --quiet -- passes/ hfrewrite/analyze/ || (echo "a mutant was left in place"; exit 1)
 
 # Benchmarks: the generated file vs vLLM native vs vLLM's Transformers backend vs Hugging
-# Face, eager and compiled, into docs/benchmarks.{md,json,png} (hfrewrite/benchmark.py; llama,
+# Face, eager and compiled, into docs/benchmarks.{md,json,png} (benchmarks/throughput/; llama,
 # qwen3_moe, gemma3_text and phi, about 35 minutes on 2 idle cores; `--quick` for a smoke run).
 BENCH_STAMP := $(VENV)/.hfrewrite-bench
 
@@ -101,4 +108,4 @@ $(BENCH_STAMP): $(STAMP)
 
 .PHONY: bench
 bench: setup $(BENCH_STAMP)
-	$(PY) -m hfrewrite.benchmark --out docs/ --budget 2400
+	$(PY) -m benchmarks.throughput --out docs/ --budget 2400

@@ -21,7 +21,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TYPES = ("llama", "qwen3", "gemma3_text", "phi3", "qwen3_moe", "glm4_moe", "deepseek_v3", "granitemoe")
+DEFAULT_TYPES = (
+    "llama",
+    "qwen3",
+    "gemma3_text",
+    "phi3",
+    "qwen3_moe",
+    "glm4_moe",
+    "deepseek_v3",
+    "granitemoe",
+)
 
 CHILD = r"""
 import json, sys, time
@@ -56,8 +65,13 @@ PHASES = ("import", "analyze", "rewrite", "format", "validate")
 def time_type(model_type: str, reps: int, validate: bool) -> dict[str, float]:
     samples: dict[str, list[float]] = {}
     for _ in range(reps):
-        proc = subprocess.run([sys.executable, "-c", CHILD, model_type, "1" if validate else "0"],
-                              capture_output=True, text=True, check=True, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, model_type, "1" if validate else "0"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
         for phase, seconds in json.loads(proc.stdout.strip().splitlines()[-1]).items():
             samples.setdefault(phase, []).append(seconds)
     return {phase: statistics.median(values) for phase, values in samples.items()}
@@ -65,8 +79,12 @@ def time_type(model_type: str, reps: int, validate: bool) -> dict[str, float]:
 
 def time_check(jobs: int) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "hfrewrite.cli", "check", "golden", "-j", str(jobs)],
-                   check=True, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, "-m", "hfrewrite.cli", "check", "golden", "-j", str(jobs)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     return time.perf_counter() - t0
 
 
@@ -86,7 +104,10 @@ def main() -> int:
         print(f"| {model_type} | " + " | ".join(cells) + f" | {beyond:.2f} |", flush=True)
     if args.check:
         for jobs in (1, 2):
-            print(f"\n`hfrewrite check golden/ -j {jobs}`: {time_check(jobs):.1f} s", flush=True)
+            print(
+                f"\n`hfrewrite check golden/ -j {jobs}`: {time_check(jobs):.1f} s",
+                flush=True,
+            )
     return 0
 
 

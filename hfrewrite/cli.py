@@ -3,7 +3,7 @@
 ``convert`` resolves a model, generates its vLLM file and writes ``<out>/<model_type>.py``,
 or into a vLLM source tree (``--vllm-tree``: hfrewrite.deliver.vllm_tree) or a plugin package
 (``--plugin``: hfrewrite.deliver.plugin); ``check`` regenerates generated files and diffs them;
-``verify`` runs the generated file in real vLLM (hfrewrite.verify.harness). Bad input raises
+``verify`` runs the generated file in real vLLM (hfrewrite.verify.command). Bad input raises
 HfrewriteError, printed as one line ``hfrewrite: error: ...`` on stderr with exit code 2
 and nothing written; anything else is a bug and keeps its traceback (exit code 1).
 """
@@ -62,9 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="hfrewrite",
         description="Rewrite a Hugging Face Transformers modeling file into a vLLM model file.",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"hfrewrite {__version__}"
-    )
+    parser.add_argument("--version", action="version", version=f"hfrewrite {__version__}")
     parser.add_argument(
         "--list-passes",
         action="store_true",
@@ -73,9 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("convert", help="write <DIR>/<model_type>.py for a model")
-    p.add_argument(
-        "model", metavar="MODEL", help="local directory, Hub id or model type"
-    )
+    p.add_argument("model", metavar="MODEL", help="local directory, Hub id or model type")
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "-o",
@@ -116,9 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         "architectures mapped to modules hfrewrite did not generate; with --plugin, "
         "also replace package files hfrewrite did not write",
     )
-    p.add_argument(
-        "--explain", action="store_true", help="also list what was not fused and why"
-    )
+    p.add_argument("--explain", action="store_true", help="also list what was not fused and why")
     p.add_argument(
         "--no-verify",
         action="store_true",
@@ -128,9 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("check", help="regenerate generated files and diff them")
-    p.add_argument(
-        "paths", nargs="*", type=Path, metavar="PATH", help="files or directories"
-    )
+    p.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="files or directories")
     p.add_argument(
         "--vllm-tree",
         type=Path,
@@ -191,8 +183,9 @@ def _convert(args: argparse.Namespace) -> int:
         _check_destination(args.plugin, "--plugin")
     elif args.vllm_tree is None:
         _check_destination(args.output_dir or Path("out"), "-o")
-    resolved = relative_to_file(resolve(args.model, args.revision, args.trust_remote_code),
-                                _destination(args))
+    resolved = relative_to_file(
+        resolve(args.model, args.revision, args.trust_remote_code), _destination(args)
+    )
     from hfrewrite import convert  # after resolve: bad input fails before torch loads
 
     generated = convert.generate(resolved)
@@ -216,11 +209,7 @@ def _convert(args: argparse.Namespace) -> int:
     if args.explain:
         rows = [(n.module_class, n.pattern, n.reason) for n in generated.declined]
         print()
-        print(
-            _table(("module class", "declined", "reason"), rows)
-            if rows
-            else "nothing declined"
-        )
+        print(_table(("module class", "declined", "reason"), rows) if rows else "nothing declined")
     print()
     print(validated)
     print("\n".join(written))
@@ -275,9 +264,7 @@ def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
     if args.vllm_tree is not None:
         from hfrewrite.deliver.vllm_tree import install
 
-        tree = install(
-            args.vllm_tree, generated.text, resolved.model_type, archs, cls, args.force
-        )
+        tree = install(args.vllm_tree, generated.text, resolved.model_type, archs, cls, args.force)
         lines = [done(tree.module_status, tree.module_path)]
         for arch, (module, name) in tree.registered:
             lines.append(f"registered {arch} -> {module}.{name}")
@@ -315,27 +302,23 @@ def _check(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     # Imported lazily: verification pulls in vLLM.
     checkpoint = (Path(args.model_type) / "config.json").is_file()
-    verify = importlib.import_module("hfrewrite.verify.checkpoint" if checkpoint else "hfrewrite.verify.harness")
+    verify = importlib.import_module(
+        "hfrewrite.verify.checkpoint" if checkpoint else "hfrewrite.verify.command"
+    )
     return int(verify.main(args) or 0)
 
 
 def _list_passes() -> int:
     # The pass registry is hfrewrite.emit.pipeline.PASSES (the lead's); imported lazily.
     if importlib.util.find_spec("hfrewrite.emit.pipeline") is None:
-        raise HfrewriteError(
-            "the pass registry is not available yet (hfrewrite/emit/pipeline.py)"
-        )
+        raise HfrewriteError("the pass registry is not available yet (hfrewrite/emit/pipeline.py)")
     passes = importlib.import_module("hfrewrite.emit.pipeline").PASSES
-    entries = (
-        passes.items() if isinstance(passes, dict) else ((None, p) for p in passes)
-    )
+    entries = passes.items() if isinstance(passes, dict) else ((None, p) for p in passes)
     rows = []
     for i, (key, p) in enumerate(entries, 1):
         name = key or getattr(p, "NAME", None) or getattr(p, "name", None)
         name = name or getattr(p, "__name__", str(p)).rsplit(".", 1)[-1]
-        doc = (
-            "" if isinstance(p, str) else getattr(p, "summary", None) or p.__doc__ or ""
-        )
+        doc = "" if isinstance(p, str) else getattr(p, "summary", None) or p.__doc__ or ""
         rows.append((str(i), str(name), doc.strip().split("\n")[0]))
     print(_table(("#", "pass", "what it does"), rows))
     return 0

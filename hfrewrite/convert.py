@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from hfrewrite.emit import output as emit
 from hfrewrite.analyze.model import analyze
-from hfrewrite.errors import HfrewriteError
+from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.emit import output as emit
 from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.pipeline import run_passes
-from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.errors import HfrewriteError
 from hfrewrite.progress import step
 
 

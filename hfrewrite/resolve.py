@@ -26,9 +26,7 @@ from hfrewrite.errors import HfrewriteError
 class ResolvedModel:
     """Where a model came from, its config, and the modeling source to rewrite."""
 
-    model_id: (
-        str  # as the user gave it (never made absolute: it is recorded in headers)
-    )
+    model_id: str  # as the user gave it (never made absolute: it is recorded in headers)
     source_kind: str  # "dir", "type" or "hub"
     revision: str | None  # Hub revision as given; None for dirs and types
     model_type: str  # e.g. "llama"
@@ -51,23 +49,17 @@ def relative_to_file(resolved: ResolvedModel, directory: Path) -> ResolvedModel:
     return dataclasses.replace(resolved, model_id=Path(where).as_posix(), relative_to_file=True)
 
 
-def resolve(
-    model_id: str, revision: str | None = None, trust_remote_code: bool = False
-) -> ResolvedModel:
+def resolve(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> ResolvedModel:
     """Resolve ``model_id``; bad input raises HfrewriteError with a one-line message."""
     if not model_id.strip():
         raise HfrewriteError("empty model id")
     path = Path(model_id).expanduser()
     if path.is_dir():
         _no_revision(model_id, revision, "a local directory")
-        data = _read_config(
-            path / "config.json", model_id, missing=f"no config.json in {model_id}"
-        )
+        data = _read_config(path / "config.json", model_id, missing=f"no config.json in {model_id}")
         kind = "dir"
     elif path.exists():
-        raise HfrewriteError(
-            f"{model_id}: is a file; give the directory holding config.json"
-        )
+        raise HfrewriteError(f"{model_id}: is a file; give the directory holding config.json")
     elif _is_known_type(model_id):
         _no_revision(model_id, revision, "a model type")
         return _build(model_id, "type", None, model_id, None, trust_remote_code)
@@ -75,9 +67,7 @@ def resolve(
         raise HfrewriteError(f"{model_id}: no such directory")
     else:
         config_file = _hub_config(model_id, revision)
-        data = _read_config(
-            config_file, model_id, missing=f"no config.json in {model_id}"
-        )
+        data = _read_config(config_file, model_id, missing=f"no config.json in {model_id}")
         kind = "hub"
     model_type = _model_type(data, model_id, trust_remote_code)
     return _build(model_id, kind, revision, model_type, data, trust_remote_code)
@@ -85,18 +75,12 @@ def resolve(
 
 def _no_revision(model_id: str, revision: str | None, what: str) -> None:
     if revision is not None:
-        raise HfrewriteError(
-            f"{model_id}: --revision applies to Hub ids, not to {what}"
-        )
+        raise HfrewriteError(f"{model_id}: --revision applies to Hub ids, not to {what}")
 
 
 def _looks_like_path(model_id: str) -> bool:
     """True for strings that can only mean a local path (Hub ids are `name` or `org/name`)."""
-    return (
-        model_id.startswith((".", "/", "~"))
-        or model_id.count("/") > 1
-        or "\\" in model_id
-    )
+    return model_id.startswith((".", "/", "~")) or model_id.count("/") > 1 or "\\" in model_id
 
 
 def _is_known_type(name: str) -> bool:
@@ -120,9 +104,7 @@ def _read_config(file: Path, model_id: str, missing: str) -> dict:
             f"{model_id}: config.json is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
     if not isinstance(data, dict):
-        raise HfrewriteError(
-            f"{model_id}: config.json must hold a JSON object, not {type(data).__name__}"
-        )
+        raise HfrewriteError(f"{model_id}: config.json must hold a JSON object, not {type(data).__name__}")
     return data
 
 
@@ -138,8 +120,11 @@ def _model_type(data: dict, model_id: str, trust_remote_code: bool) -> str:
                 f"{model_id}: config.json uses Hub custom code (auto_map); refusing without "
                 "--trust-remote-code"
             )
-        runs = (data.get("auto_map") or {}).get("AutoModelForCausalLM") if isinstance(
-            data.get("auto_map"), dict) else None
+        runs = (
+            (data.get("auto_map") or {}).get("AutoModelForCausalLM")
+            if isinstance(data.get("auto_map"), dict)
+            else None
+        )
         if known and runs:
             raise HfrewriteError(
                 f"{model_id}: the checkpoint runs the repository's own code (auto_map: AutoModelForCausalLM -> "
@@ -188,9 +173,7 @@ def _build(
         else:
             config = CONFIG_MAPPING[model_type].from_dict(data)
     except (ValueError, TypeError, KeyError) as exc:
-        raise HfrewriteError(
-            f"{model_id}: invalid {model_type} config: {exc}"
-        ) from None
+        raise HfrewriteError(f"{model_id}: invalid {model_type} config: {exc}") from None
     return ResolvedModel(
         model_id=model_id,
         source_kind=kind,
@@ -231,11 +214,7 @@ def _hub_config(model_id: str, revision: str | None) -> Path:
 
     at = f"{model_id}@{revision}" if revision else model_id
     try:
-        return Path(
-            hf_hub_download(
-                model_id, "config.json", revision=revision, local_files_only=True
-            )
-        )
+        return Path(hf_hub_download(model_id, "config.json", revision=revision, local_files_only=True))
     except HFValidationError:
         raise HfrewriteError(
             f"{model_id}: not a local directory, a model type known to transformers "
@@ -243,9 +222,7 @@ def _hub_config(model_id: str, revision: str | None) -> Path:
         ) from None
     except (LocalEntryNotFoundError, EntryNotFoundError, OSError):
         pass  # not cached: try the Hub below
-    offline = constants.is_offline_mode() or os.environ.get(
-        "HF_HUB_OFFLINE", ""
-    ).upper() in {
+    offline = constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {
         "1",
         "ON",
         "YES",
@@ -256,36 +233,28 @@ def _hub_config(model_id: str, revision: str | None) -> Path:
         f"{_transformers_version()}, and not in the local Hugging Face cache"
     )
     if offline:
-        raise HfrewriteError(
-            f"{unreachable}, and the Hub is unreachable (HF_HUB_OFFLINE is set)"
-        )
-    if (why := _hub_unreachable()) is not None:  # fail fast, not after the client's retries
+        raise HfrewriteError(f"{unreachable}, and the Hub is unreachable (HF_HUB_OFFLINE is set)")
+    # Fail fast, not after the client's retries.
+    if (why := _hub_unreachable()) is not None:
         raise HfrewriteError(f"{unreachable}, and the Hub is unreachable ({why})")
     try:
         return Path(hf_hub_download(model_id, "config.json", revision=revision))
-    except LocalEntryNotFoundError as exc:  # an EntryNotFoundError too: the connection failed
-        raise HfrewriteError(
-            f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})"
-        ) from None
+    # LocalEntryNotFoundError (an EntryNotFoundError): the connection failed.
+    except LocalEntryNotFoundError as exc:
+        raise HfrewriteError(f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})") from None
     except GatedRepoError:
-        raise HfrewriteError(
-            f"{at}: gated on the Hub; log in with `hf auth login` first"
-        ) from None
+        raise HfrewriteError(f"{at}: gated on the Hub; log in with `hf auth login` first") from None
     except RepositoryNotFoundError:
         raise HfrewriteError(
             f"{at}: not a local directory, a model type known to transformers "
             f"{_transformers_version()}, or a Hub repository"
         ) from None
     except RevisionNotFoundError:
-        raise HfrewriteError(
-            f"{at}: revision {revision!r} not found on the Hub"
-        ) from None
+        raise HfrewriteError(f"{at}: revision {revision!r} not found on the Hub") from None
     except EntryNotFoundError:
         raise HfrewriteError(f"{at}: the Hub repository has no config.json") from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        raise HfrewriteError(
-            f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})"
-        ) from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise HfrewriteError(f"{unreachable}, and the Hub is unreachable ({type(exc).__name__})") from None
 
 
 def _hub_unreachable(timeout: float = 3.0) -> str | None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 
 NAME = "carry_decoder_layer"
 
@@ -72,8 +72,12 @@ class _AttentionCall(cst.CSTTransformer):
 
     def leave_Subscript(self, original, updated):
         index = updated.slice[0].slice if len(updated.slice) == 1 else None
-        if (t.call_name(updated.value) == self.func and isinstance(index, cst.Index)
-                and isinstance(index.value, cst.Integer) and index.value.value == "0"):
+        if (
+            t.call_name(updated.value) == self.func
+            and isinstance(index, cst.Index)
+            and isinstance(index.value, cst.Integer)
+            and index.value.value == "0"
+        ):
             return self._call(updated.value)
         return updated
 
@@ -93,7 +97,10 @@ def carry_forward(layer: cst.ClassDef, attn: str, attn_first: str) -> cst.ClassD
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
-    dropped = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)} - {"self", hidden}
+    dropped = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)} - {
+        "self",
+        hidden,
+    }
     if forward.params.star_kwarg is not None:
         dropped.add(forward.params.star_kwarg.name.value)
     calls = _count_calls(forward.body, f"self.{attn}")
@@ -102,15 +109,23 @@ def carry_forward(layer: cst.ClassDef, attn: str, attn_first: str) -> cst.ClassD
     rewriter = _AttentionCall(attn, attn_first, name)
     body = forward.body.visit(rewriter)
     if rewriter.count != 1:
-        raise HfrewriteError(f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`")
+        raise HfrewriteError(
+            f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
+        )
     still = sorted(t.names_used(body) & (dropped | rewriter.extra))
     if still:
-        raise HfrewriteError(f"{name}: {NAME}: the forward reads {', '.join(still)}, which vLLM does not give")
+        raise HfrewriteError(
+            f"{name}: {NAME}: the forward reads {', '.join(still)}, which vLLM does not give"
+        )
     sig = t.stmt(
         f"def forward(self, positions: torch.Tensor, {hidden}: torch.Tensor) -> torch.Tensor:\n    pass\n"
     )
-    forward = forward.with_changes(params=sig.params, returns=sig.returns, body=body,
-                                   whitespace_before_params=sig.whitespace_before_params)
+    forward = forward.with_changes(
+        params=sig.params,
+        returns=sig.returns,
+        body=body,
+        whitespace_before_params=sig.whitespace_before_params,
+    )
     return t.set_method(layer, forward)
 
 
@@ -120,10 +135,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         return PassResult(module=module)
     cls = plan.decoder_layer.module_class
     attn_forward = t.find_method(t.find_class(module, plan.attention.module_class), "forward")
-    layer = carry_forward(t.find_class(module, cls), plan.decoder_layer.attention_block,
-                          _first_param(attn_forward))
+    layer = carry_forward(
+        t.find_class(module, cls),
+        plan.decoder_layer.attention_block,
+        _first_param(attn_forward),
+    )
+    sites = Sites()
+    module = sites.replace_class(module, cls, layer)
     return PassResult(
-        module=t.replace_class(module, cls, layer),
+        module=module,
         fused=(FusionRow(cls, "forward carried from the source (residuals and norms as written)"),),
-        matches=1,
+        matches=sites.count,
     )

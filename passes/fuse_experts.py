@@ -35,9 +35,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
+from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_experts"
 
@@ -52,8 +52,12 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
     The divisor may be a name assigned from a sum (`denominator = w.sum(...) + eps`)."""
     found: list[str] = []
     forward = t.find_method(router, "forward")
-    sums = {t.code(target.target) for a in m.findall(forward, m.Assign()) for target in a.targets
-            if isinstance(target.target, cst.Name) and _is_sum(a.value)}
+    sums = {
+        t.code(target.target)
+        for a in m.findall(forward, m.Assign())
+        for target in a.targets
+        if isinstance(target.target, cst.Name) and _is_sum(a.value)
+    }
 
     def _is_sum_or_name(node: cst.BaseExpression) -> bool:
         return _is_sum(node) or (isinstance(node, cst.Name) and node.value in sums)
@@ -95,15 +99,19 @@ def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
     options = "    bias=True,\n" if moe.router_bias else ""
     if moe.router_fp32:
         options += "    out_dtype=torch.float32,\n    params_dtype=torch.float32,\n"
-    src = (f"self.{moe.router} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
-           f'{options}    prefix=f"{{prefix}}.{moe.router}",\n)\n')
+    src = (
+        f"self.{moe.router} = GateLinear(\n    {sizes['hidden_size']},\n    {sizes['num_experts']},\n"
+        f'{options}    prefix=f"{{prefix}}.{moe.router}",\n)\n'
+    )
     if moe.correction_bias:  # where the checkpoint has it (ernie: in a child, shaped [1, E])
         *children, _ = moe.correction_bias.split(".")
         for i in range(len(children)):
             src += f"self.{moe.router}.{'.'.join(children[: i + 1])} = nn.Module()\n"
         shape = f"{'1, ' if moe.correction_bias_2d else ''}{sizes['num_experts']}"
-        src += (f"self.{moe.router}.{moe.correction_bias} = nn.Parameter(\n"
-                f"    torch.empty({shape}, dtype=torch.float32)\n)\n")
+        src += (
+            f"self.{moe.router}.{moe.correction_bias} = nn.Parameter(\n"
+            f"    torch.empty({shape}, dtype=torch.float32)\n)\n"
+        )
     return t.stmts(src)
 
 
@@ -119,7 +127,9 @@ def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[st
         owner, attr = ("router", path.split(".", 1)[1]) if "." in path else ("block", path)
         expr = where[owner].get(attr)
         if expr is None or "self." in expr:
-            raise HfrewriteError(f"{name}: {NAME}: the {fact} ({path}) is not set from the config in __init__")
+            raise HfrewriteError(
+                f"{name}: {NAME}: the {fact} ({path}) is not set from the config in __init__"
+            )
         exprs[fact] = expr
     kwargs = {
         "use_grouped_topk": "True",
@@ -141,8 +151,11 @@ def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[st
 
 def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
     """An ``if`` (no ``else``) whose body only assigns ``self.<attr>``."""
-    return (isinstance(statement, cst.If) and statement.orelse is None
-            and all(t.self_attr_assigned(s) == attr for s in statement.body.body))
+    return (
+        isinstance(statement, cst.If)
+        and statement.orelse is None
+        and all(t.self_attr_assigned(s) == attr for s in statement.body.body)
+    )
 
 
 def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
@@ -172,12 +185,20 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     if missing:
         raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
     if moe.carried_router:  # the source's router runs as it is: its own code is the proof
-        renormalize, guards, routing = None, "", {"custom_routing_function": "self.route"}
+        renormalize, guards, routing = (
+            None,
+            "",
+            {"custom_routing_function": "self.route"},
+        )
     else:
         renormalize, guards = _source_renormalize(router_cls, router, moe, name)
         routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     ckpt = moe.checkpoint_expert_names
-    ckpt_arg = "" if ckpt == ("gate_proj", "down_proj", "up_proj") else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
+    ckpt_arg = (
+        ""
+        if ckpt == ("gate_proj", "down_proj", "up_proj")
+        else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
+    )
 
     gate = [] if moe.carried_router else _gate(moe, sizes)
     handoff = {} if moe.carried_router else {"gate": f"self.{moe.router}"}
@@ -193,21 +214,25 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             continue
         if attr is None:
             if isinstance(s, cst.BaseCompoundStatement):
-                raise HfrewriteError(f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
-                                     "statement the rewrite would drop")
+                raise HfrewriteError(
+                    f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
+                    "statement the rewrite would drop"
+                )
             if t.code(s).strip() != "super().__init__()":
                 continue
             new_init.append(s)
-            new_init.extend(t.stmts(
-                "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.\n"
-                "parallel_config = get_current_vllm_config().parallel_config\n"
-                "self.ep_size = get_ep_group().device_group.size()\n"
-                f"self.n_routed_experts = {sizes['num_experts']}\n"
-                "self.n_logical_experts = self.n_routed_experts\n"
-                "self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts\n"
-                "self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts\n"
-                "self.n_local_physical_experts = self.n_physical_experts // self.ep_size\n"
-            ))
+            new_init.extend(
+                t.stmts(
+                    "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.\n"
+                    "parallel_config = get_current_vllm_config().parallel_config\n"
+                    "self.ep_size = get_ep_group().device_group.size()\n"
+                    f"self.n_routed_experts = {sizes['num_experts']}\n"
+                    "self.n_logical_experts = self.n_routed_experts\n"
+                    "self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts\n"
+                    "self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts\n"
+                    "self.n_local_physical_experts = self.n_physical_experts // self.ep_size\n"
+                )
+            )
             continue
         elif attr == moe.router and moe.carried_router:
             new = s
@@ -237,19 +262,21 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             gated = f"GatedSharedExpert({shared}, self.{moe.shared_expert_gate})"
             shared = f"{gated} if {shared} is not None else None" if optional_shared else gated
         handoff["shared_experts"] = shared
-    new_init.append(t.stmt(
-        f"self.{moe.experts} = FusedMoEFactory(\n"
-        + "".join(f"    {k}={v},\n" for k, v in handoff.items())
-        + "".join(f"    {k}={v},\n" for k, v in sizes.items())
-        + f"    renormalize={renormalize or 'False'},\n"
-        + "".join(f"    {k}={v},\n" for k, v in routing.items())
-        + "    enable_eplb=parallel_config.enable_eplb,\n"
-        "    num_redundant_experts=self.n_redundant_experts,\n"
-        f"    activation={act[len('ACT2FN['):-1]},\n"
-        "    quant_config=quant_config,\n"
-        f'    prefix=f"{{prefix}}.{moe.experts}",\n'
-        f"{ckpt_arg})\n"
-    ).with_changes(leading_lines=experts_at.leading_lines))
+    new_init.append(
+        t.stmt(
+            f"self.{moe.experts} = FusedMoEFactory(\n"
+            + "".join(f"    {k}={v},\n" for k, v in handoff.items())
+            + "".join(f"    {k}={v},\n" for k, v in sizes.items())
+            + f"    renormalize={renormalize or 'False'},\n"
+            + "".join(f"    {k}={v},\n" for k, v in routing.items())
+            + "    enable_eplb=parallel_config.enable_eplb,\n"
+            "    num_redundant_experts=self.n_redundant_experts,\n"
+            f"    activation={act[len('ACT2FN[') : -1]},\n"
+            "    quant_config=quant_config,\n"
+            f'    prefix=f"{{prefix}}.{moe.experts}",\n'
+            f"{ckpt_arg})\n"
+        ).with_changes(leading_lines=experts_at.leading_lines)
+    )
 
     steps = ["runs self.route" if moe.carried_router else "applies the gate"]
     steps += ["adds the shared expert"] if moe.shared_expert else []
@@ -268,16 +295,19 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     block = t.set_method(block, forward)
     if moe.carried_router:
         w, ids = moe.carried_router
-        block = t.set_method(block, t.stmt(
-            "def route(\n    self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool\n"
-            ") -> tuple[torch.Tensor, torch.Tensor]:\n"
-            '    """The fused experts\' routing: the source\'s router, run as it is."""\n'
-            f"    routing = self.{moe.router}(hidden_states)\n"
-            f"    if routing[{ids}].shape[-1] != topk:\n"
-            f"        raise ValueError(f\"{moe.router_class} chose {{routing[{ids}].shape[-1]}} experts per token, \"\n"
-            f"                         f\"the fused experts take {{topk}}\")\n"
-            f"    return routing[{w}], routing[{ids}]\n"
-        ))
+        block = t.set_method(
+            block,
+            t.stmt(
+                "def route(\n    self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool\n"
+                ") -> tuple[torch.Tensor, torch.Tensor]:\n"
+                '    """The fused experts\' routing: the source\'s router, run as it is."""\n'
+                f"    routing = self.{moe.router}(hidden_states)\n"
+                f"    if routing[{ids}].shape[-1] != topk:\n"
+                f'        raise ValueError(f"{moe.router_class} chose {{routing[{ids}].shape[-1]}} experts per token, "\n'
+                f'                         f"the fused experts take {{topk}}")\n'
+                f"    return routing[{w}], routing[{ids}]\n"
+            ),
+        )
     return block, renormalize or "False"
 
 
@@ -291,8 +321,11 @@ class _NotReducing(cst.CSTTransformer):
 
     def leave_Assign(self, original, updated):
         if t.code(updated.targets[0].target) == f"self.{self.attr}" and isinstance(updated.value, cst.Call):
-            arg = cst.Arg(value=cst.Name("False"), keyword=cst.Name("reduce_results"),
-                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            arg = cst.Arg(
+                value=cst.Name("False"),
+                keyword=cst.Name("reduce_results"),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+            )
             return updated.with_changes(value=updated.value.with_changes(args=[*updated.value.args, arg]))
         return updated
 
@@ -304,7 +337,9 @@ def _insert_before(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Modu
     return module.with_changes(body=body)
 
 
-def _source_renormalize(router_cls: cst.ClassDef, router: dict[str, str], moe, name: str) -> tuple[str | None, str]:
+def _source_renormalize(
+    router_cls: cst.ClassDef, router: dict[str, str], moe, name: str
+) -> tuple[str | None, str]:
     """The source's renormalisation condition, checked against the trace, and the guards
     that refuse configs flipping the router's other branches."""
     renormalize = _renormalize(router_cls, router, name)
@@ -327,25 +362,48 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     block, renormalize = rewrite_block(module, ctx)
     gate, down, up = moe.checkpoint_expert_names
     rows = [
-        FusionRow(moe.module_class, f"router {moe.router}: {moe.describe_routing()} (emitted renormalize="
-                                    f"{renormalize}) -> " + ("FusedMoEFactory custom_routing_function=self.route"
-                                    if moe.carried_router else "GateLinear + FusedMoEFactory routing")),
-        FusionRow(moe.module_class, f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
-                                    f"(checkpoint experts.N.{{{gate},{up},{down}}})"),
+        FusionRow(
+            moe.module_class,
+            f"router {moe.router}: {moe.describe_routing()} (emitted renormalize="
+            f"{renormalize}) -> "
+            + (
+                "FusedMoEFactory custom_routing_function=self.route"
+                if moe.carried_router
+                else "GateLinear + FusedMoEFactory routing"
+            ),
+        ),
+        FusionRow(
+            moe.module_class,
+            f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
+            f"(checkpoint experts.N.{{{gate},{up},{down}}})",
+        ),
     ]
-    rows += [FusionRow(moe.module_class, f"checkpoint rename {old!r} -> {new!r}") for old, new in moe.checkpoint_renames]
+    rows += [
+        FusionRow(moe.module_class, f"checkpoint rename {old!r} -> {new!r}")
+        for old, new in moe.checkpoint_renames
+    ]
     imports = ["FusedMoEFactory", "get_current_vllm_config", "get_ep_group"]
     if not moe.carried_router:
         imports.append("GateLinear")
     if moe.shared_expert_gate:
-        rows.append(FusionRow(moe.module_class, f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept"))
+        rows.append(
+            FusionRow(
+                moe.module_class,
+                f"{moe.shared_expert} + sigmoid({moe.shared_expert_gate}) kept",
+            )
+        )
         imports.append("ReplicatedLinear")
-    module = t.replace_class(module, moe.module_class, block)
+    sites = Sites()
+    module = sites.replace_class(module, moe.module_class, block)
     if moe.shared_expert_gate:
-        module = _insert_before(module, moe.module_class, template_class("moe.py", "GatedSharedExpert", {}, {}))
+        module = _insert_before(
+            module,
+            moe.module_class,
+            template_class("moe.py", "GatedSharedExpert", {}, {}),
+        )
     return PassResult(
         module=module,
         imports=tuple(imports),
         fused=tuple(rows),
-        matches=1,
+        matches=sites.count,
     )

@@ -30,8 +30,8 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 
 NAME = "fuse_gate_up"
 
@@ -51,7 +51,10 @@ class _FuseProduct(cst.CSTTransformer):
     def leave_BinaryOperation(self, original, updated):
         if not isinstance(updated.operator, cst.Multiply):
             return updated
-        for act_call, up_call in ((updated.left, updated.right), (updated.right, updated.left)):
+        for act_call, up_call in (
+            (updated.left, updated.right),
+            (updated.right, updated.left),
+        ):
             if t.call_name(act_call) != self.act or len(act_call.args) != 1:
                 continue
             x_gate = self._proj_input(act_call.args[0].value, self.gate)
@@ -69,8 +72,16 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
     g, u, a = (t.assigned_value(body[where[x]]) for x in (gate, up, act))
     if t.call_name(g) != "nn.Linear" or t.call_name(u) != "nn.Linear":
         raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")
-    g_in, g_out, g_bias = t.arg(g, 0, "in_features"), t.arg(g, 1, "out_features"), t.arg(g, 2, "bias")
-    u_in, u_out, u_bias = t.arg(u, 0, "in_features"), t.arg(u, 1, "out_features"), t.arg(u, 2, "bias")
+    g_in, g_out, g_bias = (
+        t.arg(g, 0, "in_features"),
+        t.arg(g, 1, "out_features"),
+        t.arg(g, 2, "bias"),
+    )
+    u_in, u_out, u_bias = (
+        t.arg(u, 0, "in_features"),
+        t.arg(u, 1, "out_features"),
+        t.arg(u, 2, "bias"),
+    )
     if t.code(g_in) != t.code(u_in):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
     if (g_bias and t.code(g_bias)) != (u_bias and t.code(u_bias)):
@@ -78,7 +89,9 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
     if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
         raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
     act_key = t.code(a.slice[0].slice.value)
-    sizes = f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
+    sizes = (
+        f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
+    )
     bias = t.code(g_bias) if g_bias is not None else "True"
     merged = t.stmt(
         "self.gate_up_proj = MergedColumnParallelLinear(\n"
@@ -90,8 +103,11 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
         if i == where[gate]:
             new_body.append(merged)
         elif i == where[act]:
-            new_body.append(t.stmt(f"self.{act} = get_act_and_mul_fn({act_key})\n").with_changes(
-                leading_lines=s.leading_lines))
+            new_body.append(
+                t.stmt(f"self.{act} = get_act_and_mul_fn({act_key})\n").with_changes(
+                    leading_lines=s.leading_lines
+                )
+            )
         elif i != where[up]:
             new_body.append(s)
     init = t.with_body(init, new_body)
@@ -101,7 +117,10 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
     for i, s in enumerate(fwd_body):
         new = s.visit(fuser)
         if new is not s and fuser.inputs and t.code(new) != t.code(s):
-            fwd_body[i:i + 1] = [t.stmt(f"gate_up, _ = self.gate_up_proj({fuser.inputs[-1]})\n"), new]
+            fwd_body[i : i + 1] = [
+                t.stmt(f"gate_up, _ = self.gate_up_proj({fuser.inputs[-1]})\n"),
+                new,
+            ]
             break
     if len(fuser.inputs) != 1 or {gate, up} & t.self_attrs_used(cst.Module(fwd_body)):
         raise HfrewriteError(f"{name}: {NAME}: `act({gate}(x)) * {up}(x)` is not the only use of {gate}/{up}")
@@ -117,8 +136,12 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
     init, body, where = t.init_assignments(cls, (attr, act), NAME)
     call, a = t.assigned_value(body[where[attr]]), t.assigned_value(body[where[act]])
     size_out = t.arg(call, 1, "out_features")
-    if not (t.call_name(call) == "nn.Linear" and isinstance(size_out, cst.BinaryOperation)
-            and isinstance(size_out.operator, cst.Multiply) and t.code(size_out.left) == "2"):
+    if not (
+        t.call_name(call) == "nn.Linear"
+        and isinstance(size_out, cst.BinaryOperation)
+        and isinstance(size_out.operator, cst.Multiply)
+        and t.code(size_out.left) == "2"
+    ):
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear(H, 2 * I)")
     if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
         raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
@@ -130,16 +153,20 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
         f"    bias={t.code(bias) if bias is not None else 'True'},\n"
         f'    quant_config=quant_config,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
     )
-    body[where[attr]] = merged.with_changes(leading_lines=[*body[where[attr]].leading_lines, *merged.leading_lines])
-    body[where[act]] = t.stmt(f"self.{act} = get_act_and_mul_fn({t.code(a.slice[0].slice.value)})\n").with_changes(
-        leading_lines=body[where[act]].leading_lines)
+    body[where[attr]] = merged.with_changes(
+        leading_lines=[*body[where[attr]].leading_lines, *merged.leading_lines]
+    )
+    body[where[act]] = t.stmt(
+        f"self.{act} = get_act_and_mul_fn({t.code(a.slice[0].slice.value)})\n"
+    ).with_changes(leading_lines=body[where[act]].leading_lines)
     forward = t.find_method(cls, "forward")
     x = [p.name.value for p in forward.params.params if p.name.value != "self"]
     if len(x) != 1:
         raise HfrewriteError(f"{name}: {NAME}: forward does not take one input")
-    forward = t.with_body(forward, t.stmts(
-        f"gate_up, _ = self.{attr}({x[0]})\n"
-        f"return self.{mlp.down.attr}(self.{act}(gate_up))\n"))
+    forward = t.with_body(
+        forward,
+        t.stmts(f"gate_up, _ = self.{attr}({x[0]})\nreturn self.{mlp.down.attr}(self.{act}(gate_up))\n"),
+    )
     return t.set_method(t.set_method(cls, t.with_body(init, body)), forward)
 
 
@@ -150,13 +177,25 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if mlp.fused_gate_up:
         cls = rewrite_fused(t.find_class(module, mlp.module_class), mlp)
     else:
-        cls = rewrite_mlp(t.find_class(module, mlp.module_class), mlp.gate.attr, mlp.up.attr, mlp.act_attr)
+        cls = rewrite_mlp(
+            t.find_class(module, mlp.module_class),
+            mlp.gate.attr,
+            mlp.up.attr,
+            mlp.act_attr,
+        )
+    sites = Sites()
+    module = sites.replace_class(module, mlp.module_class, cls)
     return PassResult(
-        module=t.replace_class(module, mlp.module_class, cls),
+        module=module,
         imports=("MergedColumnParallelLinear", "get_act_and_mul_fn"),
-        fused=(FusionRow(mlp.module_class, f"{mlp.gate.attr}+{mlp.up.attr} -> MergedColumnParallelLinear + {mlp.activation} *AndMul"
-                                           if not mlp.fused_gate_up else
-                         f"{mlp.gate.attr} ([gate; up] in the checkpoint) -> MergedColumnParallelLinear + "
-                         f"{mlp.activation} *AndMul"),),
-        matches=1,
+        fused=(
+            FusionRow(
+                mlp.module_class,
+                f"{mlp.gate.attr}+{mlp.up.attr} -> MergedColumnParallelLinear + {mlp.activation} *AndMul"
+                if not mlp.fused_gate_up
+                else f"{mlp.gate.attr} ([gate; up] in the checkpoint) -> MergedColumnParallelLinear + "
+                f"{mlp.activation} *AndMul",
+            ),
+        ),
+        matches=sites.count,
     )

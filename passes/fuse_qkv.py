@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_qkv"
 
@@ -66,9 +66,12 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     init, body, where = t.init_assignments(cls, (q, k, v), NAME)
     forward = t.find_method(cls, "forward")
     parts = {a: _linear_parts(body[where[a]], name, a) for a in (q, k, v)}
-    (q_in, q_heads, head_dim, q_bias), (k_in, k_heads, k_dim, k_bias), (v_in, v_heads, v_dim, v_bias) = (
-        parts[q], parts[k], parts[v])
-    same = lambda *nodes: len({t.code(n) if n is not None else "" for n in nodes}) == 1  # noqa: E731
+    (
+        (q_in, q_heads, head_dim, q_bias),
+        (k_in, k_heads, k_dim, k_bias),
+        (v_in, v_heads, v_dim, v_bias),
+    ) = (parts[q], parts[k], parts[v])
+    same = lambda *nodes: len({t.code(n) if n is not None else "" for n in nodes}) == 1
     if not same(q_in, k_in, v_in):
         raise HfrewriteError(f"{name}: {NAME}: q/k/v read different input sizes")
     if not same(q_bias, k_bias, v_bias):
@@ -76,8 +79,9 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     if not same(k_heads, v_heads):
         raise HfrewriteError(f"{name}: {NAME}: k_proj and v_proj differ in out_features")
     if not same(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
-        raise HfrewriteError(f"{name}: {NAME}: q/k/v differ in head_dim ({t.code(head_dim)}, "
-                             f"{t.code(k_dim)}, {t.code(v_dim)})")
+        raise HfrewriteError(
+            f"{name}: {NAME}: q/k/v differ in head_dim ({t.code(head_dim)}, {t.code(k_dim)}, {t.code(v_dim)})"
+        )
 
     bias = t.code(q_bias) if q_bias is not None else "True"
     fused = t.stmts(
@@ -145,26 +149,44 @@ class _Slices(cst.CSTTransformer):
         if not (isinstance(updated.value, cst.Name) and updated.value.value == self.var):
             return updated
         last = updated.slice[-1].slice
-        if len(updated.slice) != 2 or t.code(updated.slice[0].slice) != "..." or not isinstance(last, cst.Slice):
+        if (
+            len(updated.slice) != 2
+            or t.code(updated.slice[0].slice) != "..."
+            or not isinstance(last, cst.Slice)
+        ):
             return updated
         role = "q" if last.lower is None else "v" if last.upper is None else "k"
         self.roles.append(role)
         return cst.Name(role)
 
 
-def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_head: bool = False) -> cst.ClassDef:
+def rewrite_fused(
+    cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_head: bool = False
+) -> cst.ClassDef:
     """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (attr,), NAME)
     call = t.assigned_value(body[where[attr]])
     if t.call_name(call) != "nn.Linear":
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
-    size_in, size_out, bias = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features"), t.arg(call, 2, "bias")
+    size_in, size_out, bias = (
+        t.arg(call, 0, "in_features"),
+        t.arg(call, 1, "out_features"),
+        t.arg(call, 2, "bias"),
+    )
     # the head size, where the source names it otherwise: its proven share of the output
-    head_dim = "" if "head_dim" in {t.self_attr_assigned(s) for s in body} else (
-        f"self.head_dim = ({t.code(size_out)}) // (self.total_num_heads + 2 * self.total_num_kv_heads)\n")
-    layout = ("# The checkpoint interleaves q, k and v per head; load_weights reorders them.\n" if per_head else
-              "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n")
+    head_dim = (
+        ""
+        if "head_dim" in {t.self_attr_assigned(s) for s in body}
+        else (
+            f"self.head_dim = ({t.code(size_out)}) // (self.total_num_heads + 2 * self.total_num_kv_heads)\n"
+        )
+    )
+    layout = (
+        "# The checkpoint interleaves q, k and v per head; load_weights reorders them.\n"
+        if per_head
+        else "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n"
+    )
     fused = t.stmts(
         "tp_size = get_tensor_model_parallel_world_size()\n"
         f"self.total_num_heads = {heads}\n"
@@ -185,32 +207,44 @@ def rewrite_fused(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_h
         f'    prefix=f"{{prefix}}.{attr}",\n'
         ")\n"
     )
-    fused[0] = fused[0].with_changes(leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines])
-    body[where[attr]:where[attr] + 1] = fused
+    fused[0] = fused[0].with_changes(
+        leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines]
+    )
+    body[where[attr] : where[attr] + 1] = fused
     init = t.with_body(init, body)
 
     forward = t.find_method(cls, "forward")
     if t.names_used(forward) & {"q", "k", "v"}:
         raise HfrewriteError(f"{name}: {NAME}: forward already uses the names q/k/v")
     fwd_body = list(forward.body.body)
-    at = next((i for i, s in enumerate(fwd_body) if isinstance(s, cst.SimpleStatementLine)
-               and isinstance(s.body[0], cst.Assign) and isinstance(s.body[0].targets[0].target, cst.Name)
-               and _innermost_call(s.body[0].value, f"self.{attr}") is not None), None)
+    at = next(
+        (
+            i
+            for i, s in enumerate(fwd_body)
+            if isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.Assign)
+            and isinstance(s.body[0].targets[0].target, cst.Name)
+            and _innermost_call(s.body[0].value, f"self.{attr}") is not None
+        ),
+        None,
+    )
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
     assign = fwd_body[at].body[0]
     var = assign.targets[0].target.value
     arg = t.code(_innermost_call(assign.value, f"self.{attr}").args[0].value)
     slicer = _Slices(var)
-    rest = fwd_body[at + 1:] if per_head else [s.visit(slicer) for s in fwd_body[at + 1:]]
+    rest = fwd_body[at + 1 :] if per_head else [s.visit(slicer) for s in fwd_body[at + 1 :]]
     if per_head:
         rest = _unchunk(rest, var, name)
     elif sorted(slicer.roles) != ["k", "q", "v"]:
         raise HfrewriteError(f"{name}: {NAME}: {var} is not sliced exactly into q, k and v")
     if var in t.names_used(cst.Module(rest)):
         raise HfrewriteError(f"{name}: {NAME}: {var} is used beyond its q/k/v split")
-    split = t.stmts(f"qkv, _ = self.{attr}({arg})\n"
-                    "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n")
+    split = t.stmts(
+        f"qkv, _ = self.{attr}({arg})\n"
+        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+    )
     forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
     return t.set_method(t.set_method(cls, init), forward)
 
@@ -235,7 +269,8 @@ def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.Base
         value = small.value if isinstance(small, cst.Assign) else None
         splits = isinstance(value, cst.Call) and (  # var.chunk(3, ...) or self._split_heads(var)
             t.code(value.func) == f"{var}.chunk"
-            or (t.code(value.func).startswith("self.") and [t.code(a.value) for a in value.args] == [var]))
+            or (t.code(value.func).startswith("self.") and [t.code(a.value) for a in value.args] == [var])
+        )
         if isinstance(target, cst.Tuple) and len(target.elements) == 3 and splits:
             found += 1
             s = s.with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
@@ -249,23 +284,45 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
     if isinstance(att, MlaPlan):  # passes/mla_attention.py
         return PassResult(module=module)
+    sites = Sites()
     if att.fused_qkv:
         if att.heads_field is None or att.kv_heads_field is None:
             raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
-        cls = rewrite_fused(t.find_class(module, att.module_class), att.q.attr,
-                            f"config.{att.heads_field}", f"config.{att.kv_heads_field}", att.qkv_per_head)
+        cls = rewrite_fused(
+            t.find_class(module, att.module_class),
+            att.q.attr,
+            f"config.{att.heads_field}",
+            f"config.{att.kv_heads_field}",
+            att.qkv_per_head,
+        )
+        module = sites.replace_class(module, att.module_class, cls)
         return PassResult(
-            module=t.replace_class(module, att.module_class, cls),
+            module=module,
             imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),
-            fused=(FusionRow(att.module_class, f"{att.q.attr} ("
-                             + ("q/k/v interleaved per head in the checkpoint, reordered at load" if att.qkv_per_head
-                                else "[q; k; v] in the checkpoint") + ") -> QKVParallelLinear"),),
-            matches=1,
+            fused=(
+                FusionRow(
+                    att.module_class,
+                    f"{att.q.attr} ("
+                    + (
+                        "q/k/v interleaved per head in the checkpoint, reordered at load"
+                        if att.qkv_per_head
+                        else "[q; k; v] in the checkpoint"
+                    )
+                    + ") -> QKVParallelLinear",
+                ),
+            ),
+            matches=sites.count,
         )
     cls = rewrite_attention(t.find_class(module, att.module_class), att.q.attr, att.k.attr, att.v.attr)
+    module = sites.replace_class(module, att.module_class, cls)
     return PassResult(
-        module=t.replace_class(module, att.module_class, cls),
+        module=module,
         imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),
-        fused=(FusionRow(att.module_class, f"{att.q.attr}+{att.k.attr}+{att.v.attr} -> QKVParallelLinear"),),
-        matches=1,
+        fused=(
+            FusionRow(
+                att.module_class,
+                f"{att.q.attr}+{att.k.attr}+{att.v.attr} -> QKVParallelLinear",
+            ),
+        ),
+        matches=sites.count,
     )

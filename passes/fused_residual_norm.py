@@ -32,8 +32,8 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.errors import HfrewriteError
 
 NAME = "fused_residual_norm"
 _VLLM_NORM = {0.0: "RMSNorm", 1.0: "GemmaRMSNorm"}
@@ -49,8 +49,12 @@ class _RenameCalls(cst.CSTTransformer):
     def leave_Call(self, original, updated):
         if t.dotted(updated.func) == self.old:
             self.count += 1
-            args = [a.with_changes(keyword=cst.Name(self.params.get(a.keyword.value, a.keyword.value)))
-                    if a.keyword else a for a in updated.args]
+            args = [
+                a.with_changes(keyword=cst.Name(self.params.get(a.keyword.value, a.keyword.value)))
+                if a.keyword
+                else a
+                for a in updated.args
+            ]
             return updated.with_changes(func=cst.Name(self.new), args=args)
         return updated
 
@@ -81,9 +85,14 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
             )
         else:
             norm = t.stmts(f"hidden_states, residual = self.{b.norm}(hidden_states, residual)\n")
-        norm[0] = norm[0].with_changes(leading_lines=[*([cst.EmptyLine(indent=False)] if i else []), *comments])
-        call = (f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
-                if b.block in attention_blocks else f"self.{b.block}(hidden_states)")
+        norm[0] = norm[0].with_changes(
+            leading_lines=[*([cst.EmptyLine(indent=False)] if i else []), *comments]
+        )
+        call = (
+            f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
+            if b.block in attention_blocks
+            else f"self.{b.block}(hidden_states)"
+        )
         out += [*norm, t.stmt(f"hidden_states = {call}\n")]
         if b.post_norm:  # sandwich norm on the block's output, before the residual add
             out.append(t.stmt(f"hidden_states = self.{b.post_norm}(hidden_states)\n"))
@@ -92,8 +101,14 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
         "def forward(\n    self,\n    positions: torch.Tensor,\n    hidden_states: torch.Tensor,\n"
         "    residual: torch.Tensor | None,\n) -> tuple[torch.Tensor, torch.Tensor]:\n    pass\n"
     )
-    return t.with_body(fwd.with_changes(params=sig.params, returns=sig.returns,
-                                         whitespace_before_params=sig.whitespace_before_params), out)
+    return t.with_body(
+        fwd.with_changes(
+            params=sig.params,
+            returns=sig.returns,
+            whitespace_before_params=sig.whitespace_before_params,
+        ),
+        out,
+    )
 
 
 def _blocks_of_class(cls: cst.ClassDef, class_name: str) -> set[str]:
@@ -119,18 +134,34 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
 
     renamer = _RenameCalls(plan.norm.module_class, vllm_norm, dict(zip(params[:2], ["hidden_size", "eps"])))
     # only top-level definitions that name the norm class can call it: the rest is not walked
-    module = module.with_changes(body=[
-        n.visit(renamer) if plan.norm.module_class in t.names_used(n) else n for n in module.body])
+    module = module.with_changes(
+        body=[n.visit(renamer) if plan.norm.module_class in t.names_used(n) else n for n in module.body]
+    )
     # the source class is unused now; drop it, as it may share vLLM's name (GemmaRMSNorm)
-    module = module.with_changes(body=[n for n in module.body if not (
-        isinstance(n, cst.ClassDef) and n.name.value == plan.norm.module_class)])
+    module = module.with_changes(
+        body=[
+            n
+            for n in module.body
+            if not (isinstance(n, cst.ClassDef) and n.name.value == plan.norm.module_class)
+        ]
+    )
     rows = [FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)")]
     if plan.decoder_layer.fused:
         layer = t.find_class(module, plan.decoder_layer.module_class)
         attention_blocks = _blocks_of_class(layer, plan.attention.module_class)
-        layer = t.set_method(layer, decoder_forward(t.find_method(layer, "forward"), plan.decoder_layer.blocks,
-                                                    attention_blocks))
+        layer = t.set_method(
+            layer,
+            decoder_forward(
+                t.find_method(layer, "forward"),
+                plan.decoder_layer.blocks,
+                attention_blocks,
+            ),
+        )
         module = t.replace_class(module, plan.decoder_layer.module_class, layer)
-        rows.append(FusionRow(plan.decoder_layer.module_class,
-                              f"{len(plan.decoder_layer.blocks)} residual adds fused into the norms"))
+        rows.append(
+            FusionRow(
+                plan.decoder_layer.module_class,
+                f"{len(plan.decoder_layer.blocks)} residual adds fused into the norms",
+            )
+        )
     return PassResult(module=module, imports=(vllm_norm,), fused=tuple(rows), matches=renamer.count)

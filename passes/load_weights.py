@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.errors import HfrewriteError
 
 NAME = "load_weights"
 
@@ -110,32 +110,43 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     stacks = {}  # checkpoint-fused projections load as they are: nothing to stack
     if isinstance(att, MlaPlan):
         if att.q_a is not None:  # passes/mla_attention.py's fused_qkv_a_proj
-            stacks["fused_qkv_a_proj"] = [(att.q_a, f".{att.q_a}", "0"), (att.kv_a, f".{att.kv_a}", "1")]
+            stacks["fused_qkv_a_proj"] = [
+                (att.q_a, f".{att.q_a}", "0"),
+                (att.kv_a, f".{att.kv_a}", "1"),
+            ]
     elif not att.fused_qkv:
-        stacks["qkv_proj"] = [(att.q.attr, f".{att.q.attr}", '"q"'), (att.k.attr, f".{att.k.attr}", '"k"'),
-                              (att.v.attr, f".{att.v.attr}", '"v"')]
+        stacks["qkv_proj"] = [
+            (att.q.attr, f".{att.q.attr}", '"q"'),
+            (att.k.attr, f".{att.k.attr}", '"k"'),
+            (att.v.attr, f".{att.v.attr}", '"v"'),
+        ]
     if mlp is not None and mlp.gate is not None and not mlp.fused_gate_up:
         # With stacked experts, per-expert `experts.N.gate_proj` must reach the fused-MoE
         # loader untouched: qualify the dense MLP keys by where the MLP class is built.
         sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]
         stacks["gate_up_proj"] = [
             (attr, f"{f'.{site}' if site else ''}.{attr}", shard)
-            for site in sites for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
+            for site in sites
+            for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
         ]
     cls = t.find_class(module, plan.architecture)
     load = t.find_method(cls, "load_weights")
     if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):
         raise HfrewriteError(f"{plan.architecture}: {NAME}: no load_weights using self.hf_to_vllm_mapper")
-    packed_of = {fused: list(dict.fromkeys(repr(name) for name, _, _ in parts)) for fused, parts in stacks.items()}
+    packed_of = {
+        fused: list(dict.fromkeys(repr(name) for name, _, _ in parts)) for fused, parts in stacks.items()
+    }
     if getattr(att, "fused_qkv", False):
         packed_of[att.q.attr] = [repr(att.q.attr)]
     if mlp is not None and mlp.fused_gate_up:
         packed_of[mlp.gate.attr] = [repr(mlp.gate.attr)]
     packed = ", ".join(f'"{fused}": [{", ".join(names)}]' for fused, names in packed_of.items())
     stacked = "".join(
-        f'        "{key}": (".{fused}", {shard}),\n' if "." not in key[1:] else
-        f'        "{key}": ("{key.rsplit(".", 1)[0]}.{fused}", {shard}),\n'
-        for fused, parts in stacks.items() for _, key, shard in parts
+        f'        "{key}": (".{fused}", {shard}),\n'
+        if "." not in key[1:]
+        else f'        "{key}": ("{key.rsplit(".", 1)[0]}.{fused}", {shard}),\n'
+        for fused, parts in stacks.items()
+        for _, key, shard in parts
     )
     renames = moe.checkpoint_renames if moe is not None else ()
     substr = "".join(f'        "{old}": "{new}",\n' for old, new in renames)
@@ -147,10 +158,18 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         mapper += f"    orig_to_new_substr={{\n{substr}    }},\n"
     mapper += f"    orig_to_new_stacked={{\n{stacked}    }}\n)\n"
     comment = (
-        "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
-        "# loaded into its shard (weight_name: (param_name, shard_id))"
-        + ("; per-expert and stacked\n# expert tensors go to the fused-MoE loader as they are.\n" if moe else ".\n")
-    ) if stacks else "# The checkpoint's projections are fused as vLLM's are: names map one to one.\n"
+        (
+            "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
+            "# loaded into its shard (weight_name: (param_name, shard_id))"
+            + (
+                "; per-expert and stacked\n# expert tensors go to the fused-MoE loader as they are.\n"
+                if moe
+                else ".\n"
+            )
+        )
+        if stacks
+        else "# The checkpoint's projections are fused as vLLM's are: names map one to one.\n"
+    )
     members = t.stmts(
         f"packed_modules_mapping = {{{packed}}}\n".replace("'", '"')
         + comment
@@ -162,12 +181,18 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
     if plan.mtp_layers_field:
-        body = [_skipping_mtp_layers(m, plan) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
-                else m for m in body]
+        body = [
+            _skipping_mtp_layers(m, plan)
+            if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
+            else m
+            for m in body
+        ]
     cls = cls.with_changes(body=cls.body.with_changes(body=[*members, *body]))
+    sites = Sites()
+    module = sites.replace_class(module, plan.architecture, cls)
     return PassResult(
-        module=t.replace_class(module, plan.architecture, cls),
+        module=module,
         imports=("WeightsMapper",),
         fused=(FusionRow(plan.architecture, "load_weights: HF checkpoint names -> fused shards"),),
-        matches=1,
+        matches=sites.count,
     )

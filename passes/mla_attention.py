@@ -22,12 +22,12 @@ Preconditions: the attention call passes ``scaling=`` (carried as the softmax sc
 from __future__ import annotations
 
 import libcst as cst
-
-from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
-from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.passes.vllm_attention import _FindAttentionCall
+
+from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.errors import HfrewriteError
 
 NAME = "mla_attention"
 
@@ -47,21 +47,43 @@ def _linears(plan: MlaPlan, d) -> str:
     out = f"self.num_local_heads = self.{d('num_heads')} // get_tensor_model_parallel_world_size()\n"
     if plan.q_a is not None:
         out += _LINEAR.format(
-            attr="fused_qkv_a_proj", kind="MergedColumnParallelLinear", size_in=f"self.{d('hidden_size')}",
+            attr="fused_qkv_a_proj",
+            kind="MergedColumnParallelLinear",
+            size_in=f"self.{d('hidden_size')}",
             size_out=f"[self.{d('q_lora_rank')}, self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}]",
-            extra="\n    disable_tp=True,")
+            extra="\n    disable_tp=True,",
+        )
         q_in = f"self.{d('q_lora_rank')}"
     else:
-        out += _LINEAR.format(attr=plan.kv_a, kind="ReplicatedLinear", size_in=f"self.{d('hidden_size')}",
-                              size_out=f"self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}", extra="")
+        out += _LINEAR.format(
+            attr=plan.kv_a,
+            kind="ReplicatedLinear",
+            size_in=f"self.{d('hidden_size')}",
+            size_out=f"self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}",
+            extra="",
+        )
         q_in = f"self.{d('hidden_size')}"
-    out += _LINEAR.format(attr=plan.q_b, kind="ColumnParallelLinear", size_in=q_in,
-                          size_out=f"self.{d('num_heads')} * self.{d('qk_head_dim')}", extra="")
-    out += _LINEAR.format(attr=plan.kv_b, kind="ColumnParallelLinear", size_in=f"self.{d('kv_lora_rank')}",
-                          size_out=f"self.{d('num_heads')} * (self.{d('qk_nope_head_dim')} + self.{d('v_head_dim')})",
-                          extra="")
-    out += _LINEAR.format(attr=plan.o, kind="RowParallelLinear", size_in=f"self.{d('num_heads')} * self.{d('v_head_dim')}",
-                          size_out=f"self.{d('hidden_size')}", extra="")
+    out += _LINEAR.format(
+        attr=plan.q_b,
+        kind="ColumnParallelLinear",
+        size_in=q_in,
+        size_out=f"self.{d('num_heads')} * self.{d('qk_head_dim')}",
+        extra="",
+    )
+    out += _LINEAR.format(
+        attr=plan.kv_b,
+        kind="ColumnParallelLinear",
+        size_in=f"self.{d('kv_lora_rank')}",
+        size_out=f"self.{d('num_heads')} * (self.{d('qk_nope_head_dim')} + self.{d('v_head_dim')})",
+        extra="",
+    )
+    out += _LINEAR.format(
+        attr=plan.o,
+        kind="RowParallelLinear",
+        size_in=f"self.{d('num_heads')} * self.{d('v_head_dim')}",
+        size_out=f"self.{d('hidden_size')}",
+        extra="",
+    )
     return out
 
 
@@ -78,14 +100,18 @@ def _rope_guard(plan: MlaPlan, name: str) -> str:
     """Refuse the rope types and YaRN knobs the replay did not prove (vLLM's deepseek_yarn
     ignores transformers' `attention_factor` and `truncate=False`)."""
     rope_type = _ROPE_TYPES[plan.rope_kind]
-    out = (f'if config.rope_parameters.get("rope_type", "default") != "{rope_type}":\n'
-           f'    raise NotImplementedError("hfrewrite: {name} was converted for rope_type {rope_type!r}: '
-           'convert this config to prove its rope")\n')
+    out = (
+        f'if config.rope_parameters.get("rope_type", "default") != "{rope_type}":\n'
+        f'    raise NotImplementedError("hfrewrite: {name} was converted for rope_type {rope_type!r}: '
+        'convert this config to prove its rope")\n'
+    )
     if plan.rope_kind == "deepseek_yarn":
-        out += ('if config.rope_parameters.get("attention_factor") is not None or not config.rope_parameters.get(\n'
-                '    "truncate", True\n):\n'
-                f'    raise NotImplementedError("hfrewrite: {name}: vLLM\'s deepseek_yarn rope has no attention_factor '
-                'and always truncates")\n')
+        out += (
+            'if config.rope_parameters.get("attention_factor") is not None or not config.rope_parameters.get(\n'
+            '    "truncate", True\n):\n'
+            f"    raise NotImplementedError(\"hfrewrite: {name}: vLLM's deepseek_yarn rope has no attention_factor "
+            'and always truncates")\n'
+        )
     return out
 
 
@@ -141,25 +167,26 @@ def _forward(plan: MlaPlan, d) -> str:
             f"q = self.{plan.q_b}(self.{plan.q_a_norm}(q_c))[0]\n"
         )
     else:
-        project = (f"kv_lora = self.{plan.kv_a}(hidden_states)[0]\n"
-                   f"q = self.{plan.q_b}(hidden_states)[0]\n")
+        project = f"kv_lora = self.{plan.kv_a}(hidden_states)[0]\nq = self.{plan.q_b}(hidden_states)[0]\n"
     return (
         "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n"
-        + "".join(f"    {line}\n" for line in (
-            project +
-            f"kv_c, k_pe = kv_lora.split([{kv_lora}, {rope}], dim=-1)\n"
-            f"kv_c_normed = self.{plan.kv_a_norm}(kv_c)\n"
-            f"q = q.view(-1, self.num_local_heads, self.{d('qk_head_dim')})\n"
-            f"q_nope, q_pe = q.split([self.{d('qk_nope_head_dim')}, {rope}], dim=-1)\n"
-            + _ROPE_CALL[plan.rope_kind].format(rope=rope) +
-            "attn_output = self.mla_attn(\n"
-            "    q,\n"
-            "    kv_c_normed,\n"
-            "    k_pe,\n"
-            f"    output_shape=(hidden_states.shape[0], self.num_local_heads * self.{d('v_head_dim')}),\n"
-            ")\n"
-            f"return self.{plan.o}(attn_output)[0]\n"
-        ).splitlines())
+        + "".join(
+            f"    {line}\n"
+            for line in (
+                project + f"kv_c, k_pe = kv_lora.split([{kv_lora}, {rope}], dim=-1)\n"
+                f"kv_c_normed = self.{plan.kv_a_norm}(kv_c)\n"
+                f"q = q.view(-1, self.num_local_heads, self.{d('qk_head_dim')})\n"
+                f"q_nope, q_pe = q.split([self.{d('qk_nope_head_dim')}, {rope}], dim=-1)\n"
+                + _ROPE_CALL[plan.rope_kind].format(rope=rope)
+                + "attn_output = self.mla_attn(\n"
+                "    q,\n"
+                "    kv_c_normed,\n"
+                "    k_pe,\n"
+                f"    output_shape=(hidden_states.shape[0], self.num_local_heads * self.{d('v_head_dim')}),\n"
+                ")\n"
+                f"return self.{plan.o}(attn_output)[0]\n"
+            ).splitlines()
+        )
     )
 
 
@@ -188,22 +215,42 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     try:
         switches = t.branch_guards(plan.config_branches, t.init_exprs(cls), name, "forward")
     except ValueError as e:
-        raise HfrewriteError(f"{name}: {NAME}: the forward branches on {e}, which no config field sets") from e
+        raise HfrewriteError(
+            f"{name}: {NAME}: the forward branches on {e}, which no config field sets"
+        ) from e
     guards = switches + "".join(
         f"if self.{attr} is not None:\n"
         f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where self.{attr} is None")\n'
-        for attr in guarded)
+        for attr in guarded
+    )
     scaling = t.code(finder.kwargs["scaling"])
     body[at:at] = t.stmts(
-        "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n" + _linears(plan, d))
+        "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n" + _linears(plan, d)
+    )
     body += t.stmts(guards + _rope_guard(plan, name) + _attention(plan, d, scaling))
     cls = t.set_method(cls, t.with_body(init, body))
-    cls = t.set_method(cls, forward.with_changes(**{
-        k: getattr(t.stmt(_forward(plan, d)), k) for k in ("params", "returns", "body", "whitespace_before_params")}))
+    cls = t.set_method(
+        cls,
+        forward.with_changes(
+            **{
+                k: getattr(t.stmt(_forward(plan, d)), k)
+                for k in ("params", "returns", "body", "whitespace_before_params")
+            }
+        ),
+    )
     # helpers of the source's forward (expand_kv) go with it
-    used = t.self_attrs_used(t.find_method(cls, "__init__")) | t.self_attrs_used(t.find_method(cls, "forward"))
-    members = [s for s in cls.body.body if not (
-        isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward") and s.name.value not in used)]
+    used = t.self_attrs_used(t.find_method(cls, "__init__")) | t.self_attrs_used(
+        t.find_method(cls, "forward")
+    )
+    members = [
+        s
+        for s in cls.body.body
+        if not (
+            isinstance(s, cst.FunctionDef)
+            and s.name.value not in ("__init__", "forward")
+            and s.name.value not in used
+        )
+    ]
     return cls.with_changes(body=cls.body.with_changes(body=members))
 
 
@@ -215,17 +262,35 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     fused = "fused_qkv_a_proj ([q_a; kv_a], replicated)" if plan.q_a else f"{plan.kv_a} replicated"
     style = "neox" if plan.rope_neox else "GPT-J (interleaved)"
     rows = (
-        FusionRow(plan.module_class, f"latent attention -> vllm MLAAttention (compressed KV cache "
-                                     f"{plan.kv_lora_rank}+{plan.qk_rope_head_dim}; proven by replay)"),
-        FusionRow(plan.module_class, f"{fused}, {plan.q_b}/{plan.kv_b} -> ColumnParallelLinear, "
-                                     f"{plan.o} -> RowParallelLinear"),
-        FusionRow(plan.module_class, f"get_rope ({plan.rope_kind}, {style} style, rotary dim {plan.qk_rope_head_dim})"),
+        FusionRow(
+            plan.module_class,
+            f"latent attention -> vllm MLAAttention (compressed KV cache "
+            f"{plan.kv_lora_rank}+{plan.qk_rope_head_dim}; proven by replay)",
+        ),
+        FusionRow(
+            plan.module_class,
+            f"{fused}, {plan.q_b}/{plan.kv_b} -> ColumnParallelLinear, {plan.o} -> RowParallelLinear",
+        ),
+        FusionRow(
+            plan.module_class,
+            f"get_rope ({plan.rope_kind}, {style} style, rotary dim {plan.qk_rope_head_dim})",
+        ),
     )
-    kinds = ["ColumnParallelLinear", "RowParallelLinear",
-             "MergedColumnParallelLinear" if plan.q_a else "ReplicatedLinear"]
+    kinds = [
+        "ColumnParallelLinear",
+        "RowParallelLinear",
+        "MergedColumnParallelLinear" if plan.q_a else "ReplicatedLinear",
+    ]
+    sites = Sites()
+    module = sites.replace_class(module, plan.module_class, cls)
     return PassResult(
-        module=t.replace_class(module, plan.module_class, cls),
-        imports=("MLAAttention", "get_rope", "get_tensor_model_parallel_world_size", *kinds),
+        module=module,
+        imports=(
+            "MLAAttention",
+            "get_rope",
+            "get_tensor_model_parallel_world_size",
+            *kinds,
+        ),
         fused=rows,
-        matches=1,
+        matches=sites.count,
     )

@@ -32,8 +32,8 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 
 NAME = "parallel_embedding"
 
@@ -45,7 +45,7 @@ def _replace_assignment(cls: cst.ClassDef, attr: str, build) -> cst.ClassDef:
         if t.self_attr_assigned(s) == attr:
             new = build(t.assigned_value(s))
             new[0] = new[0].with_changes(leading_lines=s.leading_lines)
-            body[i:i + 1] = new
+            body[i : i + 1] = new
             return t.set_method(cls, t.with_body(init, body))
     raise HfrewriteError(f"{cls.name.value}: {NAME}: self.{attr} is not assigned in __init__")
 
@@ -78,8 +78,9 @@ def _onto_vocab_parallel(cls: cst.ClassDef) -> cst.ClassDef:
                 positional = [a for a in updated.args if a.keyword is None]
                 if len(positional) < 2:
                     raise HfrewriteError(f"{name}: {NAME}: super().__init__ does not pass (num, dim)")
-                return updated.with_changes(args=[a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
-                                                  for a in positional[:2]])
+                return updated.with_changes(
+                    args=[a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in positional[:2]]
+                )
             return updated
 
     return cls.with_changes(bases=[cst.Arg(cst.Name("VocabParallelEmbedding"))]).visit(_Super())
@@ -93,9 +94,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         if plan.embed_class is not None and t.call_name(call) == plan.embed_class:
             built = t.code(call)  # the source's own class, now a VocabParallelEmbedding
         elif t.call_name(call) == "nn.Embedding":
-            vocab, hidden = t.code(t.arg(call, 0, "num_embeddings")), t.code(t.arg(call, 1, "embedding_dim"))
-            built = (f"VocabParallelEmbedding(\n"
-                     f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n    )')
+            vocab, hidden = (
+                t.code(t.arg(call, 0, "num_embeddings")),
+                t.code(t.arg(call, 1, "embedding_dim")),
+            )
+            built = (
+                f"VocabParallelEmbedding(\n"
+                f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n    )'
+            )
         else:
             raise HfrewriteError(f"{plan.base_model_class}: {NAME}: self.{embed} is not nn.Embedding")
         return t.stmts(
@@ -114,12 +120,23 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         bias = t.arg(call, 2, "bias")
         if t.call_name(call) != "nn.Linear":
             raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
-        hidden, vocab = t.code(t.arg(call, 0, "in_features")), t.code(t.arg(call, 1, "out_features"))
-        with_bias = f", bias={t.code(bias) if bias is not None else 'True'}" if bias is None or t.code(bias) != "False" else ""
+        hidden, vocab = (
+            t.code(t.arg(call, 0, "in_features")),
+            t.code(t.arg(call, 1, "out_features")),
+        )
+        with_bias = (
+            f", bias={t.code(bias) if bias is not None else 'True'}"
+            if bias is None or t.code(bias) != "False"
+            else ""
+        )
         tying = (
-            "    if config.tie_word_embeddings:\n"
-            f"        self.{head} = self.{head}.tie_weights(self.{tie})\n"
-        ) if tie else ""
+            (
+                "    if config.tie_word_embeddings:\n"
+                f"        self.{head} = self.{head}.tie_weights(self.{tie})\n"
+            )
+            if tie
+            else ""
+        )
         return t.stmts(
             "if get_pp_group().is_last_rank:\n"
             f"    self.{head} = ParallelLMHead(\n"
@@ -131,20 +148,39 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             f"    self.{head} = PPMissingLayer()\n"
         )
 
+    sites = Sites()  # the embedding subclass rebased, the classes assigning the embedding and the head
     if plan.embed_class is not None:
-        module = t.replace_class(module, plan.embed_class, _onto_vocab_parallel(t.find_class(module, plan.embed_class)))
+        module = sites.replace_class(
+            module,
+            plan.embed_class,
+            _onto_vocab_parallel(t.find_class(module, plan.embed_class)),
+        )
     base = _replace_assignment(t.find_class(module, plan.base_model_class), embed, embedding)
-    module = t.replace_class(module, plan.base_model_class, base)
-    module = t.replace_class(module, plan.architecture, _replace_assignment(causal, head, lm_head))
-    embedded = (f"{embed} -> {plan.embed_class} (a scaled lookup, proven by replay) on VocabParallelEmbedding"
-                if plan.embed_class else f"{embed} -> VocabParallelEmbedding")
-    rows = [FusionRow(plan.base_model_class, embedded),
-            FusionRow(plan.architecture, f"{head} -> ParallelLMHead"
-                      + (f" (tied to {tie} when config.tie_word_embeddings)" if tie else ""))]
+    module = sites.replace_class(module, plan.base_model_class, base)
+    module = sites.replace_class(module, plan.architecture, _replace_assignment(causal, head, lm_head))
+    embedded = (
+        f"{embed} -> {plan.embed_class} (a scaled lookup, proven by replay) on VocabParallelEmbedding"
+        if plan.embed_class
+        else f"{embed} -> VocabParallelEmbedding"
+    )
+    rows = [
+        FusionRow(plan.base_model_class, embedded),
+        FusionRow(
+            plan.architecture,
+            f"{head} -> ParallelLMHead"
+            + (f" (tied to {tie} when config.tie_word_embeddings)" if tie else ""),
+        ),
+    ]
     return PassResult(
         module=module,
-        imports=("VocabParallelEmbedding", "ParallelLMHead", "LogitsProcessor", "PPMissingLayer",
-                 "get_pp_group", "maybe_prefix"),
+        imports=(
+            "VocabParallelEmbedding",
+            "ParallelLMHead",
+            "LogitsProcessor",
+            "PPMissingLayer",
+            "get_pp_group",
+            "maybe_prefix",
+        ),
         fused=tuple(rows),
-        matches=2,
+        matches=sites.count,
     )

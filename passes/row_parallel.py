@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.errors import HfrewriteError
 
 NAME = "row_parallel"
 
@@ -37,8 +37,11 @@ class _Unpack(cst.CSTTransformer):
             and isinstance(updated.value, cst.Subscript)
             and t.call_name(updated.value.value) == self.func
         ):
-            target = cst.Tuple([cst.Element(updated.targets[0].target), cst.Element(cst.Name("_"))],
-                               lpar=[], rpar=[])
+            target = cst.Tuple(
+                [cst.Element(updated.targets[0].target), cst.Element(cst.Name("_"))],
+                lpar=[],
+                rpar=[],
+            )
             return updated.with_changes(targets=[cst.AssignTarget(target)], value=updated.value.value)
         return updated
 
@@ -48,7 +51,12 @@ class _Unpack(cst.CSTTransformer):
         return updated
 
 
-def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear", reduce_param: bool = False) -> cst.ClassDef:
+def rewrite(
+    cls: cst.ClassDef,
+    attr: str,
+    kind: str = "RowParallelLinear",
+    reduce_param: bool = False,
+) -> cst.ClassDef:
     """``reduce_param``: the class takes ``reduce_results: bool = True`` and passes it on
     (a MoE block's shared expert is built with False: vLLM's MoE runner reduces it)."""
     name = cls.name.value
@@ -59,7 +67,11 @@ def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear", reduc
             call = t.assigned_value(s)
             if t.call_name(call) != "nn.Linear":
                 raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
-            size_in, size_out, bias = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features"), t.arg(call, 2, "bias")
+            size_in, size_out, bias = (
+                t.arg(call, 0, "in_features"),
+                t.arg(call, 1, "out_features"),
+                t.arg(call, 2, "bias"),
+            )
             bias_src = t.code(bias) if bias is not None else "True"
             body[i] = t.stmt(
                 f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {t.code(size_out)},\n"
@@ -76,7 +88,6 @@ def rewrite(cls: cst.ClassDef, attr: str, kind: str = "RowParallelLinear", reduc
     return cls.visit(_Unpack(attr))
 
 
-
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = []
     mlp = ctx.plan.mlp
@@ -90,7 +101,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             targets.append((mlp.module_class, mlp.up.attr, "ColumnParallelLinear"))
     for cls_name, attr, kind in targets:
         reduce_param = shared and cls_name == mlp.module_class and kind == "RowParallelLinear"
-        module = t.replace_class(module, cls_name, rewrite(t.find_class(module, cls_name), attr, kind, reduce_param))
+        module = t.replace_class(
+            module,
+            cls_name,
+            rewrite(t.find_class(module, cls_name), attr, kind, reduce_param),
+        )
         rows.append(FusionRow(cls_name, f"{attr} -> {kind}"))
-    return PassResult(module=module, imports=tuple(sorted({k for *_, k in targets})), fused=tuple(rows),
-                      matches=len(rows))
+    return PassResult(
+        module=module,
+        imports=tuple(sorted({k for *_, k in targets})),
+        fused=tuple(rows),
+        matches=len(rows),
+    )

@@ -32,9 +32,16 @@ NAME = "strip_hf_runtime"
 # Attributes vLLM itself reads from the model classes (those built from `vllm_config`),
 # including its MixtureOfExperts protocol.
 READ_BY_VLLM = {
-    "config", "make_empty_intermediate_tensors", "moe_layers", "num_moe_layers",
-    "num_expert_groups", "num_logical_experts", "num_physical_experts",
-    "num_local_physical_experts", "num_routed_experts", "num_shared_experts",
+    "config",
+    "make_empty_intermediate_tensors",
+    "moe_layers",
+    "num_moe_layers",
+    "num_expert_groups",
+    "num_logical_experts",
+    "num_physical_experts",
+    "num_local_physical_experts",
+    "num_routed_experts",
+    "num_shared_experts",
     "num_redundant_experts",
 }
 
@@ -69,7 +76,11 @@ class _DropHfRuntime(cst.CSTTransformer):
         self.hf_names = hf_names
 
     def leave_ClassDef(self, original, updated):
-        decorators = [d for d in updated.decorators if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names]
+        decorators = [
+            d
+            for d in updated.decorators
+            if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names
+        ]
         bases = [b for b in updated.bases if t.dotted(b.value) not in self.hf_names]
         if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
             bases = [cst.Arg(t.expr("nn.Module")), *bases]
@@ -83,9 +94,12 @@ class _DropHfRuntime(cst.CSTTransformer):
         return False  # only its decorators change: the body is not walked
 
     def leave_FunctionDef(self, original, updated):
-        decorators = [d for d in updated.decorators if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names]
+        decorators = [
+            d
+            for d in updated.decorators
+            if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names
+        ]
         return updated.with_changes(decorators=decorators)
-
 
 
 class _NoSuperArgs(cst.CSTTransformer):
@@ -100,7 +114,11 @@ class _NoSuperArgs(cst.CSTTransformer):
 
 def _absolute(imp: cst.ImportFrom, modeling_file: str) -> str:
     """The absolute module of a relative import inside transformers/models/<dir>/."""
-    package = ["transformers", "models", modeling_file.removeprefix("modeling_").removesuffix(".py")]
+    package = [
+        "transformers",
+        "models",
+        modeling_file.removeprefix("modeling_").removesuffix(".py"),
+    ]
     level = len(imp.relative)
     parts = package[: len(package) - level + 1]
     return ".".join([*parts, t.dotted(imp.module)] if imp.module else parts)
@@ -150,9 +168,16 @@ def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> s
 
     def holds_state(cls: cst.ClassDef) -> bool:
         calls, persistent = calls_of(cls)
-        layers = {c for c in calls if c.startswith("nn.") and c[3:4].isupper()} - {"nn.Buffer", "nn.Module"}
-        return bool(persistent or layers or any(c.endswith("Parameter") for c in calls)
-                    or calls & (set(classes) - {cls.name.value}))
+        layers = {c for c in calls if c.startswith("nn.") and c[3:4].isupper()} - {
+            "nn.Buffer",
+            "nn.Module",
+        }
+        return bool(
+            persistent
+            or layers
+            or any(c.endswith("Parameter") for c in calls)
+            or calls & (set(classes) - {cls.name.value})
+        )
 
     return {name for name, cls in classes.items() if not holds_state(cls)}
 
@@ -193,14 +218,17 @@ def _class_reads(cls: cst.ClassDef) -> tuple[set[str], set[str]] | None:
     init = t.find_method(cls, "__init__")
     if init is None:
         return None
-    assigned = {a for n in t.walk(init) if isinstance(n, cst.SimpleStatementLine) and (a := t.self_attr_assigned(n))}
+    assigned = {
+        a for n in t.walk(init) if isinstance(n, cst.SimpleStatementLine) and (a := t.self_attr_assigned(n))
+    }
     self_reads, _ = _attribute_reads(cls)
     model_class = "vllm_config" in t.names_used(init.params)
     return assigned, self_reads | (READ_BY_VLLM if model_class else set())
 
 
-def _prune_class(cls: cst.ClassDef, cross_reads: set[str], stateless: set[str],
-                 reads_of=_class_reads) -> tuple[cst.ClassDef, int]:
+def _prune_class(
+    cls: cst.ClassDef, cross_reads: set[str], stateless: set[str], reads_of=_class_reads
+) -> tuple[cst.ClassDef, int]:
     """``cls`` without the ``__init__`` assignments nothing reads, and how many went. Only a
     class with such an assignment is rewritten (the others are not walked twice)."""
     facts = reads_of(cls)
@@ -232,14 +260,21 @@ def _attribute_reads(node: cst.CSTNode) -> tuple[set[str], set[str]]:
         current = stack.pop()
         if isinstance(current, cst.Assign):
             stack.append(current.value)
-            stack.extend(target for target in current.targets if not (
-                isinstance(target.target, cst.Attribute) and t.dotted(target.target.value) == "self"))
+            stack.extend(
+                target
+                for target in current.targets
+                if not (isinstance(target.target, cst.Attribute) and t.dotted(target.target.value) == "self")
+            )
             continue
         if isinstance(current, cst.Attribute):
             base = t.dotted(current.value) or ""
             if base == "self":
                 self_reads.add(current.attr.value)
-            elif base and base.split(".")[0] not in ("config", "torch", "nn", "F") and not base.endswith("_config"):
+            elif (
+                base
+                and base.split(".")[0] not in ("config", "torch", "nn", "F")
+                and not base.endswith("_config")
+            ):
                 # another object's attribute: `self.model.embed_tokens`, `block.n_logical_experts`
                 cross_reads.add(current.attr.value)
         stack.extend(t.children(current))
@@ -256,21 +291,32 @@ def _drop_unused_private_methods(module: cst.Module) -> cst.Module:
     used = {n.attr.value for n in t.walk(module) if isinstance(n, cst.Attribute)}
 
     def unused(member: cst.CSTNode) -> bool:
-        return (isinstance(member, cst.FunctionDef) and member.name.value.startswith("_")
-                and not member.name.value.startswith("__") and member.name.value not in used)
+        return (
+            isinstance(member, cst.FunctionDef)
+            and member.name.value.startswith("_")
+            and not member.name.value.startswith("__")
+            and member.name.value not in used
+        )
 
-    return module.with_changes(body=[
-        node.with_changes(body=node.body.with_changes(body=[m for m in node.body.body if not unused(m)]))
-        if isinstance(node, cst.ClassDef) else node
-        for node in module.body
-    ])
+    return module.with_changes(
+        body=[
+            node.with_changes(body=node.body.with_changes(body=[m for m in node.body.body if not unused(m)]))
+            if isinstance(node, cst.ClassDef)
+            else node
+            for node in module.body
+        ]
+    )
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
     module = module.visit(_DropHfRuntime(hf_names))
     module = _drop_unused_private_methods(module)
-    names_used, calls_of, reads_of = _PerNode(t.names_used), _PerNode(_calls_and_persistence), _PerNode(_class_reads)
+    names_used, calls_of, reads_of = (
+        _PerNode(t.names_used),
+        _PerNode(_calls_and_persistence),
+        _PerNode(_class_reads),
+    )
     cross_reads_of = _PerNode(_cross_reads)
     for _ in range(3):  # pruning an attribute can orphan a class, which can orphan another attribute
         keep = _reachable(module, ctx.plan.architecture, names_used)
@@ -296,19 +342,31 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 rest = [s for s in node.body if s not in ours]
                 if not rest:
                     continue
-                node = node.with_changes(body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in rest])
+                node = node.with_changes(
+                    body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in rest]
+                )
         body.append(node)
     module = module.with_changes(body=body)
     still_used = set().union(*(names_used(n) for n in module.body)) - {c for c in configs}
     carried = "".join(
         f"from {_absolute(imp, ctx.modeling_file)} import {name}\n"
-        for imp in relative if not isinstance(imp.names, cst.ImportStar)
-        for name in (a.evaluated_name for a in imp.names if (a.evaluated_alias or a.evaluated_name) in still_used)
+        for imp in relative
+        if not isinstance(imp.names, cst.ImportStar)
+        for name in (
+            a.evaluated_name for a in imp.names if (a.evaluated_alias or a.evaluated_name) in still_used
+        )
     )
     configs_and_carried = "".join(f"from transformers import {c}\n" for c in configs) + carried
     config_imports = configs_and_carried
     if config_imports:
-        at = max(i for i, n in enumerate(module.body) if isinstance(n, cst.SimpleStatementLine)
-                 and isinstance(n.body[0], (cst.Import, cst.ImportFrom))) + 1
+        at = (
+            max(
+                i
+                for i, n in enumerate(module.body)
+                if isinstance(n, cst.SimpleStatementLine)
+                and isinstance(n.body[0], (cst.Import, cst.ImportFrom))
+            )
+            + 1
+        )
         module = module.with_changes(body=[*module.body[:at], *t.stmts(config_imports), *module.body[at:]])
     return PassResult(module=module, matches=len(hf_names))

@@ -107,8 +107,14 @@ class _Thread(cst.CSTTransformer):
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     needs = _needs(module)
-    imports = tuple(sym for a, sym in (("cache_config", "CacheConfig"), ("quant_config", "QuantizationConfig"))
-                    if any(a in n for n in needs.values()))
+    imports = tuple(
+        sym
+        for a, sym in (
+            ("cache_config", "CacheConfig"),
+            ("quant_config", "QuantizationConfig"),
+        )
+        if any(a in n for n in needs.values())
+    )
     body = []
     for node in module.body:  # only class __init__s change: the rest is not walked
         init = t.find_method(node, "__init__") if isinstance(node, cst.ClassDef) else None

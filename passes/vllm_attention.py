@@ -31,11 +31,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.analyze.plan import AttentionPlan, MlaPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
+from hfrewrite.errors import HfrewriteError
 
 NAME = "vllm_attention"
 
@@ -61,10 +61,24 @@ if self.tp_size > 1:
 
 
 # `q, k, v = qkv.split(...)`, as fuse_qkv writes it
-_QKV_SPLIT = m.SimpleStatementLine(body=[m.Assign(
-    targets=[m.AssignTarget(m.Tuple([m.Element(m.Name("q")), m.Element(m.Name("k")), m.Element(m.Name("v"))]))],
-    value=m.Call(func=m.Attribute(value=m.Name("qkv"), attr=m.Name("split"))),
-)])
+_QKV_SPLIT = m.SimpleStatementLine(
+    body=[
+        m.Assign(
+            targets=[
+                m.AssignTarget(
+                    m.Tuple(
+                        [
+                            m.Element(m.Name("q")),
+                            m.Element(m.Name("k")),
+                            m.Element(m.Name("v")),
+                        ]
+                    )
+                )
+            ],
+            value=m.Call(func=m.Attribute(value=m.Name("qkv"), attr=m.Name("split"))),
+        )
+    ]
+)
 
 
 class _FindAttentionCall(cst.CSTVisitor):
@@ -82,7 +96,12 @@ class _FindAttentionCall(cst.CSTVisitor):
 # reshape q/k/v, apply the plan's per-head norms, the rope helper, the HF cache update, the
 # attention interface and the output projection. Anything else is refused (fail closed).
 _LAYOUT_METHODS = {"view", "transpose", "reshape", "contiguous", "flatten", "unsqueeze"}
-_ALLOWED_CALLS = _LAYOUT_METHODS | {"apply_rotary_pos_emb", "attention_interface", "get_interface", "getattr"}
+_ALLOWED_CALLS = _LAYOUT_METHODS | {
+    "apply_rotary_pos_emb",
+    "attention_interface",
+    "get_interface",
+    "getattr",
+}
 # dropout after the output projection: the analysis proved it the identity at inference
 _DROPOUT_CALLS = {"dropout"}
 
@@ -108,9 +127,14 @@ def _state_names(body: list[cst.BaseStatement]) -> dict[str, str]:
         if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
             assign = statement.body[0]
             sources = {names[n] for n in t.names_used(assign.value) if n in names}
-            targets = [e.value for tgt in assign.targets for e in
-                       (tgt.target.elements if isinstance(tgt.target, cst.Tuple) else [cst.Element(tgt.target)])
-                       if isinstance(e.value, cst.Name)]
+            targets = [
+                e.value
+                for tgt in assign.targets
+                for e in (
+                    tgt.target.elements if isinstance(tgt.target, cst.Tuple) else [cst.Element(tgt.target)]
+                )
+                if isinstance(e.value, cst.Name)
+            ]
             if len(sources) == 1 and len(targets) == 1:
                 names[targets[0].value] = sources.pop()
     return names
@@ -123,11 +147,26 @@ def _carried_conditional(statement: cst.BaseStatement, states: dict[str, str]) -
     if t.names_used(statement.test) & set(states):
         return None
     for line in statement.body.body:
-        call = line.body[0].value if isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr) else None
-        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-                and isinstance(call.func.value, cst.Name) and call.func.value.value in states
-                and call.func.attr.value in _INPLACE_ELEMENTWISE
-                and not (t.names_used(cst.Module([cst.SimpleStatementLine([cst.Expr(a.value) for a in call.args])]) if call.args else set()) & set(states))):
+        call = (
+            line.body[0].value
+            if isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr)
+            else None
+        )
+        if not (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value in states
+            and call.func.attr.value in _INPLACE_ELEMENTWISE
+            and not (
+                t.names_used(
+                    cst.Module([cst.SimpleStatementLine([cst.Expr(a.value) for a in call.args])])
+                    if call.args
+                    else set()
+                )
+                & set(states)
+            )
+        ):
             return None
 
     class _Rename(cst.CSTTransformer):
@@ -144,10 +183,15 @@ def _cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
         return False
     caches = t.root_names(statement.test) & params
     return bool(caches) and all(
-        isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)
-        and isinstance(s.body[0].value, cst.Call) and isinstance(s.body[0].value.func, cst.Attribute)
-        and t.code(s.body[0].value.func.value) in caches and s.body[0].value.func.attr.value == "update"
-        for s in statement.body.body)
+        isinstance(s, cst.SimpleStatementLine)
+        and len(s.body) == 1
+        and isinstance(s.body[0], cst.Assign)
+        and isinstance(s.body[0].value, cst.Call)
+        and isinstance(s.body[0].value.func, cst.Attribute)
+        and t.code(s.body[0].value.func.value) in caches
+        and s.body[0].value.func.attr.value == "update"
+        for s in statement.body.body
+    )
 
 
 def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
@@ -167,8 +211,11 @@ _SWITCH_NAMES = {"self", "config", "None", "True", "False"}
 
 def _config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
     """The test of ``if <self/config test>: ...`` (no else), else None."""
-    if isinstance(statement, cst.If) and statement.orelse is None and \
-            t.root_names(statement.test) <= _SWITCH_NAMES:
+    if (
+        isinstance(statement, cst.If)
+        and statement.orelse is None
+        and t.root_names(statement.test) <= _SWITCH_NAMES
+    ):
         return statement.test
     return None
 
@@ -176,11 +223,28 @@ def _config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
 def _guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, str]) -> bool:
     """The body only re-assigns q/k states through the allowed (rope and layout) calls:
     the position-dependent region the analysis proved is the rope, under a condition."""
-    assigned = {name for s in statement.body.body if isinstance(s, cst.SimpleStatementLine)
-                for small in s.body if isinstance(small, cst.Assign)
-                for target in small.targets for name in t.root_names(target.target)}
+    assigned = {
+        name
+        for s in statement.body.body
+        if isinstance(s, cst.SimpleStatementLine)
+        for small in s.body
+        if isinstance(small, cst.Assign)
+        for target in small.targets
+        for name in t.root_names(target.target)
+    }
     return all(not _unrecognised(s, allowed_calls) for s in statement.body.body) and bool(
-        {states.get(name) for name in assigned} & {"q", "k"})
+        {states.get(name) for name in assigned} & {"q", "k"}
+    )
+
+
+def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) -> cst.FunctionDef:
+    body = [
+        s.with_changes(trailing_whitespace=cst.TrailingWhitespace())
+        if isinstance(s, cst.SimpleStatementLine) and t.self_attr_assigned(s) in attrs
+        else s
+        for s in init.body.body
+    ]
+    return t.with_body(init, body)
 
 
 def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef, list[str]]:
@@ -198,9 +262,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
     body = list(forward.body.body)
-    split_at = next(
-        (i for i, s in enumerate(body) if m.matches(s, _QKV_SPLIT)), None
-    )
+    split_at = next((i for i, s in enumerate(body) if m.matches(s, _QKV_SPLIT)), None)
     if split_at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
@@ -222,11 +284,14 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
             rope_test = test  # NoPE layers: the source's own condition on its rope
         elif _cache_update(statement, params):
             continue
-        elif test is not None and planned and t.self_attrs_used(statement.body) & planned and \
-                all(not _unrecognised(s, allowed) for s in statement.body.body):
+        elif (
+            test is not None
+            and planned
+            and t.self_attrs_used(statement.body) & planned
+            and all(not _unrecognised(s, allowed) for s in statement.body.body)
+        ):
             norm_test = test  # the traced config took it: the plan's norms, under its test
-        elif test is not None and \
-                not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
+        elif test is not None and not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
             # A switch the traced config leaves off (cohere's use_qk_norm): what it
             # would do was never proven, so the file refuses configs that turn it on.
             untaken.append(test)
@@ -237,7 +302,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     scaling = t.code(finder.kwargs["scaling"])
     window = (
         f"    per_layer_sliding_window={t.code(finder.kwargs['sliding_window'])},\n"
-        if "sliding_window" in finder.kwargs else ""
+        if "sliding_window" in finder.kwargs
+        else ""
     )
     if "softcap" in finder.kwargs:
         window += f"    logits_soft_cap={t.code(finder.kwargs['softcap'])},\n"
@@ -245,7 +311,9 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     rope_parameters = "config.rope_parameters"
     if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
         if "layer_idx" not in {p.name.value for p in init.params.params}:
-            raise HfrewriteError(f"{name}: {NAME}: rope parameters per layer type, but __init__ has no layer_idx")
+            raise HfrewriteError(
+                f"{name}: {NAME}: rope parameters per layer type, but __init__ has no layer_idx"
+            )
         rope_parameters = "config.rope_parameters[config.layer_types[layer_idx]]"
     guards = "".join(
         f"if {t.code(test)}:\n"
@@ -253,18 +321,24 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         f'`{t.code(test).replace(chr(34), chr(39))}` is false")\n'
         for test in untaken
     )
-    init = t.with_body(init, [*init.body.body, *t.stmts(guards + _rope_init(att, head_dim, rope_parameters) +
-        "self.attn = Attention(\n"
-        "    self.num_heads,\n"
-        f"    {head_dim},\n"
-        f"    {scaling},\n"
-        "    num_kv_heads=self.num_kv_heads,\n"
-        "    cache_config=cache_config,\n"
-        "    quant_config=quant_config,\n"
-        f"{window}"
-        '    prefix=f"{prefix}.attn",\n'
-        ")\n"
-    )])
+    init = t.with_body(
+        init,
+        [
+            *init.body.body,
+            *t.stmts(
+                guards + _rope_init(att, head_dim, rope_parameters) + "self.attn = Attention(\n"
+                "    self.num_heads,\n"
+                f"    {head_dim},\n"
+                f"    {scaling},\n"
+                "    num_kv_heads=self.num_kv_heads,\n"
+                "    cache_config=cache_config,\n"
+                "    quant_config=quant_config,\n"
+                f"{window}"
+                '    prefix=f"{prefix}.attn",\n'
+                ")\n"
+            ),
+        ],
+    )
 
     norms = ""
     where = "after" if att.qk_norm_after_rope else "before"
@@ -274,12 +348,22 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         norms += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=head_dim)
     elif att.qk_norm_over == "all_heads":
         norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
-        init = t.with_body(init, [*init.body.body, *t.stmts(
-            "self.tp_size = get_tensor_model_parallel_world_size()\n"
-            "self.tp_rank = get_tensor_model_parallel_rank()\n"
-        )])
+        # fuse_qkv's prologue already binds the tensor-parallel size to a local.
+        has_local = any(
+            t.code(s).strip() == "tp_size = get_tensor_model_parallel_world_size()" for s in init.body.body
+        )
+        tp_size = "tp_size" if has_local else "get_tensor_model_parallel_world_size()"
+        init = t.with_body(
+            init,
+            [
+                *init.body.body,
+                *t.stmts(f"self.tp_size = {tp_size}\nself.tp_rank = get_tensor_model_parallel_rank()\n"),
+            ],
+        )
     elif att.q_norm or att.k_norm:
         raise HfrewriteError(f"{name}: {NAME}: q/k norms of unknown extent")
+    if att.q_norm or att.k_norm:  # their comments describe the source's layout of q/k
+        init = _without_trailing_comments(init, {att.q_norm, att.k_norm})
     if norm_test is not None:  # persimmon's `if self.qk_layernorm:`
         norms = f"if {t.code(norm_test)}:\n" + "".join(f"    {line}\n" for line in norms.splitlines())
     tail = "" if att.qk_norm_after_rope else norms
@@ -287,7 +371,9 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     if rope_test is not None:
         tail += f"if {t.code(rope_test)}:  # layers without rope (NoPE), as in the source\n    "
     elif att.nope_layers:
-        raise HfrewriteError(f"{name}: {NAME}: some layers have no rope, but the source's rope is unconditional")
+        raise HfrewriteError(
+            f"{name}: {NAME}: some layers have no rope, but the source's rope is unconditional"
+        )
     tail += "q, k = self.rotary_emb(positions, q, k)\n"
     if att.qk_norm_after_rope:
         tail += norms
@@ -297,15 +383,19 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         "return attn_output\n"
     )
     params = t.stmt(
-        "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n"
-        "    pass\n"
+        "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n"
     )
-    forward = forward.with_changes(params=params.params, returns=params.returns,
-                                whitespace_before_params=params.whitespace_before_params)
+    forward = forward.with_changes(
+        params=params.params,
+        returns=params.returns,
+        whitespace_before_params=params.whitespace_before_params,
+    )
     forward = t.with_body(forward, [*body[split_at - 1 : split_at + 1], *t.stmts(tail)])
     notes = [f"rope only where the source's `{t.code(rope_test)}` holds (NoPE layers)"] if rope_test else []
-    notes += [f"config branch `if {t.code(test)}:` never traced: the file refuses configs that take it"
-              for test in untaken]
+    notes += [
+        f"config branch `if {t.code(test)}:` never traced: the file refuses configs that take it"
+        for test in untaken
+    ]
     notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
     notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
     return t.set_method(t.set_method(cls, init), forward), notes
@@ -323,8 +413,11 @@ def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
             f"    is_neox_style={att.rope_neox},\n"
             ")\n"
         )
-    rotary_dim = head_dim if att.rotary_dim == att.head_dim else (
-        f'int({head_dim} * {rope_parameters}.get("partial_rotary_factor", 1.0))')
+    rotary_dim = (
+        head_dim
+        if att.rotary_dim == att.head_dim
+        else (f'int({head_dim} * {rope_parameters}.get("partial_rotary_factor", 1.0))')
+    )
     return (
         "self.rotary_emb = ReversedRotaryEmbedding(\n"
         f"    {head_dim},\n"
@@ -339,7 +432,9 @@ def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
 
 def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cst.Module:
     body = list(module.body)
-    at = next(i for i, node in enumerate(body) if isinstance(node, cst.ClassDef) and node.name.value == before)
+    at = next(
+        i for i, node in enumerate(body) if isinstance(node, cst.ClassDef) and node.name.value == before
+    )
     return module.with_changes(body=[*body[:at], cls, *body[at:]])
 
 
@@ -351,26 +446,40 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     cls, notes = rewrite_attention(cls, ctx)
     style = "neox" if att.rope_neox else "GPT-J (interleaved)"
     rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
-    rope = (f"{rope}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
-            + (", parameters per layer type" if att.rope_per_layer_type else "") + "; proven by replay)")
+    rope = (
+        f"{rope}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
+        + (", parameters per layer type" if att.rope_per_layer_type else "")
+        + "; proven by replay)"
+    )
     softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
     rows = [FusionRow(att.module_class, f"attention interface -> vllm Attention{softcap} + {rope}")]
     rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
-    module = t.replace_class(module, att.module_class, cls)
+    sites = Sites()
+    module = sites.replace_class(module, att.module_class, cls)
     if att.rope_reversed:
-        module = _with_class_before(module, template_class(
-            "rope.py", "ReversedRotaryEmbedding", {}, {}), att.module_class)
+        module = _with_class_before(
+            module,
+            template_class("rope.py", "ReversedRotaryEmbedding", {}, {}),
+            att.module_class,
+        )
     if att.q_norm:
         where = "after" if att.qk_norm_after_rope else "before"
-        rows.append(FusionRow(att.module_class, f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over}, "
-                                                f"{where} the rope)"))
+        rows.append(
+            FusionRow(
+                att.module_class,
+                f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over}, {where} the rope)",
+            )
+        )
     if att.qk_norm_over == "all_heads":
-        imports += ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
-                    "tensor_model_parallel_all_gather"]
+        imports += [
+            "get_tensor_model_parallel_rank",
+            "get_tensor_model_parallel_world_size",
+            "tensor_model_parallel_all_gather",
+        ]
     return PassResult(
         module=module,
         imports=tuple(imports),
         fused=tuple(rows),
-        matches=1,
+        matches=sites.count,
     )

@@ -27,9 +27,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
+from hfrewrite.errors import HfrewriteError
 
 NAME = "vllm_model_interface"
 TEMPLATE = "causal_lm.py"
@@ -49,14 +49,20 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     """`make_layers(...)` source for `nn.ModuleList([Layer(...) for i in range(N)])`."""
     lc = value.args[0].value if t.call_name(value) == "nn.ModuleList" and value.args else None
     gen = lc.for_in if isinstance(lc, cst.ListComp) else None
-    if gen is None or gen.inner_for_in is not None or t.call_name(gen.iter) != "range" \
-            or not isinstance(gen.target, cst.Name) or not isinstance(lc.elt, cst.Call):
+    if (
+        gen is None
+        or gen.inner_for_in is not None
+        or t.call_name(gen.iter) != "range"
+        or not isinstance(gen.target, cst.Name)
+        or not isinstance(lc.elt, cst.Call)
+    ):
         raise HfrewriteError(f"{cls}: {NAME}: self.{attr} is not ModuleList([... for i in range(N)])")
     index, count = gen.target.value, t.code(gen.iter.args[0].value)
     layer = lc.elt
     args = [
         a.with_changes(value=t.expr("extract_layer_index(prefix)"))
-        if isinstance(a.value, cst.Name) and a.value.value == index else a
+        if isinstance(a.value, cst.Name) and a.value.value == index
+        else a
         for a in layer.args
     ]
     extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
@@ -71,15 +77,24 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
 _GLUE_NAMES = {"self", "torch", "nn", "F", "math", "None", "True", "False"}
 
 
-def _embedding_glue(forward: cst.FunctionDef | None, layers: str, embed: str, cls: str) -> list[cst.BaseStatement]:
+def _embedding_glue(
+    forward: cst.FunctionDef | None, layers: str, embed: str, cls: str
+) -> list[cst.BaseStatement]:
     """The source's statements that turn the embeddings into the first layer's input
     (granite's ``inputs_embeds * self.embedding_multiplier``, nanochat's norm), with the
     stream renamed to ``hidden_states``: a backward slice from the layer loop's input
     over the top-level statements, stopping at the embedding lookup. Statements that read
     anything but the stream, ``self`` and libraries refuse (masks, positions, caches)."""
     body = list(forward.body.body) if forward is not None else []
-    loop = next((i for i, s in enumerate(body) if isinstance(s, cst.For)
-                 and f"self.{layers}" in {t.dotted(n) for n in m.findall(s.iter, m.Attribute())}), None)
+    loop = next(
+        (
+            i
+            for i, s in enumerate(body)
+            if isinstance(s, cst.For)
+            and f"self.{layers}" in {t.dotted(n) for n in m.findall(s.iter, m.Attribute())}
+        ),
+        None,
+    )
     if loop is None:
         return []
     calls = m.findall(body[loop].body, m.Call())
@@ -89,7 +104,9 @@ def _embedding_glue(forward: cst.FunctionDef | None, layers: str, embed: str, cl
     stream, needed, sliced = {first.value}, {first.value}, []
     for s in reversed(body[:loop]):
         small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
-        target = small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        target = (
+            small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        )
         lookup = {t.dotted(c.func) for c in m.findall(s, m.Call())} & {f"self.{embed}"}
         if (isinstance(s, cst.If) or lookup) and _assigned(s) & needed:
             # `if inputs_embeds is None: inputs_embeds = self.embed_tokens(...)`: the lookup
@@ -103,11 +120,13 @@ def _embedding_glue(forward: cst.FunctionDef | None, layers: str, embed: str, cl
         else:
             sliced.insert(0, s)
         needed = (needed - {target.value}) | reads
-    stranger = sorted(t.root_names(cst.Module(sliced)) - _GLUE_NAMES - stream
-                      - {n for s in sliced for n in _assigned(s)})
+    stranger = sorted(
+        t.root_names(cst.Module(sliced)) - _GLUE_NAMES - stream - {n for s in sliced for n in _assigned(s)}
+    )
     if stranger:
-        raise HfrewriteError(f"{cls}: {NAME}: the embeddings are changed with {', '.join(stranger)} before "
-                             "the first layer")
+        raise HfrewriteError(
+            f"{cls}: {NAME}: the embeddings are changed with {', '.join(stranger)} before the first layer"
+        )
 
     class _Rename(cst.CSTTransformer):
         def leave_Name(self, original, updated):
@@ -129,6 +148,7 @@ def _lookup_expression(forward: cst.FunctionDef | None, embed: str, cls: str) ->
     """The source's own expression around its embedding lookup, when it is more than the
     lookup (``self.embed_tokens(input_ids) * scale``), with the lookup reading
     ``input_ids``: the body of ``embed_input_ids``. None for a bare lookup."""
+
     def looks_up(node: cst.CSTNode) -> bool:
         return any(t.dotted(c.func) == f"self.{embed}" for c in m.findall(node, m.Call()))
 
@@ -152,8 +172,16 @@ def _lookup_expression(forward: cst.FunctionDef | None, embed: str, cls: str) ->
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     name = cls.name.value
-    tpl = template_class(TEMPLATE, "TemplateModel", {"TemplateModel": name},
-                         {"embed_tokens": plan.embed_tokens, "layers": plan.layers, "norm": plan.final_norm})
+    tpl = template_class(
+        TEMPLATE,
+        "TemplateModel",
+        {"TemplateModel": name},
+        {
+            "embed_tokens": plan.embed_tokens,
+            "layers": plan.layers,
+            "norm": plan.final_norm,
+        },
+    )
     init = t.find_method(cls, "__init__")
     body: list[cst.BaseStatement] = list(t.find_method(tpl, "__init__").body.body)
     hidden = None
@@ -192,28 +220,55 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     )
     new_init = t.with_body(t.find_method(tpl, "__init__"), body)
     members = [m for m in cls.body.body if not isinstance(m, cst.FunctionDef)]
-    forward = t.find_method(tpl if fused else template_class(
-        TEMPLATE, "TemplateCarriedModel", {}, {"layers": plan.layers, "norm": plan.final_norm}), "forward")
+    forward = t.find_method(
+        tpl
+        if fused
+        else template_class(
+            TEMPLATE,
+            "TemplateCarriedModel",
+            {},
+            {"layers": plan.layers, "norm": plan.final_norm},
+        ),
+        "forward",
+    )
     lookup = _lookup_expression(t.find_method(cls, "forward"), plan.embed_tokens, name)
     if plan.embeddings_transformed and not glue and lookup is None:
-        raise HfrewriteError(f"{name}: {NAME}: the first layer does not read the embeddings as they are, "
-                             "and no statements before the layer loop say why")
+        raise HfrewriteError(
+            f"{name}: {NAME}: the first layer does not read the embeddings as they are, "
+            "and no statements before the layer loop say why"
+        )
     if glue:  # on the first pipeline rank, after the lookup
         head = forward.body.body[0]
-        glue[0] = glue[0].with_changes(leading_lines=[*t.stmts("# The source's own step between the embeddings "
-                                                               "and the first layer.\npass\n")[0].leading_lines,
-                                                    *[line for line in glue[0].leading_lines if line.comment]])
-        head = head.with_changes(body=head.body.with_changes(body=[*head.body.body[:1], *glue,
-                                                                  *head.body.body[1:]]))
+        glue[0] = glue[0].with_changes(
+            leading_lines=[
+                *t.stmts("# The source's own step between the embeddings and the first layer.\npass\n")[
+                    0
+                ].leading_lines,
+                *[line for line in glue[0].leading_lines if line.comment],
+            ]
+        )
+        head = head.with_changes(
+            body=head.body.with_changes(body=[*head.body.body[:1], *glue, *head.body.body[1:]])
+        )
         forward = t.with_body(forward, [head, *forward.body.body[1:]])
     embed_input_ids = t.find_method(tpl, "embed_input_ids")
     if lookup is not None:  # the source's expression around its lookup
-        embed_input_ids = t.with_body(embed_input_ids, [cst.SimpleStatementLine(
-            [cst.Return(lookup)],
-            leading_lines=[cst.EmptyLine(comment=cst.Comment("# The source's own expression around the lookup."))],
-        )])
+        embed_input_ids = t.with_body(
+            embed_input_ids,
+            [
+                cst.SimpleStatementLine(
+                    [cst.Return(lookup)],
+                    leading_lines=[
+                        cst.EmptyLine(comment=cst.Comment("# The source's own expression around the lookup."))
+                    ],
+                )
+            ],
+        )
     methods = [new_init, embed_input_ids, forward]
-    methods = [m.with_changes(leading_lines=[cst.EmptyLine()] if (members or i) else []) for i, m in enumerate(methods)]
+    methods = [
+        m.with_changes(leading_lines=[cst.EmptyLine()] if (members or i) else [])
+        for i, m in enumerate(methods)
+    ]
     return cls.with_changes(
         decorators=[cst.Decorator(cst.Name("support_torch_compile"))],
         bases=[cst.Arg(t.expr("nn.Module"))],
@@ -228,14 +283,22 @@ def _logits_statements(forward: cst.FunctionDef | None, lm_head: str) -> list[cs
     """The source's statements right after ``logits = self.<lm_head>(...)`` that rewrite
     ``logits`` from ``logits``, ``self`` and libraries only (softcap, scale)."""
     body = list(forward.body.body) if forward is not None else []
-    at = next((i for i, s in enumerate(body) if t.self_attr_assigned(s) is None
-               and isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
-               and t.code(s.body[0].targets[0].target) == "logits"
-               and t.call_name(s.body[0].value) == f"self.{lm_head}"), None)
+    at = next(
+        (
+            i
+            for i, s in enumerate(body)
+            if t.self_attr_assigned(s) is None
+            and isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.Assign)
+            and t.code(s.body[0].targets[0].target) == "logits"
+            and t.call_name(s.body[0].value) == f"self.{lm_head}"
+        ),
+        None,
+    )
     if at is None:
         return []  # nothing to carry; a post-processing the analysis saw then fails closed
     carried = []
-    for s in body[at + 1:]:
+    for s in body[at + 1 :]:
         if "logits" not in _assigned(s) or not t.root_names(s) <= _LOGITS_NAMES:
             break
         carried.append(s)
@@ -261,8 +324,11 @@ def _head_has_bias(statements: list[cst.BaseStatement]) -> bool:
     class _Head(cst.CSTVisitor):
         def visit_Call(self, call: cst.Call) -> None:
             if t.call_name(call) == "ParallelLMHead":
-                found.extend(a for a in call.args if a.keyword and a.keyword.value == "bias"
-                             and t.code(a.value) != "False")
+                found.extend(
+                    a
+                    for a in call.args
+                    if a.keyword and a.keyword.value == "bias" and t.code(a.value) != "False"
+                )
 
     for s in statements:
         s.visit(_Head())
@@ -272,8 +338,12 @@ def _head_has_bias(statements: list[cst.BaseStatement]) -> bool:
 def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     tpl = template_class(
-        TEMPLATE, "TemplateForCausalLM",
-        {"TemplateForCausalLM": plan.architecture, "TemplateModel": plan.base_model_class},
+        TEMPLATE,
+        "TemplateForCausalLM",
+        {
+            "TemplateForCausalLM": plan.architecture,
+            "TemplateModel": plan.base_model_class,
+        },
         {"model": plan.base_model_attr, "lm_head": plan.lm_head},
     )
     source_init = t.find_method(cls, "__init__")
@@ -285,8 +355,10 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     at = next(i for i, s in enumerate(body) if t.self_attr_assigned(s) == plan.base_model_attr) + 1
     carried = _logits_statements(t.find_method(cls, "forward"), plan.lm_head)
     if plan.logits_postprocessed and not carried:
-        raise HfrewriteError(f"{plan.architecture}: {NAME}: the logits are post-processed, but not by "
-                             f"statements right after `logits = self.{plan.lm_head}(...)`")
+        raise HfrewriteError(
+            f"{plan.architecture}: {NAME}: the logits are post-processed, but not by "
+            f"statements right after `logits = self.{plan.lm_head}(...)`"
+        )
     # attributes the carried statements read (`self.logit_scale = config.logit_scale`)
     reads = set().union(*(t.self_attrs_used(s) for s in carried)) - {"config"}
     head += [s for s in source_init.body.body if t.self_attr_assigned(s) in reads and s not in head]
@@ -294,20 +366,41 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     tpl = t.set_method(tpl, t.with_body(init, body))
     if _head_has_bias(head):  # the source's lm_head has a bias: the logits add it
         logits = t.find_method(tpl, "compute_logits")
-        tpl = t.set_method(tpl, t.with_body(logits, t.stmts(
-            f"return self.logits_processor(self.{plan.lm_head}, hidden_states, self.{plan.lm_head}.bias)\n")))
+        tpl = t.set_method(
+            tpl,
+            t.with_body(
+                logits,
+                t.stmts(
+                    f"return self.logits_processor(self.{plan.lm_head}, hidden_states, self.{plan.lm_head}.bias)\n"
+                ),
+            ),
+        )
     if carried:
         logits = t.find_method(tpl, "compute_logits")
-        tpl = t.set_method(tpl, t.with_body(logits, [
-            *t.stmts(f"logits = self.logits_processor(self.{plan.lm_head}, hidden_states"
-                     f"{f', self.{plan.lm_head}.bias' if _head_has_bias(head) else ''})\n"
-                     "if logits is not None:  # the source's post-processing of the logits\n    pass\n"),
-            t.stmt("return logits\n"),
-        ]))
+        tpl = t.set_method(
+            tpl,
+            t.with_body(
+                logits,
+                [
+                    *t.stmts(
+                        f"logits = self.logits_processor(self.{plan.lm_head}, hidden_states"
+                        f"{f', self.{plan.lm_head}.bias' if _head_has_bias(head) else ''})\n"
+                        "if logits is not None:  # the source's post-processing of the logits\n    pass\n"
+                    ),
+                    t.stmt("return logits\n"),
+                ],
+            ),
+        )
         logits = t.find_method(tpl, "compute_logits")
         guard = logits.body.body[1]
-        logits = t.with_body(logits, [logits.body.body[0], guard.with_changes(
-            body=guard.body.with_changes(body=carried)), logits.body.body[2]])
+        logits = t.with_body(
+            logits,
+            [
+                logits.body.body[0],
+                guard.with_changes(body=guard.body.with_changes(body=carried)),
+                logits.body.body[2],
+            ],
+        )
         tpl = t.set_method(tpl, logits)
     return tpl.with_changes(leading_lines=cls.leading_lines)
 
@@ -315,18 +408,47 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     base = rewrite_base_model(t.find_class(module, plan.base_model_class), ctx)
-    module = t.replace_class(module, plan.base_model_class, base)
-    module = t.replace_class(module, plan.architecture, rewrite_causal_lm(t.find_class(module, plan.architecture), ctx))
+    sites = Sites()  # the base model and the causal LM
+    module = sites.replace_class(module, plan.base_model_class, base)
+    module = sites.replace_class(
+        module,
+        plan.architecture,
+        rewrite_causal_lm(t.find_class(module, plan.architecture), ctx),
+    )
     return PassResult(
         module=module,
-        imports=("support_torch_compile", "VllmConfig", "IntermediateTensors", "get_pp_group", "PPMissingLayer",
-                 "make_layers", "extract_layer_index", "make_empty_intermediate_tensors_factory", "maybe_prefix",
-                 "islice", "Iterable", "SupportsLoRA", "SupportsPP", "AutoWeightsLoader"),
-        fused=(
-            FusionRow(plan.base_model_class, f"{plan.layers} -> make_layers (pipeline parallel), torch.compile"),
-            FusionRow(plan.architecture, "vLLM model interface (SupportsLoRA, SupportsPP)"),
-            *([FusionRow(plan.architecture, "logits post-processing carried from the source into compute_logits")]
-              if plan.logits_postprocessed else []),
+        imports=(
+            "support_torch_compile",
+            "VllmConfig",
+            "IntermediateTensors",
+            "get_pp_group",
+            "PPMissingLayer",
+            "make_layers",
+            "extract_layer_index",
+            "make_empty_intermediate_tensors_factory",
+            "maybe_prefix",
+            "islice",
+            "Iterable",
+            "SupportsLoRA",
+            "SupportsPP",
+            "AutoWeightsLoader",
         ),
-        matches=2,
+        fused=(
+            FusionRow(
+                plan.base_model_class,
+                f"{plan.layers} -> make_layers (pipeline parallel), torch.compile",
+            ),
+            FusionRow(plan.architecture, "vLLM model interface (SupportsLoRA, SupportsPP)"),
+            *(
+                [
+                    FusionRow(
+                        plan.architecture,
+                        "logits post-processing carried from the source into compute_logits",
+                    )
+                ]
+                if plan.logits_postprocessed
+                else []
+            ),
+        ),
+        matches=sites.count,
     )

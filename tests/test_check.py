@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from hfrewrite import convert
-from hfrewrite.emit import output as emit
 from hfrewrite.deliver.check import check_paths
+from hfrewrite.emit import output as emit
 from hfrewrite.errors import HfrewriteError
 
 BODY = "# Copyright header kept from the source.\nimport torch\n\nX = 1\n"
@@ -71,9 +71,7 @@ def test_hand_edit_is_reported_then_fixed(golden):
 
 def test_transformers_version_drift_is_named(golden):
     f = golden / "llama.py"
-    f.write_text(
-        f.read_text().replace('"transformers": "5.19.0"', '"transformers": "5.0.0"')
-    )
+    f.write_text(f.read_text().replace('"transformers": "5.19.0"', '"transformers": "5.0.0"'))
     text = check_paths([f], fix=False).format()
     assert "generated with transformers 5.0.0; installed is 5.19.0" in text
 

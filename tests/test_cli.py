@@ -18,9 +18,9 @@ import huggingface_hub.constants
 import pytest
 
 from hfrewrite import convert
-from hfrewrite.emit import output as emit
-from hfrewrite.cli import main
 from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.cli import main
+from hfrewrite.emit import output as emit
 
 BODY = "# Copyright header kept from the source.\nimport torch\n\nX = 1\n"
 
@@ -29,14 +29,8 @@ def fake_generate(resolved):
     return SimpleNamespace(
         filename=f"{resolved.model_type}.py",
         text=emit.render(resolved, BODY),
-        fused=(
-            SimpleNamespace(
-                module_class="LlamaAttention", fused="q+k+v -> QKVParallelLinear"
-            ),
-        ),
-        declined=(
-            NoMatch("fuse_gate_up", "LlamaMLP", "gate and up read different inputs"),
-        ),
+        fused=(SimpleNamespace(module_class="LlamaAttention", fused="q+k+v -> QKVParallelLinear"),),
+        declined=(NoMatch("fuse_gate_up", "LlamaMLP", "gate and up read different inputs"),),
     )
 
 
@@ -45,9 +39,7 @@ def offline(tmp_path, monkeypatch):
     """Fake pipeline, empty offline HF cache."""
     monkeypatch.setattr(convert, "generate", fake_generate)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(
-        huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache")
-    )
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
@@ -75,10 +67,7 @@ def test_convert_refuses_to_clobber_without_force(tmp_path, capsys):
     target.write_text("hand written\n")
     code, out, err = run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path)
     assert code == 2 and out == ""
-    assert (
-        err
-        == f"hfrewrite: error: {target} exists and differs; use --force to overwrite it\n"
-    )
+    assert err == f"hfrewrite: error: {target} exists and differs; use --force to overwrite it\n"
     assert target.read_text() == "hand written\n"
     assert run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path, "--force")[0] == 0
     assert emit.parse_header(target.read_text()) is not None
@@ -154,10 +143,10 @@ def test_check_exit_codes(tmp_path, capsys):
 
 def test_verify_is_wired_lazily(monkeypatch, capsys):
     calls = []
-    fake = types.ModuleType("hfrewrite.verify.harness")
-    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify.harness", None)
+    fake = types.ModuleType("hfrewrite.verify.command")
+    fake.__spec__ = importlib.machinery.ModuleSpec("hfrewrite.verify.command", None)
     fake.main = lambda args: calls.append((args.model_type, args.generated)) or 0
-    monkeypatch.setitem(sys.modules, "hfrewrite.verify.harness", fake)
+    monkeypatch.setitem(sys.modules, "hfrewrite.verify.command", fake)
     assert run(capsys, "verify", "qwen3", "--generated", "g/qwen3.py")[0] == 0
     assert calls == [("qwen3", Path("g/qwen3.py"))]
 
@@ -172,7 +161,14 @@ def test_console_script_bad_input(tmp_path):
     (tmp_path / "m").mkdir()
     exe = Path(sys.executable).with_name("hfrewrite")
     proc = subprocess.run(
-        [str(exe), "convert", "--no-verify", str(tmp_path / "m"), "-o", str(tmp_path / "out")],
+        [
+            str(exe),
+            "convert",
+            "--no-verify",
+            str(tmp_path / "m"),
+            "-o",
+            str(tmp_path / "out"),
+        ],
         check=False,
         capture_output=True,
         text=True,

@@ -15,13 +15,21 @@ def test_local_dir_with_another_architecture_name(tmp_path):
     source is the same, the body equals the golden's."""
     model = tmp_path / "my-model"
     model.mkdir()
-    config = {"model_type": "llama", "architectures": ["MyLlamaForCausalLM"], "hidden_size": 256}
+    config = {
+        "model_type": "llama",
+        "architectures": ["MyLlamaForCausalLM"],
+        "hidden_size": 256,
+    }
     (model / "config.json").write_text(json.dumps(config))
     out = tmp_path / "out"
-    subprocess.run([str(HFREWRITE), "convert", "--no-verify", str(model), "-o", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [str(HFREWRITE), "convert", "--no-verify", str(model), "-o", str(out)],
+        check=True,
+        capture_output=True,
+    )
     text = (out / "llama.py").read_text()
     assert "class LlamaForCausalLM(" in text
-    body = lambda t: t.split("\n\n", 1)[1]  # noqa: E731  (after the header naming the source)
+    body = lambda t: t.split("\n\n", 1)[1]
     assert body(text) == body((GOLDEN / "llama.py").read_text())
 
 
@@ -32,8 +40,9 @@ def test_relative_directory_is_recorded_from_the_file_so_check_works_anywhere(tm
     (tmp_path / "models" / "m").mkdir(parents=True)
     (tmp_path / "models" / "m" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "work").mkdir()
-    run = lambda *argv, cwd: subprocess.run(  # noqa: E731
-        [str(HFREWRITE), *argv], cwd=cwd, check=False, capture_output=True, text=True)
+    run = lambda *argv, cwd: subprocess.run(
+        [str(HFREWRITE), *argv], cwd=cwd, check=False, capture_output=True, text=True
+    )
     assert run("convert", "--no-verify", "../models/m", "-o", "gen", cwd=tmp_path / "work").returncode == 0
     text = (tmp_path / "work" / "gen" / "llama.py").read_text()
     assert '"model": "../../models/m", "relative_to_file": true' in text

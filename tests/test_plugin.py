@@ -19,10 +19,10 @@ import pytest
 import tomllib
 
 from hfrewrite import convert
-from hfrewrite.emit import output as emit
+from hfrewrite.cli import main
 from hfrewrite.deliver import plugin as P
 from hfrewrite.deliver.check import check_paths
-from hfrewrite.cli import main
+from hfrewrite.emit import output as emit
 
 CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -104,14 +104,16 @@ def test_plugin_package_layout_and_reruns(tmp_path, capsys):
         "my_models/llama.py",
         "pyproject.toml",
     ]
-    assert (d / ".gitignore").read_text().splitlines()[1:] == ["build/", "*.egg-info/", "__pycache__/"]
+    assert (d / ".gitignore").read_text().splitlines()[1:] == [
+        "build/",
+        "*.egg-info/",
+        "__pycache__/",
+    ]
     assert "registers LlamaForCausalLM -> my_models.llama:LlamaForCausalLM" in out
     assert out.endswith(f"install with: pip install {d}\n")
     project = tomllib.loads((d / "pyproject.toml").read_text())
     assert project["project"]["name"] == "my-models"
-    assert project["project"]["entry-points"] == {
-        "vllm.general_plugins": {"my_models": "my_models:register"}
-    }
+    assert project["project"]["entry-points"] == {"vllm.general_plugins": {"my_models": "my_models:register"}}
     assert project["tool"]["setuptools"]["packages"] == ["my_models"]
     # The model file is what `convert -o` writes, so `hfrewrite check DIR` covers it;
     # the stale copies `pip install` leaves under build/ and *.egg-info/ are not checked.
@@ -135,14 +137,28 @@ def test_plugin_package_layout_and_reruns(tmp_path, capsys):
 
 def test_plugin_name_option_and_bad_names(tmp_path, capsys):
     code, _, _ = run(
-        capsys, "convert", "--no-verify", "llama", "--plugin", tmp_path / "x", "--plugin-name", "acme"
+        capsys,
+        "convert",
+        "--no-verify",
+        "llama",
+        "--plugin",
+        tmp_path / "x",
+        "--plugin-name",
+        "acme",
     )
     assert code == 0 and (tmp_path / "x/acme/llama.py").is_file()
     # The directory holds the plugin "acme": another name is refused.
     code, _, err = run(capsys, "convert", "--no-verify", "llama", "--plugin", tmp_path / "x")
     assert code == 2 and "holds the hfrewrite plugin 'acme', not 'x'" in err
     code, _, err = run(
-        capsys, "convert", "--no-verify", "llama", "--plugin", tmp_path / "y", "--plugin-name", "a-b"
+        capsys,
+        "convert",
+        "--no-verify",
+        "llama",
+        "--plugin",
+        tmp_path / "y",
+        "--plugin-name",
+        "a-b",
     )
     assert code == 2 and "'a-b' is not a valid Python package name" in err
     code, _, err = run(capsys, "convert", "--no-verify", "llama", "--plugin-name", "acme")
@@ -167,7 +183,17 @@ def test_plugin_refuses_foreign_files_and_clobbering(tmp_path, capsys):
 
 def test_plugin_output_options_are_exclusive(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["convert", "--no-verify", "llama", "--plugin", str(tmp_path), "-o", str(tmp_path)])
+        main(
+            [
+                "convert",
+                "--no-verify",
+                "llama",
+                "--plugin",
+                str(tmp_path),
+                "-o",
+                str(tmp_path),
+            ]
+        )
     assert exc.value.code == 2
 
 
@@ -211,9 +237,7 @@ def test_pip_installed_plugin_registers_through_its_entry_point(tmp_path, capsys
         "my_models",
         "my_models:register",
     )
-    assert (target / "my_models/llama.py").read_bytes() == (
-        d / "my_models/llama.py"
-    ).read_bytes()
+    assert (target / "my_models/llama.py").read_bytes() == (d / "my_models/llama.py").read_bytes()
 
     standin = tmp_path / "standin"
     (standin / "vllm").mkdir(parents=True)
@@ -230,8 +254,10 @@ def test_pip_installed_plugin_registers_through_its_entry_point(tmp_path, capsys
         ["Qwen3ForCausalLM", "my_models.qwen3:Qwen3ForCausalLM"],
     ]
     # what vLLM prints among its own INFO lines (a child of its "vllm" logger)
-    assert ("vllm.my_models INFO hfrewrite plugin my_models: LlamaForCausalLM -> "
-            "my_models.llama:LlamaForCausalLM (generated file my_models/llama.py)") in proc.stderr
+    assert (
+        "vllm.my_models INFO hfrewrite plugin my_models: LlamaForCausalLM -> "
+        "my_models.llama:LlamaForCausalLM (generated file my_models/llama.py)"
+    ) in proc.stderr
 
 
 def test_check_catches_hand_edits_to_the_plugin_package(tmp_path, capsys):

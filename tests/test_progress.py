@@ -25,4 +25,3 @@ def test_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
         "hfrewrite: formatting",
     ]
     assert all(line.endswith(" s)") and " done (" in line for line in lines)
-

@@ -15,9 +15,15 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
     ("model_type", "reason"),
     [
         # Gated DeltaNet (linear attention) keeps recurrent state outside the KV cache.
-        ("qwen3_next", "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface"),
+        (
+            "qwen3_next",
+            "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface",
+        ),
         # GPT-2 adds learned position embeddings (a second embedding table).
-        ("gpt2", "GPT2Model: model_layout: expected one Embedding child, found ['wte', 'wpe']"),
+        (
+            "gpt2",
+            "GPT2Model: model_layout: expected one Embedding child, found ['wte', 'wpe']",
+        ),
         # BERT is an encoder: no stack of decoder layers under its base model.
         ("bert", "BertModel: model_layout: not a decoder-only causal LM"),
         # Mamba mixes with a recurrent state space, not softmax attention.
@@ -28,7 +34,10 @@ def test_unmatched_architecture_is_refused(tmp_path, model_type, reason):
     out = tmp_path / "out"
     proc = subprocess.run(
         [str(HFREWRITE), "convert", "--no-verify", model_type, "-o", str(out)],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""

@@ -69,9 +69,7 @@ def test_hub_id_from_local_cache(hub_cache):
 
 
 def test_hub_id_not_cached_and_offline(hub_cache):
-    with pytest.raises(
-        HfrewriteError, match="not in the local Hugging Face cache.*unreachable"
-    ):
+    with pytest.raises(HfrewriteError, match="not in the local Hugging Face cache.*unreachable"):
         resolve("org/absent")
 
 
@@ -111,18 +109,17 @@ def test_auto_map_to_the_repository_code_is_not_replaced_by_transformers_own(tmp
     # convert transformers' llama in its place
     auto = {"AutoConfig": "x.Y", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
     d = write_config(tmp_path / "m", {**TINY, "auto_map": auto})
-    with pytest.raises(HfrewriteError, match=r"runs the repository's own code \(auto_map: "
-                                             r"AutoModelForCausalLM -> modeling_x.XForCausalLM\)"):
+    with pytest.raises(
+        HfrewriteError,
+        match=r"runs the repository's own code \(auto_map: "
+        r"AutoModelForCausalLM -> modeling_x.XForCausalLM\)",
+    ):
         resolve(str(d), trust_remote_code=True)
 
 
 def test_auto_map_custom_type_has_no_installed_source(tmp_path):
-    d = write_config(
-        tmp_path / "m", {"model_type": "mycustom", "auto_map": {"AutoConfig": "x.Y"}}
-    )
-    with pytest.raises(
-        HfrewriteError, match="only installed transformers modeling files"
-    ):
+    d = write_config(tmp_path / "m", {"model_type": "mycustom", "auto_map": {"AutoConfig": "x.Y"}})
+    with pytest.raises(HfrewriteError, match="only installed transformers modeling files"):
         resolve(str(d), trust_remote_code=True)
 
 

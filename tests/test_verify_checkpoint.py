@@ -4,12 +4,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hfrewrite.verify import checkpoint as vc
 from hfrewrite.errors import HfrewriteError
+from hfrewrite.verify import checkpoint as vc
 
 
 def test_parameter_count_reads_the_safetensors_headers(tmp_path):
-    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, tmp_path / "model-1.safetensors")
+    save_file(
+        {"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)},
+        tmp_path / "model-1.safetensors",
+    )
     save_file({"c": torch.zeros(2, 2, 2)}, tmp_path / "model-2.safetensors")
     assert vc.parameter_count(tmp_path) == 12 + 5 + 8
 
@@ -34,7 +37,7 @@ def test_prompts_are_token_ids_without_a_tokenizer(tmp_path):
 
 
 def test_first_divergence():
-    from hfrewrite.verify.harness import first_difference
+    from hfrewrite.verify.compare import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

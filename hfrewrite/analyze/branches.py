@@ -30,8 +30,14 @@ def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[s
         if names - {"self", "None", "True", "False"}:
             continue
         try:
-            outcome = bool(eval(compile(ast.Expression(node.test), "<test>", "eval"), {}, {"self": module}))
-        except Exception:  # noqa: BLE001 - a test that needs tensors: not a config switch
+            outcome = bool(
+                eval(
+                    compile(ast.Expression(node.test), "<test>", "eval"),
+                    {},
+                    {"self": module},
+                )
+            )
+        except Exception:  # noqa: BLE001, S112 - a test that needs tensors: not a config switch
             continue
         found.append((ast.unparse(node.test), outcome))
         if outcome and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):

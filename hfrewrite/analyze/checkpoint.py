@@ -21,7 +21,9 @@ def expert_checkpoint_names(model_type: str) -> tuple[str, str, str] | None:
     gate = up = down = None
     for rule in get_checkpoint_conversion_mapping(model_type) or ():
         targets = " ".join(getattr(rule, "target_patterns", ()) or ())
-        names = [m.group(1) for p in getattr(rule, "source_patterns", ()) or () if (m := _EXPERT_NAME.search(p))]
+        names = [
+            m.group(1) for p in getattr(rule, "source_patterns", ()) or () if (m := _EXPERT_NAME.search(p))
+        ]
         if targets.endswith("gate_up_proj") and len(names) == 2:
             gate, up = names
         elif targets.endswith("down_proj") and len(names) == 1:
@@ -56,7 +58,10 @@ def checkpoint_prefix_renames(key: str) -> tuple[tuple[str, str], ...]:
             continue
         for source, target in zip(rule.source_patterns, rule.target_patterns):
             plain = source.removeprefix("^").replace("\\.", ".")
-            if source.startswith("^") and re.escape(plain).replace("\\.", ".") == plain \
-                    and re.escape(target).replace("\\.", ".") == target:
+            if (
+                source.startswith("^")
+                and re.escape(plain).replace("\\.", ".") == plain
+                and re.escape(target).replace("\\.", ".") == target
+            ):
                 renames.append((plain, target))
     return tuple(renames)

@@ -27,34 +27,33 @@ from hfrewrite.analyze.trace import Traced, is_identity_dropout, is_norm, top_sc
 
 _ADD = (operator.add, torch.add, "add")
 _CASTS = ("to", "float", "type_as", "contiguous")
+PATTERN = "fused_residual_norm"
 
 
 def analyze_decoder(traced: Traced) -> DecoderLayerPlan | NoMatch:
     """Residual blocks of a traced decoder layer, in execution order."""
     cls = type(traced.module).__name__
-
-    def no(reason: str) -> NoMatch:
-        return NoMatch("fused_residual_norm", cls, reason)
-
     (result,) = next(n for n in traced.graph.nodes if n.op == "output").args
     if isinstance(result, (tuple, list)) and len(result) == 1:
         result = result[0]
     if not isinstance(result, Node):
-        return no("the layer does not return one hidden-states tensor")
+        return NoMatch(PATTERN, cls, "the layer does not return one hidden-states tensor")
     blocks: list[ResidualBlock] = []
     hidden = result
     while hidden.op != "placeholder":
         block = _residual_block(traced, hidden)
         if isinstance(block, str):
-            return no(block)
+            return NoMatch(PATTERN, cls, block)
         blocks.insert(0, block[0])
         hidden = block[1]
     if hidden is not _first_placeholder(traced):
-        return no(
-            f"the residual stream starts at {hidden.name}, not the hidden-states input"
+        return NoMatch(
+            PATTERN,
+            cls,
+            f"the residual stream starts at {hidden.name}, not the hidden-states input",
         )
     if not blocks:
-        return no("no residual block")
+        return NoMatch(PATTERN, cls, "no residual block")
     return DecoderLayerPlan(cls, tuple(blocks))
 
 
@@ -74,19 +73,25 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
     for residual, branch in (node.args, node.args[::-1]):
         branch = _past_dropouts(branch, traced)
         post = None
-        if (isinstance(branch, Node) and branch.op == "call_module" and "." not in str(branch.target)
-                and is_norm(traced.submodule(branch)) and branch.args and isinstance(branch.args[0], Node)):
-            post, branch = str(branch.target), _past_dropouts(_uncast(branch.args[0]), traced)  # sandwich norm
+        if (
+            isinstance(branch, Node)
+            and branch.op == "call_module"
+            and "." not in str(branch.target)
+            and is_norm(traced.submodule(branch))
+            and branch.args
+            and isinstance(branch.args[0], Node)
+        ):
+            post, branch = (
+                str(branch.target),
+                _past_dropouts(_uncast(branch.args[0]), traced),
+            )  # sandwich norm
         block = top_scope(branch)
         if block is None or block == top_scope(residual):
             continue
         nodes = traced.nodes_in(block)
         inside = set(nodes)
         reads = [  # what the block reads from outside itself, layer inputs aside
-            a
-            for n in nodes
-            for a in n.all_input_nodes
-            if a not in inside and a.op != "placeholder"
+            a for n in nodes for a in n.all_input_nodes if a not in inside and a.op != "placeholder"
         ]
         reads = list(dict.fromkeys(reads))
         norm = reads[0] if len(reads) == 1 else None

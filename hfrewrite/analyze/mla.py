@@ -26,13 +26,12 @@ from torch.fx import Node
 from hfrewrite.analyze.attention import (
     _HARMLESS_KWARGS,
     _attention_call,
-    _Declined,
-    _linears_feeding,
     _output_projection,
 )
 from hfrewrite.analyze.branches import config_branches
+from hfrewrite.analyze.dataflow import linears_feeding
+from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
-from hfrewrite.analyze.plan import MlaPlan, NoMatch
 from hfrewrite.analyze.trace import Traced, is_norm, relative, value
 
 PATTERN = "mla_attention"
@@ -44,10 +43,10 @@ def is_mla(traced: Traced, path: str) -> bool:
     (the expansion of a shared latent): the shape this analysis handles."""
     try:
         call = _attention_call(traced, path)
-    except _Declined:
+    except Refusal:
         return False
     scope = set(traced.nodes_in(path))
-    q, k, v = (_linears_feeding(arg, scope, traced) for arg in call.args[1:4])
+    q, k, v = (linears_feeding(arg, scope, traced) for arg in call.args[1:4])
     return len(v) == 1 and v[0] in k and v[0] not in q
 
 
@@ -55,13 +54,13 @@ def analyze_mla(traced: Traced, path: str, config, layer_type: str | None = None
     cls = type(traced.module.get_submodule(path)).__name__
     try:
         return _analyze(traced, path, cls, config, layer_type)
-    except _Declined as d:
-        return NoMatch(PATTERN, cls, d.reason)
+    except Refusal as refusal:  # the attention's own checks (attention.py) refuse as MLA here
+        return NoMatch(PATTERN, cls, refusal.no_match.reason)
 
 
 def _one(nodes: list[Node], what: str) -> Node:
     if len(nodes) != 1:
-        raise _Declined(PATTERN, f"{len(nodes)} {what}, expected one")
+        refuse(PATTERN, f"{len(nodes)} {what}, expected one")
     return nodes[0]
 
 
@@ -82,47 +81,65 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     scope = set(traced.nodes_in(path))
     call = _attention_call(traced, path)
     q_arg, k_arg, v_arg = call.args[1:4]
-    kv_b = _one(_linears_feeding(v_arg, scope, traced), "linears the attention's v comes from")
-    kv_a = _one(_linears_feeding(kv_b.args[0], scope, traced), "linears the kv expansion reads")
+    kv_b = _one(linears_feeding(v_arg, scope, traced), "linears the attention's v comes from")
+    kv_a = _one(linears_feeding(kv_b.args[0], scope, traced), "linears the kv expansion reads")
     # (the shared rope key may be written into k in place: the replay proves its use)
-    if not {kv_b} <= set(_linears_feeding(k_arg, scope, traced)) <= {kv_a, kv_b}:
-        raise _Declined(PATTERN, "k does not come from the latent kv projection and its expansion")
+    if not {kv_b} <= set(linears_feeding(k_arg, scope, traced)) <= {kv_a, kv_b}:
+        refuse(PATTERN, "k does not come from the latent kv projection and its expansion")
     kv_a_norm = _norm_between(traced, scope, kv_a, kv_b, "the latent kv projection and its expansion")
-    q_b = _one([n for n in _linears_feeding(q_arg, scope, traced) if n not in (kv_a, kv_b)],
-               "linears the attention's q comes from")
+    q_b = _one(
+        [n for n in linears_feeding(q_arg, scope, traced) if n not in (kv_a, kv_b)],
+        "linears the attention's q comes from",
+    )
     x = kv_a.args[0]
     q_a = q_a_norm = None
     if q_b.args[0] is not x:  # low-rank query: q_a -> norm -> q_b
-        q_a = _one(_linears_feeding(q_b.args[0], scope, traced), "linears the query expansion reads")
+        q_a = _one(
+            linears_feeding(q_b.args[0], scope, traced),
+            "linears the query expansion reads",
+        )
         q_a_norm = _norm_between(traced, scope, q_a, q_b, "the query projections")
         if q_a.args[0] is not x:
-            raise _Declined(PATTERN, "the query and latent kv projections read different inputs")
+            refuse(PATTERN, "the query and latent kv projections read different inputs")
     o = _output_projection(traced, path, scope, call)
     linears = [q_a, q_b, kv_a, kv_b, o]
     extra = set(traced.linears_in(path)) - set(linears)
     if extra:
-        raise _Declined(PATTERN, f"other linears in the block: {sorted(relative(n.target, path) for n in extra)}")
+        refuse(
+            PATTERN,
+            f"other linears in the block: {sorted(relative(n.target, path) for n in extra)}",
+        )
     mods = {n: traced.submodule(n) for n in linears if n is not None}
     if any(m.bias is not None for m in mods.values()):
-        raise _Declined(PATTERN, "a biased projection (vLLM's MLA projections have no bias)")
+        refuse(PATTERN, "a biased projection (vLLM's MLA projections have no bias)")
     for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
-            raise _Declined(PATTERN, f"the attention call passes {key}")
-    if value(call.kwargs.get("dropout", 0.0)) or value(call.kwargs.get("softcap")) or \
-            value(call.kwargs.get("sliding_window")):
-        raise _Declined(PATTERN, "attention dropout, soft cap or sliding window")
+            refuse(PATTERN, f"the attention call passes {key}")
+    if (
+        value(call.kwargs.get("dropout", 0.0))
+        or value(call.kwargs.get("softcap"))
+        or value(call.kwargs.get("sliding_window"))
+    ):
+        refuse(PATTERN, "attention dropout, soft cap or sliding window")
 
     qv, vv = value(q_arg), value(v_arg)
     if not (torch.is_tensor(qv) and torch.is_tensor(vv) and qv.dim() == 4 and vv.dim() == 4):
-        raise _Declined(PATTERN, "q and v are not [batch, heads, seq, head_dim]")
+        refuse(PATTERN, "q and v are not [batch, heads, seq, head_dim]")
     heads, qk_head, v_head = qv.shape[1], qv.shape[3], vv.shape[3]
     kv_lora = mods[kv_b].in_features
     rope = mods[kv_a].out_features - kv_lora
     nope = qk_head - rope
-    if not (0 < rope <= qk_head and mods[kv_b].out_features == heads * (nope + v_head)
-            and mods[q_b].out_features == heads * qk_head and mods[o].in_features == heads * v_head):
-        raise _Declined(PATTERN, "projection sizes do not fit heads x (nope + rope, v) with a shared rope key")
+    if not (
+        0 < rope <= qk_head
+        and mods[kv_b].out_features == heads * (nope + v_head)
+        and mods[q_b].out_features == heads * qk_head
+        and mods[o].in_features == heads * v_head
+    ):
+        refuse(
+            PATTERN,
+            "projection sizes do not fit heads x (nope + rope, v) with a shared rope key",
+        )
     scaling = value(call.kwargs.get("scaling"))
     scaling = float(qk_head**-0.5 if scaling is None else scaling)
 
@@ -131,14 +148,28 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     if rope_type == "yarn":  # vLLM's deepseek_v2.py maps it to its deepseek_yarn rope
         rope_kind, freq = "deepseek_yarn", deepseek_yarn(params, rope)
         if isinstance(freq, str):
-            raise _Declined(PATTERN, freq)
+            refuse(PATTERN, freq)
     elif rope_type == "default":
-        rope_kind, freq = "default", _inv_freq(config, params, layer_type, rope) if params else None
+        rope_kind, freq = (
+            "default",
+            _inv_freq(config, params, layer_type, rope) if params else None,
+        )
     else:
-        raise _Declined(PATTERN, f"rope_type {rope_type!r}: only the default rope and YaRN are proven for MLA")
+        refuse(
+            PATTERN,
+            f"rope_type {rope_type!r}: only the default rope and YaRN are proven for MLA",
+        )
     if freq is None:
-        raise _Declined(PATTERN, f"no rope frequencies vLLM computes for rotary dim {rope}")
-    roles = {"q_a": q_a, "q_a_norm": q_a_norm, "q_b": q_b, "kv_a": kv_a, "kv_a_norm": kv_a_norm, "kv_b": kv_b, "o": o}
+        refuse(PATTERN, f"no rope frequencies vLLM computes for rotary dim {rope}")
+    roles = {
+        "q_a": q_a,
+        "q_a_norm": q_a_norm,
+        "q_b": q_b,
+        "kv_a": kv_a,
+        "kv_a_norm": kv_a_norm,
+        "kv_b": kv_b,
+        "o": o,
+    }
     fns = {r: traced.submodule(n) for r, n in roles.items() if n is not None}
     got = value(o)
     for neox in (True, False):
@@ -146,18 +177,33 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         if want.shape == got.shape and torch.allclose(want, got, atol=ATOL, rtol=1e-4):
             break
     else:
-        raise _Declined(PATTERN, "the replay of vLLM's MLA (either rope style) does not reproduce the module")
+        refuse(
+            PATTERN,
+            "the replay of vLLM's MLA (either rope style) does not reproduce the module",
+        )
 
-    sizes = {"hidden_size": mods[kv_a].in_features, "num_heads": heads, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v_head,
-             "kv_lora_rank": kv_lora, "qk_head_dim": qk_head}
+    sizes = {
+        "hidden_size": mods[kv_a].in_features,
+        "num_heads": heads,
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": v_head,
+        "kv_lora_rank": kv_lora,
+        "qk_head_dim": qk_head,
+    }
     if q_a is not None:
         sizes["q_lora_rank"] = mods[q_a].out_features
     attention = traced.module.get_submodule(path)
     dims = []
     for name, size in sizes.items():
-        holders = [a for a, v in vars(attention).items() if type(v) is int and v == size and not a.startswith("_")]
+        holders = [
+            a for a, v in vars(attention).items() if type(v) is int and v == size and not a.startswith("_")
+        ]
         if len(holders) != 1:
-            raise _Declined(PATTERN, f"{len(holders)} attributes of {cls} hold its {name} ({size}), expected one")
+            refuse(
+                PATTERN,
+                f"{len(holders)} attributes of {cls} hold its {name} ({size}), expected one",
+            )
         dims.append((name, holders[0]))
     return MlaPlan(
         module_class=cls,
@@ -179,12 +225,24 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_kind=rope_kind,
         dims=tuple(dims),
         config_branches=config_branches(attention),
-        none_attrs=tuple(sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))),
+        none_attrs=tuple(
+            sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))
+        ),
     )
 
 
-def mla_reference(x: torch.Tensor, fns: dict[str, nn.Module], heads: int, nope: int, rope: int, v_head: int,
-                  kv_lora: int, scaling: float, freq: tuple, neox: bool) -> torch.Tensor:
+def mla_reference(
+    x: torch.Tensor,
+    fns: dict[str, nn.Module],
+    heads: int,
+    nope: int,
+    rope: int,
+    v_head: int,
+    kv_lora: int,
+    scaling: float,
+    freq: tuple,
+    neox: bool,
+) -> torch.Tensor:
     """What the emitted file computes, on ``x`` [batch, seq, hidden]: vLLM's MLA math with
     the module's own projections and norms, positions 0..seq-1, causal attention."""
     batch, seq, _ = x.shape

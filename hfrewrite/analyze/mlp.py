@@ -37,30 +37,27 @@ _VLLM_ACT = {
 
 _MUL = (operator.mul, torch.mul, "mul")
 _SLICING = (operator.getitem, "chunk", "split", torch.chunk, torch.split)
+PATTERN = "fuse_gate_up"
 
 
 def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     """Facts of the MLP submodule ``path`` of a model built from ``config``."""
     cls = type(traced.module.get_submodule(path)).__name__
-
-    def no(reason: str) -> NoMatch:
-        return NoMatch("fuse_gate_up", cls, reason)
-
     linears = traced.linears_in(path)
     names = [relative(n.target, path) for n in linears]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        return no(f"{', '.join(repeated)} called more than once")
+        return NoMatch(PATTERN, cls, f"{', '.join(repeated)} called more than once")
     ends = {past_identity_dropouts(n, traced, path): n for n in linears}
     outputs = traced.outputs_of(path)
     if len(outputs) != 1 or outputs[0] not in ends:
-        return no("the block output is not one linear projection")
+        return NoMatch(PATTERN, cls, "the block output is not one linear projection")
     down = ends[outputs[0]]
     if len(linears) == 2:
         fused = _fused_gate_up(traced, path, cls, linears, down, config)
-        return fused if fused is not None else _ungated(traced, path, cls, linears, down, no)
+        return fused if fused is not None else _ungated(traced, path, cls, linears, down)
     if len(linears) != 3:
-        return no(f"{len(linears)} linears instead of gate, up and down")
+        return NoMatch(PATTERN, cls, f"{len(linears)} linears instead of gate, up and down")
     product = down.args[0]
     if not (
         isinstance(product, Node)
@@ -69,7 +66,11 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         and len(product.args) == 2
         and not product.kwargs
     ):
-        return no(f"{relative(down.target, path)} does not read a product of two")
+        return NoMatch(
+            PATTERN,
+            cls,
+            f"{relative(down.target, path)} does not read a product of two",
+        )
     for act, up in (product.args, product.args[::-1]):
         if (
             isinstance(act, Node)
@@ -83,18 +84,22 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
             gate = act.args[0]
             break
     else:
-        return no("the product is not act_module(linear(x)) * linear(x)")
+        return NoMatch(PATTERN, cls, "the product is not act_module(linear(x)) * linear(x)")
     if gate.args[0] is not up.args[0]:
-        return no("gate and up projections read different inputs")
+        return NoMatch(PATTERN, cls, "gate and up projections read different inputs")
     g, u, d = (traced.linear_fact(n, path) for n in (gate, up, down))
     if g.out_features != u.out_features or g.bias != u.bias:
-        return no(f"{g.attr} and {u.attr} differ in out_features or bias")
+        return NoMatch(PATTERN, cls, f"{g.attr} and {u.attr} differ in out_features or bias")
     act_module = traced.submodule(act)
     activation = _config_activation(act_module, config)
     if activation not in ACT_AND_MUL:
-        return no(f"vLLM has no fused *AndMul for activation {activation!r}")
+        return NoMatch(PATTERN, cls, f"vLLM has no fused *AndMul for activation {activation!r}")
     if not _computes(act, gate, activation):
-        return no(f"{relative(act.target, path)} does not compute {activation} (replayed on the traced values)")
+        return NoMatch(
+            PATTERN,
+            cls,
+            f"{relative(act.target, path)} does not compute {activation} (replayed on the traced values)",
+        )
     act_attr = relative(act.target, path)
     return MlpPlan(cls, g, u, d, act_attr, activation)
 
@@ -105,16 +110,25 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
     loads from one tensor; None when the block is not that."""
     (proj,) = [n for n in linears if n is not down]
     product = down.args[0]
-    if not (isinstance(product, Node) and product.op in ("call_function", "call_method")
-            and product.target in _MUL and len(product.args) == 2):
+    if not (
+        isinstance(product, Node)
+        and product.op in ("call_function", "call_method")
+        and product.target in _MUL
+        and len(product.args) == 2
+    ):
         return None
     if proj.args[0] in set(traced.nodes_in(path)):
         return None  # the block transforms its input first: the rebuilt forward would not
     whole = value(proj)
     half = whole.shape[-1] // 2
     for act, up in (product.args, product.args[::-1]):
-        if not (isinstance(act, Node) and act.op == "call_module" and len(act.args) == 1
-                and not act.kwargs and isinstance(up, Node)):
+        if not (
+            isinstance(act, Node)
+            and act.op == "call_module"
+            and len(act.args) == 1
+            and not act.kwargs
+            and isinstance(up, Node)
+        ):
             continue
         gate = act.args[0]
         if not (_only_from(gate, proj) and _only_from(up, proj)):
@@ -124,28 +138,51 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
             fact = LinearFact(fact.attr, fact.in_features, half, fact.bias)
             activation = _config_activation(traced.submodule(act), config)
             if activation not in ACT_AND_MUL:
-                return NoMatch("fuse_gate_up", cls, f"vLLM has no fused *AndMul for activation {activation!r}")
+                return NoMatch(
+                    PATTERN,
+                    cls,
+                    f"vLLM has no fused *AndMul for activation {activation!r}",
+                )
             if not _computes(act, gate, activation):
-                return NoMatch("fuse_gate_up", cls, f"{relative(act.target, path)} does not compute {activation} "
-                                                    "(replayed on the traced values)")
+                return NoMatch(
+                    PATTERN,
+                    cls,
+                    f"{relative(act.target, path)} does not compute {activation} "
+                    "(replayed on the traced values)",
+                )
             d = traced.linear_fact(down, path)
-            return MlpPlan(cls, fact, fact, d, relative(act.target, path), activation, fused_gate_up=True)
+            return MlpPlan(
+                cls,
+                fact,
+                fact,
+                d,
+                relative(act.target, path),
+                activation,
+                fused_gate_up=True,
+            )
     return None
 
 
 def _computes(act: Node, gate: Node, activation: str) -> bool:
     """The activation module's traced output is vLLM's ``activation`` of its input."""
     out, x = value(act), value(gate)
-    return (torch.is_tensor(out) and torch.is_tensor(x) and out.shape == x.shape
-            and torch.allclose(out, _VLLM_ACT[activation](x), rtol=1e-5, atol=1e-6))
+    return (
+        torch.is_tensor(out)
+        and torch.is_tensor(x)
+        and out.shape == x.shape
+        and torch.allclose(out, _VLLM_ACT[activation](x), rtol=1e-5, atol=1e-6)
+    )
 
 
 def _only_from(node: Node, source: Node) -> bool:
     """``node`` is computed from ``source`` alone, by indexing and splitting it."""
     while node is not source:
         tensors = node.all_input_nodes
-        if len(tensors) != 1 or node.op not in ("call_function", "call_method") or \
-                node.target not in _SLICING:
+        if (
+            len(tensors) != 1
+            or node.op not in ("call_function", "call_method")
+            or node.target not in _SLICING
+        ):
             return False
         node = tensors[0]
     return True
@@ -160,20 +197,29 @@ def _config_activation(module, config) -> str:
     return ""
 
 
-def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node, no) -> MlpPlan | NoMatch:
+def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> MlpPlan | NoMatch:
     """``down(act(up(x)))``: vLLM shards ``up`` by columns and ``down`` by rows, which
     holds when act is elementwise (checked on the traced values: act of a column slice
     is the slice of act)."""
     (up,) = [n for n in linears if n is not down]
     act = down.args[0]
-    if not (isinstance(act, Node) and act.op == "call_module" and len(act.args) == 1 and act.args[0] is up
-            and not act.kwargs):
-        return no(f"{relative(down.target, path)} does not read act_module({relative(up.target, path)}(x))")
+    if not (
+        isinstance(act, Node)
+        and act.op == "call_module"
+        and len(act.args) == 1
+        and act.args[0] is up
+        and not act.kwargs
+    ):
+        return NoMatch(
+            PATTERN,
+            cls,
+            f"{relative(down.target, path)} does not read act_module({relative(up.target, path)}(x))",
+        )
     module, x = traced.submodule(act), value(up)
     half = x.shape[-1] // 2
     with torch.no_grad():
         elementwise = torch.allclose(module(x[..., :half]), value(act)[..., :half], atol=1e-6)
     if not elementwise:
-        return no(f"{relative(act.target, path)} is not elementwise")
+        return NoMatch(PATTERN, cls, f"{relative(act.target, path)} is not elementwise")
     u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
     return MlpPlan(cls, None, u, d, relative(act.target, path), type(module).__name__)

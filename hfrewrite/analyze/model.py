@@ -15,9 +15,7 @@ absorbs (the sliding window, which the source computes per layer) is kept in
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from typing import NoReturn
 
 import torch
 import transformers
@@ -34,7 +32,6 @@ from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
@@ -44,7 +41,10 @@ from hfrewrite.analyze.plan import (
     MoePlan,
     NoMatch,
     NormPlan,
+    Refusal,
+    refuse,
 )
+from hfrewrite.analyze.shrink import VOCAB, shrink_config
 from hfrewrite.analyze.trace import (
     ATTN_IMPLEMENTATION,
     Traced,
@@ -54,25 +54,7 @@ from hfrewrite.analyze.trace import (
     top_scope,
     trace,
 )
-
-HIDDEN, HEADS, INTERMEDIATE, VOCAB = 128, 4, 256, 256
-# Other size fields, shrunk when the config has them, so that MoE and linear-attention
-# models build quickly and are refused by analysis rather than by memory.
-_OTHER_SIZES = {
-    "moe_intermediate_size": 64,
-    "shared_expert_intermediate_size": 64,
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 32,
-    "linear_value_head_dim": 32,
-}
-
-
-class _Refused(Exception):
-    """A required fact did not match; :func:`analyze` reports it with the model type."""
+from hfrewrite.errors import HfrewriteError
 
 
 def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
@@ -81,138 +63,43 @@ def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     torch.set_num_threads(1)  # tiny tensors: threads only add contention (5x slower)
     try:
         return _analyze(config)
-    except _Refused as refused:
-        message = f"{config.model_type}: {refused.args[0]}"
+    except Refusal as refused:
+        message = f"{config.model_type}: {refused.no_match}"
         raise HfrewriteError(message) from refused.__cause__
     finally:
         torch.set_num_threads(threads)
-
-
-def shrink_config(
-    config: transformers.PretrainedConfig,
-) -> transformers.PretrainedConfig:
-    """A small copy of ``config`` that keeps its flags and head layout.
-
-    Keeps MQA (one kv head) and MHA (kv heads == heads), an explicit head_dim that is
-    not hidden/heads, the biases, the tying, one layer per distinct ``layer_types``
-    entry (at least two), and sets the opaque attention implementation.
-    """
-    small = copy.deepcopy(config)
-    heads = getattr(config, "num_attention_heads", None)
-    kv = getattr(config, "num_key_value_heads", None)
-    head_dim = getattr(config, "head_dim", None)
-    if hasattr(config, "head_dim") and head_dim is None and heads:
-        # Configs that leave head_dim unset (ministral, nemotron, hunyuan defaults):
-        # the value the model means is hidden / heads.
-        head_dim = config.hidden_size // heads
-    explicit = bool(head_dim and heads and head_dim * heads != config.hidden_size)
-    sizes = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE}
-    sizes |= {"vocab_size": VOCAB, "num_attention_heads": HEADS, **_OTHER_SIZES}
-    for name, size in sizes.items():
-        if isinstance(getattr(small, name, None), int):
-            _set(small, name, size)
-    if hasattr(config, "num_key_value_heads") and kv is None:
-        _set(small, "num_key_value_heads", HEADS)  # unset means one kv head per head (MHA)
-    elif kv:
-        _set(
-            small, "num_key_value_heads", 1 if kv == 1 else HEADS if kv == heads else 2
-        )
-    if head_dim:
-        _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
-    types = getattr(config, "layer_types", None)
-    distinct = list(dict.fromkeys(types)) if types else []
-    n = max(2, len(distinct))
-    _set(small, "num_hidden_layers", n)
-    if distinct:
-        _set(small, "layer_types", distinct + distinct[-1:] * (n - len(distinct)))
-    if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
-        # MoE models whose config can make some layers dense: trace one of each kind.
-        _set(small, "mlp_only_layers", [0])
-        _set(small, "decoder_sparse_step", 1)
-    _shrink_routing(config, small)
-    _shrink_mla(config, small)
-    pad = getattr(small, "pad_token_id", None)
-    if isinstance(pad, int) and pad >= VOCAB:
-        _set(small, "pad_token_id", None)
-    small._attn_implementation = ATTN_IMPLEMENTATION
-    return small
-
-
-def _shrink_routing(config, small) -> None:
-    """Routing values the replay can tell apart: every routing step changes the output
-    and each constant is a distinct number (analyze/routing.py finds its attribute by
-    value). Grouped top-k (deepseek_v3, glm4_moe, dots1): 8 experts in 4 groups, 2 kept,
-    top-3; a scaling factor of 2.5; renormalisation on; one dense layer, then MoE."""
-    if isinstance(getattr(config, "n_group", None), int):
-        for name, size in (("n_routed_experts", 8), ("n_group", 4), ("topk_group", 2), ("num_experts_per_tok", 3)):
-            _set(small, name, size)
-        if hasattr(config, "n_shared_experts") and config.n_shared_experts is None:
-            _set(small, "n_shared_experts", 1)  # a bare type's default config (dots1) leaves it unset
-    if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
-        _set(small, "num_experts_per_tok", 3)  # a bare type's default config (deepseek_v2) leaves it unset
-    if isinstance(getattr(config, "routed_scaling_factor", None), (int, float)):
-        _set(small, "routed_scaling_factor", 2.5)
-    if isinstance(getattr(config, "norm_topk_prob", None), bool):
-        _set(small, "norm_topk_prob", True)
-    if getattr(config, "moe_num_shared_experts", None) == 0:  # ernie: trace its optional shared expert
-        _set(small, "moe_num_shared_experts", 1)
-    if isinstance(getattr(config, "first_k_dense_replace", None), int):
-        _set(small, "first_k_dense_replace", 1)
-
-
-def _shrink_mla(config, small) -> None:
-    """MLA sizes (deepseek_v2/v3) that differ from each other and from every other size,
-    so analysis/mla.py finds each one's attribute by value; a low-rank query stays
-    low-rank. The rope width is also the config's head_dim (transformers' rotary reads it).
-    vLLM's CPU MLA backend caches only 512 + 64 wide latents (DeepSeek's own sizes), and
-    the validation runs this config."""
-    if not isinstance(getattr(config, "kv_lora_rank", None), int):
-        return
-    sizes = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 48, "v_head_dim": 80}
-    if getattr(config, "q_lora_rank", None) is not None:
-        sizes["q_lora_rank"] = 96
-    for name, size in sizes.items():
-        _set(small, name, size)
-    if hasattr(config, "qk_head_dim"):
-        _set(small, "qk_head_dim", sizes["qk_rope_head_dim"] + sizes["qk_nope_head_dim"])
-    if hasattr(config, "head_dim"):
-        _set(small, "head_dim", sizes["qk_rope_head_dim"])
-
-
-def _set(config, name: str, value) -> None:
-    """Set a config field, unless the config computes it (a read-only property)."""
-    attr = getattr(type(config), name, None)
-    if not (isinstance(attr, property) and attr.fset is None):
-        setattr(config, name, value)
 
 
 def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     small = shrink_config(config)
     torch.manual_seed(0)
     try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            small, dtype=torch.float32
-        )
+        model = transformers.AutoModelForCausalLM.from_config(small, dtype=torch.float32)
     except KeyError as e:
         if ATTN_IMPLEMENTATION not in str(e):
-            raise _Refused(f"cannot build a causal LM: {_line(e)}") from e
+            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
         reason = "attention is not dispatched through transformers' AttentionInterface"
-        raise _Refused(f"{reason} ({_line(e)})") from e
+        raise Refusal(NoMatch("", "", f"{reason} ({_line(e)})")) from e
     except Exception as e:  # the modeling code cannot build this config
-        raise _Refused(f"cannot build a causal LM from the config: {_line(e)}") from e
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
     model.eval()
     base_attr = getattr(model, "base_model_prefix", "")
     base = getattr(model, base_attr, None) if base_attr else None
     if not isinstance(base, nn.Module):
-        _refuse("model_layout", model, f"no base model at .{base_attr}")
+        refuse("model_layout", f"no base model at .{base_attr}", type(model).__name__)
     if getattr(config, "is_encoder_decoder", False) or not any(
-            isinstance(m, nn.ModuleList) for m in base.children()):
-        _refuse("model_layout", base, "not a decoder-only causal LM (no stack of decoder layers "
-                                      "under the base model): vLLM's decoder contract does not fit it")
+        isinstance(m, nn.ModuleList) for m in base.children()
+    ):
+        refuse(
+            "model_layout",
+            "not a decoder-only causal LM (no stack of decoder layers under the base "
+            "model): vLLM's decoder contract does not fit it",
+            type(base).__name__,
+        )
     layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
     layers = list(getattr(base, layers_attr))
     if len({type(layer) for layer in layers}) != 1:
-        _refuse("model_layout", base, "decoder layers of several classes")
+        refuse("model_layout", "decoder layers of several classes", type(base).__name__)
 
     embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
     head = _one_child(model, "lm_head Linear", lambda m: _is_head(m, small))
@@ -226,23 +113,40 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     attention = _rope_layers(per_layer)
     if isinstance(attention, AttentionPlan):
         attention = dataclasses.replace(attention, **_head_fields(small, attention))
-    mlp, moe = _one_kind([f[2] for f in per_layer], MlpPlan), _one_kind([f[3] for f in per_layer], MoePlan)
+    mlp, moe = (
+        _one_kind([f[2] for f in per_layer], MlpPlan),
+        _one_kind([f[3] for f in per_layer], MoePlan),
+    )
 
     layer = traces[0].module
     norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
-    own_norms = (attention.q_a_norm, attention.kv_a_norm) if isinstance(attention, MlaPlan) else \
-        (attention.q_norm, attention.k_norm)
+    own_norms = (
+        (attention.q_a_norm, attention.kv_a_norm)
+        if isinstance(attention, MlaPlan)
+        else (attention.q_norm, attention.k_norm)
+    )
     for attr in own_norms:
         if attr is not None:
             norm_modules.append(layer.get_submodule(f"{decoder.attention_block}.{attr}"))
     norm_modules.append(getattr(base, final_norm))
     norm, why = _one_norm(norm_modules)
     if norm is None:
-        declined += (NoMatch("rms_norm", type(norm_modules[0]).__name__, f"{why}; the source's norms are kept"),)
+        declined += (
+            NoMatch(
+                "rms_norm",
+                type(norm_modules[0]).__name__,
+                f"{why}; the source's norms are kept",
+            ),
+        )
         if decoder.fused:  # vLLM's fused residual norms need vLLM norms
             decoder = dataclasses.replace(decoder, blocks=())
-            declined += (NoMatch("fused_residual_norm", decoder.module_class,
-                                 "the norms are the source's; the layer's forward is carried from the source"),)
+            declined += (
+                NoMatch(
+                    "fused_residual_norm",
+                    decoder.module_class,
+                    "the norms are the source's; the layer's forward is carried from the source",
+                ),
+            )
     if per_layer[0][4] is not None:  # the layer shape itself was not fusable
         declined += (per_layer[0][4],)
 
@@ -251,6 +155,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         # the causal-LM class the source defines; a config may name another architecture
         # (vllm_tree / plugin register the config's names onto this class)
         architecture=type(model).__name__,
+        config_class=type(model.config).__name__,
         base_model_class=type(base).__name__,
         base_model_attr=base_attr,
         embed_tokens=embed,
@@ -263,8 +168,10 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
         + checkpoint_prefix_renames(type(model).__name__),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        mtp_layers_field=next((f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")),
-                              None),
+        mtp_layers_field=next(
+            (f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")),
+            None,
+        ),
         decoder_layer=decoder,
         attention=attention,
         mlp=mlp,
@@ -287,7 +194,10 @@ def _head_fields(small, attention: AttentionPlan) -> dict:
         fields["heads_field"] = "num_attention_heads"
         if getattr(small, "num_key_value_heads", None) == attention.num_kv_heads:
             fields["kv_heads_field"] = "num_key_value_heads"
-        elif attention.num_kv_heads == attention.num_heads and getattr(small, "num_key_value_heads", None) is None:
+        elif (
+            attention.num_kv_heads == attention.num_heads
+            and getattr(small, "num_key_value_heads", None) is None
+        ):
             fields["kv_heads_field"] = "num_attention_heads"
     return fields
 
@@ -303,7 +213,11 @@ def _embedding_subclass(module: nn.Embedding) -> str | None:
         out, plain = module(ids), nn.functional.embedding(ids, module.weight)
     scale = (out * plain).sum() / (plain * plain).sum()
     if not torch.allclose(out, plain * scale, atol=1e-5):
-        _refuse("parallel_embedding", module, "the embedding computes more than a scaled lookup")
+        refuse(
+            "parallel_embedding",
+            "the embedding computes more than a scaled lookup",
+            type(module).__name__,
+        )
     return type(module).__name__
 
 
@@ -318,14 +232,10 @@ def _one_norm(modules: list[nn.Module]) -> tuple[NormPlan | None, str]:
     return norms[0], ""
 
 
-def _refuse(pattern: str, module: nn.Module, reason: str) -> NoReturn:
-    raise _Refused(NoMatch(pattern, type(module).__name__, reason))
-
-
 def _required(fact):
     """``fact``, unless it is a NoMatch: then analysis stops with it."""
     if isinstance(fact, NoMatch):
-        raise _Refused(fact)
+        raise Refusal(fact)
     return fact
 
 
@@ -338,7 +248,11 @@ def _one_child(parent: nn.Module, what: str, test) -> str:
     """The name of the one direct child of ``parent`` that passes ``test``."""
     names = [name for name, child in parent.named_children() if test(child)]
     if len(names) != 1:
-        _refuse("model_layout", parent, f"expected one {what} child, found {names}")
+        refuse(
+            "model_layout",
+            f"expected one {what} child, found {names}",
+            type(parent).__name__,
+        )
     return names[0]
 
 
@@ -354,8 +268,9 @@ class _ExampleRun:
     embeddings_transformed: bool  # the first layer does not read the embedding as it is
 
 
-def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str,
-                 head: str) -> _ExampleRun:
+def _example_run(
+    model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str, head: str
+) -> _ExampleRun:
     """Run the model once on ids and read the glue between its parts from the values:
     what each layer receives, whether the first layer receives the embedding unchanged,
     which child normalises the last layer's output into the lm_head, and whether the
@@ -369,21 +284,26 @@ def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], emb
 
     hooks = [
         layer.register_forward_pre_hook(
-            lambda _, args, kwargs, i=i: record(seen, i, (args, kwargs)), with_kwargs=True
+            lambda _, args, kwargs, i=i: record(seen, i, (args, kwargs)),
+            with_kwargs=True,
         )
         for i, layer in enumerate(layers)
     ]
-    children = [(name, child) for name, child in base.named_children() if not isinstance(child, nn.ModuleList)]
+    children = [
+        (name, child) for name, child in base.named_children() if not isinstance(child, nn.ModuleList)
+    ]
     children.append((head, getattr(model, head)))
-    hooks += [child.register_forward_hook(lambda _, args, out, name=name: record(calls, name, (args, out)))
-              for name, child in children]
+    hooks += [
+        child.register_forward_hook(lambda _, args, out, name=name: record(calls, name, (args, out)))
+        for name, child in children
+    ]
     hooks.append(layers[-1].register_forward_hook(lambda _, args, out: record(calls, "<last>", (args, out))))
     ids = torch.arange(10).reshape(2, 5) % VOCAB
     try:
         with torch.no_grad():
             logits = model(input_ids=ids, use_cache=False).logits
     except Exception as e:  # a model that cannot run on CPU at all
-        raise _Refused(f"{type(model).__name__}: example run: {_line(e)}") from e
+        raise Refusal(NoMatch("example run", type(model).__name__, _line(e))) from e
     finally:
         for hook in hooks:
             hook.remove()
@@ -394,10 +314,17 @@ def _example_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], emb
 
     first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
     last, head_in = calls["<last>"][1], calls[head][0]
-    norms = [name for name, _ in children[:-1]
-             if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)]
+    norms = [
+        name
+        for name, _ in children[:-1]
+        if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)
+    ]
     if len(norms) != 1:
-        _refuse("model_layout", base, "no one child normalises the last layer's output into the lm_head")
+        refuse(
+            "model_layout",
+            "no one child normalises the last layer's output into the lm_head",
+            type(base).__name__,
+        )
     return _ExampleRun(
         layer_inputs=[seen[i] for i in range(len(layers))],
         final_norm=norms[0],
@@ -411,7 +338,7 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
     try:
         return trace(layer, args, kwargs)
     except Exception as e:
-        raise _Refused(f"{type(layer).__name__}: trace: {_line(e)}") from e
+        raise Refusal(NoMatch("trace", type(layer).__name__, _line(e))) from e
 
 
 def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple:
@@ -427,8 +354,11 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
             found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
             why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
         decoder = _carried_layer(traced)
-        carried = NoMatch("fused_residual_norm", decoder.module_class,
-                          f"{why}; the layer's forward is carried from the source")
+        carried = NoMatch(
+            "fused_residual_norm",
+            decoder.module_class,
+            f"{why}; the layer's forward is carried from the source",
+        )
     else:
         blocks = decoder.blocks
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
@@ -459,19 +389,28 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
 def _carried_layer(traced: Traced) -> DecoderLayerPlan:
     """A layer whose forward is carried: which direct submodule attends (it holds the
     attention call) and which is the MLP (the other one with linears)."""
-    attending = {top_scope(n) for n in traced.graph.nodes
-                 if n.op == "call_function" and n.target is opaque_attention}
+    attending = {
+        top_scope(n) for n in traced.graph.nodes if n.op == "call_function" and n.target is opaque_attention
+    }
     with_linears = {top_scope(n) for n in traced.linears_in("")}
-    with_linears |= {top_scope(n) for n in traced.graph.nodes
-                     if n.op == "call_module" and is_experts(traced.submodule(n))}  # a MoE block
+    with_linears |= {
+        top_scope(n) for n in traced.graph.nodes if n.op == "call_module" and is_experts(traced.submodule(n))
+    }  # a MoE block
     cls = type(traced.module).__name__
     others = sorted(with_linears - attending - {None})
     if not attending:
-        raise _Refused(NoMatch("decoder_layer", cls, "no softmax attention call: a recurrent or state-space "
-                                                    "mixer does not fit vLLM's decoder contract"))
+        refuse(
+            "decoder_layer",
+            "no softmax attention call: a recurrent or state-space "
+            "mixer does not fit vLLM's decoder contract",
+            cls,
+        )
     if len(attending) != 1 or None in attending or len(others) != 1:
-        raise _Refused(NoMatch("decoder_layer", cls, f"expected one attention and one MLP submodule, "
-                                                    f"found {sorted(map(str, attending))} and {others}"))
+        refuse(
+            "decoder_layer",
+            f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
+            cls,
+        )
     return DecoderLayerPlan(cls, (), attention_block=attending.pop(), mlp_block=others[0])
 
 
@@ -482,14 +421,25 @@ def _one_kind(plans: list, kind: type):
         return None
     shapes = {_without_sizes(p) for p in found}
     if len(shapes) != 1:
-        raise _Refused(NoMatch("uniform_layers", found[0].module_class, f"layers differ in their {kind.__name__}"))
+        refuse(
+            "uniform_layers",
+            f"layers differ in their {kind.__name__}",
+            found[0].module_class,
+        )
     return found[0]
 
 
 def _without_sizes(plan):
     if isinstance(plan, MlpPlan):
         gate = plan.gate and (plan.gate.attr, plan.gate.bias)
-        return (plan.module_class, gate, plan.up.attr, plan.down.attr, plan.up.bias, plan.act_attr)
+        return (
+            plan.module_class,
+            gate,
+            plan.up.attr,
+            plan.down.attr,
+            plan.up.bias,
+            plan.act_attr,
+        )
     return plan
 
 
@@ -499,9 +449,7 @@ def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
     first = per_layer[0]
     for i, (decoder, attention, *_) in enumerate(per_layer[1:], start=1):
         if (decoder, _no_window(attention)) != (first[0], _no_window(first[1])):
-            raise _Refused(
-                NoMatch("uniform_layers", decoder.module_class, f"layer {i} differs")
-            )
+            refuse("uniform_layers", f"layer {i} differs", decoder.module_class)
     windows = [getattr(attention, "sliding_window", None) for _, attention, *_ in per_layer]
     if len(set(windows)) == 1:
         return ()
@@ -514,8 +462,14 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
     on some layers (NoPE: cohere2's global layers), never different where present."""
     if isinstance(attention, MlaPlan):
         return attention
-    return dataclasses.replace(attention, sliding_window=None, rope=False, rope_neox=True, rotary_dim=None,
-                               rope_reversed=False)
+    return dataclasses.replace(
+        attention,
+        sliding_window=None,
+        rope=False,
+        rope_neox=True,
+        rotary_dim=None,
+        rope_reversed=False,
+    )
 
 
 def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
@@ -526,7 +480,10 @@ def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
         return plans[0]
     roped = [a for a in plans if a.rope]
     if len({(a.rope_neox, a.rotary_dim, a.rope_reversed) for a in roped}) > 1:
-        raise _Refused(NoMatch("uniform_layers", plans[0].module_class, "layers differ in their rope"))
+        refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
-    return dataclasses.replace(chosen, sliding_window=plans[0].sliding_window,
-                               nope_layers=bool(roped) and len(roped) != len(plans))
+    return dataclasses.replace(
+        chosen,
+        sliding_window=plans[0].sliding_window,
+        nope_layers=bool(roped) and len(roped) != len(plans),
+    )

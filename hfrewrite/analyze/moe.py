@@ -32,34 +32,35 @@ from torch.fx import Node
 from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.branches import config_branches
+from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
     root,
     route,
     router_facts,
     scoring_of,
 )
-from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.trace import Traced, is_experts, relative, value
 
 # Activations vLLM's fused MoE kernels take by name (vLLM 0.32 on CPU: silu).
 MOE_ACTIVATIONS = ("silu", "swish")
+PATTERN = "fuse_experts"
 
 
 def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan | NoMatch:
     """Facts of the MoE block at submodule ``path`` of a traced decoder layer."""
     block = traced.module.get_submodule(path)
     cls = type(block).__name__
-
-    def no(reason: str) -> NoMatch:
-        return NoMatch("fuse_experts", cls, reason)
-
     nodes = traced.nodes_in(path)
     experts_calls = [n for n in nodes if n.op == "call_module" and is_experts(traced.submodule(n))]
     if len(experts_calls) != 1:
-        return no(f"{len(experts_calls)} stacked-experts modules instead of one")
+        return NoMatch(PATTERN, cls, f"{len(experts_calls)} stacked-experts modules instead of one")
     call = experts_calls[0]
     if len(call.args) != 3:
-        return no("the experts are not called as experts(x, top_k_index, top_k_weights)")
+        return NoMatch(
+            PATTERN,
+            cls,
+            "the experts are not called as experts(x, top_k_index, top_k_weights)",
+        )
     hidden, index, weights = call.args
     experts_mod = traced.submodule(call)
 
@@ -67,21 +68,21 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     if isinstance(facts, str):
         facts = _carried_router(traced, path, index, weights, hidden) or facts
     if isinstance(facts, str):
-        return no(facts)
+        return NoMatch(PATTERN, cls, facts)
     if activation not in MOE_ACTIVATIONS:
-        return no(f"vLLM's fused MoE has no {activation!r} activation here")
+        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {activation!r} activation here")
     if any(n.endswith("bias") for n, _ in experts_mod.named_parameters()):
-        return no("the experts have biases")
+        return NoMatch(PATTERN, cls, "the experts have biases")
 
     shared, shared_gate = _shared_expert(traced, path, cls, call)
     if isinstance(shared, NoMatch):
         return shared
     if len(traced.outputs_of(path)) != 1:
-        return no("the block returns more than one tensor")
+        return NoMatch(PATTERN, cls, "the block returns more than one tensor")
 
     num_experts = experts_mod.gate_up_proj.shape[0] if hasattr(experts_mod, "gate_up_proj") else None
     if num_experts is None or not hasattr(experts_mod, "down_proj"):
-        return no("the experts do not hold gate_up_proj and down_proj")
+        return NoMatch(PATTERN, cls, "the experts do not hold gate_up_proj and down_proj")
     plan = MoePlan(
         module_class=cls,
         router_class=type(block.get_submodule(facts["router"])).__name__,
@@ -91,7 +92,9 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         activation=activation,
         shared_expert=shared,
         shared_expert_gate=shared_gate,
-        router_branches=() if facts.get("carried_router") else config_branches(block.get_submodule(facts["router"])),
+        router_branches=()
+        if facts.get("carried_router")
+        else config_branches(block.get_submodule(facts["router"])),
         **facts,
     )
     # The structure's renormalisation first; a softmax over the top-k logits replays as the other.
@@ -101,7 +104,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         other = dataclasses.replace(plan, renormalize=not plan.renormalize)
         if _replay(block, other, x) is None:
             return other
-    return no(mismatch) if mismatch else plan
+    return NoMatch(PATTERN, cls, mismatch) if mismatch else plan
 
 
 def _carried_router(traced: Traced, path: str, index, weights, hidden) -> dict | None:
@@ -119,32 +122,51 @@ def _carried_router(traced: Traced, path: str, index, weights, hidden) -> dict |
     router = relative(call.target, path)
     if "." in router or len(call.args) != 1 or call.kwargs or root(call.args[0]) is not root(hidden):
         return None
-    return {"router": router, "top_k": int(value(index).shape[-1]), "scoring": "carried",
-            "renormalize": False, "carried_router": tuple(picks)}
+    return {
+        "router": router,
+        "top_k": int(value(index).shape[-1]),
+        "scoring": "carried",
+        "renormalize": False,
+        "carried_router": tuple(picks),
+    }
 
 
 def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
     """(shared expert attr, sigmoid gate attr) when the block adds one to the experts'
     output, (None, None) when it does not, or a NoMatch."""
     inside = set(traced.nodes_in(path))
-    adds = [u for u in _users_through_views(experts_call)
-            if u in inside and u.target in (operator.add, torch.add, operator.iadd)]
+    adds = [
+        u
+        for u in _users_through_views(experts_call)
+        if u in inside and u.target in (operator.add, torch.add, operator.iadd)
+    ]
     if not adds:
         return None, None
     add = adds[0]
     other = next(a for a in add.args if root(a) is not experts_call and a is not experts_call)
     gate = None
     if isinstance(other, Node) and other.target in (operator.mul, torch.mul):
-        sig = next((a for a in other.args if isinstance(a, Node) and scoring_of(a) == "sigmoid"), None)
+        sig = next(
+            (a for a in other.args if isinstance(a, Node) and scoring_of(a) == "sigmoid"),
+            None,
+        )
         if sig is None:
-            return NoMatch("fuse_experts", cls, "the shared expert is scaled by something other than a sigmoid gate"), None
+            return NoMatch(
+                PATTERN,
+                cls,
+                "the shared expert is scaled by something other than a sigmoid gate",
+            ), None
         gate_call = sig.args[0]
         if not (gate_call.op == "call_module" and isinstance(traced.submodule(gate_call), nn.Linear)):
-            return NoMatch("fuse_experts", cls, "the shared expert gate is not a Linear"), None
+            return NoMatch(PATTERN, cls, "the shared expert gate is not a Linear"), None
         gate = relative(gate_call.target, path)
         other = next(a for a in other.args if a is not sig)
     if not (isinstance(other, Node) and other.op == "call_module"):
-        return NoMatch("fuse_experts", cls, "the experts' output is added to something that is not a shared expert"), None
+        return NoMatch(
+            PATTERN,
+            cls,
+            "the experts' output is added to something that is not a shared expert",
+        ), None
     shared = relative(other.target, path).split(".")[0]
     return shared, gate
 
@@ -223,4 +245,3 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
     if torch.allclose(got, out, rtol=1e-4, atol=1e-5):
         return None
     return (got - out).abs().max().item()
-

@@ -58,14 +58,9 @@ def analyze_norm(module: nn.Module) -> NormPlan | NoMatch:
         with torch.no_grad():
             weight.copy_(saved)
     if offset not in (0.0, 1.0) or not holds:
-        return NoMatch(
-            "rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)"
-        )
+        return NoMatch("rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)")
     return NormPlan(cls, "rms", eps[0], offset)
 
 
 def _is_mean(node: object) -> bool:
-    return (
-        getattr(node, "op", None) in ("call_function", "call_method")
-        and node.target in _MEAN
-    )
+    return getattr(node, "op", None) in ("call_function", "call_method") and node.target in _MEAN

@@ -8,19 +8,43 @@ the emitted file keeps the source's own expressions so it is right for every con
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NoReturn
 
 
 @dataclass(frozen=True)
 class NoMatch:
-    """A pattern that did not match, and why. Never ``None``: ``--explain`` prints these."""
+    """A pattern that did not match, and why. Never ``None``: ``--explain`` prints these.
 
-    pattern: str  # e.g. "fuse_qkv"
-    module_class: str  # e.g. "LlamaAttention"
+    The one non-match of analysis: returned as a value, or raised in a :class:`Refusal`
+    where a check deep in an analysis has to unwind it."""
+
+    pattern: str  # e.g. "fuse_qkv"; "" when analysis stopped before any pattern (no model built)
+    module_class: str  # e.g. "LlamaAttention"; "" when no module is at hand
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.module_class}: {self.pattern}: {self.reason}"
+        return ": ".join(part for part in (self.module_class, self.pattern, self.reason) if part)
+
+
+class Refusal(Exception):
+    """Unwinds an analysis with the :class:`NoMatch` that stopped it: the pattern
+    analyses return it (:meth:`at`), ``analyze`` reports it with the model type."""
+
+    def __init__(self, no_match: NoMatch) -> None:
+        super().__init__(no_match)  # str(): the NoMatch's; pickles back to a Refusal
+        self.no_match = no_match
+
+    def at(self, module_class: str) -> NoMatch:
+        """The NoMatch, naming ``module_class`` when the check that raised it had none."""
+        no_match = self.no_match
+        return no_match if no_match.module_class else replace(no_match, module_class=module_class)
+
+
+def refuse(pattern: str, reason: str, module_class: str = "") -> NoReturn:
+    """Raise ``NoMatch(pattern, module_class, reason)``; a check that does not know the
+    module leaves ``module_class`` to the analysis that catches it (:meth:`Refusal.at`)."""
+    raise Refusal(NoMatch(pattern, module_class, reason))
 
 
 @dataclass(frozen=True)
@@ -144,7 +168,11 @@ class MoePlan:
     shared_expert: str | None  # attribute of the shared expert MLP, if any
     shared_expert_gate: str | None  # attribute of its sigmoid gate Linear, if any
     # Per-expert weight names in Hub checkpoints: (gate, down, up), e.g. ("w1", "w2", "w3")
-    checkpoint_expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")
+    checkpoint_expert_names: tuple[str, str, str] = (
+        "gate_proj",
+        "down_proj",
+        "up_proj",
+    )
     # Hub checkpoint name -> module name substrings, e.g. ((".block_sparse_moe.", ".mlp."),)
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # Routing beyond softmax top-k (analyze/routing.py), proven by the replay:
@@ -171,15 +199,21 @@ class MoePlan:
         """Routing vLLM's CPU router computes on its grouped top-k path only."""
         if self.carried_router:
             return False
-        return (self.scoring == "sigmoid" or self.n_group is not None or self.correction_bias is not None
-                or self.routed_scaling_factor != 1.0)
+        return (
+            self.scoring == "sigmoid"
+            or self.n_group is not None
+            or self.correction_bias is not None
+            or self.routed_scaling_factor != 1.0
+        )
 
     def describe_routing(self) -> str:
         """The routing in one line, for --explain and refusals."""
         if self.carried_router:
             return f"{self.router_class} (source, carried) -> top-{self.top_k} weights and ids"
-        steps = [f"F.linear{' (float32)' if self.router_fp32 else ''}{' + bias' if self.router_bias else ''}",
-                 self.scoring]
+        steps = [
+            f"F.linear{' (float32)' if self.router_fp32 else ''}{' + bias' if self.router_bias else ''}",
+            self.scoring,
+        ]
         if self.correction_bias:
             steps.append(f"+ {self.correction_bias} (choice only)")
         if self.n_group:
@@ -255,3 +289,6 @@ class ModelPlan:
     # The config counts multi-token-prediction layers stored after the last decoder layer
     # (DeepSeek-V3, GLM-4.5: ``num_nextn_predict_layers``): load_weights skips them.
     mtp_layers_field: str | None = None
+    # The Hugging Face configuration class the model was built from (``Qwen3Config``):
+    # what vLLM hands the model as ``hf_config``.
+    config_class: str = ""

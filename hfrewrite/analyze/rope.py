@@ -53,7 +53,9 @@ def per_layer_type(config) -> bool:
     return "rope_theta" not in params and any(isinstance(v, dict) for v in params.values())
 
 
-def _inv_freq(config, params: dict, layer_type: str | None, rotary_dim: int) -> tuple[torch.Tensor, float] | None:
+def _inv_freq(
+    config, params: dict, layer_type: str | None, rotary_dim: int
+) -> tuple[torch.Tensor, float] | None:
     kind = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
     if kind == "default":
@@ -64,7 +66,9 @@ def _inv_freq(config, params: dict, layer_type: str | None, rotary_dim: int) -> 
     init = ROPE_INIT_FUNCTIONS.get(kind)
     if init is None:
         return None
-    inv_freq, scale = init(config, "cpu", layer_type=layer_type) if per_layer_type(config) else init(config, "cpu")
+    inv_freq, scale = (
+        init(config, "cpu", layer_type=layer_type) if per_layer_type(config) else init(config, "cpu")
+    )
     if inv_freq.numel() * 2 != rotary_dim:
         return None
     return inv_freq.double(), float(scale)
@@ -76,7 +80,9 @@ def deepseek_yarn(params: dict, rotary_dim: int) -> tuple[torch.Tensor, float] |
     it cannot take them. Checked against vLLM's class in tests/analyze/test_rope_tables.py."""
     import math
 
-    missing = [k for k in ("rope_theta", "factor", "original_max_position_embeddings") if params.get(k) is None]
+    missing = [
+        k for k in ("rope_theta", "factor", "original_max_position_embeddings") if params.get(k) is None
+    ]
     if missing:
         return f"vLLM's deepseek_yarn needs {', '.join(missing)}"
     extra = {k: params[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim") if k in params}
@@ -89,21 +95,35 @@ def deepseek_yarn(params: dict, rotary_dim: int) -> tuple[torch.Tensor, float] |
         return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
     def correction_dim(rotations: float) -> float:
-        return rotary_dim * math.log(params["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / (
-            2 * math.log(base))
+        return (
+            rotary_dim
+            * math.log(params["original_max_position_embeddings"] / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
     high = min(math.ceil(correction_dim(beta_slow)), rotary_dim - 1)
     pos_freqs = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim)
-    ramp = torch.clamp((torch.arange(rotary_dim // 2, dtype=torch.float) - low) / ((high + 0.001 if low == high else high) - low), 0, 1)
+    ramp = torch.clamp(
+        (torch.arange(rotary_dim // 2, dtype=torch.float) - low)
+        / ((high + 0.001 if low == high else high) - low),
+        0,
+        1,
+    )
     keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
     scale = mscale_of(float(extra.get("mscale", 1))) / mscale_of(float(extra.get("mscale_all_dim", 0)))
     return inv_freq.double(), float(scale)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
-               neox: bool, reverse: bool = False) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scale: float,
+    neox: bool,
+    reverse: bool = False,
+) -> torch.Tensor:
     """vLLM's rotary embedding on ``x`` [..., seq, head_dim] (rotating its first
     ``2 * len(inv_freq)`` lanes), in float64; ``reverse``: with the sin table negated."""
     rot = inv_freq.numel() * 2
@@ -119,8 +139,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
     return torch.cat((out, rest), dim=-1)
 
 
-def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int, layer_type: str | None = None
-               ) -> RopeFact | str:
+def prove_rope(
+    pairs: list[tuple[Node, Node]], config, head_dim: int, layer_type: str | None = None
+) -> RopeFact | str:
     """The one (style, rotary dim) that maps every ``(x, attention input)`` pair, or why not.
 
     Values are [batch, heads, seq, head_dim]; the example run's positions are 0..seq-1;
@@ -142,8 +163,16 @@ def prove_rope(pairs: list[tuple[Node, Node]], config, head_dim: int, layer_type
     default = params.get("rope_type", "default") == "default"
     for reverse in (False, True) if default else (False,):
         for neox in (True, False):
-            if all(torch.allclose(apply_rope(xv, positions, *freq, neox, reverse), yv.double(), atol=ATOL)
-                   for xv, yv in values):
+            if all(
+                torch.allclose(
+                    apply_rope(xv, positions, *freq, neox, reverse),
+                    yv.double(),
+                    atol=ATOL,
+                )
+                for xv, yv in values
+            ):
                 return RopeFact(neox=neox, rotary_dim=rotary_dim, reversed=reverse)
-    return (f"the replay matches no rope vLLM computes from rope_parameters "
-            f"(neox or GPT-J style, either direction, over rotary dim {rotary_dim} of {head_dim})")
+    return (
+        f"the replay matches no rope vLLM computes from rope_parameters "
+        f"(neox or GPT-J style, either direction, over rotary dim {rotary_dim} of {head_dim})"
+    )

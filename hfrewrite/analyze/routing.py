@@ -28,8 +28,14 @@ from hfrewrite.analyze.plan import MoePlan
 from hfrewrite.analyze.trace import Traced, relative, value
 
 _PASS_THROUGH = ("to", "float", "type", "type_as", "contiguous")
-_SCORINGS = {F.softmax: "softmax", torch.softmax: "softmax", "softmax": "softmax",
-             torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", "sigmoid": "sigmoid"}
+_SCORINGS = {
+    F.softmax: "softmax",
+    torch.softmax: "softmax",
+    "softmax": "softmax",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    "sigmoid": "sigmoid",
+}
 _DIVS = (operator.truediv, operator.itruediv, torch.div, "div", "div_")
 _MULS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
 
@@ -64,7 +70,15 @@ def _backward(roots: list[Node], ordered: list[Node]) -> list[Node]:
 
 def _in_place(node: Node) -> bool:
     return (node.op == "call_method" and node.target.endswith("_") and not node.target.endswith("__")) or (
-        node.target in (operator.setitem, operator.iadd, operator.imul, operator.itruediv, operator.isub))
+        node.target
+        in (
+            operator.setitem,
+            operator.iadd,
+            operator.imul,
+            operator.itruediv,
+            operator.isub,
+        )
+    )
 
 
 def _is_fp32_cast(node) -> bool:
@@ -83,8 +97,12 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     prove the other value (a softmax over the top-k logits is a renormalised softmax)."""
     inside = traced.nodes_in(path)
     nodes = _backward([index, weights], inside)
-    linears = [n for n in nodes if (n.op == "call_function" and n.target is F.linear)
-               or (n.op == "call_module" and isinstance(traced.submodule(n), nn.Linear))]
+    linears = [
+        n
+        for n in nodes
+        if (n.op == "call_function" and n.target is F.linear)
+        or (n.op == "call_module" and isinstance(traced.submodule(n), nn.Linear))
+    ]
     if len(linears) != 1 or any(n.op == "call_module" and n not in linears for n in nodes):
         return "router logits are not one linear projection of the block input"
     logits = linears[0]
@@ -123,10 +141,13 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     correction, correction_2d = None, False
     for n in tensors:
         t = value(n)
-        if not (torch.is_tensor(t) and t.shape in ((num_experts,), (1, num_experts))
-                and relative(n.target, path).startswith(f"{router}.")):
+        if not (
+            torch.is_tensor(t)
+            and t.shape in ((num_experts,), (1, num_experts))
+            and relative(n.target, path).startswith(f"{router}.")
+        ):
             return f"routing reads {relative(n.target, path)}, which is not a per-expert router bias"
-        name = relative(n.target, path)[len(router) + 1:]
+        name = relative(n.target, path)[len(router) + 1 :]
         if correction not in (None, name):
             return "routing reads more than one per-expert bias"
         correction, correction_2d = name, t.dim() == 2
@@ -146,13 +167,22 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         if num_experts % n_group:
             return f"{n_group} expert groups do not divide {num_experts} experts"
 
-    scales = [a for n in nodes if n.target in _MULS for a in n.args if isinstance(a, (int, float))
-              and not isinstance(a, bool)]
+    scales = [
+        a
+        for n in nodes
+        if n.target in _MULS
+        for a in n.args
+        if isinstance(a, (int, float)) and not isinstance(a, bool)
+    ]
     if len(scales) > 1:
         return f"the routing weights are scaled more than once ({scales})"
     scale = float(scales[0]) if scales else 1.0
-    renormalize = any(n.target in _DIVS and isinstance(n.args[1], Node)
-                      and any(d.target == "sum" for d in _backward([n.args[1]], inside)) for n in nodes)
+    renormalize = any(
+        n.target in _DIVS
+        and isinstance(n.args[1], Node)
+        and any(d.target == "sum" for d in _backward([n.args[1]], inside))
+        for n in nodes
+    )
 
     facts = {"n_group": n_group, "topk_group": topk_group}
     if scales:
@@ -179,7 +209,11 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
 
 def root(node):
     """Step back over reshapes to the tensor they view."""
-    while isinstance(node, Node) and node.op == "call_method" and node.target in ("view", "reshape", *_PASS_THROUGH):
+    while (
+        isinstance(node, Node)
+        and node.op == "call_method"
+        and node.target in ("view", "reshape", *_PASS_THROUGH)
+    ):
         node = node.args[0]
     return node
 
@@ -193,8 +227,11 @@ def _config_attrs(block: nn.Module, router: str, facts: dict) -> tuple[tuple[str
         if want is None:
             continue
         for prefix, owner in owners:
-            names = sorted(k for k, v in vars(owner).items() if not k.startswith("_") and type(v) in (int, float)
-                           and v == want)
+            names = sorted(
+                k
+                for k, v in vars(owner).items()
+                if not k.startswith("_") and type(v) in (int, float) and v == want
+            )
             if len(names) > 1:
                 return f"the {fact} {want} is held by several attributes ({', '.join(names)})"
             if names:
@@ -215,7 +252,9 @@ def route(logits: torch.Tensor, facts: MoePlan, correction: torch.Tensor | None)
     groups = facts.n_group or 1
     choice = scores if correction is None else scores + correction.float()
     grouped = choice.view(len(choice), groups, -1)
-    group_scores = grouped.max(dim=-1).values if correction is None else grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    group_scores = (
+        grouped.max(dim=-1).values if correction is None else grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    )
     chosen = torch.topk(group_scores, k=facts.topk_group or 1, dim=-1)[1]
     keep = torch.zeros_like(group_scores).scatter_(1, chosen, 1).bool()
     choice = choice.masked_fill(~keep.repeat_interleave(choice.shape[-1] // groups, dim=-1), float("-inf"))
@@ -224,4 +263,3 @@ def route(logits: torch.Tensor, facts: MoePlan, correction: torch.Tensor | None)
     if facts.renormalize:
         w = w / w.sum(dim=-1, keepdim=True)
     return w * facts.routed_scaling_factor, idx
-

@@ -92,9 +92,7 @@ class ValueProxy(Proxy):
 
     def __setitem__(self, key: Any, item: Any) -> None:
         """Recorded as ``operator.setitem``, and applied to the value."""
-        self.tracer.create_proxy(
-            "call_function", operator.setitem, (self, key, item), {}
-        )
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
 
 
 def _value_of(arg: Any) -> Any:
@@ -144,9 +142,7 @@ class ValueTracer(Tracer):
     def proxy(self, node: Node) -> ValueProxy:
         return ValueProxy(node, self)
 
-    def create_node(
-        self, kind, target, args, kwargs, name=None, type_expr=None
-    ) -> Node:
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> Node:
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind == "get_attr":  # also those made for constants, parameters and modules
             with _maybe_revert_all_patches():
@@ -164,9 +160,7 @@ class ValueTracer(Tracer):
         proxy_factory_fn=None,
     ):
         value = self._evaluate(kind, target, args, kwargs)
-        proxy = super().create_proxy(
-            kind, target, args, kwargs, name, type_expr, self.proxy
-        )
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, self.proxy)
         proxy.node.meta["value"] = value
         return proxy
 
@@ -246,8 +240,7 @@ class Traced:
         return [
             n
             for n in self.graph.nodes
-            if n.op not in ("placeholder", "output")
-            and (not path or path in _scopes(n))
+            if n.op not in ("placeholder", "output") and (not path or path in _scopes(n))
         ]
 
     def outputs_of(self, path: str) -> list[Node]:

@@ -109,9 +109,7 @@ def package_name(plugin_dir: Path, name: str | None) -> str:
         if name and name[0].isdigit():
             name = f"plugin_{name}"
     if not name.isidentifier() or keyword.iskeyword(name):
-        raise HfrewriteError(
-            f"{name!r} is not a valid Python package name; give one with --plugin-name"
-        )
+        raise HfrewriteError(f"{name!r} is not a valid Python package name; give one with --plugin-name")
     return name
 
 
@@ -165,9 +163,7 @@ def install(
     )
     written = []
     for path, text in files:
-        written.append(
-            (path, write_atomic(path, text, force=force or path != model_file))
-        )
+        written.append((path, write_atomic(path, text, force=force or path != model_file)))
     ignore = plugin_dir / ".gitignore"
     if not ignore.exists():  # a user's own is theirs
         written.append((ignore, write_atomic(ignore, GITIGNORE, force=False)))
@@ -213,9 +209,9 @@ def read_architectures(init: Path) -> dict[str, str]:
     """The ``ARCHITECTURES`` literal of a plugin ``__init__.py`` hfrewrite wrote."""
     tree = ast.parse(init.read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and [
-            getattr(t, "id", None) for t in node.targets
-        ] == ["ARCHITECTURES"]:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+            "ARCHITECTURES"
+        ]:
             try:
                 value = ast.literal_eval(node.value)
             except ValueError:
@@ -224,9 +220,7 @@ def read_architectures(init: Path) -> dict[str, str]:
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items()
             ):
                 return value
-    raise HfrewriteError(
-        f"{init}: no literal ARCHITECTURES mapping; use --force to rewrite it"
-    )
+    raise HfrewriteError(f"{init}: no literal ARCHITECTURES mapping; use --force to rewrite it")
 
 
 def is_plugin_init(text: str) -> bool:
@@ -255,9 +249,7 @@ def plugin_problems(init: Path) -> tuple[str, ...]:
         if pkg != package or not name or not path.is_file():
             problems.append(f"{init}: {arch} -> {target}: no module {path}")
         elif cls not in {
-            n.name
-            for n in ast.parse(path.read_text(encoding="utf-8")).body
-            if isinstance(n, ast.ClassDef)
+            n.name for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef)
         }:
             problems.append(f"{init}: {arch} -> {target}: {path} defines no {cls}")
     return tuple(problems)

@@ -108,9 +108,7 @@ def init_assignments(cls: cst.ClassDef, attrs: tuple[str, ...], who: str):
     where = {self_attr_assigned(s): i for i, s in enumerate(body)}
     missing = [a for a in attrs if a not in where]
     if missing:
-        raise HfrewriteError(
-            f"{cls.name.value}: {who}: {'/'.join(missing)} not assigned in __init__"
-        )
+        raise HfrewriteError(f"{cls.name.value}: {who}: {'/'.join(missing)} not assigned in __init__")
     return init, body, where
 
 
@@ -198,6 +196,64 @@ def names_used(node: cst.CSTNode) -> set[str]:
     return {n.value for n in walk(node) if isinstance(n, cst.Name)}
 
 
+def direct_calls(module: cst.Module) -> dict[str, list[cst.Call]]:
+    """Names used only as the callee of calls (``Name(...)``), with those calls.
+
+    A name also referenced any other way (a base class, a value, a rebinding, an import)
+    is left out; definition names, attribute names, keywords, parameters and the class
+    argument of ``isinstance`` are not references."""
+    not_refs: set[int] = set()
+    calls: dict[str, list[cst.Call]] = {}
+    for node in walk(module):
+        if isinstance(node, (cst.ClassDef, cst.FunctionDef, cst.Param)):
+            not_refs.add(id(node.name))
+        elif isinstance(node, cst.Attribute):
+            not_refs.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            not_refs.add(id(node.keyword))
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+            not_refs.add(id(node.func))
+            calls.setdefault(node.func.value, []).append(node)
+            if node.func.value == "isinstance" and len(node.args) == 2:
+                kinds = node.args[1].value
+                elements = kinds.elements if isinstance(kinds, cst.Tuple) else [kinds]
+                not_refs.update(id(e.value if isinstance(e, cst.Element) else e) for e in elements)
+    other = {n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) not in not_refs}
+    return {name: found for name, found in calls.items() if name not in other}
+
+
+def callable_defs(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    """Top-level functions and class ``__init__``s by the name they are called with."""
+    defs: dict[str, cst.FunctionDef] = {}
+    for node in module.body:
+        if isinstance(node, cst.FunctionDef):
+            defs[node.name.value] = node
+        elif isinstance(node, cst.ClassDef) and (init := find_method(node, "__init__")):
+            defs[node.name.value] = init
+    return defs
+
+
+def positional_params(fn: cst.FunctionDef, is_init: bool) -> list[str]:
+    """Parameters a call can bind by position (``self`` left out of an ``__init__``)."""
+    names = [p.name.value for p in fn.params.params]
+    return names[1:] if is_init else names
+
+
+def bound_arg(call: cst.Call, fn: cst.FunctionDef, is_init: bool, param: str) -> int | None:
+    """Index in ``call.args`` of the argument bound to ``param`` of ``fn``: -1 when the
+    call passes none (the default applies), None when unpacking hides it."""
+    if any(a.star for a in call.args):
+        return None
+    for i, a in enumerate(call.args):
+        if a.keyword is not None and a.keyword.value == param:
+            return i
+    names = positional_params(fn, is_init)
+    positional = [i for i, a in enumerate(call.args) if a.keyword is None]
+    if param in names and names.index(param) < len(positional):
+        return positional[names.index(param)]
+    return -1
+
+
 class _RootNames(_Names):
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         node.value.visit(self)  # `a.b.c` reads a, not b or c
@@ -246,13 +302,18 @@ def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, ski
         if skip and ast.unparse(ast.parse(expr)) in ast.unparse(ast.parse(skip)):
             continue
         shown = expr.replace('"', "'")
-        out += (f"if {'not ' if outcome else ''}({expr}):\n"
-                f'    raise NotImplementedError("hfrewrite: {cls} was converted for configs where '
-                f'`{shown}` is {outcome}: its {what} takes another branch here")\n')
+        out += (
+            f"if {'not ' if outcome else ''}({expr}):\n"
+            f'    raise NotImplementedError("hfrewrite: {cls} was converted for configs where '
+            f'`{shown}` is {outcome}: its {what} takes another branch here")\n'
+        )
     return out
 
 
 def init_exprs(cls: cst.ClassDef) -> dict[str, str]:
     """`self.x = expr` in ``cls.__init__`` -> {"x": "expr"}."""
-    return {attr: code(assigned_value(s)) for s in find_method(cls, "__init__").body.body
-            if (attr := self_attr_assigned(s))}
+    return {
+        attr: code(assigned_value(s))
+        for s in find_method(cls, "__init__").body.body
+        if (attr := self_attr_assigned(s))
+    }

@@ -2,8 +2,9 @@
 
 A pass is a module in ``passes/`` with a docstring (pattern in, code out, preconditions),
 ``NAME`` and ``run(module, ctx) -> PassResult``. Passes never touch disk or run torch:
-they return a new libcst tree plus requests (imports by symbol, fusion rows, NoMatch notes)
-that the driver applies once.
+they return a new libcst tree plus requests (imports by symbol, fusion rows) that the
+driver applies once, and how many sites they rewrote. A site a pass cannot rewrite is
+refused (``HfrewriteError``); what analysis declined is in ``ModelPlan.declined``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from hfrewrite.analyze.plan import ModelPlan, NoMatch
+from hfrewrite.analyze.plan import ModelPlan
 
 
 @dataclass(frozen=True)
@@ -32,5 +33,21 @@ class PassResult:
     module: cst.Module
     imports: tuple[str, ...] = ()  # symbols known to hfrewrite.emit.target
     fused: tuple[FusionRow, ...] = ()
-    declined: tuple[NoMatch, ...] = ()
-    matches: int = 0  # how many times the pattern fired
+    matches: int = 0  # how many sites the pass rewrote, counted as it rewrote them
+
+
+class Sites:
+    """Counts the sites a pass rewrites as it rewrites them: its ``PassResult.matches``."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def replace_class(self, module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
+        """``module`` with its top-level class ``name`` replaced by ``new``, one site per class replaced."""
+        body = []
+        for node in module.body:
+            if isinstance(node, cst.ClassDef) and node.name.value == name:
+                node = new
+                self.count += 1
+            body.append(node)
+        return module.with_changes(body=body)

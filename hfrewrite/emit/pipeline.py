@@ -7,9 +7,11 @@ from types import ModuleType
 
 import libcst as cst
 
+from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.emit.pass_api import FusionRow, PassContext
+from hfrewrite.emit.target import import_of
+from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import (
     carry_decoder_layer,
     fuse_experts,
@@ -20,14 +22,14 @@ from hfrewrite.passes import (
     mla_attention,
     moe_interface,
     parallel_embedding,
+    prune_unused_params,
     row_parallel,
     strip_hf_runtime,
     thread_layer_args,
+    type_config_params,
     vllm_attention,
     vllm_model_interface,
 )
-from hfrewrite.analyze.plan import NoMatch
-from hfrewrite.emit.target import import_of
 
 # The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
 PASSES: tuple[ModuleType, ...] = (
@@ -45,6 +47,8 @@ PASSES: tuple[ModuleType, ...] = (
     thread_layer_args,
     load_weights,
     strip_hf_runtime,
+    prune_unused_params,
+    type_config_params,
 )
 
 
@@ -52,8 +56,8 @@ PASSES: tuple[ModuleType, ...] = (
 class RewriteResult:
     module: cst.Module
     fused: tuple[FusionRow, ...]
-    declined: tuple[NoMatch, ...]
-    matches: dict[str, int]
+    declined: tuple[NoMatch, ...]  # the plan's: a pass refuses what it cannot rewrite
+    matches: dict[str, int]  # pass NAME -> the sites it rewrote (PassResult.matches)
 
 
 def describe(p: ModuleType) -> str:
@@ -64,7 +68,6 @@ def describe(p: ModuleType) -> str:
 def run_passes(module: cst.Module, ctx: PassContext) -> RewriteResult:
     imports: set[str] = set()
     fused: list[FusionRow] = []
-    declined: list[NoMatch] = list(ctx.plan.declined)
     matches: dict[str, int] = {}
     for p in PASSES:
         try:
@@ -76,9 +79,8 @@ def run_passes(module: cst.Module, ctx: PassContext) -> RewriteResult:
         module = result.module
         imports.update(result.imports)
         fused.extend(result.fused)
-        declined.extend(result.declined)
         matches[p.NAME] = result.matches
-    return RewriteResult(add_imports(module, imports), tuple(fused), tuple(declined), matches)
+    return RewriteResult(add_imports(module, imports), tuple(fused), ctx.plan.declined, matches)
 
 
 def add_imports(module: cst.Module, symbols: set[str]) -> cst.Module:
@@ -89,6 +91,12 @@ def add_imports(module: cst.Module, symbols: set[str]) -> cst.Module:
         by_module.setdefault(mod, []).append(name)
     lines = "".join(f"from {m} import {', '.join(names)}\n" for m, names in sorted(by_module.items()))
     body = list(module.body)
-    last = max((i for i, n in enumerate(body) if isinstance(n, cst.SimpleStatementLine)
-                and isinstance(n.body[0], (cst.Import, cst.ImportFrom))), default=-1)
+    last = max(
+        (
+            i
+            for i, n in enumerate(body)
+            if isinstance(n, cst.SimpleStatementLine) and isinstance(n.body[0], (cst.Import, cst.ImportFrom))
+        ),
+        default=-1,
+    )
     return module.with_changes(body=[*body[: last + 1], *t.stmts(lines), *body[last + 1 :]])

@@ -75,15 +75,18 @@ def check_fits(ckpt: Path, dtype: str) -> None:
     if need > have:
         raise HfrewriteError(
             f"{ckpt}: verifying needs about {need / 2**30:.1f} GiB (Hugging Face and vLLM copies in "
-            f"{dtype}), {have / 2**30:.1f} GiB is available; try --dtype bfloat16 or a larger machine")
+            f"{dtype}), {have / 2**30:.1f} GiB is available; try --dtype bfloat16 or a larger machine"
+        )
 
 
 def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
     """Token ids of ``PROMPT_TEXTS`` with the checkpoint's tokenizer, and the texts; the
-    fixed token ids of ``verify.DEFAULT_PROMPTS`` (no texts) when it has none."""
-    from hfrewrite.verify.harness import DEFAULT_PROMPTS
+    fixed token ids of ``fixtures.DEFAULT_PROMPTS`` (no texts) when it has none."""
+    from hfrewrite.verify.fixtures import DEFAULT_PROMPTS
 
-    if not any((ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if not any(
+        (ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
         return [list(p) for p in DEFAULT_PROMPTS], None
     from transformers import AutoTokenizer
 
@@ -92,7 +95,12 @@ def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
 
 
 def main(args: Any) -> int:
-    from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, first_difference, verify_many
+    from hfrewrite.verify.compare import (
+        LOGPROB_TOL,
+        VerifyCase,
+        first_difference,
+        verify_many,
+    )
 
     ckpt = Path(args.model_type)
     dtype = args.dtype
@@ -109,8 +117,13 @@ def main(args: Any) -> int:
             generated.write_text(result.text)
         elif not Path(generated).is_file():
             raise HfrewriteError(f"{generated}: no such file")
-        case = VerifyCase(ckpt.resolve(), Path(generated).resolve(), prompts=prompts,
-                          max_tokens=args.max_tokens, dtype=dtype)
+        case = VerifyCase(
+            ckpt.resolve(),
+            Path(generated).resolve(),
+            prompts=prompts,
+            max_tokens=args.max_tokens,
+            dtype=dtype,
+        )
         report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
     if report.errors:
         for side, error in report.errors.items():
@@ -125,11 +138,15 @@ def main(args: Any) -> int:
         if step is None:
             print(f"{label}: {len(hf)} greedy tokens equal")
         else:
-            print(f"{label}: greedy tokens equal up to step {step} of {len(hf)}, then {gen[step:step + 3]} "
-                  f"(vLLM) vs {hf[step:step + 3]} (HF)")
+            print(
+                f"{label}: greedy tokens equal up to step {step} of {len(hf)}, then {gen[step : step + 3]} "
+                f"(vLLM) vs {hf[step : step + 3]} (HF)"
+            )
         ok = ok and (step is None if dtype == "float32" else step != 0)
     diff = report.logprob_diff_hf
-    print(f"max |logprob diff| before any divergence: {'n/a' if diff is None else f'{diff:.2e}'} "
-          f"(tolerance {tol:g} in {dtype})")
+    print(
+        f"max |logprob diff| before any divergence: {'n/a' if diff is None else f'{diff:.2e}'} "
+        f"(tolerance {tol:g} in {dtype})"
+    )
     print("verified" if ok else "FAILED")
     return 0 if ok else 1

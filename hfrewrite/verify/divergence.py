@@ -37,17 +37,20 @@ def _keep(output: Any) -> Any:
 def _hook(recorded: dict[str, Any], name: str):
     """A forward hook keeping the module's first output under ``name``; it returns None,
     which leaves the output as it is (a module shared by layers runs again)."""
+
     def hook(_module, _args, output) -> None:
         if name not in recorded:
             recorded[name] = _keep(output)
+
     return hook
 
 
 def start_recording(model: Any) -> None:
     """Hook every submodule of ``model`` (an ``apply_model`` function)."""
     _RECORDED.clear()
-    _HOOKS.extend(module.register_forward_hook(_hook(_RECORDED, name))
-                  for name, module in model.named_modules() if name)
+    _HOOKS.extend(
+        module.register_forward_hook(_hook(_RECORDED, name)) for name, module in model.named_modules() if name
+    )
 
 
 def stop_recording(model: Any) -> None:
@@ -62,8 +65,11 @@ def record_vllm(llm: Any, prompt: list[int], out: Path) -> None:
 
     llm.apply_model(start_recording)
     try:
-        llm.generate([{"prompt_token_ids": list(prompt)}], SamplingParams(temperature=0, max_tokens=1),
-                     use_tqdm=False)
+        llm.generate(
+            [{"prompt_token_ids": list(prompt)}],
+            SamplingParams(temperature=0, max_tokens=1),
+            use_tqdm=False,
+        )
     finally:
         llm.apply_model(stop_recording)
     torch.save(dict(_RECORDED), out)
@@ -75,19 +81,24 @@ def record_hf(ckpt: Path, prompt: list[int]) -> tuple[dict[str, Any], set[str]]:
     they finished), and the names of the decoder layers (the outermost ModuleList's children)."""
     import torch
 
-    from hfrewrite.verify.harness import hf_model
+    from hfrewrite.verify.engine import hf_model
 
     model = hf_model(ckpt)
     recorded: dict[str, Any] = {}
-    hooks = [module.register_forward_hook(_hook(recorded, name)) for name, module in model.named_modules() if name]
+    hooks = [
+        module.register_forward_hook(_hook(recorded, name)) for name, module in model.named_modules() if name
+    ]
     try:
         with torch.no_grad():
             model(torch.tensor([list(prompt)]))
     finally:
         for hook in hooks:
             hook.remove()
-    lists = {name: len(module) for name, module in model.named_modules() if isinstance(module, torch.nn.ModuleList)}
-    stack = min(lists, key=lambda name: (name.count("."), name)) if lists else None  # the decoder layers
+    lists = {
+        name: len(module) for name, module in model.named_modules() if isinstance(module, torch.nn.ModuleList)
+    }
+    # the decoder layers
+    stack = min(lists, key=lambda name: (name.count("."), name)) if lists else None
     return recorded, {f"{stack}.{i}" for i in range(lists[stack])} if stack else set()
 
 
@@ -99,7 +110,11 @@ def _tensor(x: Any, layer: bool) -> Any:
         parts = [p for p in x if torch.is_tensor(p)]
         if not parts:
             return None
-        return parts[0] + parts[1] if layer and len(parts) == 2 and parts[0].shape == parts[1].shape else parts[0]
+        return (
+            parts[0] + parts[1]
+            if layer and len(parts) == 2 and parts[0].shape == parts[1].shape
+            else parts[0]
+        )
     return x if torch.is_tensor(x) and x.numel() else None
 
 
@@ -123,7 +138,7 @@ def first_divergence(hf: dict[str, Any], layers: set[str], vllm: dict[str, Any],
         a = a.reshape(-1, b.shape[1])
         if a.shape[0] > tokens:
             continue
-        b = b[tokens - a.shape[0]:]
+        b = b[tokens - a.shape[0] :]
         diff = (a - b).abs().max().item()
         if diff > TOLERANCE * max(1.0, b.abs().max().item()):
             where = f"first differs at {name} (max |diff| {diff:.1e}"

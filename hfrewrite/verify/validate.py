@@ -6,7 +6,7 @@ The tiny configuration is the analysis's own shrunk copy (``shrink_config``: eve
 the head layout, tying, one layer per layer type, MoE routing switches) with the sliding
 window, when there is one, made shorter than the longest prompt so that it matters. The
 reference runs in this process, from the classes the analysis traced; the generated file
-runs in a vLLM worker process (``hfrewrite.verify.harness``): greedy tokens equal, chosen-token
+runs in a vLLM worker process (``hfrewrite.verify.compare``): greedy tokens equal, chosen-token
 logprobs within ``LOGPROB_TOL``.
 """
 
@@ -31,14 +31,16 @@ class Validation:
 
     def line(self) -> str:
         diff = "n/a" if self.logprob_diff is None else f"{self.logprob_diff:.1e}"
-        return (f"validated in vLLM against Hugging Face on a tiny random checkpoint of this config: "
-                f"greedy tokens equal on {self.prompts} prompts, max |logprob diff| {diff} "
-                f"({self.seconds:.0f} s)")
+        return (
+            f"validated in vLLM against Hugging Face on a tiny random checkpoint of this config: "
+            f"greedy tokens equal on {self.prompts} prompts, max |logprob diff| {diff} "
+            f"({self.seconds:.0f} s)"
+        )
 
 
 def validation_config(config):
     """The tiny configuration the generated file is validated on."""
-    from hfrewrite.analyze.model import shrink_config
+    from hfrewrite.analyze.shrink import shrink_config
 
     small = shrink_config(config)
     small._attn_implementation = "eager"  # transformers' reference attention
@@ -51,32 +53,36 @@ def validation_config(config):
 def validate(resolved, generated) -> Validation:
     """Run ``generated`` (a ``convert.Generated``) in vLLM against HF; raise
     ``HfrewriteError`` naming the first difference when they disagree."""
-    from hfrewrite.verify import harness as verify
+    from hfrewrite.verify import compare, engine, fixtures
 
     if importlib.util.find_spec("vllm") is None:
-        raise HfrewriteError("convert-time validation needs vLLM, which is not installed here "
-                             "(install it, or pass --no-verify)")
+        raise HfrewriteError(
+            "convert-time validation needs vLLM, which is not installed here "
+            "(install it, or pass --no-verify)"
+        )
     start = time.perf_counter()
     config = validation_config(resolved.config)
-    prompts = [[t % config.vocab_size for t in p] for p in verify.DEFAULT_PROMPTS]
+    prompts = [[t % config.vocab_size for t in p] for p in fixtures.DEFAULT_PROMPTS]
     with tempfile.TemporaryDirectory(prefix="hfrewrite-validate-") as tmp:
         tmp = Path(tmp)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # stderr is for hfrewrite's one error line
         try:
-            ckpt = verify.save_random_checkpoint(config, tmp / "ckpt")
+            ckpt = fixtures.save_random_checkpoint(config, tmp / "ckpt")
         except Exception as exc:  # noqa: BLE001  (the modeling code cannot build it)
-            raise HfrewriteError(f"{resolved.model_type}: validation: cannot build a tiny checkpoint of this "
-                                 f"config: {_line(exc)} (--no-verify skips the check)") from None
+            raise HfrewriteError(
+                f"{resolved.model_type}: validation: cannot build a tiny checkpoint of this "
+                f"config: {_line(exc)} (--no-verify skips the check)"
+            ) from None
         module = tmp / generated.filename
         module.write_text(generated.text)
         # the reference runs here, from the very classes the analysis traced
-        tokens, logprobs = verify.hf_greedy(ckpt, prompts)
-        case = verify.VerifyCase(ckpt, module, prompts=prompts)
+        tokens, logprobs = engine.hf_greedy(ckpt, prompts)
+        case = compare.VerifyCase(ckpt, module, prompts=prompts)
         recorded = tmp / "vllm-modules.pt"
-        report = verify.verify_against_hf(case, {"tokens": tokens, "logprobs": logprobs}, record=recorded)
-        where = "" if report.ok else _where(ckpt, verify.record_prompt(prompts), recorded)
+        report = compare.verify_against_hf(case, {"tokens": tokens, "logprobs": logprobs}, record=recorded)
+        where = "" if report.ok else _where(ckpt, engine.record_prompt(prompts), recorded)
     if not report.ok:
         raise HfrewriteError(
             f"{resolved.model_type}: the generated file does not compute what Hugging Face does "
@@ -86,7 +92,7 @@ def validate(resolved, generated) -> Validation:
 
 
 def _where(ckpt: Path, prompt: list[int], recorded: Path) -> str:
-    """"; <which module first differs>" from the vLLM run's recorded module outputs and
+    """ "; <which module first differs>" from the vLLM run's recorded module outputs and
     Hugging Face's on the same prompt; "" when there is no recording to compare."""
     import torch
 

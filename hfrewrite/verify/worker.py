@@ -1,11 +1,11 @@
-"""Subprocess worker for ``hfrewrite.verify.harness``: ``python -m hfrewrite.verify.worker JOB OUT``,
-or ``--serve FD`` (``verify.VllmServer``): vLLM runs read one per line from stdin, each
+"""Subprocess worker for ``hfrewrite.verify.runner``: ``python -m hfrewrite.verify.worker JOB OUT``,
+or ``--serve FD`` (``runner.VllmServer``): vLLM runs read one per line from stdin, each
 result written as one JSON line to file descriptor FD, vLLM imported once.
 
-JOB is JSON ``{"runs": [...]}`` (see ``verify.run_worker``). All Hugging Face runs go
+JOB is JSON ``{"runs": [...]}`` (see ``runner.run_worker``). All Hugging Face runs go
 first (vLLM's CPU worker later binds threads and memory), then the vLLM runs, each in
 its own in-process ``LLM``. OUT is rewritten after every run, so a crash keeps the
-results so far. Expects the environment of ``verify.vllm_env``.
+results so far. Expects the environment of ``engine.vllm_env``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def main(job_path: str, out_path: str) -> int:
-    from hfrewrite.verify import harness as verify
+    from hfrewrite.verify import engine
 
     runs = json.loads(Path(job_path).read_text())["runs"]
     results: list[dict | None] = [None] * len(runs)
@@ -34,8 +34,11 @@ def main(job_path: str, out_path: str) -> int:
         t0 = time.perf_counter()
         try:
             if run["kind"] == "hf":
-                tokens, logprobs = verify.hf_greedy(
-                    run["ckpt"], run["prompts"], run["max_tokens"], run.get("dtype", "float32")
+                tokens, logprobs = engine.hf_greedy(
+                    run["ckpt"],
+                    run["prompts"],
+                    run["max_tokens"],
+                    run.get("dtype", "float32"),
                 )
                 result = {"tokens": tokens, "logprobs": logprobs}
             else:
@@ -44,7 +47,7 @@ def main(job_path: str, out_path: str) -> int:
 
                     state["import_s"] = time.perf_counter() - t0
                     t0 = time.perf_counter()
-                result = verify.vllm_run(
+                result = engine.vllm_run(
                     run["ckpt"],
                     run["prompts"],
                     run["max_tokens"],
@@ -63,15 +66,19 @@ def main(job_path: str, out_path: str) -> int:
 
 
 def serve(out_fd: int) -> int:
-    from hfrewrite.verify import harness as verify
+    from hfrewrite.verify import engine
 
     with os.fdopen(out_fd, "w") as out:
         for line in sys.stdin:
             run = json.loads(line)
             t0 = time.perf_counter()
             try:
-                result = verify.vllm_run(
-                    run["ckpt"], run["prompts"], run["max_tokens"], run["generated_module"], run["architecture"]
+                result = engine.vllm_run(
+                    run["ckpt"],
+                    run["prompts"],
+                    run["max_tokens"],
+                    run["generated_module"],
+                    run["architecture"],
                 ) or {"unsupported": True}
             except Exception:  # noqa: BLE001  (reported in the result)
                 result = {"error": traceback.format_exc(limit=-6)}

@@ -12,9 +12,9 @@ from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm import analyze_norm
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
 from hfrewrite.analyze.trace import opaque_attention, trace
+from hfrewrite.errors import HfrewriteError
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -121,9 +121,7 @@ def test_explicit_head_dim_and_mha():
 
 
 def test_mixed_sliding_window_is_declined_not_fatal():
-    plan = plan_of(
-        "qwen2", use_sliding_window=True, max_window_layers=2, sliding_window=16
-    )
+    plan = plan_of("qwen2", use_sliding_window=True, max_window_layers=2, sliding_window=16)
     assert plan.attention.sliding_window is None  # layer 0 is full attention
     assert plan.declined == (
         NoMatch(
@@ -160,32 +158,46 @@ def test_activation_without_fused_kernel_is_refused():
         plan_of("llama", hidden_act="relu")
 
 
+def test_a_config_no_causal_lm_builds_from_is_refused(monkeypatch):
+    def build(*args, **kwargs):
+        raise ValueError("no such layer\nmore detail")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    with pytest.raises(HfrewriteError) as e:
+        plan_of("llama")
+    assert str(e.value) == "llama: cannot build a causal LM from the config: ValueError: no such layer"
+
+
+def test_a_model_that_does_not_run_is_refused(monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(modeling_llama.LlamaModel, "forward", forward)
+    with pytest.raises(HfrewriteError) as e:
+        plan_of("llama")
+    assert str(e.value) == "llama: LlamaForCausalLM: example run: RuntimeError: no kernel"
+
+
 class HandAttention(nn.Module):
-    """q/k/v/o attention through the attention interface; projections adjustable."""
+    """q/k/v/o attention through the attention interface: the base the cases below edit."""
 
-    def __init__(self, k_out=64, v_out=64, q_bias=False, interface=True):
+    def __init__(self):
         super().__init__()
-        self.q_proj = nn.Linear(32, 64, bias=q_bias)
-        self.k_proj = nn.Linear(32, k_out, bias=False)
-        self.v_proj = nn.Linear(32, v_out, bias=False)
+        self.q_proj = nn.Linear(32, 64, bias=False)
+        self.k_proj = nn.Linear(32, 64, bias=False)
+        self.v_proj = nn.Linear(32, 64, bias=False)
         self.o_proj = nn.Linear(64, 32, bias=False)
-        self.interface = interface
 
-    def forward(self, x, pos=None):
+    def forward(self, x, pos):  # pos: a per-position tensor the base leaves unread
         batch, seq, _ = x.shape
         q, k, v = (
-            p(x).view(batch, seq, -1, 16).transpose(1, 2)
-            for p in (self.q_proj, self.k_proj, self.v_proj)
+            p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
         )
-        if pos is not None:  # a position-dependent q/k transform that is not rope
-            q, k = q * pos, k * pos
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        if self.interface:
-            out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
-        else:
-            out = torch.softmax(q @ k.transpose(2, 3) * 0.25, -1) @ v
-            out = out.transpose(1, 2)
+        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
         return self.o_proj(out.reshape(batch, seq, -1))
 
 
@@ -196,8 +208,12 @@ def attention_of(module, *extra):
     return analyze_attention(trace(module, (torch.randn(2, 3, 32), *extra)), "", TINY_CONFIG)
 
 
+def hand_attention():
+    return attention_of(HandAttention(), torch.randn(3, 16))
+
+
 def test_hand_attention_matches():
-    plan = attention_of(HandAttention())
+    plan = hand_attention()
     assert (plan.num_heads, plan.num_kv_heads, plan.head_dim) == (4, 4, 16)
     assert (plan.q_norm, plan.rope, plan.scaling, plan.sliding_window) == (
         None,
@@ -207,51 +223,176 @@ def test_hand_attention_matches():
     )
 
 
-@pytest.mark.parametrize(
-    "module, reason",
-    [
+# One change to HandAttention each: (method, (old, new)), and the reason it is refused with.
+ATTENTION_REFUSALS = {
+    "k narrower than v": (
+        "__init__",
+        ("self.k_proj = nn.Linear(32, 64", "self.k_proj = nn.Linear(32, 32"),
+        "fuse_qkv: k_proj and v_proj differ in out_features (32 != 64)",
+    ),
+    "a bias on q only": (
+        "__init__",
         (
-            HandAttention(k_out=32),
-            "fuse_qkv: k_proj and v_proj differ in out_features (32 != 64)",
+            "self.q_proj = nn.Linear(32, 64, bias=False)",
+            "self.q_proj = nn.Linear(32, 64, bias=True)",
+        ),
+        "fuse_qkv: q_proj, k_proj and v_proj differ in bias",
+    ),
+    "softmax written out": (
+        "forward",
+        (
+            "out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)",
+            "out = (torch.softmax(q @ k.transpose(2, 3) * 0.25, -1) @ v).transpose(1, 2)",
         ),
         (
-            HandAttention(q_bias=True),
-            "fuse_qkv: q_proj, k_proj and v_proj differ in bias",
-        ),
-        (
-            HandAttention(interface=False),
             "vllm_attention: no call through the attention interface: a linear-attention or "
-            "recurrent mixer keeps state outside vLLM's KV cache",
+            "recurrent mixer keeps state outside vLLM's KV cache"
         ),
-    ],
-)
-def test_attention_no_match_reasons(module, reason):
-    assert str(attention_of(module)) == f"HandAttention: {reason}"
+    ),
+    "a position transform that is not rope": (
+        "forward",
+        (
+            "k = k.repeat_interleave",
+            "q, k = q * pos, k * pos\n        k = k.repeat_interleave",
+        ),
+        (
+            "vllm_attention: rotary embedding: the replay matches no rope vLLM computes from "
+            "rope_parameters (neox or GPT-J style, either direction, over rotary dim 16 of 16)"
+        ),
+    ),
+    "an s_aux tensor passed": (
+        "forward",
+        ("scaling=0.25)", "scaling=0.25, s_aux=torch.zeros(4))"),
+        "vllm_attention: the attention call passes s_aux=<(4,) tensor>",
+    ),
+    "a sink_scale passed": (
+        "forward",
+        ("scaling=0.25)", "scaling=0.25, sink_scale=0)"),
+        "vllm_attention: the attention call passes sink_scale=0",
+    ),
+    "heads left unsplit": (
+        "forward",
+        ("p(x).view(batch, seq, -1, 16).transpose(1, 2)", "p(x)"),
+        "vllm_attention: q, k and v are not [batch, heads, seq, head_dim]",
+    ),
+    "projections of flattened tokens": (  # not the [batch, seq, features] split vLLM assumes
+        "forward",
+        (
+            "batch, seq, _ = x.shape",
+            "batch, seq, _ = x.shape\n        x = x.flatten(0, 1)",
+        ),
+        "vllm_attention: the q projection's output is not [batch, seq, features]",
+    ),
+}
 
 
-def test_unknown_position_transform_is_no_match():
-    result = attention_of(HandAttention(), torch.randn(3, 16))
-    assert str(result) == (
-        "HandAttention: vllm_attention: "
-        "rotary embedding: the replay matches no rope vLLM computes from rope_parameters "
-        "(neox or GPT-J style, either direction, over rotary dim 16 of 16)"
-    )
+@pytest.mark.parametrize("case", list(ATTENTION_REFUSALS))
+def test_attention_no_match_reasons(mutate, case):
+    method, edit, reason = ATTENTION_REFUSALS[case]
+    mutate(HandAttention, method, edit)
+    assert str(hand_attention()) == f"HandAttention: {reason}"
 
 
-class FunctionalMlp(nn.Module):
-    def __init__(self):
+def test_attention_without_scaling_takes_the_default(mutate):
+    # no scaling passed: the interface's default, head_dim ** -0.5
+    mutate(HandAttention, "forward", (", scaling=0.25)", ")"))
+    assert hand_attention().scaling == 16**-0.5
+
+
+class ActMlp(nn.Module):
+    """`down(act(gate(x)) * up(x))` with the given activation object (silu by default):
+    the base the MLP cases edit."""
+
+    def __init__(self, act=None):
         super().__init__()
-        self.gate_proj, self.up_proj = nn.Linear(8, 16), nn.Linear(8, 16)
-        self.down_proj = nn.Linear(16, 8)
+        self.gate_proj, self.up_proj, self.down_proj = (
+            nn.Linear(8, 16),
+            nn.Linear(8, 16),
+            nn.Linear(16, 8),
+        )
+        self.act_fn = act if act is not None else transformers.activations.ACT2FN["silu"]
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        up = self.up_proj(x)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * up)
 
 
-def test_mlp_activation_must_be_a_module_attribute():
-    result = analyze_mlp(trace(FunctionalMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
-    assert isinstance(result, NoMatch) and result.pattern == "fuse_gate_up"
-    assert result.reason == "the product is not act_module(linear(x)) * linear(x)"
+def mlp_of(module):
+    return analyze_mlp(trace(module, (torch.randn(2, 8),)), "", TINY_CONFIG)
+
+
+MLP_REFUSALS = {  # one change to ActMlp.forward each, and the reason
+    "a functional activation": (
+        ("self.act_fn(self.gate_proj(x))", "nn.functional.silu(self.gate_proj(x))"),
+        "the product is not act_module(linear(x)) * linear(x)",
+    ),
+    "a sum of gate and up": (
+        (") * up)", ") + up)"),
+        "down_proj does not read a product of two",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MLP_REFUSALS))
+def test_mlp_no_match_reasons(mutate, case):
+    edit, reason = MLP_REFUSALS[case]
+    mutate(ActMlp, "forward", edit)
+    assert mlp_of(ActMlp()) == NoMatch("fuse_gate_up", "ActMlp", reason)
+
+
+def test_activation_is_replayed_not_taken_from_its_class():
+    # an activation object of the config's class that computes something else
+    act = transformers.activations.ACT2FN["silu"]
+    act.forward = lambda x: torch.nn.functional.silu(x) + 1.0
+    result = mlp_of(ActMlp(act))
+    assert (
+        isinstance(result, NoMatch)
+        and result.reason == "act_fn does not compute silu (replayed on the traced values)"
+    )
+    assert mlp_of(ActMlp(transformers.activations.ACT2FN["silu"])).activation == "silu"
+
+
+class FusedMlp(nn.Module):
+    """`down(act(gate) * up)`, gate and up the halves of one projection (phi3's
+    ``gate_up_proj``): the base the fused cases edit."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj, self.down_proj = (
+            nn.Linear(8, 32, bias=False),
+            nn.Linear(16, 8, bias=False),
+        )
+        self.act_fn = transformers.activations.ACT2FN["silu"]
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+def test_fused_projection_halves_are_gate_and_up():
+    plan = mlp_of(FusedMlp())
+    assert (plan.fused_gate_up, plan.gate.attr, plan.gate.out_features) == (
+        True,
+        "gate_up_proj",
+        16,
+    ), plan
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("* up)", "* gate)"),  # the gate half twice: no up half, not gate * up
+        # clamped before the activation: the traced values equal the plain half, the computation does not
+        ("self.act_fn(gate)", "self.act_fn(gate.clamp(-1e4, 1e4))"),
+    ],
+)
+def test_fused_projection_halves_that_are_not_gate_and_up(mutate, edit):
+    mutate(FusedMlp, "forward", edit)
+    assert mlp_of(FusedMlp()) == NoMatch(
+        "fuse_gate_up",
+        "FusedMlp",
+        "down_proj does not read act_module(gate_up_proj(x))",
+    )
 
 
 class GemmaStyleRMSNorm(nn.Module):
@@ -260,53 +401,56 @@ class GemmaStyleRMSNorm(nn.Module):
         self.weight, self.eps = nn.Parameter(torch.zeros(dim)), eps
 
     def forward(self, x):
-        out = x.float() * torch.rsqrt(
-            x.float().pow(2).mean(-1, keepdim=True) + self.eps
-        )
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
         return out * (1.0 + self.weight.float())
 
 
 def test_norm_facts():
-    assert analyze_norm(GemmaStyleRMSNorm(8)) == NormPlan(
-        "GemmaStyleRMSNorm", "rms", 1e-5, 1.0
-    )
+    assert analyze_norm(GemmaStyleRMSNorm(8)) == NormPlan("GemmaStyleRMSNorm", "rms", 1e-5, 1.0)
     refused = analyze_norm(nn.LayerNorm(8))
     assert isinstance(refused, NoMatch) and refused.pattern == "rms_norm"
 
 
-class PostNormLayer(nn.Module):
+class ResidualLayer(nn.Module):
+    """`x + mlp(norm(x))`: one pre-norm residual block, the base the layer cases edit."""
+
     def __init__(self):
         super().__init__()
-        self.mlp, self.norm = nn.Sequential(nn.Linear(8, 8)), nn.LayerNorm(8)
+        self.mlp, self.norm = (
+            nn.Sequential(nn.Linear(8, 8)),
+            transformers.models.llama.modeling_llama.LlamaRMSNorm(8),
+        )
 
     def forward(self, x):
-        return self.norm(x + self.mlp(x))
+        return x + self.mlp(self.norm(x))
 
 
-def test_decoder_post_norm_is_no_match():
-    result = analyze_decoder(trace(PostNormLayer(), (torch.randn(2, 8),)))
-    assert isinstance(result, NoMatch) and result.pattern == "fused_residual_norm"
+def decoder_of(module):
+    return analyze_decoder(trace(module, (torch.randn(2, 8),)))
 
 
-class CallAttention(HandAttention):
-    """HandAttention whose attention call passes exactly the given keywords."""
+@pytest.mark.parametrize(
+    "edits",
+    [
+        (),  # as it is
+        (("x + self.mlp(self.norm(x))", "self.mlp(self.norm(x)) + x"),),  # the residual second
+        (("self.norm(x)", "self.norm(x.to(torch.float32))"),),  # the norm reads the residual through a cast
+    ],
+)
+def test_residual_blocks_in_either_operand_order_and_through_a_cast(mutate, edits):
+    mutate(ResidualLayer, "forward", *edits)
+    result = decoder_of(ResidualLayer())
+    assert result.blocks == (ResidualBlock("norm", "mlp"),), result
 
-    def __init__(self, **call):
-        super().__init__()
-        self.call = call
 
-    def forward(self, x, pos=None):
-        batch, seq, _ = x.shape
-        q, k, v = (p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, _ = opaque_attention(self, q, k, v, None, **self.call)
-        return self.o_proj(out.reshape(batch, seq, -1))
-
-
-@pytest.mark.parametrize("extra, shown", [({"s_aux": torch.zeros(4)}, "s_aux=<(4,) tensor>"),
-                                          ({"sink_scale": 0}, "sink_scale=0")])
-def test_attention_call_keywords_vllm_would_not_pass_are_refused(extra, shown):
-    result = attention_of(CallAttention(scaling=0.25, **extra))
-    assert str(result) == f"CallAttention: vllm_attention: the attention call passes {shown}"
+def test_decoder_post_norm_is_no_match(mutate):
+    mutate(
+        ResidualLayer,
+        "forward",
+        ("x + self.mlp(self.norm(x))", "self.norm(x + self.mlp(x))"),
+    )
+    result = decoder_of(ResidualLayer())
+    assert isinstance(result, NoMatch) and result.pattern == "fused_residual_norm", result
 
 
 class SplitKvAttention(nn.Module):
@@ -314,14 +458,18 @@ class SplitKvAttention(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.q_proj, self.kv_proj = nn.Linear(32, 64, bias=False), nn.Linear(32, 128, bias=False)
+        self.q_proj, self.kv_proj = (
+            nn.Linear(32, 64, bias=False),
+            nn.Linear(32, 128, bias=False),
+        )
         self.o_proj = nn.Linear(64, 32, bias=False)
 
     def forward(self, x):
         batch, seq, _ = x.shape
         kv = self.kv_proj(x)
-        q, k, v = (t.view(batch, seq, -1, 16).transpose(1, 2)
-                   for t in (self.q_proj(x), kv[..., :64], kv[..., 64:]))
+        q, k, v = (
+            t.view(batch, seq, -1, 16).transpose(1, 2) for t in (self.q_proj(x), kv[..., :64], kv[..., 64:])
+        )
         out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
         return self.o_proj(out.reshape(batch, seq, -1))
 
@@ -331,119 +479,13 @@ def test_q_and_a_fused_kv_projection_are_no_qkv_group():
     assert isinstance(result, NoMatch) and result.pattern == "fuse_qkv", result
 
 
-class FlatAttention(HandAttention):
-    """q, k and v reach the attention call as [batch, seq, hidden], not split into heads."""
-
-    def forward(self, x, pos=None):
-        q, k, v = (p(x) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)  # [batch, hidden, seq] back
-        return self.o_proj(out.transpose(1, 2))
-
-
-def test_attention_on_unsplit_heads_is_refused():
-    result = attention_of(FlatAttention())
-    assert isinstance(result, NoMatch) and "[batch, heads, seq, head_dim]" in result.reason, result
-
-
-class BranchFirstLayer(nn.Module):
-    """`block(norm(x)) + x`: the residual is the second operand."""
-
-    def __init__(self):
-        super().__init__()
-        self.mlp, self.norm = nn.Sequential(nn.Linear(8, 8)), transformers.models.llama.modeling_llama.LlamaRMSNorm(8)
-
-    def forward(self, x):
-        return self.mlp(self.norm(x)) + x
-
-
-class GateHalfTwiceMlp(nn.Module):
-    """`down(act(g) * g)` with g the first half of a fused projection: no up half, not gate*up."""
-
-    def __init__(self):
-        super().__init__()
-        self.gate_up_proj, self.down_proj = nn.Linear(8, 32, bias=False), nn.Linear(16, 8, bias=False)
-        self.act_fn = transformers.activations.ACT2FN["silu"]
-
-    def forward(self, x):
-        gate = self.gate_up_proj(x).chunk(2, dim=-1)[0]
-        return self.down_proj(self.act_fn(gate) * gate)
-
-
 @pytest.mark.parametrize("types", [["full_attention"] * 6, ["sliding_attention", "full_attention"] * 3])
 def test_shrunk_config_has_one_layer_type_per_layer(types):
-    from hfrewrite.analyze.model import shrink_config
+    from hfrewrite.analyze.shrink import shrink_config
 
     config = transformers.AutoConfig.for_model("qwen2", num_hidden_layers=6, layer_types=types)
     small = shrink_config(config)
     assert len(small.layer_types) == small.num_hidden_layers
-
-
-class ActMlp(nn.Module):
-    """`down(act(gate(x)) * up(x))` with the given activation object (silu by default)."""
-
-    def __init__(self, act=None):
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-        self.act_fn = act if act is not None else transformers.activations.ACT2FN["silu"]
-
-    def forward(self, x):
-        up = self.up_proj(x)
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * up)
-
-
-def test_activation_is_replayed_not_taken_from_its_class():
-    # an activation object of the config's class that computes something else
-    act = transformers.activations.ACT2FN["silu"]
-    act.forward = lambda x: torch.nn.functional.silu(x) + 1.0
-    result = analyze_mlp(trace(ActMlp(act), (torch.randn(2, 8),)), "", TINY_CONFIG)
-    assert isinstance(result, NoMatch) and result.reason == "act_fn does not compute silu (replayed on the traced values)"
-    assert analyze_mlp(trace(ActMlp(transformers.activations.ACT2FN["silu"]), (torch.randn(2, 8),)), "",
-                       TINY_CONFIG).activation == "silu"
-
-
-def test_attention_without_scaling_takes_the_default():
-    # no scaling passed: the interface's default, head_dim ** -0.5
-    assert attention_of(CallAttention()).scaling == 16**-0.5
-
-
-class ClampedGateMlp(GateHalfTwiceMlp):
-    """A checkpoint-fused gate_up whose gate half is clamped before the activation: the
-    traced values equal the plain half, the computation does not."""
-
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate.clamp(-1e4, 1e4)) * up)
-
-
-@pytest.mark.parametrize("mlp", [GateHalfTwiceMlp, ClampedGateMlp])
-def test_fused_projection_halves_that_are_not_gate_and_up(mlp):
-    result = analyze_mlp(trace(mlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
-    assert isinstance(result, NoMatch), result
-
-
-class CastBeforeNormLayer(BranchFirstLayer):
-    """`x + block(norm(x.to(float32)))`: the norm reads the residual through a cast."""
-
-    def forward(self, x):
-        return x + self.mlp(self.norm(x.to(torch.float32)))
-
-
-@pytest.mark.parametrize("layer", [BranchFirstLayer, CastBeforeNormLayer])
-def test_residual_blocks_in_either_operand_order_and_through_a_cast(layer):
-    result = analyze_decoder(trace(layer(), (torch.randn(2, 8),)))
-    assert result.blocks == (ResidualBlock("norm", "mlp"),), result
-
-
-class GateSumMlp(ActMlp):
-    """`down(act(gate(x)) + up(x))`: a sum, not the gated product."""
-
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) + self.up_proj(x))
-
-
-def test_a_sum_of_gate_and_up_is_not_the_gated_product():
-    result = analyze_mlp(trace(GateSumMlp(), (torch.randn(2, 8),)), "", TINY_CONFIG)
-    assert isinstance(result, NoMatch) and result.reason == "down_proj does not read a product of two", result
 
 
 def test_a_layer_unlike_the_first_is_named(monkeypatch):
@@ -461,22 +503,6 @@ def test_a_layer_unlike_the_first_is_named(monkeypatch):
         plan_of("llama")
 
 
-class FlatInputAttention(HandAttention):
-    """Projections applied to [batch * seq, hidden]: not the [batch, seq, features] split vLLM assumes."""
-
-    def forward(self, x, pos=None):
-        batch, seq, hidden = x.shape
-        flat = x.reshape(batch * seq, hidden)
-        q, k, v = (p(flat).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
-        return self.o_proj(out.reshape(batch, seq, -1))
-
-
-def test_projections_of_flattened_tokens_are_refused():
-    result = attention_of(FlatInputAttention())
-    assert isinstance(result, NoMatch) and "output is not [batch, seq, features]" in result.reason, result
-
-
 class WeightRenaming:  # the shape of transformers' conversion rule the renames read
     def __init__(self, source, target):
         self.source_patterns, self.target_patterns = [source], [target]
@@ -485,7 +511,10 @@ class WeightRenaming:  # the shape of transformers' conversion rule the renames 
 def test_only_literal_prefix_renames_are_taken(monkeypatch):
     from hfrewrite.analyze import checkpoint
 
-    rules = [WeightRenaming("^embed_out.", "lm_head."), WeightRenaming("^gpt_neox.", "model.(x)"),
-             WeightRenaming("^a.", "b.|c.")]
+    rules = [
+        WeightRenaming("^embed_out.", "lm_head."),
+        WeightRenaming("^gpt_neox.", "model.(x)"),
+        WeightRenaming("^a.", "b.|c."),
+    ]
     monkeypatch.setattr(checkpoint, "get_checkpoint_conversion_mapping", lambda key: rules)
     assert checkpoint.checkpoint_prefix_renames("any") == (("embed_out.", "lm_head."),)

@@ -1,8 +1,8 @@
 """Data-flow helpers of the attention analysis, on hand-built fx graphs."""
 
-import torch.fx as fx
+from torch import fx
 
-from hfrewrite.analyze.attention import _reaches
+from hfrewrite.analyze.dataflow import reaches
 
 
 def diamond():
@@ -18,16 +18,16 @@ def diamond():
 
 def test_reaches_through_allowed_nodes_only():
     a, b, c, d = diamond()
-    assert _reaches(a, d, {a, b})  # a -> b -> d
-    assert _reaches(a, d, {a, c})  # a -> c -> d
-    assert _reaches(a, b, {a})  # a direct use
-    assert not _reaches(b, c, {a, b, c})  # no path from b to c
-    assert not _reaches(a, d, {b, c})  # the source itself must be allowed
+    assert reaches(a, d, {a, b})  # a -> b -> d
+    assert reaches(a, d, {a, c})  # a -> c -> d
+    assert reaches(a, b, {a})  # a direct use
+    assert not reaches(b, c, {a, b, c})  # no path from b to c
+    assert not reaches(a, d, {b, c})  # the source itself must be allowed
 
 
 def test_blocked_when_every_path_leaves_the_allowed_set():
     a, b, c, d = diamond()
     g = a.graph
     e = g.call_function(abs, (d,))
-    assert not _reaches(a, e, {a, b, c})  # d, on every path, is not allowed
-    assert _reaches(a, e, {a, b, d})
+    assert not reaches(a, e, {a, b, c})  # d, on every path, is not allowed
+    assert reaches(a, e, {a, b, d})

@@ -53,11 +53,14 @@ class RopeAttention(nn.Module):
         super().__init__()
         self.rotate = rotate
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            nn.Linear(HEADS * HEAD_DIM, HEADS * HEAD_DIM, bias=False) for _ in range(4))
+            nn.Linear(HEADS * HEAD_DIM, HEADS * HEAD_DIM, bias=False) for _ in range(4)
+        )
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos + self.rotate(q) * sin
         k = k * cos + self.rotate(k) * sin
@@ -87,8 +90,12 @@ def test_sign_flipped_rotate_half_is_proven_reversed():
 
 def test_reversed_rope_is_refused_for_scaled_rope_types():
     # ReversedRotaryEmbedding rebuilds the default table only: a scaled type fails closed
-    config = transformers.LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM,
-                                      rope_parameters={"rope_type": "linear", "factor": 1.0, "rope_theta": 10000.0})
+    config = transformers.LlamaConfig(
+        hidden_size=HEADS * HEAD_DIM,
+        num_attention_heads=HEADS,
+        head_dim=HEAD_DIM,
+        rope_parameters={"rope_type": "linear", "factor": 1.0, "rope_theta": 10000.0},
+    )
     x = torch.randn(1, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
     plan = analyze_attention(trace(RopeAttention(rotate_half_flipped), (x, *tables(False))), "", config)
     assert isinstance(plan, NoMatch)
@@ -119,57 +126,58 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
 
 
-class BiasedRMSNorm(RMSNorm):
-    def __init__(self, dim, eps=1e-6):
-        super().__init__(dim, eps)
-        self.bias = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x):
-        return super().forward(x) + self.bias
-
-
-class CenteredRMSNorm(RMSNorm):
-    """A LayerNorm without bias, spelled with rsqrt(mean(x**2) + eps) after centring."""
-
-    def forward(self, x):
-        x = x - x.mean(-1, keepdim=True)
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
 def test_one_plus_weight_norm_named_rmsnorm_is_gemma_form():
     plan = analyze_norm(RMSNorm(8))
     assert (plan.kind, plan.weight_offset, plan.eps) == ("rms", 1.0, 1e-6)
 
 
-@pytest.mark.parametrize("module", [BiasedRMSNorm(8), CenteredRMSNorm(8)])
-def test_norm_lookalikes_are_not_vllm_norms(module):
-    assert isinstance(analyze_norm(module), NoMatch)
+@pytest.mark.parametrize(
+    "edits",
+    [
+        # a bias parameter, added to the output
+        [
+            (
+                "__init__",
+                "self.weight, self.eps = nn.Parameter(torch.zeros(dim)), eps",
+                "self.weight, self.eps = nn.Parameter(torch.zeros(dim)), eps\n        self.bias = nn.Parameter(torch.zeros(dim))",
+            ),
+            ("forward", "* (1.0 + self.weight)", "* (1.0 + self.weight) + self.bias"),
+        ],
+        # a LayerNorm without bias, spelled with rsqrt(mean(x**2) + eps) after centring
+        [
+            (
+                "forward",
+                "return x * ",
+                "x = x - x.mean(-1, keepdim=True)\n        return x * ",
+            )
+        ],
+    ],
+)
+def test_norm_lookalikes_are_not_vllm_norms(mutate, edits):
+    for method, old, new in edits:
+        mutate(RMSNorm, method, (old, new))
+    assert isinstance(analyze_norm(RMSNorm(8)), NoMatch)
 
 
-class ScaledQAttention(RopeAttention):
-    """A q scaled before the rope, or an output scaled before o_proj: steps the rewrite
-    would drop, so the analysis must refuse them."""
-
-    def __init__(self, where):
-        super().__init__(rotate_half_neox)
-        self.where = where
-
-    def forward(self, x, cos, sin):
-        b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if self.where == "q":
-            q = q * 2.0
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q, k = q * cos + self.rotate(q) * sin, k * cos + self.rotate(k) * sin
-        out, _ = opaque_attention(self, q, k, v, None, scaling=HEAD_DIM**-0.5)
-        if self.where == "out":
-            out = torch.tanh(out)
-        return self.o_proj(out.reshape(b, s, -1))
-
-
-@pytest.mark.parametrize("where, reason", [("q", "the q path computes mul"),
-                                           ("out", "the attention output computes tanh")])
-def test_unkept_steps_around_the_attention_are_refused(where, reason):
-    x = torch.randn(1, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
-    plan = analyze_attention(trace(ScaledQAttention(where), (x, *tables(False))), "", CONFIG)
+# A q scaled before the rope, or an output scaled before o_proj: steps the rewrite would
+# drop, so the analysis must refuse them.
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        (
+            (
+                "cos, sin = cos.unsqueeze(1)",
+                "q = q * 2.0\n        cos, sin = cos.unsqueeze(1)",
+            ),
+            "the q path computes mul",
+        ),
+        (
+            ("self.o_proj(out.reshape(", "self.o_proj(torch.tanh(out).reshape("),
+            "the attention output computes tanh",
+        ),
+    ],
+)
+def test_unkept_steps_around_the_attention_are_refused(mutate, edit, reason):
+    mutate(RopeAttention, "forward", edit)
+    plan = attention_plan(rotate_half_neox, interleaved_tables=False)
     assert isinstance(plan, NoMatch) and reason in plan.reason, plan

@@ -9,36 +9,59 @@ import transformers
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as dm
 
 from hfrewrite.analyze.model import analyze
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.errors import HfrewriteError
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
+
 def mla_plan(model_type="deepseek_v3", **overrides) -> MlaPlan:
     return analyze(transformers.AutoConfig.for_model(model_type, **overrides)).attention
+
 
 def test_deepseek_v3_latent_attention_facts():
     att = mla_plan()
     assert isinstance(att, MlaPlan)
     assert (att.q_a, att.q_a_norm, att.q_b) == ("q_a_proj", "q_a_layernorm", "q_b_proj")
-    assert (att.kv_a, att.kv_a_norm, att.kv_b, att.o) == ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+    assert (att.kv_a, att.kv_a_norm, att.kv_b, att.o) == (
+        "kv_a_proj_with_mqa",
+        "kv_a_layernorm",
+        "kv_b_proj",
+        "o_proj",
+    )
     # the shrunken sizes: distinct, and the latent what vLLM's CPU MLA backend caches
-    assert (att.num_heads, att.qk_nope_head_dim, att.qk_rope_head_dim, att.v_head_dim) == (4, 48, 64, 80)
+    assert (
+        att.num_heads,
+        att.qk_nope_head_dim,
+        att.qk_rope_head_dim,
+        att.v_head_dim,
+    ) == (4, 48, 64, 80)
     assert (att.kv_lora_rank, att.q_lora_rank) == (512, 96)
     assert att.scaling == pytest.approx(112**-0.5)
     assert att.rope_neox is False  # rope_interleave: GPT-J pairs, proven by replay
     assert dict(att.dims)["qk_head_dim"] == "qk_head_dim" and dict(att.dims)["hidden_size"] == "hidden_size"
-    assert dict(att.config_branches) == {"self.q_lora_rank is None": False, "self.config.rope_interleave": True}
+    assert dict(att.config_branches) == {
+        "self.q_lora_rank is None": False,
+        "self.config.rope_interleave": True,
+    }
+
 
 def test_rope_style_follows_the_config_switch():
     att = mla_plan(rope_interleave=False)
     assert att.rope_neox is True and ("self.config.rope_interleave", False) in att.config_branches
 
+
 def test_deepseek_v2_without_a_low_rank_query():
     att = mla_plan("deepseek_v2", q_lora_rank=None)
-    assert (att.q_a, att.q_a_norm, att.q_b, att.q_lora_rank) == (None, None, "q_proj", None)
+    assert (att.q_a, att.q_a_norm, att.q_b, att.q_lora_rank) == (
+        None,
+        None,
+        "q_proj",
+        None,
+    )
     assert "q_lora_rank" not in dict(att.dims)
     assert ("self.q_lora_rank is None", True) in att.config_branches
+
 
 def test_golden_refuses_configs_its_trace_did_not_take():
     src = (GOLDEN / "deepseek_v3.py").read_text()
@@ -46,32 +69,61 @@ def test_golden_refuses_configs_its_trace_did_not_take():
     v2 = (GOLDEN / "deepseek_v2.py").read_text()
     assert 'if not (config.topk_method == "greedy"):' in v2  # the router's other branch groups experts
 
-@pytest.mark.parametrize(("change", "reason"), [
-    ({"attention_bias": True}, "a biased projection"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type .linear.: only the default rope"),
-])
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"attention_bias": True}, "a biased projection"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "linear",
+                    "factor": 2.0,
+                    "rope_theta": 10000.0,
+                }
+            },
+            "rope_type .linear.: only the default rope",
+        ),
+    ],
+)
 def test_what_vllm_mla_does_not_compute_is_refused(change, reason):
     with pytest.raises(HfrewriteError, match=f"DeepseekV3Attention: mla_attention: {reason}"):
         mla_plan(**change)
 
+
 def test_a_rope_on_q_only_is_refused(monkeypatch):
     orig = dm.apply_rotary_pos_emb_interleave
-    monkeypatch.setattr(dm, "apply_rotary_pos_emb_interleave", lambda q, k, cos, sin: (orig(q, k, cos, sin)[0], k))
+    monkeypatch.setattr(
+        dm,
+        "apply_rotary_pos_emb_interleave",
+        lambda q, k, cos, sin: (orig(q, k, cos, sin)[0], k),
+    )
     with pytest.raises(HfrewriteError, match="the replay of vLLM's MLA"):
         mla_plan()
 
 
 def test_multi_token_prediction_layers_are_skipped_at_load():
     # DeepSeek-V3 and GLM-4.5 Hub checkpoints hold them after the last decoder layer.
-    assert analyze(transformers.AutoConfig.for_model("deepseek_v3")).mtp_layers_field == "num_nextn_predict_layers"
+    assert (
+        analyze(transformers.AutoConfig.for_model("deepseek_v3")).mtp_layers_field
+        == "num_nextn_predict_layers"
+    )
     assert analyze(transformers.AutoConfig.for_model("deepseek_v2")).mtp_layers_field is None
     golden = (Path(__file__).resolve().parents[2] / "golden" / "deepseek_v3.py").read_text()
-    assert '>= self.config.num_hidden_layers' in golden.split("def load_weights", 1)[1].split("def ", 1)[0]
+    assert ">= self.config.num_hidden_layers" in golden.split("def load_weights", 1)[1].split("def ", 1)[0]
 
 
 def test_yarn_is_proven_as_vllms_deepseek_yarn_and_other_ropes_are_guarded():
-    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 4096,
-            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
+    yarn = {
+        "rope_type": "yarn",
+        "rope_theta": 1e4,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.8,
+    }
     assert mla_plan(rope_parameters=yarn, max_position_embeddings=16384).rope_kind == "deepseek_yarn"
     assert mla_plan().rope_kind == "default"
     # the golden, traced with the default rope, refuses a YaRN config rather than run plain YaRN

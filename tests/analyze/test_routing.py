@@ -2,6 +2,8 @@
 with a score-correction bias and a scaling factor, and router mutations that must convert
 to what they compute or be refused, never converted wrong."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,14 +23,28 @@ def moe_plan(model_type="glm4_moe", **overrides):
 def test_grouped_sigmoid_routing_facts(model_type):
     moe = moe_plan(model_type)
     assert (moe.scoring, moe.correction_bias, moe.n_group, moe.topk_group) == (
-        "sigmoid", "e_score_correction_bias", 4, 2)
-    assert (moe.top_k, moe.renormalize, moe.routed_scaling_factor, moe.router_fp32) == (3, True, 2.5, True)
-    assert dict(moe.config_attrs) == {"n_group": "gate.num_group", "topk_group": "gate.topk_group",
-                                      "routed_scaling_factor": "gate.routed_scaling_factor"}
+        "sigmoid",
+        "e_score_correction_bias",
+        4,
+        2,
+    )
+    assert (moe.top_k, moe.renormalize, moe.routed_scaling_factor, moe.router_fp32) == (
+        3,
+        True,
+        2.5,
+        True,
+    )
+    assert dict(moe.config_attrs) == {
+        "n_group": "gate.num_group",
+        "topk_group": "gate.topk_group",
+        "routed_scaling_factor": "gate.routed_scaling_factor",
+    }
     assert (moe.shared_expert, moe.shared_expert_gate) == ("shared_experts", None)
     assert moe.grouped
-    assert moe.describe_routing() == ("F.linear (float32) -> sigmoid -> + e_score_correction_bias (choice only) "
-                                     "-> top-2 of 4 groups -> top-3 -> renormalize=True -> x 2.5")
+    assert moe.describe_routing() == (
+        "F.linear (float32) -> sigmoid -> + e_score_correction_bias (choice only) "
+        "-> top-2 of 4 groups -> top-3 -> renormalize=True -> x 2.5"
+    )
 
 
 def test_softmax_top_k_stays_off_the_grouped_path():
@@ -36,53 +52,59 @@ def test_softmax_top_k_stays_off_the_grouped_path():
     assert not moe.grouped and moe.config_attrs == () and moe.correction_bias is None
 
 
-def _route(self, hidden_states, *, scoring="sigmoid", bias_in_weights=False, renormalize=True, scale=True,
-           scale_before_renormalize=False):
-    """Glm4MoeTopkRouter.forward with one step changed."""
-    hidden_states = hidden_states.view(-1, self.hidden_dim)
-    logits = F.linear(hidden_states.float(), self.weight.float())
-    scores = logits.sigmoid() if scoring == "sigmoid" else logits.softmax(dim=-1)
-    choice = scores + self.e_score_correction_bias
-    group_scores = choice.view(-1, self.num_group, self.num_experts // self.num_group).topk(2, dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores)
-    group_mask.scatter_(1, group_idx, 1)
-    mask = group_mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group)
-    choice = choice.masked_fill(~mask.reshape(-1, self.num_experts).bool(), float("-inf"))
-    idx = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
-    weights = (scores + self.e_score_correction_bias if bias_in_weights else scores).gather(1, idx)
-    if scale and scale_before_renormalize:
-        weights = weights * self.routed_scaling_factor
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    if scale and not scale_before_renormalize:
-        weights = weights * self.routed_scaling_factor
-    return logits, weights, idx
-
-
-CONVERTED = {  # mutation -> the facts it converts to
-    "as in the source": ({}, {"scoring": "sigmoid", "renormalize": True, "routed_scaling_factor": 2.5}),
-    "softmax scoring": ({"scoring": "softmax"}, {"scoring": "softmax", "renormalize": True}),
-    "no renormalisation": ({"renormalize": False}, {"renormalize": False, "routed_scaling_factor": 2.5}),
-    "no scaling factor": ({"scale": False}, {"renormalize": True, "routed_scaling_factor": 1.0}),
+# One change each to the source's Glm4MoeTopkRouter.forward ((old, new), ...): what it
+# converts to, or that it is refused.
+CONVERTED = {
+    "as in the source": (
+        (),
+        {"scoring": "sigmoid", "renormalize": True, "routed_scaling_factor": 2.5},
+    ),
+    "softmax scoring": (
+        (
+            (
+                "scores = router_logits.sigmoid()",
+                "scores = router_logits.softmax(dim=-1)",
+            ),
+        ),
+        {"scoring": "softmax", "renormalize": True},
+    ),
+    "no renormalisation": (
+        (("if self.norm_topk_prob:", "if False:"),),
+        {"renormalize": False, "routed_scaling_factor": 2.5},
+    ),
+    "no scaling factor": (
+        (("        topk_weights = topk_weights * self.routed_scaling_factor\n", ""),),
+        {"renormalize": True, "routed_scaling_factor": 1.0},
+    ),
 }
 REFUSED = {
-    "correction bias kept in the weights": {"bias_in_weights": True},
-    "scaled before renormalising": {"scale_before_renormalize": True},
+    "correction bias kept in the weights": (
+        (
+            "topk_weights = scores.gather(",
+            "topk_weights = (scores + self.e_score_correction_bias).gather(",
+        ),
+    ),
+    "scaled before renormalising": (
+        (
+            "topk_weights = scores.gather(1, topk_indices)",
+            "topk_weights = scores.gather(1, topk_indices) * self.routed_scaling_factor",
+        ),
+        ("        topk_weights = topk_weights * self.routed_scaling_factor\n", ""),
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CONVERTED))
-def test_router_mutations_convert_to_what_they_compute(monkeypatch, case):
-    change, facts = CONVERTED[case]
-    monkeypatch.setattr(gm.Glm4MoeTopkRouter, "forward", lambda self, x: _route(self, x, **change))
+def test_router_mutations_convert_to_what_they_compute(mutate, case):
+    edits, facts = CONVERTED[case]
+    mutate(gm.Glm4MoeTopkRouter, "forward", *edits)
     moe = moe_plan()
     assert {k: getattr(moe, k) for k in facts} == facts
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
-def test_router_mutations_vllm_cannot_express_are_refused(monkeypatch, case):
-    monkeypatch.setattr(gm.Glm4MoeTopkRouter, "forward", lambda self, x: _route(self, x, **REFUSED[case]))
+def test_router_mutations_vllm_cannot_express_are_refused(mutate, case):
+    mutate(gm.Glm4MoeTopkRouter, "forward", *REFUSED[case])
     with pytest.raises(HfrewriteError, match="Glm4MoeMoE: fuse_experts: replaying the plan"):
         moe_plan()
 
@@ -104,42 +126,63 @@ def _block_with_own_bias(self, hidden_states):
     return (self.experts(x, idx, weights) + self.shared_experts(x)).view(*orig_shape)
 
 
-def _qwen_router(linear_input, bias_name=None):
-    """Qwen3MoeTopKRouter.forward with its projection's input and bias changed."""
+# One change each to the source's Qwen3MoeTopKRouter ((method, (old, new)), ...), and the
+# reason it is refused with.
+LINEAR = "F.linear(hidden_states, self.weight)"
+WEIGHT = "self.weight = nn.Parameter(torch.zeros(self.num_experts, self.hidden_dim))"
+QWEN_ROUTER_REFUSED = {
+    "a bias that is no parameter": (
+        [
+            (
+                "forward",
+                (
+                    LINEAR,
+                    "F.linear(hidden_states, self.weight, torch.ones(self.num_experts))",
+                ),
+            )
+        ],
+        "not the router's own bias parameter",
+    ),
+    "a parameter other than its own bias": (
+        [
+            (
+                "__init__",
+                (
+                    WEIGHT,
+                    f"{WEIGHT}\n        self.b = nn.Parameter(torch.zeros(self.num_experts))",
+                ),
+            ),
+            ("forward", (LINEAR, "F.linear(hidden_states, self.weight, self.b)")),
+        ],
+        "the router's bias is gate.b, not the router's own bias parameter",
+    ),
+    "another input than the experts'": (
+        [("forward", (LINEAR, "F.linear(hidden_states * 2, self.weight)"))],
+        "router and experts read different inputs",
+    ),
+    "a weight computed in the forward": (
+        [("forward", (LINEAR, "F.linear(hidden_states, self.weight * 1.5)"))],
+        "router weight is not a module parameter",
+    ),
+    "a literal scaling factor, no attribute's": (
+        [
+            (
+                "forward",
+                (
+                    "router_scores = router_top_value\n",
+                    "router_scores = router_top_value * 2.5\n",
+                ),
+            )
+        ],
+        "routed_scaling_factor 2.5 is not an attribute",
+    ),
+}
 
-    def forward(self, hidden_states):
-        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-        bias = None
-        if bias_name:
-            if not hasattr(self, bias_name):
-                self.register_parameter(bias_name, torch.nn.Parameter(torch.zeros(self.num_experts)))
-            bias = getattr(self, bias_name)
-        logits = F.linear(linear_input(hidden_states), self.weight, bias)
-        top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-        return logits, top / top.sum(dim=-1, keepdim=True), idx
 
-    return forward
-
-
-def test_a_router_reading_another_input_than_the_experts_is_refused(monkeypatch):
-    monkeypatch.setattr(qm.Qwen3MoeTopKRouter, "forward", _qwen_router(lambda h: h * 2))
-    with pytest.raises(HfrewriteError, match="router and experts read different inputs"):
-        moe_plan("qwen3_moe")
-
-
-def test_a_router_bias_that_is_not_its_own_bias_parameter_is_refused(monkeypatch):
-    monkeypatch.setattr(qm.Qwen3MoeTopKRouter, "forward", _qwen_router(lambda h: h, bias_name="b"))
-    with pytest.raises(HfrewriteError, match="the router's bias is gate.b, not the router's own bias parameter"):
-        moe_plan("qwen3_moe")
-
-
-def test_a_router_weight_computed_in_the_forward_is_refused(monkeypatch):
-    def forward(self, hidden_states):
-        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-        logits = F.linear(hidden_states, self.weight * 1.5)
-        top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-        return logits, top, idx
-
-    monkeypatch.setattr(qm.Qwen3MoeTopKRouter, "forward", forward)
-    with pytest.raises(HfrewriteError, match="router weight is not a module parameter"):
+@pytest.mark.parametrize("case", list(QWEN_ROUTER_REFUSED))
+def test_qwen_router_mutations_are_refused(mutate, case):
+    edits, reason = QWEN_ROUTER_REFUSED[case]
+    for method, edit in edits:
+        mutate(qm.Qwen3MoeTopKRouter, method, edit)
+    with pytest.raises(HfrewriteError, match=re.escape(reason)):
         moe_plan("qwen3_moe")

@@ -9,7 +9,7 @@ import torch
 import transformers
 from torch import nn
 
-from hfrewrite.analyze.model import shrink_config
+from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.analyze.trace import opaque_attention, trace, value
 
 TYPES = ("llama", "mistral", "qwen2", "qwen3")

@@ -3,7 +3,7 @@
 Tests that run vLLM carry ``@pytest.mark.vllm``; they are skipped where vLLM is not
 installed (``make test`` sets ``HFREWRITE_REQUIRE_VLLM=1``, so there a missing vLLM is an
 error, not a skip). vLLM itself runs in a ``hfrewrite.verify.worker`` subprocess, which
-inherits the environment set here. Stand-in model files: ``verify.write_vllm_standin``.
+inherits the environment set here. Stand-in model files: ``fixtures.write_vllm_standin``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from hfrewrite.verify.harness import vllm_env
+from hfrewrite.verify.engine import vllm_env
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -8,7 +8,7 @@ the test, and hypothesis shrinks the draw to a small reproducer (keep it below a
 ``make test`` runs a bounded sample (``HFREWRITE_FUZZ_EXAMPLES``, default 20) with a fixed
 seed; ``make fuzz`` runs 300 draws with a fresh seed and writes the counts to
 ``HFREWRITE_FUZZ_REPORT`` (docs/reliability.md reports them). One vLLM worker process
-serves every draw (``verify.VllmServer``); Hugging Face runs here.
+serves every draw (``runner.VllmServer``); Hugging Face runs here.
 """
 
 from __future__ import annotations
@@ -24,40 +24,82 @@ from hypothesis import HealthCheck, example, given, reject, seed, settings
 from hypothesis import strategies as st
 
 from hfrewrite import convert
-from hfrewrite.verify import harness as V
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.resolve import resolve
+from hfrewrite.verify import compare, engine, fixtures, runner
 
 EXAMPLES = int(os.environ.get("HFREWRITE_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("HFREWRITE_FUZZ_SEED", "20261201"))
 REPORT = os.environ.get("HFREWRITE_FUZZ_REPORT")
 OUTCOMES = ("verified", "unconfirmed", "refused", "invalid", "wrong")
 VOCAB = 512
-# Greedy tokens must equal HF's; logprobs within verify.LOGPROB_TOL of HF's, or within
+# Greedy tokens must equal HF's; logprobs within compare.LOGPROB_TOL of HF's, or within
 # NOISE_TOL of HF's and LOGPROB_TOL of vLLM's own implementation of the same configuration
 # ("unconfirmed", counted and reported, where vLLM's own class cannot load the checkpoint).
 NOISE_TOL = 1e-3
-PROMPTS = [list(p) for p in V.DEFAULT_PROMPTS]  # ids < 500 fit the vocab
-_IDS = {"vocab_size": VOCAB, "max_position_embeddings": 256, "pad_token_id": 0, "bos_token_id": 1,
-        "eos_token_id": 2}
+PROMPTS = [list(p) for p in fixtures.DEFAULT_PROMPTS]  # ids < 500 fit the vocab
+_IDS = {
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 256,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 # Draws that once failed, shrunk by hypothesis; each runs on every test run.
 REGRESSIONS = [
     # hidden 512, 3 layers: HF 1.8e-4 away, exactly where vLLM's own Qwen2 is (not a wrong file).
-    ("qwen2", {**_IDS, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512,
-               "num_hidden_layers": 3, "intermediate_size": 128, "tie_word_embeddings": False}),
+    (
+        "qwen2",
+        {
+            **_IDS,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "hidden_size": 512,
+            "num_hidden_layers": 3,
+            "intermediate_size": 128,
+            "tie_word_embeddings": False,
+        },
+    ),
     # Untied, 3 layers, window 4: logprobs in the noise band and vLLM's own Gemma2 cannot load
     # an untied checkpoint (the harness crashed there).
-    ("gemma2", {**_IDS, "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 128, "head_dim": 64,
-                "num_hidden_layers": 3, "intermediate_size": 256, "tie_word_embeddings": False,
-                "sliding_window": 4, "attn_logit_softcapping": None, "final_logit_softcapping": None,
-                "query_pre_attn_scalar": 64}),
+    (
+        "gemma2",
+        {
+            **_IDS,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "hidden_size": 128,
+            "head_dim": 64,
+            "num_hidden_layers": 3,
+            "intermediate_size": 256,
+            "tie_word_embeddings": False,
+            "sliding_window": 4,
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+            "query_pre_attn_scalar": 64,
+        },
+    ),
     # Every layer dense (mlp_only_layers): the file raised "No MoE layer found" in vLLM.
-    ("qwen2_moe", {**_IDS, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
-                   "num_hidden_layers": 2, "intermediate_size": 64, "tie_word_embeddings": True,
-                   "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
-                   "norm_topk_prob": True, "decoder_sparse_step": 2, "mlp_only_layers": [0, 1],
-                   "shared_expert_intermediate_size": 32}),
+    (
+        "qwen2_moe",
+        {
+            **_IDS,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 256,
+            "num_hidden_layers": 2,
+            "intermediate_size": 64,
+            "tie_word_embeddings": True,
+            "num_experts": 4,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 2,
+            "mlp_only_layers": [0, 1],
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
 ]
 
 
@@ -68,7 +110,11 @@ def heads(draw, explicit_head_dim: bool = True) -> dict:
     kv = draw(st.sampled_from([d for d in (1, 2, 4, 8) if n % d == 0]))
     head_dim = draw(st.sampled_from([32, 64]))
     hidden = draw(st.sampled_from([64, 128, 256])) if explicit_head_dim else n * head_dim
-    fields = {"num_attention_heads": n, "num_key_value_heads": kv, "hidden_size": hidden}
+    fields = {
+        "num_attention_heads": n,
+        "num_key_value_heads": kv,
+        "hidden_size": hidden,
+    }
     if explicit_head_dim:
         fields["head_dim"] = head_dim
     return fields
@@ -93,10 +139,17 @@ def rope(draw) -> dict:
     if kind == "linear":
         params["factor"] = draw(st.sampled_from([2.0, 4.0]))
     elif kind == "llama3":
-        params |= {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 64}
+        params |= {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
     elif kind == "yarn":
-        params |= {"factor": draw(st.sampled_from([2.0, 4.0])), "original_max_position_embeddings": 64}
+        params |= {
+            "factor": draw(st.sampled_from([2.0, 4.0])),
+            "original_max_position_embeddings": 64,
+        }
     return {"rope_parameters": params}
 
 
@@ -107,20 +160,43 @@ def windows(draw, layers: int) -> dict:
 
 @st.composite
 def family_config(draw) -> tuple[str, dict]:
-    family = draw(st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral",
-                                   "qwen2_moe", "olmoe", "gemma2", "phi3", "granite", "gpt_neox",
-                                   "glm4_moe"]))
+    family = draw(
+        st.sampled_from(
+            [
+                "llama",
+                "mistral",
+                "qwen2",
+                "qwen3",
+                "qwen3_moe",
+                "mixtral",
+                "qwen2_moe",
+                "olmoe",
+                "gemma2",
+                "phi3",
+                "granite",
+                "gpt_neox",
+                "glm4_moe",
+            ]
+        )
+    )
     if family == "llama":
-        c = {**draw(common()), **draw(rope()), "attention_bias": draw(st.booleans()),
-             "mlp_bias": draw(st.booleans())}
+        c = {
+            **draw(common()),
+            **draw(rope()),
+            "attention_bias": draw(st.booleans()),
+            "mlp_bias": draw(st.booleans()),
+        }
     elif family == "mistral":
         c = draw(common())
         c |= windows(draw, c["num_hidden_layers"])
     elif family == "qwen2":
         c = draw(common(explicit_head_dim=False))
         if draw(st.booleans()):
-            c |= {"use_sliding_window": True, "sliding_window": draw(st.sampled_from([4, 8])),
-                  "max_window_layers": draw(st.integers(0, c["num_hidden_layers"]))}
+            c |= {
+                "use_sliding_window": True,
+                "sliding_window": draw(st.sampled_from([4, 8])),
+                "max_window_layers": draw(st.integers(0, c["num_hidden_layers"])),
+            }
     elif family == "qwen3":
         c = {**draw(common()), "attention_bias": draw(st.booleans())}
     elif family in ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral"):
@@ -130,59 +206,85 @@ def family_config(draw) -> tuple[str, dict]:
         key = "num_local_experts" if family == "mixtral" else "num_experts"
         c |= {key: experts, "num_experts_per_tok": top_k}
         if family != "mixtral":
-            c |= {"moe_intermediate_size" if family != "olmoe" else "intermediate_size":
-                  draw(st.sampled_from([32, 64])), "norm_topk_prob": draw(st.booleans())}
+            c |= {
+                "moe_intermediate_size" if family != "olmoe" else "intermediate_size": draw(
+                    st.sampled_from([32, 64])
+                ),
+                "norm_topk_prob": draw(st.booleans()),
+            }
         if family in ("qwen3_moe", "qwen2_moe"):
             layers = c["num_hidden_layers"]
-            c |= {"decoder_sparse_step": draw(st.sampled_from([1, 2])),
-                  "mlp_only_layers": draw(st.lists(st.integers(0, layers - 1), unique=True, max_size=layers))}
+            c |= {
+                "decoder_sparse_step": draw(st.sampled_from([1, 2])),
+                "mlp_only_layers": draw(st.lists(st.integers(0, layers - 1), unique=True, max_size=layers)),
+            }
         if family == "qwen2_moe":
             c["shared_expert_intermediate_size"] = draw(st.sampled_from([32, 64]))
     elif family == "gemma2":
-        c = {**draw(common()), "sliding_window": draw(st.sampled_from([4, 8, 16])),
-             "attn_logit_softcapping": draw(st.sampled_from([None, 20.0, 50.0])),
-             "final_logit_softcapping": draw(st.sampled_from([None, 5.0, 30.0])),
-             "query_pre_attn_scalar": draw(st.sampled_from([16, 32, 64]))}
+        c = {
+            **draw(common()),
+            "sliding_window": draw(st.sampled_from([4, 8, 16])),
+            "attn_logit_softcapping": draw(st.sampled_from([None, 20.0, 50.0])),
+            "final_logit_softcapping": draw(st.sampled_from([None, 5.0, 30.0])),
+            "query_pre_attn_scalar": draw(st.sampled_from([16, 32, 64])),
+        }
     elif family == "phi3":
-        c = {**draw(common(explicit_head_dim=False)),
-             "partial_rotary_factor": draw(st.sampled_from([0.5, 1.0]))}
+        c = {
+            **draw(common(explicit_head_dim=False)),
+            "partial_rotary_factor": draw(st.sampled_from([0.5, 1.0])),
+        }
         c |= windows(draw, c["num_hidden_layers"])
     elif family == "granite":
-        c = {**draw(common(explicit_head_dim=False)),
-             "embedding_multiplier": draw(st.sampled_from([1.0, 4.0])),
-             "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
-             "attention_multiplier": draw(st.sampled_from([0.1, 1.0])),
-             "logits_scaling": draw(st.sampled_from([1.0, 2.0]))}
+        c = {
+            **draw(common(explicit_head_dim=False)),
+            "embedding_multiplier": draw(st.sampled_from([1.0, 4.0])),
+            "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
+            "attention_multiplier": draw(st.sampled_from([0.1, 1.0])),
+            "logits_scaling": draw(st.sampled_from([1.0, 2.0])),
+        }
     elif family == "glm4_moe":  # DeepSeek-V3 routing: sigmoid, correction bias, groups, scaling
-        c = {**draw(common()), "attention_bias": draw(st.booleans()), "use_qk_norm": draw(st.booleans())}
+        c = {
+            **draw(common()),
+            "attention_bias": draw(st.booleans()),
+            "use_qk_norm": draw(st.booleans()),
+        }
         experts = draw(st.sampled_from([4, 8, 16]))
         groups = draw(st.sampled_from([g for g in (1, 2, 4) if experts // g >= 2]))
         kept = draw(st.integers(1, groups))
-        c |= {"n_routed_experts": experts, "n_group": groups, "topk_group": kept,
-              "num_experts_per_tok": draw(st.integers(1, min(4, kept * experts // groups))),
-              "moe_intermediate_size": draw(st.sampled_from([32, 64])),
-              "n_shared_experts": draw(st.sampled_from([1, 2])),
-              "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
-              "norm_topk_prob": draw(st.booleans()),
-              "first_k_dense_replace": draw(st.integers(0, c["num_hidden_layers"]))}
+        c |= {
+            "n_routed_experts": experts,
+            "n_group": groups,
+            "topk_group": kept,
+            "num_experts_per_tok": draw(st.integers(1, min(4, kept * experts // groups))),
+            "moe_intermediate_size": draw(st.sampled_from([32, 64])),
+            "n_shared_experts": draw(st.sampled_from([1, 2])),
+            "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
+            "norm_topk_prob": draw(st.booleans()),
+            "first_k_dense_replace": draw(st.integers(0, c["num_hidden_layers"])),
+        }
     else:  # gpt_neox: fused per-head q/k/v, partial rope, parallel or sequential residual
-        c = {**draw(common(explicit_head_dim=False)), "rotary_pct": draw(st.sampled_from([0.25, 0.5, 1.0])),
-             "use_parallel_residual": draw(st.booleans())}
+        c = {
+            **draw(common(explicit_head_dim=False)),
+            "rotary_pct": draw(st.sampled_from([0.25, 0.5, 1.0])),
+            "use_parallel_residual": draw(st.booleans()),
+        }
         c.pop("num_key_value_heads")
     return family, c
 
 
-def check_one(family: str, fields: dict, server: V.VllmServer, root: Path, n: int) -> tuple[str, str]:
+def check_one(family: str, fields: dict, server: runner.VllmServer, root: Path, n: int) -> tuple[str, str]:
     """("verified" | "unconfirmed" | "refused" | "invalid" | "wrong", detail) for one drawn
     configuration."""
     from transformers import AutoConfig
 
     ckpt = root / f"draw-{n}"
     config = AutoConfig.for_model(family, **fields)
-    weights_seed = zlib.crc32(json.dumps([family, fields], sort_keys=True).encode())  # same draw, same weights
+    weights_seed = zlib.crc32(
+        json.dumps([family, fields], sort_keys=True).encode()
+    )  # same draw, same weights
     try:  # a draw Hugging Face itself cannot build or run is not a valid configuration
-        V.save_random_checkpoint(config, ckpt, seed=weights_seed)
-        tokens, logprobs = V.hf_greedy(ckpt, PROMPTS)
+        fixtures.save_random_checkpoint(config, ckpt, seed=weights_seed)
+        tokens, logprobs = engine.hf_greedy(ckpt, PROMPTS)
     except Exception as invalid:  # noqa: BLE001
         return "invalid", f"{type(invalid).__name__}: {invalid}"
     try:
@@ -191,32 +293,46 @@ def check_one(family: str, fields: dict, server: V.VllmServer, root: Path, n: in
         return "refused", str(refused)
     module = ckpt / "generated.py"
     module.write_text(generated.text)
-    arch = V.checkpoint_architecture(ckpt)
-    run = {"ckpt": str(ckpt), "prompts": PROMPTS, "max_tokens": 16, "architecture": arch,
-           "generated_module": str(module)}
-    case = V.VerifyCase(ckpt, module, prompts=PROMPTS)
+    arch = fixtures.checkpoint_architecture(ckpt)
+    run = {
+        "ckpt": str(ckpt),
+        "prompts": PROMPTS,
+        "max_tokens": 16,
+        "architecture": arch,
+        "generated_module": str(module),
+    }
+    case = compare.VerifyCase(ckpt, module, prompts=PROMPTS)
     hf, generated = {"tokens": tokens, "logprobs": logprobs}, server.run(run)
-    report = V._report(case, arch, hf, generated, None, {})
+    report = compare._report(case, arch, hf, generated, None, {})
     if report.ok:
         return "verified", ""
-    if not all(p.startswith("logprobs differ from HF") for p in report.problems) or report.logprob_diff_hf > NOISE_TOL:
+    if (
+        not all(p.startswith("logprobs differ from HF") for p in report.problems)
+        or report.logprob_diff_hf > NOISE_TOL
+    ):
         return "wrong", "; ".join(report.problems)
     # Tokens equal, logprobs a little further from HF than LOGPROB_TOL: float32 summation order
     # over wider layers. vLLM's own implementation then sits as far from HF; the file must equal it.
     native = server.run({**run, "generated_module": None})
     if "error" in native:  # vLLM's own class cannot load it (gemma2 untied): no second reference
-        return "unconfirmed", f"HF {report.logprob_diff_hf:.1e} away, tokens equal; native run failed"
-    against_native = V._report(case, arch, hf, generated, native, {})
+        return (
+            "unconfirmed",
+            f"HF {report.logprob_diff_hf:.1e} away, tokens equal; native run failed",
+        )
+    against_native = compare._report(case, arch, hf, generated, native, {})
     problems = [p for p in against_native.problems if not p.startswith("logprobs differ from HF")]
     if problems:
         return "wrong", "; ".join([*report.problems, *problems])
-    return "verified", f"HF {report.logprob_diff_hf:.1e} away, as vLLM's own implementation"
+    return (
+        "verified",
+        f"HF {report.logprob_diff_hf:.1e} away, as vLLM's own implementation",
+    )
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("fuzz-server") / "vllm.log"
-    s = V.VllmServer(log)
+    s = runner.VllmServer(log)
     yield s
     s.close()
 
@@ -228,16 +344,28 @@ def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
     refusals: Counter = Counter()
 
     def summary(complete: bool) -> dict:
-        return {"seed": SEED, "examples": EXAMPLES, "complete": complete,
-                "counts": dict(sorted(counts.items())), "refusals": dict(refusals.most_common())}
+        return {
+            "seed": SEED,
+            "examples": EXAMPLES,
+            "complete": complete,
+            "counts": dict(sorted(counts.items())),
+            "refusals": dict(refusals.most_common()),
+        }
 
-    def report(complete: bool) -> None:  # after every draw: a run stopped early still leaves its counts
+    def report(
+        complete: bool,
+    ) -> None:  # after every draw: a run stopped early still leaves its counts
         if REPORT:
             Path(REPORT).write_text(json.dumps(summary(complete), indent=1, sort_keys=True) + "\n")
 
     @seed(SEED)
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(family_config())
     def draw(drawn):
         family, fields = drawn
@@ -248,7 +376,10 @@ def test_fuzzed_configs_verify_or_are_refused(server, tmp_path_factory):
             counts["verified_within_native_noise"] += 1
         if outcome in ("refused", "invalid", "unconfirmed"):
             refusals[f"{outcome}: " + detail.split(": ", 2)[-1][:120]] += 1
-        print(f"fuzz draw {sum(counts[k] for k in OUTCOMES)}: {family} {outcome} {detail[:100]}", flush=True)
+        print(
+            f"fuzz draw {sum(counts[k] for k in OUTCOMES)}: {family} {outcome} {detail[:100]}",
+            flush=True,
+        )
         report(complete=False)
         if outcome == "invalid":
             reject()  # counted, then not a test case

@@ -54,7 +54,9 @@ def test_convert_refuses_a_planted_bug_and_writes_nothing(tmp_path, capsys, plan
     assert r.code == 2
     lines = r.err.strip().splitlines()
     assert len(lines) == 1, r.err
-    assert lines[0].startswith("hfrewrite: error: llama: the generated file does not compute what Hugging Face does")
+    assert lines[0].startswith(
+        "hfrewrite: error: llama: the generated file does not compute what Hugging Face does"
+    )
     assert "tokens differ from HF" in lines[0] or "logprobs differ from HF" in lines[0]
     # the rope runs inside the attention: the modules before it agree, the attention does not
     assert "; first differs at model.layers.0.self_attn (max |diff| " in lines[0]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many
+from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 WINDOW = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
@@ -37,7 +38,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # sandwich norms, attention and final-logit soft caps, query_pre_attn_scalar, windows
     # (gemma2, vaultgemma, gemma3_text untied: tied scaled random embeddings make greedy
     # decoding repeat one token, which would hide differences)
-    "gemma2-sandwich-softcap-sliding": ("gemma2", {**WINDOW, **UNTIED, "query_pre_attn_scalar": 24}),
+    "gemma2-sandwich-softcap-sliding": (
+        "gemma2",
+        {**WINDOW, **UNTIED, "query_pre_attn_scalar": 24},
+    ),
     "vaultgemma-softcap-sliding": ("vaultgemma", {**WINDOW, **UNTIED}),
     # sandwich norms, per-head (1 + weight) q/k norms, rope parameters per layer type
     "gemma3_text-rope-per-layer-type": ("gemma3_text", {**WINDOW, **UNTIED}),
@@ -77,14 +81,23 @@ CASES: dict[str, tuple[str, dict]] = {
     "nanochat-reversed-rope-embedding-norm": ("nanochat", {}),
     # multipliers on the embeddings (carried from the base model's forward), the residuals
     # (carried layer), the attention scale and the logits (carried into compute_logits)
-    "granite-multipliers": ("granite", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
-                                        "logits_scaling": 2.0, "attention_multiplier": 0.1}),
+    "granite-multipliers": (
+        "granite",
+        {
+            "embedding_multiplier": 4.0,
+            "residual_multiplier": 0.5,
+            "logits_scaling": 2.0,
+            "attention_multiplier": 0.1,
+        },
+    ),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than
     # the prompts: vLLM 0.32's own qwen2.py refuses this config
     "qwen2-sliding-window-upper-layers": (
-        "qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
@@ -132,7 +145,9 @@ def test_golden_matches_hf(reports, case):
     assert report.generated_class.startswith("hfrewrite_generated_"), report.summary()
     problems = list(report.problems)  # only the native comparison may be exempt, never the rest
     if case in NATIVE_REFUSES:
-        assert NATIVE_REFUSES[case] in report.errors.get("native", ""), "vLLM native now runs it: drop the exemption"
+        assert NATIVE_REFUSES[case] in report.errors.get("native", ""), (
+            "vLLM native now runs it: drop the exemption"
+        )
         problems = [p for p in problems if not p.startswith("native run failed")]
     elif case in NATIVE_DIFFERS:
         differs = report.native_tokens != report.hf_tokens or report.logprob_diff_native > LOGPROB_TOL
@@ -140,7 +155,9 @@ def test_golden_matches_hf(reports, case):
         problems = [p for p in problems if "native" not in p]
     elif report.native_tokens is not None:
         assert report.generated_tokens == report.native_tokens, report.summary()
-        assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, report.summary()
+        assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, (
+            report.summary()
+        )
     assert problems == [], report.summary()
 
 
@@ -154,8 +171,9 @@ def test_golden_layers_are_parallel(reports, case):
         assert layer["RowParallelLinear"] == 2, layer
     native = reports[case].native_structure
     if native is not None:  # as many GEMMs per layer as vLLM's own
-        assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native], \
+        assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native], (
             reports[case].summary()
+        )
 
 
 @pytest.mark.vllm

@@ -18,34 +18,79 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from safetensors.torch import load_file, save_file
 
 from hfrewrite import convert
 from hfrewrite.resolve import resolve
-from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many
+from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
-MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 48,
-       "q_lora_rank": 64, "num_key_value_heads": 4, "first_k_dense_replace": 1, "moe_intermediate_size": 64,
-       "n_routed_experts": 8, "num_experts_per_tok": 3, "n_shared_experts": 1}
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
-        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
+MLA = {
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "head_dim": 64,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 48,
+    "q_lora_rank": 64,
+    "num_key_value_heads": 4,
+    "first_k_dense_replace": 1,
+    "moe_intermediate_size": 64,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 3,
+    "n_shared_experts": 1,
+}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.8,
+}
 CASES: dict[str, tuple[str, dict]] = {
     # grouped sigmoid routing with a (random) correction bias, renormalised and scaled
     # (the checkpoint also holds a multi-token-prediction layer past the last layer)
-    "deepseek_v3": ("deepseek_v3", {**MLA, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
-                                    "topk_method": "noaux_tc", "num_nextn_predict_layers": 1}),
+    "deepseek_v3": (
+        "deepseek_v3",
+        {
+            **MLA,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 2.5,
+            "topk_method": "noaux_tc",
+            "num_nextn_predict_layers": 1,
+        },
+    ),
     # softmax top-k ("greedy"), scaled, not renormalised; one expert group as DeepSeek-V2-Lite
     # sets it (vLLM's own file asserts on n_group None at the first forward)
-    "deepseek_v2": ("deepseek_v2", {**MLA, "topk_method": "greedy", "routed_scaling_factor": 2.0,
-                                    "n_group": 1, "topk_group": 1}),
+    "deepseek_v2": (
+        "deepseek_v2",
+        {
+            **MLA,
+            "topk_method": "greedy",
+            "routed_scaling_factor": 2.0,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+    ),
     # YaRN as the real DeepSeek checkpoints set it (with unequal mscale factors, so the ratio
     # on cos/sin and the mscale_all_dim softmax scale both matter): converted from this
     # checkpoint's own config, as a user converts theirs, and run as vLLM's deepseek_yarn
-    "deepseek_v3-yarn": ("deepseek_v3", {**MLA, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
-                                         "topk_method": "noaux_tc", "max_position_embeddings": 16384,
-                                         "rope_parameters": YARN}),
+    "deepseek_v3-yarn": (
+        "deepseek_v3",
+        {
+            **MLA,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 2.5,
+            "topk_method": "noaux_tc",
+            "max_position_embeddings": 16384,
+            "rope_parameters": YARN,
+        },
+    ),
 }
 CONVERTED = {"deepseek_v3-yarn"}  # converted at test time from the checkpoint, not the golden
 
@@ -57,12 +102,27 @@ def add_mtp_layer(ckpt: Path, layers: int) -> None:
     path = ckpt / "model.safetensors"
     tensors = load_file(path)
     last = f"model.layers.{layers - 1}."
-    extra = {f"model.layers.{layers}." + k[len(last):]: v.clone() for k, v in tensors.items() if k.startswith(last)}
+    extra = {
+        f"model.layers.{layers}." + k[len(last) :]: v.clone()
+        for k, v in tensors.items()
+        if k.startswith(last)
+    }
     hidden = tensors["model.embed_tokens.weight"].shape[1]
-    extra.update({f"model.layers.{layers}.{name}": tensor for name, tensor in (
-        ("eh_proj.weight", torch.randn(hidden, 2 * hidden)), ("enorm.weight", torch.ones(hidden)),
-        ("hnorm.weight", torch.ones(hidden)), ("shared_head.norm.weight", torch.ones(hidden)),
-        ("shared_head.head.weight", tensors["model.embed_tokens.weight"].clone()))})
+    extra.update(
+        {
+            f"model.layers.{layers}.{name}": tensor
+            for name, tensor in (
+                ("eh_proj.weight", torch.randn(hidden, 2 * hidden)),
+                ("enorm.weight", torch.ones(hidden)),
+                ("hnorm.weight", torch.ones(hidden)),
+                ("shared_head.norm.weight", torch.ones(hidden)),
+                (
+                    "shared_head.head.weight",
+                    tensors["model.embed_tokens.weight"].clone(),
+                ),
+            )
+        }
+    )
     save_file({**tensors, **extra}, path, metadata={"format": "pt"})
 
 
@@ -72,7 +132,10 @@ def reports(tmp_path_factory):
     for i, (name, (t, overrides)) in enumerate(CASES.items()):
         ckpt = make_tiny_checkpoint(t, tmp_path_factory.mktemp(name), seed=i, **overrides)
         if name == "deepseek_v3":  # the generated load_weights skips it, as vLLM's own file does
-            add_mtp_layer(ckpt, json.loads((ckpt / "config.json").read_text())["num_hidden_layers"])
+            add_mtp_layer(
+                ckpt,
+                json.loads((ckpt / "config.json").read_text())["num_hidden_layers"],
+            )
         module = GOLDEN / f"{t}.py"
         if name in CONVERTED:
             module = ckpt.parent / "generated.py"

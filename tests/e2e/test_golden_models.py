@@ -14,27 +14,45 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many
+from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 CASES: dict[str, tuple[str, dict]] = {
     "llama-gqa-untied": ("llama", {}),
     "llama-tied-attn-bias-mlp-bias": (
-        "llama", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
+        "llama",
+        {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True},
+    ),
     "llama-head-dim-64-mqa": ("llama", {"head_dim": 64, "num_key_value_heads": 1}),
     "llama-mha-rope-linear": (
-        "llama", {"num_key_value_heads": 4,
-                  "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+        "llama",
+        {
+            "num_key_value_heads": 4,
+            "rope_parameters": {
+                "rope_type": "linear",
+                "factor": 2.0,
+                "rope_theta": 10000.0,
+            },
+        },
+    ),
     # a window shorter than the longer prompts (up to 56 tokens with the generated ones)
     "mistral-gqa-sliding-window": ("mistral", {"sliding_window": 8}),
-
     "qwen2-bias-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3-qk-norm": ("qwen3", {}),
-    "qwen3-qk-norm-tied-mqa": ("qwen3", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
+    "qwen3-qk-norm-tied-mqa": (
+        "qwen3",
+        {"tie_word_embeddings": True, "num_key_value_heads": 1},
+    ),
 }
 
-EXPECTED_LAYER = {"QKVParallelLinear": 1, "MergedColumnParallelLinear": 1, "RowParallelLinear": 2, "Linear": 0}
+EXPECTED_LAYER = {
+    "QKVParallelLinear": 1,
+    "MergedColumnParallelLinear": 1,
+    "RowParallelLinear": 2,
+    "Linear": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +71,9 @@ def test_golden_matches_hf_and_vllm_native(reports, case):
     assert report.native_tokens is not None, "vLLM has a native implementation for these types"
     assert report.generated_tokens == report.hf_tokens, report.summary()
     assert report.generated_tokens == report.native_tokens, report.summary()
-    assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, report.summary()
+    assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, (
+        report.summary()
+    )
     assert report.logprob_diff_hf is not None and report.logprob_diff_hf <= LOGPROB_TOL, report.summary()
     assert report.ok, report.summary()
 

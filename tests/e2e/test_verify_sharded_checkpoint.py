@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hfrewrite.cli import main
-from hfrewrite.verify.harness import make_tiny_checkpoint
+from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

@@ -1,12 +1,22 @@
 """Hand-written plans for pass tests (what analysis finds for tiny llama/qwen3 configs)."""
 
 from hfrewrite.analyze.plan import (
-    AttentionPlan, DecoderLayerPlan, LinearFact, MlpPlan, ModelPlan, NormPlan, ResidualBlock,
+    AttentionPlan,
+    DecoderLayerPlan,
+    LinearFact,
+    MlpPlan,
+    ModelPlan,
+    NormPlan,
+    ResidualBlock,
 )
 
 
-def llama_like(prefix: str = "Llama", model_type: str = "llama", qk_norm: bool = False,
-               qkv_bias: bool = False) -> ModelPlan:
+def llama_like(
+    prefix: str = "Llama",
+    model_type: str = "llama",
+    qk_norm: bool = False,
+    qkv_bias: bool = False,
+) -> ModelPlan:
     return ModelPlan(
         model_type=model_type,
         architecture=f"{prefix}ForCausalLM",
@@ -19,7 +29,10 @@ def llama_like(prefix: str = "Llama", model_type: str = "llama", qk_norm: bool =
         tie_word_embeddings=False,
         decoder_layer=DecoderLayerPlan(
             f"{prefix}DecoderLayer",
-            (ResidualBlock("input_layernorm", "self_attn"), ResidualBlock("post_attention_layernorm", "mlp")),
+            (
+                ResidualBlock("input_layernorm", "self_attn"),
+                ResidualBlock("post_attention_layernorm", "mlp"),
+            ),
         ),
         attention=AttentionPlan(
             module_class=f"{prefix}Attention",
@@ -27,17 +40,22 @@ def llama_like(prefix: str = "Llama", model_type: str = "llama", qk_norm: bool =
             k=LinearFact("k_proj", 128, 64, qkv_bias),
             v=LinearFact("v_proj", 128, 64, qkv_bias),
             o=LinearFact("o_proj", 128, 128, False),
-            num_heads=4, num_kv_heads=2, head_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
             q_norm="q_norm" if qk_norm else None,
             k_norm="k_norm" if qk_norm else None,
-            rope=True, scaling=32**-0.5, sliding_window=None,
+            rope=True,
+            scaling=32**-0.5,
+            sliding_window=None,
         ),
         mlp=MlpPlan(
             module_class=f"{prefix}MLP",
             gate=LinearFact("gate_proj", 128, 256, False),
             up=LinearFact("up_proj", 128, 256, False),
             down=LinearFact("down_proj", 256, 128, False),
-            act_attr="act_fn", activation="silu",
+            act_attr="act_fn",
+            activation="silu",
         ),
         norm=NormPlan(f"{prefix}RMSNorm", "rms", 1e-6, 0.0),
     )
@@ -50,9 +68,17 @@ def qwen_moe(shared: bool = False) -> ModelPlan:
     from hfrewrite.analyze.plan import MoePlan
 
     moe = MoePlan(
-        module_class="MoeBlock", router="gate", router_class="TopKRouter", experts="experts",
-        experts_class="Experts", num_experts=8, top_k=2, scoring="softmax", renormalize=True,
-        activation="silu", shared_expert="shared_expert" if shared else None,
+        module_class="MoeBlock",
+        router="gate",
+        router_class="TopKRouter",
+        experts="experts",
+        experts_class="Experts",
+        num_experts=8,
+        top_k=2,
+        scoring="softmax",
+        renormalize=True,
+        activation="silu",
+        shared_expert="shared_expert" if shared else None,
         shared_expert_gate="shared_expert_gate" if shared else None,
     )
     return dataclasses.replace(llama_like("Qwen3Moe", "qwen3_moe"), moe=moe)

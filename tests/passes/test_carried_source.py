@@ -4,20 +4,29 @@ projections, ungated MLPs, and source helpers re-imported (before/after pairs, r
 import dataclasses
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
-from hfrewrite.passes import carry_decoder_layer, fuse_gate_up, fuse_qkv, row_parallel, strip_hf_runtime
-from hfrewrite.analyze.plan import DecoderLayerPlan, LinearFact, MlpPlan
+from hfrewrite.passes import (
+    carry_decoder_layer,
+    fuse_gate_up,
+    fuse_qkv,
+    row_parallel,
+    strip_hf_runtime,
+)
 from plans import llama_like
+
+from hfrewrite.analyze.plan import DecoderLayerPlan, LinearFact, MlpPlan
+from hfrewrite.errors import HfrewriteError
 
 CARRIED = DecoderLayerPlan("Gemma2DecoderLayer", (), attention_block="self_attn", mlp_block="mlp")
 
 
 def carried_plan():
     plan = llama_like("Gemma2", "gemma2")
-    return dataclasses.replace(plan, decoder_layer=CARRIED,
-                               attention=dataclasses.replace(plan.attention, module_class="Gemma2Attention"))
+    return dataclasses.replace(
+        plan,
+        decoder_layer=CARRIED,
+        attention=dataclasses.replace(plan.attention, module_class="Gemma2Attention"),
+    )
 
 
 ATTENTION = """\
@@ -27,7 +36,9 @@ class Gemma2Attention(nn.Module):
 
 """
 
-BEFORE_SANDWICH_LAYER = ATTENTION + """
+BEFORE_SANDWICH_LAYER = (
+    ATTENTION
+    + """
 class Gemma2DecoderLayer(nn.Module):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, position_ids=None, **kwargs):
         residual = hidden_states
@@ -44,8 +55,11 @@ class Gemma2DecoderLayer(nn.Module):
         hidden_states = self.mlp(self.pre_feedforward_layernorm(hidden_states))
         return residual + self.post_feedforward_layernorm(hidden_states)
 """
+)
 
-AFTER_SANDWICH_LAYER = ATTENTION + """
+AFTER_SANDWICH_LAYER = (
+    ATTENTION
+    + """
 class Gemma2DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         residual = hidden_states
@@ -57,6 +71,7 @@ class Gemma2DecoderLayer(nn.Module):
         hidden_states = self.mlp(self.pre_feedforward_layernorm(hidden_states))
         return residual + self.post_feedforward_layernorm(hidden_states)
 """
+)
 
 
 def test_sandwich_layer_is_carried_as_written():
@@ -66,14 +81,17 @@ def test_sandwich_layer_is_carried_as_written():
 def test_attention_input_is_found_by_keyword_in_any_order():
     source = BEFORE_SANDWICH_LAYER.replace(
         "            hidden_states=hidden_states,\n            position_embeddings=position_embeddings,\n",
-        "            position_embeddings=position_embeddings,\n            hidden_states=hidden_states,\n")
+        "            position_embeddings=position_embeddings,\n            hidden_states=hidden_states,\n",
+    )
     assert rewrite(carry_decoder_layer, source, carried_plan()) == AFTER_SANDWICH_LAYER
 
 
 def test_attention_result_bound_twice_is_refused():
     # `x, _ = kept = self.self_attn(...)` also keeps the tuple: not the `x, _ = ...` shape
-    source = BEFORE_SANDWICH_LAYER.replace("hidden_states, _ = self.self_attn(",
-                                           "hidden_states, _ = kept = self.self_attn(")
+    source = BEFORE_SANDWICH_LAYER.replace(
+        "hidden_states, _ = self.self_attn(",
+        "hidden_states, _ = kept = self.self_attn(",
+    )
     with pytest.raises(HfrewriteError, match="the attention result is not taken as"):
         rewrite(carry_decoder_layer, source, carried_plan())
 
@@ -83,27 +101,40 @@ def test_fused_layer_is_not_touched():
     assert rewrite(carry_decoder_layer, BEFORE_SANDWICH_LAYER, plan) == BEFORE_SANDWICH_LAYER
 
 
-PARALLEL_LAYER_POSITIONAL = ATTENTION + """
+PARALLEL_LAYER_POSITIONAL = (
+    ATTENTION
+    + """
 class Gemma2DecoderLayer(nn.Module):
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         attn_output = self.self_attn(self.input_layernorm(hidden_states), attention_mask=attention_mask)[0]
         return attn_output + self.mlp(self.input_layernorm(hidden_states)) + hidden_states
 """
+)
 
 
 def test_positional_hidden_states_and_first_result():
     out = rewrite(carry_decoder_layer, PARALLEL_LAYER_POSITIONAL, carried_plan())
-    assert ("attn_output = self.self_attn(positions=positions, "
-            "hidden_states=self.input_layernorm(hidden_states))\n") in out
+    assert (
+        "attn_output = self.self_attn(positions=positions, "
+        "hidden_states=self.input_layernorm(hidden_states))\n"
+    ) in out
 
 
 @pytest.mark.parametrize(
     "old, new, match",
     [
         # the attention weights are read later: vLLM has none
-        ("hidden_states, _ = self.self_attn(", "hidden_states, weights = self.self_attn(", "reads weights"),
+        (
+            "hidden_states, _ = self.self_attn(",
+            "hidden_states, weights = self.self_attn(",
+            "reads weights",
+        ),
         # a dropped Hugging Face input is still read
-        ("residual = hidden_states\n", "residual = hidden_states * position_ids\n", "reads position_ids"),
+        (
+            "residual = hidden_states\n",
+            "residual = hidden_states * position_ids\n",
+            "reads position_ids",
+        ),
     ],
 )
 def test_carry_refusals(old, new, match):
@@ -135,8 +166,16 @@ class Phi3Attention(nn.Module):
 def fused_qkv_plan(per_head=False):
     plan = llama_like("Phi3", "phi3")
     fact = LinearFact("qkv_proj", 128, 128, False)
-    att = dataclasses.replace(plan.attention, q=fact, k=fact, v=fact, fused_qkv=True, qkv_per_head=per_head,
-                              heads_field="num_attention_heads", kv_heads_field="num_key_value_heads")
+    att = dataclasses.replace(
+        plan.attention,
+        q=fact,
+        k=fact,
+        v=fact,
+        fused_qkv=True,
+        qkv_per_head=per_head,
+        heads_field="num_attention_heads",
+        kv_heads_field="num_key_value_heads",
+    )
     return dataclasses.replace(plan, attention=att)
 
 
@@ -146,8 +185,10 @@ def test_checkpoint_fused_qkv_keeps_its_name_and_splits_by_role():
     # sizes and bias read from nn.Linear's positional arguments
     assert "hidden_size=config.hidden_size,\n" in out and "bias=False,\n" in out
     assert "self.total_num_kv_heads = config.num_key_value_heads\n" in out
-    assert ("qkv, _ = self.qkv_proj(hidden_states)\n"
-            "        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n") in out
+    assert (
+        "qkv, _ = self.qkv_proj(hidden_states)\n"
+        "        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+    ) in out
     assert "query_states = q\n" in out and "key_states = k\n" in out and "value_states = v\n" in out
 
 
@@ -174,10 +215,17 @@ class GPTNeoXAttention(nn.Module):
 def test_per_head_qkv_derives_the_head_size_and_unchunks():
     plan = fused_qkv_plan(per_head=True)
     fact = LinearFact("query_key_value", 128, 128, True)
-    plan = dataclasses.replace(plan, attention=dataclasses.replace(
-        plan.attention, module_class="GPTNeoXAttention", q=fact, k=fact, v=fact))
+    plan = dataclasses.replace(
+        plan,
+        attention=dataclasses.replace(
+            plan.attention, module_class="GPTNeoXAttention", q=fact, k=fact, v=fact
+        ),
+    )
     out = rewrite(fuse_qkv, BEFORE_PER_HEAD_QKV, plan)
-    assert "self.head_dim = (3 * config.hidden_size) // (self.total_num_heads + 2 * self.total_num_kv_heads)" in out
+    assert (
+        "self.head_dim = (3 * config.hidden_size) // (self.total_num_heads + 2 * self.total_num_kv_heads)"
+        in out
+    )
     assert "query_states, key_states, value_states = q, k, v\n" in out
     assert "interleaves q, k and v per head" in out
 
@@ -220,8 +268,15 @@ class Phi3MLP(nn.Module):
 
 def test_checkpoint_fused_gate_up():
     fact = LinearFact("gate_up_proj", 128, 256, False)
-    mlp = MlpPlan("Phi3MLP", fact, fact, LinearFact("down_proj", 256, 128, False), "activation_fn", "silu",
-                  fused_gate_up=True)
+    mlp = MlpPlan(
+        "Phi3MLP",
+        fact,
+        fact,
+        LinearFact("down_proj", 256, 128, False),
+        "activation_fn",
+        "silu",
+        fused_gate_up=True,
+    )
     plan = dataclasses.replace(llama_like("Phi3", "phi3"), mlp=mlp)
     assert rewrite(fuse_gate_up, BEFORE_FUSED_GATE_UP, plan) == AFTER_FUSED_GATE_UP
 
@@ -240,16 +295,26 @@ class ArceeMLP(nn.Module):
 
 
 def ungated_plan():
-    mlp = MlpPlan("ArceeMLP", None, LinearFact("up_proj", 128, 256, False), LinearFact("down_proj", 256, 128, False),
-                  "act_fn", "ReLUSquaredActivation")
+    mlp = MlpPlan(
+        "ArceeMLP",
+        None,
+        LinearFact("up_proj", 128, 256, False),
+        LinearFact("down_proj", 256, 128, False),
+        "act_fn",
+        "ReLUSquaredActivation",
+    )
     return dataclasses.replace(llama_like("Arcee", "arcee"), mlp=mlp)
 
 
 def test_ungated_mlp_is_column_then_row_parallel_with_the_source_activation():
-    source = BEFORE_UNGATED_MLP + "\n\nclass ArceeAttention(nn.Module):\n    def __init__(self, config):\n" \
+    source = (
+        BEFORE_UNGATED_MLP + "\n\nclass ArceeAttention(nn.Module):\n    def __init__(self, config):\n"
         "        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)\n"
-    plan = dataclasses.replace(ungated_plan(), attention=dataclasses.replace(
-        ungated_plan().attention, module_class="ArceeAttention"))
+    )
+    plan = dataclasses.replace(
+        ungated_plan(),
+        attention=dataclasses.replace(ungated_plan().attention, module_class="ArceeAttention"),
+    )
     out = rewrite(row_parallel, source, plan)
     assert "self.up_proj = ColumnParallelLinear(" in out and "self.down_proj = RowParallelLinear(" in out
     assert "return self.down_proj(self.act_fn(self.up_proj(x)[0]))[0]" in out
@@ -282,10 +347,14 @@ class ArceeForCausalLM(PreTrainedModel):
 
 def test_hidden_states_under_another_name():
     # the layer's first parameter is the stream, whatever it is called (`x` sorts after "self")
-    layer = BEFORE_SANDWICH_LAYER[len(ATTENTION):].replace("def forward(self, hidden_states, position_embeddings,",
-                                                           "def forward(self, x, position_embeddings,")
-    source = ATTENTION + layer.replace("residual = hidden_states\n        hidden_states = self.input_layernorm(hidden_states)",
-                            "residual = x\n        hidden_states = self.input_layernorm(x)")
+    layer = BEFORE_SANDWICH_LAYER[len(ATTENTION) :].replace(
+        "def forward(self, hidden_states, position_embeddings,",
+        "def forward(self, x, position_embeddings,",
+    )
+    source = ATTENTION + layer.replace(
+        "residual = hidden_states\n        hidden_states = self.input_layernorm(hidden_states)",
+        "residual = x\n        hidden_states = self.input_layernorm(x)",
+    )
     out = rewrite(carry_decoder_layer, source, carried_plan())
     assert "def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:" in out
 
@@ -297,7 +366,9 @@ def test_a_layer_without_kwargs_is_carried():
 
 
 def test_reading_the_dropped_kwargs_is_refused():
-    source = BEFORE_SANDWICH_LAYER.replace("residual = hidden_states\n", "residual = hidden_states * kwargs['scale']\n", 1)
+    source = BEFORE_SANDWICH_LAYER.replace(
+        "residual = hidden_states\n", "residual = hidden_states * kwargs['scale']\n", 1
+    )
     with pytest.raises(HfrewriteError, match="reads kwargs"):
         rewrite(carry_decoder_layer, source, carried_plan())
 
@@ -312,40 +383,58 @@ def test_checkpoint_fused_qkv_sliced_without_an_ellipsis_is_refused():
 def per_head_plan():
     plan = fused_qkv_plan(per_head=True)
     fact = LinearFact("query_key_value", 128, 128, True)
-    return dataclasses.replace(plan, attention=dataclasses.replace(
-        plan.attention, module_class="GPTNeoXAttention", q=fact, k=fact, v=fact))
+    return dataclasses.replace(
+        plan,
+        attention=dataclasses.replace(
+            plan.attention, module_class="GPTNeoXAttention", q=fact, k=fact, v=fact
+        ),
+    )
 
 
-@pytest.mark.parametrize("other_split", [
-    "a, b, c = hidden_states.chunk(3, dim=-1)",  # another tensor's chunk (its name sorts before qkv)
-    "a, b, c = self.split_other(hidden_states)",  # a method of the module on another tensor
-])
+@pytest.mark.parametrize(
+    "other_split",
+    [
+        "a, b, c = hidden_states.chunk(3, dim=-1)",  # another tensor's chunk (its name sorts before qkv)
+        "a, b, c = self.split_other(hidden_states)",  # a method of the module on another tensor
+    ],
+)
 def test_per_head_qkv_unchunks_only_its_own_split(other_split):
-    source = BEFORE_PER_HEAD_QKV.replace("        return query_states\n",
-                                         f"        {other_split}\n        return query_states\n")
+    source = BEFORE_PER_HEAD_QKV.replace(
+        "        return query_states\n",
+        f"        {other_split}\n        return query_states\n",
+    )
     out = rewrite(fuse_qkv, source, per_head_plan())
     assert "query_states, key_states, value_states = q, k, v\n" in out
     assert f"        {other_split}\n" in out
 
 
 def test_other_subscripts_by_zero_are_not_the_attention_result():
-    source = BEFORE_SANDWICH_LAYER.replace("        residual = hidden_states\n",
-                                           "        tokens = hidden_states.shape[0]\n        residual = hidden_states\n", 1)
+    source = BEFORE_SANDWICH_LAYER.replace(
+        "        residual = hidden_states\n",
+        "        tokens = hidden_states.shape[0]\n        residual = hidden_states\n",
+        1,
+    )
     out = rewrite(carry_decoder_layer, source, carried_plan())
     assert "        tokens = hidden_states.shape[0]\n" in out
 
 
 def test_named_attention_weights_and_a_tuple_mlp_result():
     # `out, attn_weights = self_attn(...)` leaves `_` free for the MoE block's router logits
-    source = (BEFORE_SANDWICH_LAYER.replace("hidden_states, _ = self.self_attn(", "hidden_states, attn_weights = self.self_attn(")
-              .replace("        hidden_states = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n",
-                       "        hidden_states, _ = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n"))
+    source = BEFORE_SANDWICH_LAYER.replace(
+        "hidden_states, _ = self.self_attn(",
+        "hidden_states, attn_weights = self.self_attn(",
+    ).replace(
+        "        hidden_states = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n",
+        "        hidden_states, _ = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n",
+    )
     out = rewrite(carry_decoder_layer, source, carried_plan())
     assert "        hidden_states, _ = self.mlp(self.pre_feedforward_layernorm(hidden_states))\n" in out
 
 
 def test_per_head_qkv_chunked_in_two_is_refused():
-    source = BEFORE_PER_HEAD_QKV.replace("query_states, key_states, value_states = qkv.chunk(3, dim=-1)",
-                                         "query_states, key_states = qkv.chunk(2, dim=-1)")
+    source = BEFORE_PER_HEAD_QKV.replace(
+        "query_states, key_states, value_states = qkv.chunk(3, dim=-1)",
+        "query_states, key_states = qkv.chunk(2, dim=-1)",
+    )
     with pytest.raises(HfrewriteError, match="is not chunked once into q, k and v"):
         rewrite(fuse_qkv, source, per_head_plan())

@@ -1,12 +1,11 @@
 """fuse_experts: router + expert loop -> GateLinear + FusedMoEFactory."""
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import fuse_experts
 from plans import qwen_moe
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE = """\
 class TopKRouter(nn.Module):
@@ -137,7 +136,14 @@ class MoeBlock(nn.Module):
 
 
 def test_renormalisation_condition_from_source():
-    assert rewrite(fuse_experts, BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE, qwen_moe(shared=True)) == AFTER_RENORMALISATION_CONDITION_FROM_SOURCE
+    assert (
+        rewrite(
+            fuse_experts,
+            BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE,
+            qwen_moe(shared=True),
+        )
+        == AFTER_RENORMALISATION_CONDITION_FROM_SOURCE
+    )
 
 
 REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG = """\
@@ -182,7 +188,7 @@ class MoeBlock(nn.Module):
 
 
 def test_refuses_experts_not_built_from_config():
-    with pytest.raises(HfrewriteError, match='is not Experts\\(config\\)'):
+    with pytest.raises(HfrewriteError, match="is not Experts\\(config\\)"):
         rewrite(fuse_experts, REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG, qwen_moe(shared=True))
 
 
@@ -194,8 +200,9 @@ _CONDITIONAL_DIVISION = """\
 
 def test_refuses_a_traced_renormalisation_the_source_guards_with_no_division():
     source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
-        _CONDITIONAL_DIVISION, "        if self.norm_topk_prob:\n            pass\n")
-    with pytest.raises(HfrewriteError, match='disagrees with the trace'):
+        _CONDITIONAL_DIVISION, "        if self.norm_topk_prob:\n            pass\n"
+    )
+    with pytest.raises(HfrewriteError, match="disagrees with the trace"):
         rewrite(fuse_experts, source, qwen_moe(shared=True))
 
 
@@ -207,16 +214,22 @@ def test_an_unconditional_router_the_replay_proved_renormalising_emits_true():
 
 def test_refuses_a_router_of_another_class():
     source = REFUSED_EXPERTS_NOT_BUILT_FROM_CONFIG.replace("Experts(other)", "Experts(config)").replace(
-        "self.gate = TopKRouter(config)", "self.gate = nn.Linear(config)")
+        "self.gate = TopKRouter(config)", "self.gate = nn.Linear(config)"
+    )
     with pytest.raises(HfrewriteError, match=r"self.gate is not TopKRouter\(config\)"):
         rewrite(fuse_experts, source, qwen_moe(shared=True))
 
 
 def test_shared_expert_gate_positional_bias_is_read():
     source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
-        "torch.nn.Linear(config.hidden_size, 1, bias=False)", "torch.nn.Linear(config.hidden_size, 1, False)")
+        "torch.nn.Linear(config.hidden_size, 1, bias=False)",
+        "torch.nn.Linear(config.hidden_size, 1, False)",
+    )
     after = rewrite(fuse_experts, source, qwen_moe(shared=True))
-    assert "self.shared_expert_gate = ReplicatedLinear(\n            config.hidden_size,\n            1,\n            bias=False," in after
+    assert (
+        "self.shared_expert_gate = ReplicatedLinear(\n            config.hidden_size,\n            1,\n            bias=False,"
+        in after
+    )
 
 
 _SHARED = "        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=config.shared_expert_intermediate_size)\n"
@@ -224,11 +237,19 @@ _SHARED = "        self.shared_expert = Qwen3MoeMLP(config, intermediate_size=co
 
 def test_an_optional_shared_expert_keeps_its_condition_and_reaches_the_runner_as_none():
     source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
-        _SHARED, "        self.shared_expert = None\n        if config.shared_expert_intermediate_size > 0:\n    " + _SHARED)
+        _SHARED,
+        "        self.shared_expert = None\n        if config.shared_expert_intermediate_size > 0:\n    "
+        + _SHARED,
+    )
     out = rewrite(fuse_experts, source, qwen_moe(shared=True))
-    assert "        if config.shared_expert_intermediate_size > 0:\n            self.shared_expert = Qwen3MoeMLP(" in out
-    assert ("shared_experts=GatedSharedExpert(self.shared_expert, self.shared_expert_gate) "
-            "if self.shared_expert is not None else None,") in out
+    assert (
+        "        if config.shared_expert_intermediate_size > 0:\n            self.shared_expert = Qwen3MoeMLP("
+        in out
+    )
+    assert (
+        "shared_experts=GatedSharedExpert(self.shared_expert, self.shared_expert_gate) "
+        "if self.shared_expert is not None else None,"
+    ) in out
     # the shared expert is built before the runner that takes it, and reduces with it
     assert out.index("self.shared_expert = Qwen3MoeMLP(") < out.index("self.experts = FusedMoEFactory(")
     assert "intermediate_size=config.shared_expert_intermediate_size, reduce_results=False)" in out
@@ -236,6 +257,7 @@ def test_an_optional_shared_expert_keeps_its_condition_and_reaches_the_runner_as
 
 def test_refuses_an_init_that_builds_under_another_compound_statement():
     source = BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE.replace(
-        _SHARED, "        for _ in range(1):\n    " + _SHARED)
+        _SHARED, "        for _ in range(1):\n    " + _SHARED
+    )
     with pytest.raises(HfrewriteError, match="builds under a `for` statement"):
         rewrite(fuse_experts, source, qwen_moe(shared=True))

@@ -1,12 +1,11 @@
 """fuse_gate_up: act(gate(x)) * up(x) -> MergedColumnParallelLinear + *AndMul."""
 
 import pytest
-
 from harness import apply, rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import fuse_gate_up
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_LLAMA_MLP = """\
 class LlamaMLP(nn.Module):
@@ -151,7 +150,7 @@ class LlamaMLP(nn.Module):
 
 
 def test_refuses_not_act2fn():
-    with pytest.raises(HfrewriteError, match='is not ACT2FN'):
+    with pytest.raises(HfrewriteError, match="is not ACT2FN"):
         rewrite(fuse_gate_up, REFUSED_NOT_ACT2FN, llama_like())
 
 
@@ -171,7 +170,7 @@ class LlamaMLP(nn.Module):
 
 
 def test_refuses_different_inputs():
-    with pytest.raises(HfrewriteError, match='only use'):
+    with pytest.raises(HfrewriteError, match="only use"):
         rewrite(fuse_gate_up, REFUSED_DIFFERENT_INPUTS, llama_like())
 
 
@@ -191,14 +190,15 @@ class LlamaMLP(nn.Module):
 
 
 def test_refuses_different_bias():
-    with pytest.raises(HfrewriteError, match='bias'):
+    with pytest.raises(HfrewriteError, match="bias"):
         rewrite(fuse_gate_up, REFUSED_DIFFERENT_BIAS, llama_like())
 
 
 def test_refuses_gate_and_up_reading_different_inputs():
     # act(gate(y)) * up(x) is not a gated MLP over one input: nothing to merge
-    source = (BEFORE_LLAMA_MLP.replace("self.gate_proj(x)", "self.gate_proj(y)")
-              .replace("def forward(self, x)", "def forward(self, x, y)"))
+    source = BEFORE_LLAMA_MLP.replace("self.gate_proj(x)", "self.gate_proj(y)").replace(
+        "def forward(self, x)", "def forward(self, x, y)"
+    )
     with pytest.raises(HfrewriteError, match="is not the only use of gate_proj/up_proj"):
         rewrite(fuse_gate_up, source, llama_like())
 
@@ -206,7 +206,8 @@ def test_refuses_gate_and_up_reading_different_inputs():
 def test_gate_and_up_sizes_spelled_differently_are_listed_apart():
     source = BEFORE_LLAMA_MLP.replace(
         "self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size",
-        "self.up_proj = nn.Linear(config.hidden_size, config.ffn_size")
+        "self.up_proj = nn.Linear(config.hidden_size, config.ffn_size",
+    )
     after = rewrite(fuse_gate_up, source, llama_like())
     assert "            [config.intermediate_size, config.ffn_size],\n" in after
 
@@ -217,18 +218,21 @@ def test_reports_one_match():
 
 @pytest.mark.parametrize("up_in", ["config.model_dim", "config.embed_dim"])  # sorting after and before
 def test_refuses_gate_and_up_reading_different_input_sizes(up_in):
-    source = BEFORE_LLAMA_MLP.replace("self.up_proj = nn.Linear(config.hidden_size,", f"self.up_proj = nn.Linear({up_in},")
+    source = BEFORE_LLAMA_MLP.replace(
+        "self.up_proj = nn.Linear(config.hidden_size,",
+        f"self.up_proj = nn.Linear({up_in},",
+    )
     with pytest.raises(HfrewriteError, match="read different input sizes"):
         rewrite(fuse_gate_up, source, llama_like())
 
 
 def test_refuses_two_gated_products_in_one_statement():
     # act(gate(x)) * up(x) + act(gate(y)) * up(y): one gate_up call cannot stand for both
-    source = (BEFORE_LLAMA_MLP
-              .replace("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",
-                       "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)"
-                       " + self.act_fn(self.gate_proj(y)) * self.up_proj(y))")
-              .replace("def forward(self, x)", "def forward(self, x, y)"))
+    source = BEFORE_LLAMA_MLP.replace(
+        "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",
+        "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)"
+        " + self.act_fn(self.gate_proj(y)) * self.up_proj(y))",
+    ).replace("def forward(self, x)", "def forward(self, x, y)")
     with pytest.raises(HfrewriteError, match="is not the only use"):
         rewrite(fuse_gate_up, source, llama_like())
 

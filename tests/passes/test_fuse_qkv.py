@@ -1,12 +1,11 @@
 """fuse_qkv: q/k/v linears -> QKVParallelLinear + split."""
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import fuse_qkv
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_LLAMA_ATTENTION = """\
 class LlamaAttention(nn.Module):
@@ -80,7 +79,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_different_bias():
-    with pytest.raises(HfrewriteError, match='differ in their bias'):
+    with pytest.raises(HfrewriteError, match="differ in their bias"):
         rewrite(fuse_qkv, REFUSED_DIFFERENT_BIAS, llama_like())
 
 
@@ -102,7 +101,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_k_v_differ():
-    with pytest.raises(HfrewriteError, match='differ in out_features'):
+    with pytest.raises(HfrewriteError, match="differ in out_features"):
         rewrite(fuse_qkv, REFUSED_K_V_DIFFER, llama_like())
 
 
@@ -124,7 +123,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_q_called_twice():
-    with pytest.raises(HfrewriteError, match='called once'):
+    with pytest.raises(HfrewriteError, match="called once"):
         rewrite(fuse_qkv, REFUSED_Q_CALLED_TWICE, llama_like())
 
 
@@ -146,7 +145,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_not_heads_times_head_dim():
-    with pytest.raises(HfrewriteError, match='heads \\* head_dim'):
+    with pytest.raises(HfrewriteError, match="heads \\* head_dim"):
         rewrite(fuse_qkv, REFUSED_NOT_HEADS_TIMES_HEAD_DIM, llama_like())
 
 
@@ -166,7 +165,10 @@ class LlamaAttention(nn.Module):
 
 def test_refuses_q_head_dim_differing_from_k_v():
     # one head_size for all three in QKVParallelLinear: a q head size of its own is refused
-    with pytest.raises(HfrewriteError, match=r"q/k/v differ in head_dim \(self.qk_head_dim, self.head_dim"):
+    with pytest.raises(
+        HfrewriteError,
+        match=r"q/k/v differ in head_dim \(self.qk_head_dim, self.head_dim",
+    ):
         rewrite(fuse_qkv, REFUSED_Q_HEAD_DIM_DIFFERS, llama_like())
 
 

@@ -1,12 +1,11 @@
 """fused_residual_norm: vLLM RMSNorm with the residual add fused in."""
 
 import pytest
-
 from harness import apply, rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import fused_residual_norm
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_LLAMA_DECODER_LAYER = """\
 class LlamaRMSNorm(nn.Module):
@@ -71,7 +70,10 @@ class LlamaDecoderLayer(GradientCheckpointingLayer):
 
 def test_llama_decoder_layer():
     # the source norm class is replaced everywhere, so its definition goes
-    assert rewrite(fused_residual_norm, BEFORE_LLAMA_DECODER_LAYER, llama_like()).lstrip() == AFTER_LLAMA_DECODER_LAYER
+    assert (
+        rewrite(fused_residual_norm, BEFORE_LLAMA_DECODER_LAYER, llama_like()).lstrip()
+        == AFTER_LLAMA_DECODER_LAYER
+    )
 
 
 REFUSED_BLOCK_NOT_CALLED = """\
@@ -107,7 +109,7 @@ class LlamaDecoderLayer(GradientCheckpointingLayer):
 
 
 def test_refuses_block_not_called():
-    with pytest.raises(HfrewriteError, match='self.mlp is not called'):
+    with pytest.raises(HfrewriteError, match="self.mlp is not called"):
         rewrite(fused_residual_norm, REFUSED_BLOCK_NOT_CALLED, llama_like())
 
 
@@ -117,19 +119,26 @@ def test_sandwich_norms_stay_on_the_block_outputs():
     from hfrewrite.analyze.plan import ResidualBlock
 
     plan = llama_like()
-    blocks = (ResidualBlock("input_layernorm", "self_attn", "post_attention_layernorm"),
-              ResidualBlock("pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"))
+    blocks = (
+        ResidualBlock("input_layernorm", "self_attn", "post_attention_layernorm"),
+        ResidualBlock("pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"),
+    )
     plan = dataclasses.replace(plan, decoder_layer=dataclasses.replace(plan.decoder_layer, blocks=blocks))
     source = BEFORE_LLAMA_DECODER_LAYER.replace(
         "hidden_states = self.post_attention_layernorm(hidden_states)\n        hidden_states = self.mlp",
-        "hidden_states = self.pre_feedforward_layernorm(hidden_states)\n        hidden_states = self.mlp")
+        "hidden_states = self.pre_feedforward_layernorm(hidden_states)\n        hidden_states = self.mlp",
+    )
     out = rewrite(fused_residual_norm, source, plan)
-    assert ("        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)\n"
-            "        hidden_states = self.post_attention_layernorm(hidden_states)\n") in out
-    assert ("        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)\n"
-            "        hidden_states = self.mlp(hidden_states)\n"
-            "        hidden_states = self.post_feedforward_layernorm(hidden_states)\n"
-            "        return hidden_states, residual\n") in out
+    assert (
+        "        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)\n"
+        "        hidden_states = self.post_attention_layernorm(hidden_states)\n"
+    ) in out
+    assert (
+        "        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)\n"
+        "        hidden_states = self.mlp(hidden_states)\n"
+        "        hidden_states = self.post_feedforward_layernorm(hidden_states)\n"
+        "        return hidden_states, residual\n"
+    ) in out
 
 
 def test_reports_each_norm_built():
@@ -142,5 +151,6 @@ def test_a_forward_docstring_moves_no_comment():
     # the docstring shifts every statement by one; each comment still leads its own block
     source = BEFORE_LLAMA_DECODER_LAYER.replace(
         "    def forward(self, hidden_states, attention_mask=None, **kwargs):\n",
-        '    def forward(self, hidden_states, attention_mask=None, **kwargs):\n        """One decoder layer."""\n')
+        '    def forward(self, hidden_states, attention_mask=None, **kwargs):\n        """One decoder layer."""\n',
+    )
     assert rewrite(fused_residual_norm, source, llama_like()).lstrip() == AFTER_LLAMA_DECODER_LAYER

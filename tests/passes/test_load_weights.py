@@ -1,12 +1,11 @@
 """load_weights: HF checkpoint names mapped onto the fused shards."""
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import load_weights
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_LLAMA_CAUSAL_LM = """\
 class LlamaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
@@ -50,5 +49,5 @@ class LlamaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
 
 def test_refuses_no_mapper_use():
-    with pytest.raises(HfrewriteError, match='hf_to_vllm_mapper'):
+    with pytest.raises(HfrewriteError, match="hf_to_vllm_mapper"):
         rewrite(load_weights, REFUSED_NO_MAPPER_USE, llama_like())

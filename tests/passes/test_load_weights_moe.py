@@ -1,10 +1,8 @@
 """load_weights: HF checkpoint names mapped onto the fused shards."""
 
-
 from harness import rewrite
 from hfrewrite.passes import load_weights
 from plans import qwen_moe
-
 
 BEFORE_MOE_KEYS_QUALIFIED_BY_MLP_SITES = """\
 class MoeBlock(nn.Module):
@@ -69,4 +67,7 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
 
 def test_moe_keys_qualified_by_mlp_sites():
-    assert rewrite(load_weights, BEFORE_MOE_KEYS_QUALIFIED_BY_MLP_SITES, qwen_moe(shared=True)) == AFTER_MOE_KEYS_QUALIFIED_BY_MLP_SITES
+    assert (
+        rewrite(load_weights, BEFORE_MOE_KEYS_QUALIFIED_BY_MLP_SITES, qwen_moe(shared=True))
+        == AFTER_MOE_KEYS_QUALIFIED_BY_MLP_SITES
+    )

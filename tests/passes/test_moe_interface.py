@@ -1,10 +1,8 @@
 """moe_interface: vLLM's MixtureOfExperts on the causal LM of a MoE model."""
 
-
 from harness import rewrite
 from hfrewrite.passes import moe_interface
 from plans import llama_like, qwen_moe
-
 
 BEFORE_QWEN3_MOE_CAUSAL_LM = """\
 class Qwen3MoeForCausalLM(nn.Module, SupportsLoRA, SupportsPP):

@@ -3,12 +3,11 @@
 import dataclasses
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import parallel_embedding
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_TIED_LM_HEAD = """\
 class LlamaModel(LlamaPreTrainedModel):
@@ -132,7 +131,11 @@ def test_lm_head_bias_is_kept():
 
 def test_refuses_a_head_that_is_not_linear():
     with pytest.raises(HfrewriteError, match="is not nn.Linear"):
-        rewrite(parallel_embedding, LM_HEAD_BIAS.replace("nn.Linear(", "MyHead("), llama_like())
+        rewrite(
+            parallel_embedding,
+            LM_HEAD_BIAS.replace("nn.Linear(", "MyHead("),
+            llama_like(),
+        )
 
 
 def test_lm_head_positional_bias_is_read():
@@ -153,7 +156,8 @@ class ScaledWordEmbedding(nn.Embedding):
 
 """ + LM_HEAD_BIAS.replace(
     "nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)",
-    "ScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, embed_scale=2.0)")
+    "ScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, embed_scale=2.0)",
+)
 
 
 def scaled_plan():
@@ -164,23 +168,35 @@ def test_scaled_embedding_class_moves_onto_vocab_parallel():
     out = rewrite(parallel_embedding, SCALED_EMBEDDING, scaled_plan())
     assert "class ScaledWordEmbedding(VocabParallelEmbedding):" in out
     assert "super().__init__(num_embeddings, embedding_dim)\n" in out  # vLLM's third parameter is a dtype
-    assert ("self.embed_tokens = ScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, "
-            "embed_scale=2.0)") in out
+    assert (
+        "self.embed_tokens = ScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, "
+        "embed_scale=2.0)"
+    ) in out
 
 
 def test_scaled_embedding_without_num_and_dim_is_refused():
-    source = SCALED_EMBEDDING.replace("super().__init__(num_embeddings, embedding_dim, padding_idx)",
-                                      "super().__init__(num_embeddings, embedding_dim=embedding_dim)")
+    source = SCALED_EMBEDDING.replace(
+        "super().__init__(num_embeddings, embedding_dim, padding_idx)",
+        "super().__init__(num_embeddings, embedding_dim=embedding_dim)",
+    )
     with pytest.raises(HfrewriteError, match=r"does not pass \(num, dim\)"):
         rewrite(parallel_embedding, source, scaled_plan())
 
 
 def test_lm_head_bias_expression_is_kept():
-    out = rewrite(parallel_embedding, LM_HEAD_BIAS.replace("bias=True)", "bias=config.lm_head_bias)"), llama_like())
+    out = rewrite(
+        parallel_embedding,
+        LM_HEAD_BIAS.replace("bias=True)", "bias=config.lm_head_bias)"),
+        llama_like(),
+    )
     assert "config.vocab_size, config.hidden_size, bias=config.lm_head_bias, quant_config=quant_config" in out
 
 
 def test_scaled_embedding_with_padding_by_keyword_keeps_num_and_dim():
-    source = SCALED_EMBEDDING.replace("super().__init__(num_embeddings, embedding_dim, padding_idx)",
-                                      "super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)")
-    assert "super().__init__(num_embeddings, embedding_dim)\n" in rewrite(parallel_embedding, source, scaled_plan())
+    source = SCALED_EMBEDDING.replace(
+        "super().__init__(num_embeddings, embedding_dim, padding_idx)",
+        "super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)",
+    )
+    assert "super().__init__(num_embeddings, embedding_dim)\n" in rewrite(
+        parallel_embedding, source, scaled_plan()
+    )

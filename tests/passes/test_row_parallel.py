@@ -1,12 +1,11 @@
 """row_parallel: output projections -> RowParallelLinear, tuple results unpacked."""
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import row_parallel
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_ASSIGNMENT_AND_NESTED_CALL = """\
 class LlamaAttention(nn.Module):
@@ -62,7 +61,10 @@ class LlamaMLP(nn.Module):
 
 
 def test_assignment_and_nested_call():
-    assert rewrite(row_parallel, BEFORE_ASSIGNMENT_AND_NESTED_CALL, llama_like()) == AFTER_ASSIGNMENT_AND_NESTED_CALL
+    assert (
+        rewrite(row_parallel, BEFORE_ASSIGNMENT_AND_NESTED_CALL, llama_like())
+        == AFTER_ASSIGNMENT_AND_NESTED_CALL
+    )
 
 
 REFUSED_NOT_LINEAR = """\
@@ -87,7 +89,7 @@ class LlamaMLP(nn.Module):
 
 
 def test_refuses_not_linear():
-    with pytest.raises(HfrewriteError, match='is not nn.Linear'):
+    with pytest.raises(HfrewriteError, match="is not nn.Linear"):
         rewrite(row_parallel, REFUSED_NOT_LINEAR, llama_like())
 
 
@@ -99,7 +101,13 @@ def test_the_shared_expert_class_can_leave_the_reduction_to_the_moe_runner():
     source = BEFORE_ASSIGNMENT_AND_NESTED_CALL.replace("Llama", "Qwen3Moe")
     shared = rewrite(row_parallel, source, qwen_moe(shared=True))
     assert "def __init__(self, config, reduce_results: bool = True):" in shared
-    assert "bias=True,\n            reduce_results=reduce_results,\n            quant_config=quant_config," in shared
+    assert (
+        "bias=True,\n            reduce_results=reduce_results,\n            quant_config=quant_config,"
+        in shared
+    )
     plan = qwen_moe(shared=True)
-    no_shared = dataclasses.replace(plan, moe=dataclasses.replace(plan.moe, shared_expert=None, shared_expert_gate=None))
+    no_shared = dataclasses.replace(
+        plan,
+        moe=dataclasses.replace(plan.moe, shared_expert=None, shared_expert_gate=None),
+    )
     assert "reduce_results" not in rewrite(row_parallel, source, no_shared)

@@ -1,10 +1,8 @@
 """strip_hf_runtime: Transformers runtime removed by reachability."""
 
-
 from harness import rewrite
 from hfrewrite.passes import strip_hf_runtime
 from plans import llama_like
-
 
 BEFORE_HF_RUNTIME_REMOVED = """\
 # Copyright header kept
@@ -120,31 +118,38 @@ def test_unread_attribute_is_dropped_from_init_only():
 
 def test_attributes_read_in_assignment_targets_are_kept():
     source = KEEPS_ASSIGNMENTS_OUTSIDE_INIT.replace(
-        "        self.mlp = nn.Identity()\n", "        self.mlp = nn.Identity()\n        self.slot = 0\n").replace(
-        "        self.last_input = x\n", "        self.buffer[self.slot] = x\n")
+        "        self.mlp = nn.Identity()\n",
+        "        self.mlp = nn.Identity()\n        self.slot = 0\n",
+    ).replace("        self.last_input = x\n", "        self.buffer[self.slot] = x\n")
     assert rewrite(strip_hf_runtime, source, llama_like()) == source.replace(
-        "        self.unused = config.hidden_size\n", "")
+        "        self.unused = config.hidden_size\n", ""
+    )
 
 
 def test_state_assigned_outside_init_stays_after_other_dunder_methods():
     # a method named before `__init__` in sort order must not count as leaving `__init__`
     source = KEEPS_ASSIGNMENTS_OUTSIDE_INIT.replace(
-        "    def forward(self, x):\n", "    def __getitem__(self, i):\n        return self.mlp\n\n    def forward(self, x):\n")
+        "    def forward(self, x):\n",
+        "    def __getitem__(self, i):\n        return self.mlp\n\n    def forward(self, x):\n",
+    )
     assert rewrite(strip_hf_runtime, source, llama_like()) == source.replace(
-        "        self.unused = config.hidden_size\n", "")
+        "        self.unused = config.hidden_size\n", ""
+    )
 
 
 def test_a_class_that_also_names_nn_module_gets_it_once():
-    source = BEFORE_HF_RUNTIME_REMOVED.replace("class LlamaDecoderLayer(GradientCheckpointingLayer):",
-                                               "class LlamaDecoderLayer(GradientCheckpointingLayer, nn.Module):")
+    source = BEFORE_HF_RUNTIME_REMOVED.replace(
+        "class LlamaDecoderLayer(GradientCheckpointingLayer):",
+        "class LlamaDecoderLayer(GradientCheckpointingLayer, nn.Module):",
+    )
     assert rewrite(strip_hf_runtime, source, llama_like()) == AFTER_HF_RUNTIME_REMOVED
 
 
 def test_relative_imports_sharing_a_line_are_each_carried():
     source = BEFORE_HF_RUNTIME_REMOVED.replace(
         "from .configuration_llama import LlamaConfig\n",
-        "from .configuration_llama import LlamaConfig; from ...activations import ACT2FN\n").replace(
-        "        return self.mlp(x)\n", "        return ACT2FN[\"silu\"](self.mlp(x))\n")
+        "from .configuration_llama import LlamaConfig; from ...activations import ACT2FN\n",
+    ).replace("        return self.mlp(x)\n", '        return ACT2FN["silu"](self.mlp(x))\n')
     after = rewrite(strip_hf_runtime, source, llama_like())
     assert "from transformers.activations import ACT2FN\n" in after
     assert "from transformers import LlamaConfig\n" in after

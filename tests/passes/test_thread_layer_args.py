@@ -1,10 +1,8 @@
 """thread_layer_args: cache_config / quant_config / prefix threaded through layer classes."""
 
-
 from harness import rewrite
 from hfrewrite.passes import thread_layer_args
 from plans import llama_like
-
 
 BEFORE_LAYER_CLASSES = """\
 class LlamaMLP(nn.Module):
@@ -72,4 +70,7 @@ class Helper(nn.Module):
 
 
 def test_leaves_class_without_vllm_layers_unchanged():
-    assert rewrite(thread_layer_args, UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS, llama_like()) == UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS
+    assert (
+        rewrite(thread_layer_args, UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS, llama_like())
+        == UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS
+    )

@@ -3,12 +3,11 @@
 import dataclasses
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import vllm_attention
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_SLIDING_WINDOW_CARRIED_OVER = """\
 def rotate_half(x):
@@ -76,7 +75,10 @@ class LlamaAttention(nn.Module):
 
 
 def test_sliding_window_carried_over():
-    assert rewrite(vllm_attention, BEFORE_SLIDING_WINDOW_CARRIED_OVER, llama_like()) == AFTER_SLIDING_WINDOW_CARRIED_OVER
+    assert (
+        rewrite(vllm_attention, BEFORE_SLIDING_WINDOW_CARRIED_OVER, llama_like())
+        == AFTER_SLIDING_WINDOW_CARRIED_OVER
+    )
 
 
 BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER = """\
@@ -151,7 +153,10 @@ class LlamaAttention(nn.Module):
 
 
 def test_clip_qkv_conditional_carried_over():
-    assert rewrite(vllm_attention, BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER, llama_like()) == AFTER_CLIP_QKV_CONDITIONAL_CARRIED_OVER
+    assert (
+        rewrite(vllm_attention, BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER, llama_like())
+        == AFTER_CLIP_QKV_CONDITIONAL_CARRIED_OVER
+    )
 
 
 REFUSED_NO_SCALING = """\
@@ -184,7 +189,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_no_scaling():
-    with pytest.raises(HfrewriteError, match='scaling'):
+    with pytest.raises(HfrewriteError, match="scaling"):
         rewrite(vllm_attention, REFUSED_NO_SCALING, llama_like())
 
 
@@ -221,14 +226,22 @@ def test_rope_style_comes_from_the_plan_not_the_source():
     # no `rotate_half` in this source: the style is the analysis's proven fact
     for neox in (True, False):
         att = dataclasses.replace(llama_like().attention, rope_neox=neox)
-        out = rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, dataclasses.replace(llama_like(), attention=att))
+        out = rewrite(
+            vllm_attention,
+            REFUSED_NOT_NEOX_ROPE,
+            dataclasses.replace(llama_like(), attention=att),
+        )
         assert f"is_neox_style={neox}," in out
 
 
 def test_refuses_nope_attention():
     att = dataclasses.replace(llama_like().attention, rope=False)
     with pytest.raises(HfrewriteError, match="NoPE"):
-        rewrite(vllm_attention, REFUSED_NOT_NEOX_ROPE, dataclasses.replace(llama_like(), attention=att))
+        rewrite(
+            vllm_attention,
+            REFUSED_NOT_NEOX_ROPE,
+            dataclasses.replace(llama_like(), attention=att),
+        )
 
 
 CONDITIONAL_ROPE = """\
@@ -264,15 +277,19 @@ class LlamaAttention(nn.Module):
 def test_conditional_rope_keeps_the_source_condition():
     # NoPE layers (smollm3, cohere2): the rotary call sits under the source's own test
     out = rewrite(vllm_attention, CONDITIONAL_ROPE, llama_like())
-    assert "        if self.use_rope:  # layers without rope (NoPE), as in the source\n" \
-           "            q, k = self.rotary_emb(positions, q, k)\n" in out
+    assert (
+        "        if self.use_rope:  # layers without rope (NoPE), as in the source\n"
+        "            q, k = self.rotary_emb(positions, q, k)\n" in out
+    )
 
 
 def test_refuses_nope_layers_without_a_source_condition():
     plan = llama_like()
     plan = dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, nope_layers=True))
     source = CONDITIONAL_ROPE.replace("        if self.use_rope:\n            cos", "        cos").replace(
-        "\n            query_states, key_states = apply", "\n        query_states, key_states = apply")
+        "\n            query_states, key_states = apply",
+        "\n        query_states, key_states = apply",
+    )
     with pytest.raises(HfrewriteError, match="rope is unconditional"):
         rewrite(vllm_attention, source, plan)
 
@@ -310,7 +327,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_conditional_reads_a_state():
-    with pytest.raises(HfrewriteError, match='would not: if query_states.max'):
+    with pytest.raises(HfrewriteError, match="would not: if query_states.max"):
         rewrite(vllm_attention, REFUSED_CONDITIONAL_READS_A_STATE, llama_like())
 
 
@@ -345,7 +362,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_extra_op_on_q():
-    with pytest.raises(HfrewriteError, match='would not: query_states = torch.clamp'):
+    with pytest.raises(HfrewriteError, match="would not: query_states = torch.clamp"):
         rewrite(vllm_attention, REFUSED_EXTRA_OP_ON_Q, llama_like())
 
 
@@ -378,7 +395,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_refuses_no_split():
-    with pytest.raises(HfrewriteError, match='no q/k/v split'):
+    with pytest.raises(HfrewriteError, match="no q/k/v split"):
         rewrite(vllm_attention, REFUSED_NO_SPLIT, llama_like())
 
 
@@ -387,6 +404,7 @@ def test_a_config_switch_the_trace_left_off_is_guarded():
     source = BEFORE_SLIDING_WINDOW_CARRIED_OVER.replace(
         "        cos, sin = position_embeddings\n",
         "        if self.config.use_qk_norm:\n            query_states = self.q_norm(query_states)\n"
-        "        cos, sin = position_embeddings\n")
+        "        cos, sin = position_embeddings\n",
+    )
     out = rewrite(vllm_attention, source, llama_like())
     assert "use_qk_norm" in out and "self.q_norm(" not in out

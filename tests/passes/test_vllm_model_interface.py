@@ -3,12 +3,11 @@
 import dataclasses
 
 import pytest
-
 from harness import rewrite
-from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import vllm_model_interface
 from plans import llama_like
 
+from hfrewrite.errors import HfrewriteError
 
 BEFORE_LLAMA_MODEL_AND_CAUSAL_LM = """\
 @auto_docstring
@@ -128,7 +127,10 @@ class LlamaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
 
 def test_llama_model_and_causal_lm():
-    assert rewrite(vllm_model_interface, BEFORE_LLAMA_MODEL_AND_CAUSAL_LM, llama_like()) == AFTER_LLAMA_MODEL_AND_CAUSAL_LM
+    assert (
+        rewrite(vllm_model_interface, BEFORE_LLAMA_MODEL_AND_CAUSAL_LM, llama_like())
+        == AFTER_LLAMA_MODEL_AND_CAUSAL_LM
+    )
 
 
 REFUSED_LAYERS_NOT_MODULE_LIST = """\
@@ -159,7 +161,7 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
 
 
 def test_refuses_layers_not_module_list():
-    with pytest.raises(HfrewriteError, match='ModuleList'):
+    with pytest.raises(HfrewriteError, match="ModuleList"):
         rewrite(vllm_model_interface, REFUSED_LAYERS_NOT_MODULE_LIST, llama_like())
 
 
@@ -183,13 +185,18 @@ def logits_plan():
 def test_logit_post_processing_is_carried_into_compute_logits():
     after = rewrite(vllm_model_interface, SCALED_LOGITS, logits_plan())
     assert "        self.logit_scale = config.logit_scale\n" in after
-    logits = after[after.index("def compute_logits"):]
+    logits = after[after.index("def compute_logits") :]
     assert "logits = logits * self.logit_scale\n" in logits
 
 
 def test_logit_post_processing_reading_other_values_is_refused():
-    source = SCALED_LOGITS.replace("logits = logits * self.logit_scale", "logits = logits * bias_table[input_ids]")
-    with pytest.raises(HfrewriteError, match="the logits are post-processed, but not by statements right after"):
+    source = SCALED_LOGITS.replace(
+        "logits = logits * self.logit_scale", "logits = logits * bias_table[input_ids]"
+    )
+    with pytest.raises(
+        HfrewriteError,
+        match="the logits are post-processed, but not by statements right after",
+    ):
         rewrite(vllm_model_interface, source, logits_plan())
 
 
@@ -197,7 +204,8 @@ def test_logit_post_processing_reading_other_values_is_refused():
 def test_lm_head_bias_is_added_to_the_logits(bias, added):
     source = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
         "ParallelLMHead(config.vocab_size, config.hidden_size)",
-        f"ParallelLMHead(config.vocab_size, config.hidden_size, bias={bias})")
+        f"ParallelLMHead(config.vocab_size, config.hidden_size, bias={bias})",
+    )
     after = rewrite(vllm_model_interface, source, llama_like())
     assert ("return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)" in after) is added
 
@@ -206,7 +214,8 @@ def test_a_bias_on_another_layer_is_not_the_lm_heads():
     source = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
         "        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)\n",
         "        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)\n"
-        "        self.adapter = Linear(config.hidden_size, config.hidden_size, bias=True)\n")
+        "        self.adapter = Linear(config.hidden_size, config.hidden_size, bias=True)\n",
+    )
     after = rewrite(vllm_model_interface, source, llama_like())
     assert "self.lm_head.bias" not in after
 
@@ -218,7 +227,8 @@ def glue_source(glue: str) -> str:
         f"{glue}"
         "        for decoder_layer in self.layers:\n"
         "            hidden_states = decoder_layer(hidden_states, attention_mask=attention_mask)\n"
-        "        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))\n")
+        "        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))\n",
+    )
 
 
 def transformed_plan():
@@ -226,34 +236,52 @@ def transformed_plan():
 
 
 def test_steps_between_the_embeddings_and_the_first_layer_keep_their_order():
-    after = rewrite(vllm_model_interface, glue_source(
-        "        hidden_states = inputs_embeds * self.embedding_multiplier\n"
-        "        hidden_states = hidden_states + self.embedding_bias\n"
-        "        hidden_states = hidden_states * 2.0\n"), transformed_plan())
-    assert ("                hidden_states = self.embed_input_ids(input_ids)\n"
-            "            # The source's own step between the embeddings and the first layer.\n"
-            "            hidden_states = hidden_states * self.embedding_multiplier\n"
-            "            hidden_states = hidden_states + self.embedding_bias\n"
-            "            hidden_states = hidden_states * 2.0\n") in after
+    after = rewrite(
+        vllm_model_interface,
+        glue_source(
+            "        hidden_states = inputs_embeds * self.embedding_multiplier\n"
+            "        hidden_states = hidden_states + self.embedding_bias\n"
+            "        hidden_states = hidden_states * 2.0\n"
+        ),
+        transformed_plan(),
+    )
+    assert (
+        "                hidden_states = self.embed_input_ids(input_ids)\n"
+        "            # The source's own step between the embeddings and the first layer.\n"
+        "            hidden_states = hidden_states * self.embedding_multiplier\n"
+        "            hidden_states = hidden_states + self.embedding_bias\n"
+        "            hidden_states = hidden_states * 2.0\n"
+    ) in after
 
 
 def test_transformed_embeddings_with_no_step_to_carry_are_refused():
     # the analysis saw the first layer read something else than the embeddings; the source shows no step
     with pytest.raises(HfrewriteError, match="the first layer does not read the embeddings as they are"):
-        rewrite(vllm_model_interface, glue_source("        hidden_states = inputs_embeds\n"), transformed_plan())
+        rewrite(
+            vllm_model_interface,
+            glue_source("        hidden_states = inputs_embeds\n"),
+            transformed_plan(),
+        )
 
 
 def test_a_scaled_lookup_is_carried_into_embed_input_ids():
-    after = rewrite(vllm_model_interface, glue_source("").replace(
-        "inputs_embeds = self.embed_tokens(input_ids)", "hidden_states = self.embed_tokens(input_ids) * 2.0"),
-        transformed_plan())
-    embed = after[after.index("def embed_input_ids"):after.index("def forward")]
+    after = rewrite(
+        vllm_model_interface,
+        glue_source("").replace(
+            "inputs_embeds = self.embed_tokens(input_ids)",
+            "hidden_states = self.embed_tokens(input_ids) * 2.0",
+        ),
+        transformed_plan(),
+    )
+    embed = after[after.index("def embed_input_ids") : after.index("def forward")]
     assert "return self.embed_tokens(input_ids) * 2.0\n" in embed
 
 
 def test_attributes_the_carried_logits_read_are_copied_once():
-    source = SCALED_LOGITS.replace("        self.logit_scale = config.logit_scale\n",
-                                   "        self.logit_scale = config.logit_scale\n        self.config = config\n")
+    source = SCALED_LOGITS.replace(
+        "        self.logit_scale = config.logit_scale\n",
+        "        self.logit_scale = config.logit_scale\n        self.config = config\n",
+    )
     after = rewrite(vllm_model_interface, source, logits_plan())
-    causal_lm = after[after.index("class LlamaForCausalLM"):]
+    causal_lm = after[after.index("class LlamaForCausalLM") :]
     assert causal_lm.count("self.config = config\n") == 1

@@ -23,7 +23,7 @@ HFREWRITE = str(Path(sys.executable).with_name("hfrewrite"))
 def timed_convert(model: str, out: Path, verify: bool) -> tuple[float, int]:
     cmd = [HFREWRITE, "convert", model, "-o", str(out), "--force"] + ([] if verify else ["--no-verify"])
     start = time.perf_counter()
-    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    rc = subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
     return time.perf_counter() - start, rc
 
 
@@ -37,13 +37,24 @@ def main() -> int:
         for model in args.types:
             plain, plain_rc = timed_convert(model, Path(tmp), verify=False)
             checked, checked_rc = timed_convert(model, Path(tmp), verify=True)
-            rows.append({"type": model, "no_verify_s": round(plain, 1), "validated_s": round(checked, 1),
-                         "added_s": round(checked - plain, 1), "ok": plain_rc == 0 and checked_rc == 0})
+            rows.append(
+                {
+                    "type": model,
+                    "no_verify_s": round(plain, 1),
+                    "validated_s": round(checked, 1),
+                    "added_s": round(checked - plain, 1),
+                    "ok": plain_rc == 0 and checked_rc == 0,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     added = [r["added_s"] for r in rows]
-    summary = {"rows": rows, "median_added_s": round(statistics.median(added), 1), "max_added_s": max(added),
-               "max_validated_s": max(r["validated_s"] for r in rows),
-               "max_no_verify_s": max(r["no_verify_s"] for r in rows)}
+    summary = {
+        "rows": rows,
+        "median_added_s": round(statistics.median(added), 1),
+        "max_added_s": max(added),
+        "max_validated_s": max(r["validated_s"] for r in rows),
+        "max_no_verify_s": max(r["no_verify_s"] for r in rows),
+    }
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     print("| type | `--no-verify` (s) | validated (s) | added (s) |\n|---|---|---|---|")
     for r in rows:

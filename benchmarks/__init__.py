@@ -1,0 +1,1 @@
+"""Benchmarks of hfrewrite, run from the repository root; not part of the shipped package."""

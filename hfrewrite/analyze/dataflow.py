@@ -1,0 +1,103 @@
+"""Data-flow questions the attention and MLA rules ask of a traced graph: what a node is
+computed from, which linears feed or read it, where the rope starts."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.fx import Node
+
+from hfrewrite.analyze.trace import Traced
+
+
+def ancestors(node: Node, scope: set[Node] | None) -> list[Node]:
+    """``node`` and what it is computed from inside ``scope`` (None: anywhere)."""
+    seen, order, todo = {node}, [node], [node]
+    while todo:
+        for arg in todo.pop(0).all_input_nodes:
+            if (scope is None or arg in scope) and arg not in seen:
+                seen.add(arg)
+                order.append(arg)
+                todo.append(arg)
+    return order
+
+
+def is_linear(node: Node, traced: Traced) -> bool:
+    return node.op == "call_module" and isinstance(traced.submodule(node), nn.Linear)
+
+
+def linears_feeding(node: Node, scope: set[Node], traced: Traced) -> list[Node]:
+    """The Linear nodes ``node`` is computed from, not looking past a Linear."""
+    seen, found, todo = {node}, [], [node]
+    while todo:
+        cur = todo.pop(0)
+        if is_linear(cur, traced):
+            found.append(cur)
+            continue
+        for arg in cur.all_input_nodes:
+            if arg in scope and arg not in seen:
+                seen.add(arg)
+                todo.append(arg)
+    return found
+
+
+def linears_fed_by(node: Node, scope: set[Node], traced: Traced) -> list[Node]:
+    """The Linear nodes computed from ``node``, not looking past a Linear."""
+    seen, found, todo = {node}, [], list(node.users)
+    while todo:
+        cur = todo.pop(0)
+        if cur in seen or cur not in scope:
+            continue
+        seen.add(cur)
+        if is_linear(cur, traced):
+            found.append(cur)
+        else:
+            todo.extend(cur.users)
+    return found
+
+
+def path_nodes(node: Node, source: Node, scope: set[Node]) -> list[Node]:
+    """Nodes between ``source`` and ``node`` (both excluded) on the data flow."""
+    return [
+        n
+        for n in ancestors(node, scope)
+        if n is not node and n is not source and source in ancestors(n, scope)
+    ]
+
+
+def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
+    """``x``, the last position-independent value every path from ``source`` (the
+    projection) to ``arg`` (the attention input) passes through, when ``arg`` depends on
+    the positions (a rope region lies between them); None when it does not."""
+    order = {n: i for i, n in enumerate(source.graph.nodes)}
+    path = sorted([*path_nodes(arg, source, scope), arg], key=order.__getitem__)
+    on_path = set(path) | {source}
+    mixed: set[Node] = set()
+    for n in path:  # graph order: inputs first
+        if any(a in mixed or (a not in on_path and from_layer_inputs(a)) for a in n.all_input_nodes):
+            mixed.add(n)
+    if arg not in mixed:
+        return None
+    candidates = [n for n in [source, *path] if n not in mixed]
+    for x in reversed(candidates):  # nearest to arg first
+        if not reaches(source, arg, on_path - {x}):
+            return x
+    return source
+
+
+def from_layer_inputs(node: Node) -> bool:
+    return any(n.op == "placeholder" for n in ancestors(node, None))
+
+
+def reaches(source: Node, target: Node, allowed: set[Node]) -> bool:
+    """Whether data flows from ``source`` to ``target`` through ``allowed`` nodes only."""
+    if source not in allowed:
+        return False
+    seen, todo = {source}, [source]
+    while todo:
+        for user in todo.pop().users:
+            if user is target:
+                return True
+            if user in allowed and user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return False

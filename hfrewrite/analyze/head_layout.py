@@ -1,0 +1,122 @@
+"""Proofs that only layout lies between the projections and the attention call (and between
+the attention and the output projection): views, transposes, splits the rewrite re-derives."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Node
+
+from hfrewrite.analyze.plan import refuse
+from hfrewrite.analyze.trace import Traced, is_norm, value
+
+# What may lie between a projection and the attention (and between the attention and the
+# output projection) besides the proven rope and q/k norms: the rewrite re-derives the
+# layout and drops these, so anything else (a scale, an activation) must refuse.
+_LAYOUT_METHODS = {
+    "view",
+    "reshape",
+    "transpose",
+    "contiguous",
+    "permute",
+    "flatten",
+    "unflatten",
+    "unsqueeze",
+    "squeeze",
+    "to",
+    "float",
+    "type_as",
+    "chunk",
+    "split",
+    "expand",
+    "repeat_interleave",
+    "repeat",  # kv heads repeated: the head counts must still agree
+    "clamp",
+    "clamp_",
+    "clip",
+    "clip_",  # a config's clip_qkv: the rewrite carries its `if`
+}
+_LAYOUT_FUNCTIONS = (
+    operator.getitem,
+    torch.transpose,
+    torch.reshape,
+    torch.chunk,
+    torch.split,
+    torch.flatten,
+    torch.clamp,
+)
+
+
+def prove_head_layout(
+    traced: Traced,
+    path: str,
+    proj: Node,
+    head_shaped: Node,
+    heads: int,
+    head_dim: int,
+    norm: str | None,
+    norm_over: str | None,
+    role: str,
+) -> None:
+    """The layout ops between a projection and its head-shaped value (the rope's input,
+    or the attention's) are the split vLLM assumes: ``[b, s, heads * d]`` ->
+    ``[b, heads, s, d]``, head after head (through the q/k norm, if any), checked on
+    the traced values: a transpose against head_dim has the same shape, not the values."""
+    out, got = value(proj), value(head_shaped)
+    if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 3):
+        refuse(
+            "vllm_attention",
+            f"the {role} projection's output is not [batch, seq, features]",
+        )
+    b, s, _ = out.shape
+    want = out
+    with torch.no_grad():
+        if norm is not None and norm_over == "all_heads":
+            want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+        want = want.reshape(b, s, heads, head_dim)
+        if norm is not None and norm_over == "head":
+            want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+        want = want.transpose(1, 2)
+    if got.shape != want.shape or not torch.allclose(got.double(), want.double(), atol=1e-6):
+        refuse(
+            "vllm_attention",
+            f"the {role} path does not split the projection into heads as "
+            "[heads, head_dim] (checked on the traced values)",
+        )
+
+
+def prove_output_layout(call: Node, o_node: Node) -> None:
+    """The output projection reads the attention output ``[b, s, heads, d]`` as
+    ``[b, s, heads * d]``, the layout vLLM's ``Attention`` returns (checked on values)."""
+    out = value(call)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    got = value(o_node.args[0]) if o_node.args else None
+    if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 4):
+        refuse(
+            "vllm_attention",
+            "the attention output is not [batch, seq, heads, head_dim]",
+        )
+    want = out.reshape(*out.shape[:2], -1)
+    if got.shape != want.shape or not torch.equal(got, want):
+        refuse(
+            "vllm_attention",
+            "the output projection does not read the attention output as "
+            "[heads * head_dim] per token (checked on the traced values)",
+        )
+
+
+def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
+    for n in nodes:
+        ok = (
+            (n.op == "call_method" and n.target in _LAYOUT_METHODS)
+            or (n.op == "call_function" and n.target in _LAYOUT_FUNCTIONS)
+            or (n.op == "call_module" and is_norm(traced.submodule(n)))
+            or n.op == "get_attr"
+        )
+        if not ok:
+            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            refuse(
+                "vllm_attention",
+                f"{what} computes {name}, which the rewrite would not keep",
+            )

@@ -1,0 +1,131 @@
+"""The shrunk copy of a config that analysis traces and validation decodes: every flag,
+switch and head layout of the original, at sizes that build and run in a moment."""
+
+from __future__ import annotations
+
+import copy
+
+import transformers
+
+from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
+
+HIDDEN, HEADS, INTERMEDIATE, VOCAB = 128, 4, 256, 256
+# Other size fields, shrunk when the config has them, so that MoE and linear-attention
+# models build quickly and are refused by analysis rather than by memory.
+_OTHER_SIZES = {
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+}
+
+
+def shrink_config(
+    config: transformers.PretrainedConfig,
+) -> transformers.PretrainedConfig:
+    """A small copy of ``config`` that keeps its flags and head layout.
+
+    Keeps MQA (one kv head) and MHA (kv heads == heads), an explicit head_dim that is
+    not hidden/heads, the biases, the tying, one layer per distinct ``layer_types``
+    entry (at least two), and sets the opaque attention implementation.
+    """
+    small = copy.deepcopy(config)
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    if hasattr(config, "head_dim") and head_dim is None and heads:
+        # Configs that leave head_dim unset (ministral, nemotron, hunyuan defaults):
+        # the value the model means is hidden / heads.
+        head_dim = config.hidden_size // heads
+    explicit = bool(head_dim and heads and head_dim * heads != config.hidden_size)
+    sizes = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE}
+    sizes |= {"vocab_size": VOCAB, "num_attention_heads": HEADS, **_OTHER_SIZES}
+    for name, size in sizes.items():
+        if isinstance(getattr(small, name, None), int):
+            _set(small, name, size)
+    if hasattr(config, "num_key_value_heads") and kv is None:
+        _set(small, "num_key_value_heads", HEADS)  # unset means one kv head per head (MHA)
+    elif kv:
+        _set(small, "num_key_value_heads", 1 if kv == 1 else HEADS if kv == heads else 2)
+    if head_dim:
+        _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
+    types = getattr(config, "layer_types", None)
+    distinct = list(dict.fromkeys(types)) if types else []
+    n = max(2, len(distinct))
+    _set(small, "num_hidden_layers", n)
+    if distinct:
+        _set(small, "layer_types", distinct + distinct[-1:] * (n - len(distinct)))
+    if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
+        # MoE models whose config can make some layers dense: trace one of each kind.
+        _set(small, "mlp_only_layers", [0])
+        _set(small, "decoder_sparse_step", 1)
+    _shrink_routing(config, small)
+    _shrink_mla(config, small)
+    pad = getattr(small, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= VOCAB:
+        _set(small, "pad_token_id", None)
+    small._attn_implementation = ATTN_IMPLEMENTATION
+    return small
+
+
+def _shrink_routing(config, small) -> None:
+    """Routing values the replay can tell apart: every routing step changes the output
+    and each constant is a distinct number (analyze/routing.py finds its attribute by
+    value). Grouped top-k (deepseek_v3, glm4_moe, dots1): 8 experts in 4 groups, 2 kept,
+    top-3; a scaling factor of 2.5; renormalisation on; one dense layer, then MoE."""
+    if isinstance(getattr(config, "n_group", None), int):
+        for name, size in (
+            ("n_routed_experts", 8),
+            ("n_group", 4),
+            ("topk_group", 2),
+            ("num_experts_per_tok", 3),
+        ):
+            _set(small, name, size)
+        if hasattr(config, "n_shared_experts") and config.n_shared_experts is None:
+            _set(small, "n_shared_experts", 1)  # a bare type's default config (dots1) leaves it unset
+    if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
+        _set(small, "num_experts_per_tok", 3)  # a bare type's default config (deepseek_v2) leaves it unset
+    if isinstance(getattr(config, "routed_scaling_factor", None), (int, float)):
+        _set(small, "routed_scaling_factor", 2.5)
+    if isinstance(getattr(config, "norm_topk_prob", None), bool):
+        _set(small, "norm_topk_prob", True)
+    if getattr(config, "moe_num_shared_experts", None) == 0:  # ernie: trace its optional shared expert
+        _set(small, "moe_num_shared_experts", 1)
+    if isinstance(getattr(config, "first_k_dense_replace", None), int):
+        _set(small, "first_k_dense_replace", 1)
+
+
+def _shrink_mla(config, small) -> None:
+    """MLA sizes (deepseek_v2/v3) that differ from each other and from every other size,
+    so analysis/mla.py finds each one's attribute by value; a low-rank query stays
+    low-rank. The rope width is also the config's head_dim (transformers' rotary reads it).
+    vLLM's CPU MLA backend caches only 512 + 64 wide latents (DeepSeek's own sizes), and
+    the validation runs this config."""
+    if not isinstance(getattr(config, "kv_lora_rank", None), int):
+        return
+    sizes = {
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 48,
+        "v_head_dim": 80,
+    }
+    if getattr(config, "q_lora_rank", None) is not None:
+        sizes["q_lora_rank"] = 96
+    for name, size in sizes.items():
+        _set(small, name, size)
+    if hasattr(config, "qk_head_dim"):
+        _set(small, "qk_head_dim", sizes["qk_rope_head_dim"] + sizes["qk_nope_head_dim"])
+    if hasattr(config, "head_dim"):
+        _set(small, "head_dim", sizes["qk_rope_head_dim"])
+
+
+def _set(config, name: str, value) -> None:
+    """Set a config field, unless the config computes it (a read-only property)."""
+    attr = getattr(type(config), name, None)
+    if not (isinstance(attr, property) and attr.fset is None):
+        setattr(config, name, value)

@@ -1,0 +1,105 @@
+"""Test inputs for verification: tiny random-weight checkpoints, the default prompts that
+fit them, and vLLM's own model files as stand-ins for generated ones.
+
+Nothing here imports vLLM; ``write_vllm_standin`` only reads its source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+# Token ids < 500 of varied lengths (1 to 40); fits the default vocab (512) and
+# max_model_len (128) with 16 new tokens.
+DEFAULT_PROMPTS: tuple[tuple[int, ...], ...] = (
+    (7,),
+    (5, 6, 7, 8, 9),
+    (100, 200, 300, 400, 17, 42, 250, 3, 99, 480, 11, 12, 13),
+    tuple((i * 37 + 11) % 497 + 3 for i in range(40)),
+)
+
+TINY_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,  # the CPU attention backend needs head_dim >= 32
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
+
+
+def make_tiny_checkpoint(model_type: str, out_dir: Path, seed: int = 0, **config_overrides: Any) -> Path:
+    """Write a tiny random-weight float32 HF checkpoint (safetensors, no tokenizer).
+
+    ``config_overrides`` go to ``AutoConfig.for_model`` on top of ``TINY_DEFAULTS``,
+    e.g. ``tie_word_embeddings=True``, ``attention_bias=True``, ``head_dim=64``,
+    ``rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}``.
+    Init is widened so greedy decoding does not collapse into repeats: matrices and
+    biases ~ N(0, 0.2), 1-D weights (norms) ~ N(1, 0.2).
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **{**TINY_DEFAULTS, **config_overrides})
+    pad = getattr(config, "pad_token_id", None)
+    # a real model's pad id, past the tiny vocab
+    if isinstance(pad, int) and pad >= config.vocab_size:
+        config.pad_token_id = None
+    return save_random_checkpoint(config, out_dir, seed)
+
+
+def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
+    """Build ``config``'s causal LM with ``make_tiny_checkpoint``'s widened random init
+    (float32) and save it to ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # tied weights appear once
+            if param.ndim >= 2 or name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            else:
+                param.normal_(1.0, 0.2)
+        for name, buffer in model.named_buffers():  # a router's score-correction bias
+            if name.endswith("bias") and buffer.is_floating_point() and name in model.state_dict():
+                buffer.normal_(0.0, 0.2)
+    model.config.architectures = [type(model).__name__]
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def checkpoint_architecture(ckpt: Path) -> str:
+    """The first entry of ``architectures`` in the checkpoint's config.json."""
+    return json.loads((Path(ckpt) / "config.json").read_text())["architectures"][0]
+
+
+def write_vllm_standin(dst: Path, name: str = "llama", replace: dict[str, str] | None = None) -> Path:
+    """Write vLLM's own ``vllm/model_executor/models/<name>.py`` to ``dst``, relative
+    imports made absolute, as a stand-in for a generated file (a known-good reference).
+
+    ``replace`` maps exact source snippets (each must occur once) to substitutes, to
+    make deliberately broken variants. Reads vLLM's source without importing vLLM.
+    """
+    spec = importlib.util.find_spec("vllm.model_executor.models")
+    src = (Path(spec.submodule_search_locations[0]) / f"{name}.py").read_text()
+    src = re.sub(
+        r"^(\s*)from \.(\w+) import",
+        r"\1from vllm.model_executor.models.\2 import",
+        src,
+        flags=re.MULTILINE,
+    )
+    for old, new in (replace or {}).items():
+        if src.count(old) != 1:
+            raise ValueError(f"snippet not exactly once in vLLM's {name}.py: {old!r}")
+        src = src.replace(old, new)
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(src)
+    return dst
