@@ -102,10 +102,6 @@ class Phi3Attention(nn.Module):
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
         self.scaling = self.head_dim**-0.5
-
-        op_size = config.num_attention_heads * self.head_dim + 2 * (
-            config.num_key_value_heads * self.head_dim
-        )
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim,
             config.hidden_size,

@@ -63,6 +63,7 @@ MATCHES = {
         "load_weights": 1,  # LlamaForCausalLM.hf_to_vllm_mapper
         "strip_hf_runtime": 25,
         "prune_unused_params": 2,  # layer_idx of LlamaAttention and LlamaDecoderLayer
+        "drop_dead_locals": 0,  # no unread computed local
         "type_config_params": 1,  # LlamaMLP(config: LlamaConfig)
     },
     "qwen3_moe": {
@@ -81,6 +82,7 @@ MATCHES = {
         "load_weights": 1,
         "strip_hf_runtime": 29,
         "prune_unused_params": 1,  # Qwen3MoeAttention's layer_idx
+        "drop_dead_locals": 0,  # no unread computed local
         "type_config_params": 1,  # Qwen3MoeMLP
     },
     "deepseek_v3": {
@@ -99,6 +101,7 @@ MATCHES = {
         "load_weights": 1,
         "strip_hf_runtime": 26,
         "prune_unused_params": 1,  # DeepseekV3Attention's layer_idx
+        "drop_dead_locals": 0,  # no unread computed local
         "type_config_params": 1,  # DeepseekV3MLP
     },
     "gemma": {
@@ -117,6 +120,7 @@ MATCHES = {
         "load_weights": 1,
         "strip_hf_runtime": 24,
         "prune_unused_params": 3,  # padding_idx of the embedding, layer_idx of attention and layer
+        "drop_dead_locals": 0,  # no unread computed local
         "type_config_params": 1,  # GemmaMLP
     },
     "starcoder2": {
@@ -135,6 +139,7 @@ MATCHES = {
         "load_weights": 1,
         "strip_hf_runtime": 25,
         "prune_unused_params": 2,  # layer_idx of attention and layer
+        "drop_dead_locals": 0,  # no unread computed local
         "type_config_params": 0,  # the source annotates its configs
     },
 }

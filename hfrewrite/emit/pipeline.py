@@ -14,6 +14,7 @@ from hfrewrite.emit.target import import_of
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import (
     carry_decoder_layer,
+    drop_dead_locals,
     fuse_experts,
     fuse_gate_up,
     fuse_qkv,
@@ -48,6 +49,7 @@ PASSES: tuple[ModuleType, ...] = (
     load_weights,
     strip_hf_runtime,
     prune_unused_params,
+    drop_dead_locals,
     type_config_params,
 )
 

@@ -1,0 +1,91 @@
+"""Drop local assignments nothing reads any more.
+
+Matches ``name = value`` among the statements of a function body when the function never
+reads ``name`` and ``value`` only computes (names, attributes, constants, arithmetic,
+subscripts, tuples): a size the source computed for a projection that is now a vLLM
+layer built from the config (phi3's ``op_size``).
+
+Emits the function without that statement.
+
+Preconditions (otherwise the statement stays): a single plain-name target; no call in the
+value (a call may have effects); the name is not declared ``global``/``nonlocal``.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import PassContext, PassResult
+
+NAME = "drop_dead_locals"
+
+
+def _computes_only(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Name, cst.BaseNumber, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _computes_only(node.value)
+    if isinstance(node, cst.BinaryOperation):
+        return _computes_only(node.left) and _computes_only(node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return _computes_only(node.expression)
+    if isinstance(node, cst.Tuple):
+        return all(_computes_only(e.value) for e in node.elements)
+    if isinstance(node, cst.Subscript):
+        return _computes_only(node.value) and all(
+            isinstance(e.slice, cst.Index) and _computes_only(e.slice.value) for e in node.slice
+        )
+    return False
+
+
+def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    small = statement.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return False
+    target = small.targets[0].target
+    return isinstance(target, cst.Name) and reads.get(target.value, 0) == 1 and _computes_only(small.value)
+
+
+def _name_counts(fn: cst.FunctionDef) -> dict[str, int] | None:
+    counts: dict[str, int] = {}
+    for node in t.walk(fn.body):
+        if isinstance(node, (cst.Global, cst.Nonlocal)):
+            return None
+        if isinstance(node, cst.Name):
+            counts[node.value] = counts.get(node.value, 0) + 1
+    return counts
+
+
+class _DropDead(cst.CSTTransformer):
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def leave_FunctionDef(self, original, updated):
+        counts = _name_counts(updated)
+        if counts is None:
+            return updated
+        body = [s for s in updated.body.body if not _dead(s, counts)]
+        if not body or len(body) == len(updated.body.body):
+            return updated
+        self.dropped += len(updated.body.body) - len(body)
+        return t.with_body(updated, body)
+
+
+def _has_dead(module: cst.Module) -> bool:
+    """A read-only look first: most modules have none, and then nothing is rebuilt."""
+    for fn in (n for n in t.walk(module) if isinstance(n, cst.FunctionDef)):
+        counts = _name_counts(fn)
+        if counts is not None and any(_dead(s, counts) for s in fn.body.body):
+            return True
+    return False
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    if not _has_dead(module):
+        return PassResult(module=module)
+    dropper = _DropDead()
+    module = module.visit(dropper)
+    return PassResult(module=module, matches=dropper.dropped)

@@ -1,0 +1,53 @@
+"""drop_dead_locals: a computed local nothing reads goes; anything with a call or a reader stays."""
+
+import pytest
+from hfrewrite.passes import drop_dead_locals
+
+from tests.passes.harness import apply
+from tests.passes.plans import llama_like
+
+BASE = """
+class Phi3Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        op_size = config.num_attention_heads * self.head_dim + 2 * (config.num_key_value_heads * self.head_dim)
+        self.o_proj = RowParallelLinear(config.hidden_size, config.hidden_size)
+"""
+
+
+def dropped(source: str) -> tuple[str, int]:
+    result = apply(drop_dead_locals, source, llama_like())
+    return result.module.code, result.matches
+
+
+def test_an_unread_computed_size_goes():
+    code, matches = dropped(BASE)
+    assert "op_size" not in code and matches == 1
+    assert "self.o_proj = RowParallelLinear" in code
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        (
+            "op_size = config.num_attention_heads",
+            "op_size = compute(config.num_attention_heads)",
+            "a call may have effects",
+        ),
+        (
+            "RowParallelLinear(config.hidden_size, config.hidden_size)",
+            "RowParallelLinear(op_size, config.hidden_size)",
+            "it is read",
+        ),
+        (
+            "        super().__init__()\n",
+            "        super().__init__()\n        global op_size\n",
+            "declared global",
+        ),
+    ],
+)
+def test_the_local_stays(old, new, why):
+    assert BASE.count(old) == 1
+    code, matches = dropped(BASE.replace(old, new))
+    assert "op_size =" in code and matches == 0, why
