@@ -307,9 +307,21 @@ def _op(node: object, ops: tuple) -> bool:
     return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in ops
 
 
+# Softmax attention computed by torch itself, outside transformers' attention interface
+# (custom code often calls it directly).
+_DIRECT_SDPA = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+
+
 def _attention_call(traced: Traced, path: str) -> Node:
     calls = [n for n in traced.nodes_in(path) if n.op == "call_function" and n.target is opaque_attention]
     if not calls:
+        if any(n.op == "call_function" and n.target in _DIRECT_SDPA for n in traced.nodes_in(path)):
+            refuse(
+                "vllm_attention",
+                "calls torch's scaled_dot_product_attention directly, not through transformers' "
+                "attention interface (ALL_ATTENTION_FUNCTIONS): its mask and KV cache handling are "
+                "not proven",
+            )
         refuse(
             "vllm_attention",
             "no call through the attention interface: a linear-attention or "
