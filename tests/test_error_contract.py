@@ -21,6 +21,12 @@ import pytest
 HFREWRITE = Path(sys.executable).with_name("hfrewrite")
 
 
+def _interruptible() -> None:
+    # A suite started in the background (`make test &`) inherits SIGINT ignored, and Python
+    # then leaves it ignored: the child gets Ctrl-C's default, as in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def convert(*argv, env=None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [str(HFREWRITE), "convert", "--no-verify", *map(str, argv)],
@@ -28,6 +34,7 @@ def convert(*argv, env=None, **kwargs) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        preexec_fn=_interruptible,
         **kwargs,
     )
 
