@@ -21,10 +21,13 @@ import pytest
 HFREWRITE = Path(sys.executable).with_name("hfrewrite")
 
 
-def _interruptible() -> None:
-    # A suite started in the background (`make test &`) inherits SIGINT ignored, and Python
-    # then leaves it ignored: the child gets Ctrl-C's default, as in a terminal.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@pytest.fixture(autouse=True)
+def _interruptible():
+    """A suite started in the background (`make test &`) has SIGINT ignored, which children
+    inherit; with a handler here instead, they start with Ctrl-C's default, as in a terminal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def convert(*argv, env=None, **kwargs) -> subprocess.Popen:
@@ -34,7 +37,6 @@ def convert(*argv, env=None, **kwargs) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
-        preexec_fn=_interruptible,
         **kwargs,
     )
 
