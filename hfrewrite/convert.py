@@ -27,6 +27,12 @@ def generate(resolved) -> Generated:
     """The generated vLLM file for a resolved model; nothing is written here."""
     with step("building and tracing a shrunk copy, proving replacements"):
         plan = analyze(resolved.config)
+    if getattr(resolved, "custom_code", False):
+        raise HfrewriteError(
+            f"{resolved.model_id}: the analysis proves this custom code, but writing a vLLM file for "
+            f"custom code is not implemented yet (the file would import {type(resolved.config).__name__}, "
+            "which exists only in the repository's code)"
+        )
     try:
         module = cst.parse_module(resolved.modeling_path.read_text(encoding="utf-8"))
     except (OSError, cst.ParserSyntaxError) as exc:

@@ -3,9 +3,10 @@
 A model id is, in this order: an existing local directory holding ``config.json``; a bare
 model type known to transformers (``llama``), built from the config class defaults; or a
 Hugging Face Hub id (``org/name``) whose ``config.json`` comes from the local cache, or the
-Hub when the cache lacks it. hfrewrite never runs Hub custom code: it rewrites only the
-modeling files of the installed transformers, so a config with ``auto_map`` is refused
-unless ``--trust-remote-code`` is given and an installed modeling file exists for its type.
+Hub when the cache lacks it. A config whose ``auto_map`` names its own
+``AutoModelForCausalLM`` (Hub custom code) is refused unless ``--trust-remote-code`` is
+given; with it, the repository's own modeling file is the source (``custom_code``), never
+transformers' class of the same type name.
 
 Transformers and huggingface_hub are imported lazily so that ``hfrewrite --help`` stays fast.
 """
@@ -35,6 +36,8 @@ class ResolvedModel:
     modeling_module: str  # e.g. "transformers.models.llama.modeling_llama"
     transformers_version: str
     trust_remote_code: bool = False  # recorded so `check` re-resolves the same way
+    # The source is the repository's own code (auto_map), loaded with trust_remote_code.
+    custom_code: bool = False
     # model_id is a directory path relative to the generated file's directory (so that
     # `check` finds it from any working directory)
     relative_to_file: bool = False
@@ -70,7 +73,17 @@ def resolve(model_id: str, revision: str | None = None, trust_remote_code: bool 
         data = _read_config(config_file, model_id, missing=f"no config.json in {model_id}")
         kind = "hub"
     model_type = _model_type(data, model_id, trust_remote_code)
+    if _custom_model_class(data) is not None:
+        from hfrewrite.resolve_custom import build_custom
+
+        return build_custom(model_id, kind, revision, model_type, data)
     return _build(model_id, kind, revision, model_type, data, trust_remote_code)
+
+
+def _custom_model_class(data: dict) -> str | None:
+    """The ``auto_map`` reference of the repository's own causal LM class, if any."""
+    auto_map = data.get("auto_map")
+    return auto_map.get("AutoModelForCausalLM") if isinstance(auto_map, dict) else None
 
 
 def _no_revision(model_id: str, revision: str | None, what: str) -> None:
@@ -120,22 +133,10 @@ def _model_type(data: dict, model_id: str, trust_remote_code: bool) -> str:
                 f"{model_id}: config.json uses Hub custom code (auto_map); refusing without "
                 "--trust-remote-code"
             )
-        runs = (
-            (data.get("auto_map") or {}).get("AutoModelForCausalLM")
-            if isinstance(data.get("auto_map"), dict)
-            else None
-        )
-        if known and runs:
+        if not known and _custom_model_class(data) is None:
             raise HfrewriteError(
-                f"{model_id}: the checkpoint runs the repository's own code (auto_map: AutoModelForCausalLM -> "
-                f"{runs}), not transformers' {model_type!r}; hfrewrite rewrites only installed transformers "
-                "modeling files, and converting those would ignore the code this checkpoint runs"
-            )
-        if not known:
-            raise HfrewriteError(
-                f"{model_id}: model type {model_type!r} exists only as Hub custom code; hfrewrite "
-                "rewrites only installed transformers modeling files and "
-                f"transformers {_transformers_version()} has none for it"
+                f"{model_id}: model type {model_type!r} exists only as Hub custom code and its "
+                "auto_map names no AutoModelForCausalLM"
             )
     elif not known:
         raise HfrewriteError(

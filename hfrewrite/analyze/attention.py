@@ -35,7 +35,9 @@ from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import per_layer_type, prove_rope
 from hfrewrite.analyze.trace import (
+    DIRECT_SDPA_REASON,
     Traced,
+    is_direct_sdpa,
     is_norm,
     opaque_attention,
     past_identity_dropouts,
@@ -307,21 +309,11 @@ def _op(node: object, ops: tuple) -> bool:
     return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in ops
 
 
-# Softmax attention computed by torch itself, outside transformers' attention interface
-# (custom code often calls it directly).
-_DIRECT_SDPA = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
-
-
 def _attention_call(traced: Traced, path: str) -> Node:
     calls = [n for n in traced.nodes_in(path) if n.op == "call_function" and n.target is opaque_attention]
     if not calls:
-        if any(n.op == "call_function" and n.target in _DIRECT_SDPA for n in traced.nodes_in(path)):
-            refuse(
-                "vllm_attention",
-                "calls torch's scaled_dot_product_attention directly, not through transformers' "
-                "attention interface (ALL_ATTENTION_FUNCTIONS): its mask and KV cache handling are "
-                "not proven",
-            )
+        if any(is_direct_sdpa(n) for n in traced.nodes_in(path)):
+            refuse("vllm_attention", DIRECT_SDPA_REASON)
         refuse(
             "vllm_attention",
             "no call through the attention interface: a linear-attention or "

@@ -47,7 +47,9 @@ from hfrewrite.analyze.plan import (
 from hfrewrite.analyze.shrink import VOCAB, shrink_config
 from hfrewrite.analyze.trace import (
     ATTN_IMPLEMENTATION,
+    DIRECT_SDPA_REASON,
     Traced,
+    is_direct_sdpa,
     is_experts,
     is_norm,
     opaque_attention,
@@ -74,7 +76,11 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     small = shrink_config(config)
     torch.manual_seed(0)
     try:
-        model = transformers.AutoModelForCausalLM.from_config(small, dtype=torch.float32)
+        # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
+        custom = bool(getattr(small, "auto_map", None))
+        model = transformers.AutoModelForCausalLM.from_config(
+            small, dtype=torch.float32, trust_remote_code=custom
+        )
     except KeyError as e:
         if ATTN_IMPLEMENTATION not in str(e):
             raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
@@ -398,6 +404,8 @@ def _carried_layer(traced: Traced) -> DecoderLayerPlan:
     }  # a MoE block
     cls = type(traced.module).__name__
     others = sorted(with_linears - attending - {None})
+    if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
+        refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
     if not attending:
         refuse(
             "decoder_layer",

@@ -60,6 +60,18 @@ def opaque_attention(module, query, key, value, attention_mask, **kwargs):
 
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, opaque_attention)
 
+# Softmax attention computed by torch itself, outside transformers' attention interface
+# (custom code often calls it directly): seen, but not taken for the attention leaf.
+_DIRECT_SDPA = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+DIRECT_SDPA_REASON = (
+    "calls torch's scaled_dot_product_attention directly, not through transformers' attention "
+    "interface (ALL_ATTENTION_FUNCTIONS): its mask and KV cache handling are not proven"
+)
+
+
+def is_direct_sdpa(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _DIRECT_SDPA
+
 
 class ValueProxy(Proxy):
     """A proxy that also knows the concrete value its node computed."""

@@ -3,7 +3,6 @@ attention interface) is refused with that reason, not taken for a recurrent mixe
 
 import shutil
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import transformers
@@ -11,20 +10,19 @@ import transformers
 from hfrewrite.analyze import model as analysis
 from hfrewrite.errors import HfrewriteError
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code" / "tinyllama_renamed"
+DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 
 
-def test_direct_sdpa_is_refused_with_its_reason(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("tinyllama_renamed", "SelfAttention: vllm_attention"),
+        ("fusedqkv_postnorm", "PostNormLayer: decoder_layer"),
+    ],
+)
+def test_direct_sdpa_is_refused_with_its_reason(name, where, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    repo = shutil.copytree(DATA, tmp_path / "tinyllama_renamed")
+    repo = shutil.copytree(DATA / name, tmp_path / name)
     config = transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True)
-    build = transformers.AutoModelForCausalLM.from_config
-    with (
-        mock.patch.object(
-            transformers.AutoModelForCausalLM,
-            "from_config",
-            lambda c, **kw: build(c, trust_remote_code=True, **kw),
-        ),
-        pytest.raises(HfrewriteError, match="calls torch's scaled_dot_product_attention directly"),
-    ):
+    with pytest.raises(HfrewriteError, match=f"{where}: calls torch's scaled_dot_product_attention directly"):
         analysis.analyze(config)
