@@ -14,6 +14,7 @@ Transformers and huggingface_hub are imported lazily so that ``hfrewrite --help`
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -74,9 +75,7 @@ def resolve(model_id: str, revision: str | None = None, trust_remote_code: bool 
         kind = "hub"
     model_type = _model_type(data, model_id, trust_remote_code)
     if _custom_model_class(data) is not None:
-        from hfrewrite.resolve_custom import build_custom
-
-        return build_custom(model_id, kind, revision, model_type, data)
+        return _build_custom(model_id, kind, revision, model_type, data)
     return _build(model_id, kind, revision, model_type, data, trust_remote_code)
 
 
@@ -185,6 +184,41 @@ def _build(
         modeling_module=modeling_module,
         transformers_version=_transformers_version(),
         trust_remote_code=trust_remote_code,
+    )
+
+
+def _build_custom(
+    model_id: str, kind: str, revision: str | None, model_type: str, data: dict
+) -> ResolvedModel:
+    """The repository's config (built by its own class) and its causal LM's source file."""
+    from transformers import AutoConfig
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    reference = _custom_model_class(data)
+    where = str(Path(model_id).expanduser()) if kind == "dir" else model_id
+    try:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=True, revision=revision)
+        model_class = get_class_from_dynamic_module(reference, where, revision=revision)
+    except Exception as exc:  # noqa: BLE001 - any failure of foreign code is reported as one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise HfrewriteError(
+            f"{model_id}: the repository's code ({reference}) does not load under transformers "
+            f"{_transformers_version()}: {type(exc).__name__}: {first}"
+        ) from None
+    source = inspect.getsourcefile(model_class)
+    if source is None or not Path(source).is_file():
+        raise HfrewriteError(f"{model_id}: no source file for {reference}")
+    return ResolvedModel(
+        model_id=model_id,
+        source_kind=kind,
+        revision=revision,
+        model_type=model_type,
+        config=config,
+        modeling_path=Path(source),
+        modeling_module=model_class.__module__,
+        transformers_version=_transformers_version(),
+        trust_remote_code=True,
+        custom_code=True,
     )
 
 

@@ -21,24 +21,6 @@ from hfrewrite.emit.pass_api import PassContext, PassResult
 NAME = "drop_dead_locals"
 
 
-def _computes_only(node: cst.BaseExpression) -> bool:
-    if isinstance(node, (cst.Name, cst.BaseNumber, cst.SimpleString)):
-        return True
-    if isinstance(node, cst.Attribute):
-        return _computes_only(node.value)
-    if isinstance(node, cst.BinaryOperation):
-        return _computes_only(node.left) and _computes_only(node.right)
-    if isinstance(node, cst.UnaryOperation):
-        return _computes_only(node.expression)
-    if isinstance(node, cst.Tuple):
-        return all(_computes_only(e.value) for e in node.elements)
-    if isinstance(node, cst.Subscript):
-        return _computes_only(node.value) and all(
-            isinstance(e.slice, cst.Index) and _computes_only(e.slice.value) for e in node.slice
-        )
-    return False
-
-
 def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
     if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
         return False
@@ -46,7 +28,7 @@ def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
     if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return False
     target = small.targets[0].target
-    return isinstance(target, cst.Name) and reads.get(target.value, 0) == 1 and _computes_only(small.value)
+    return isinstance(target, cst.Name) and reads.get(target.value, 0) == 1 and t.computes_only(small.value)
 
 
 def _name_counts(fn: cst.FunctionDef) -> dict[str, int] | None:

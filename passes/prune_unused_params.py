@@ -42,26 +42,12 @@ def _unused(fn: cst.FunctionDef, is_init: bool) -> list[str]:
     return [p for p in params if p not in used]
 
 
-def _pure(node: cst.BaseExpression) -> bool:
-    if isinstance(node, (cst.Name, cst.BaseNumber, cst.SimpleString)):
-        return True
-    if isinstance(node, cst.Attribute):
-        return _pure(node.value)
-    if isinstance(node, cst.Subscript):
-        return _pure(node.value) and all(
-            isinstance(e.slice, cst.Index) and _pure(e.slice.value) for e in node.slice
-        )
-    if isinstance(node, cst.Call):
-        return t.call_name(node) in PURE_CALLS and all(_pure(a.value) for a in node.args)
-    return False
-
-
 def _droppable(fn, is_init, param, calls) -> dict[int, int] | None:
     """id(call) -> index of the argument to drop (-1: none passed), if every call allows it."""
     plan = {}
     for call in calls:
         at = t.bound_arg(call, fn, is_init, param)
-        if at is None or (at >= 0 and not _pure(call.args[at].value)):
+        if at is None or (at >= 0 and not t.computes_only(call.args[at].value, PURE_CALLS)):
             return None
         plan[id(call)] = at
     return plan

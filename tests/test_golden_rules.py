@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from hfrewrite.emit.output import _MODULAR_NOTE
+from hfrewrite.emit.output import MODULAR_NOTE
 
 GOLDEN = sorted((Path(__file__).parent.parent / "golden").glob("*.py"))
 TRANSFORMERS = Path(transformers.__file__).parent
@@ -58,7 +58,7 @@ def test_no_modular_diff_notes(golden):
         for t in tokenize.generate_tokens(io.StringIO(golden[0]).readline)
         if t.type == tokenize.COMMENT
     ]
-    assert not [c for c in comments if _MODULAR_NOTE.fullmatch(c)]
+    assert not [c for c in comments if MODULAR_NOTE.fullmatch(c)]
 
 
 def _interface_functions(tree: ast.Module) -> set[int]:

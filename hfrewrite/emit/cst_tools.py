@@ -204,8 +204,11 @@ def direct_calls(module: cst.Module) -> dict[str, list[cst.Call]]:
     argument of ``isinstance`` are not references."""
     not_refs: set[int] = set()
     calls: dict[str, list[cst.Call]] = {}
+    names: list[cst.Name] = []
     for node in walk(module):
-        if isinstance(node, (cst.ClassDef, cst.FunctionDef, cst.Param)):
+        if isinstance(node, cst.Name):
+            names.append(node)
+        elif isinstance(node, (cst.ClassDef, cst.FunctionDef, cst.Param)):
             not_refs.add(id(node.name))
         elif isinstance(node, cst.Attribute):
             not_refs.add(id(node.attr))
@@ -218,8 +221,30 @@ def direct_calls(module: cst.Module) -> dict[str, list[cst.Call]]:
                 kinds = node.args[1].value
                 elements = kinds.elements if isinstance(kinds, cst.Tuple) else [kinds]
                 not_refs.update(id(e.value if isinstance(e, cst.Element) else e) for e in elements)
-    other = {n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) not in not_refs}
+    other = {n.value for n in names if id(n) not in not_refs}
     return {name: found for name, found in calls.items() if name not in other}
+
+
+def computes_only(node: cst.BaseExpression, pure_calls: frozenset[str] = frozenset()) -> bool:
+    """``node`` only computes a value: names, attributes, constants, arithmetic, subscripts,
+    tuples, and calls of ``pure_calls``; dropping or skipping it changes nothing else."""
+    if isinstance(node, (cst.Name, cst.BaseNumber, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return computes_only(node.value, pure_calls)
+    if isinstance(node, cst.BinaryOperation):
+        return computes_only(node.left, pure_calls) and computes_only(node.right, pure_calls)
+    if isinstance(node, cst.UnaryOperation):
+        return computes_only(node.expression, pure_calls)
+    if isinstance(node, cst.Tuple):
+        return all(computes_only(e.value, pure_calls) for e in node.elements)
+    if isinstance(node, cst.Subscript):
+        return computes_only(node.value, pure_calls) and all(
+            isinstance(e.slice, cst.Index) and computes_only(e.slice.value, pure_calls) for e in node.slice
+        )
+    if isinstance(node, cst.Call):
+        return call_name(node) in pure_calls and all(computes_only(a.value, pure_calls) for a in node.args)
+    return False
 
 
 def callable_defs(module: cst.Module) -> dict[str, cst.FunctionDef]:

@@ -182,7 +182,7 @@ def drop_modular_banner(body: str) -> str:
 # transformers' notes on how a modular file differs from the model it inherits from
 # ("# Diff with llama", "# main diff from Llama", "# Only diff with mixtral!"): about the
 # source's lineage, not about the code in front of the reader.
-_MODULAR_NOTE = re.compile(r"#\s*((only|main)\s+)?diff(\s+(with|from)\s+\w+)?\s*!?\s*", re.IGNORECASE)
+MODULAR_NOTE = re.compile(r"#\s*((only|main)\s+)?diff(\s+(with|from)\s+\w+)?\s*!?\s*", re.IGNORECASE)
 
 
 def drop_modular_notes(body: str) -> str:
@@ -193,7 +193,7 @@ def drop_modular_notes(body: str) -> str:
     except (tokenize.TokenError, SyntaxError):
         return body  # the parse check reports it
     for tok in reversed(tokens):
-        if tok.type == tokenize.COMMENT and _MODULAR_NOTE.fullmatch(tok.string):
+        if tok.type == tokenize.COMMENT and MODULAR_NOTE.fullmatch(tok.string):
             row, col = tok.start[0] - 1, tok.start[1]
             line = lines[row]
             kept = line[:col].rstrip()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from hfrewrite.analyze.plan import ModelPlan
+from hfrewrite.emit import cst_tools as t
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,5 @@ class Sites:
 
     def replace_class(self, module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
         """``module`` with its top-level class ``name`` replaced by ``new``, one site per class replaced."""
-        body = []
-        for node in module.body:
-            if isinstance(node, cst.ClassDef) and node.name.value == name:
-                node = new
-                self.count += 1
-            body.append(node)
-        return module.with_changes(body=body)
+        self.count += sum(isinstance(n, cst.ClassDef) and n.name.value == name for n in module.body)
+        return t.replace_class(module, name, new)
