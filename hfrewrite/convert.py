@@ -27,18 +27,21 @@ def generate(resolved) -> Generated:
     """The generated vLLM file for a resolved model; nothing is written here."""
     with step("building and tracing a shrunk copy, proving replacements"):
         plan = analyze(resolved.config)
-    if getattr(resolved, "custom_code", False):
-        raise HfrewriteError(
-            f"{resolved.model_id}: the analysis proves this custom code, but writing a vLLM file for "
-            f"custom code is not implemented yet (the file would import {type(resolved.config).__name__}, "
-            "which exists only in the repository's code)"
-        )
     try:
         module = cst.parse_module(resolved.modeling_path.read_text(encoding="utf-8"))
     except (OSError, cst.ParserSyntaxError) as exc:
         raise HfrewriteError(f"cannot read {resolved.modeling_path}: {exc}") from None
+    if getattr(resolved, "custom_code", False):
+        _defined_in_file(plan, module, resolved.modeling_path.name)
     with step(f"rewriting {resolved.modeling_path.name}"):
-        result = run_passes(module, PassContext(plan=plan, modeling_file=resolved.modeling_path.name))
+        result = run_passes(
+            module,
+            PassContext(
+                plan=plan,
+                modeling_file=resolved.modeling_path.name,
+                custom_code=getattr(resolved, "custom_code", False),
+            ),
+        )
     with step("formatting"):
         text = emit.render(resolved, result.module.code)
     return Generated(
@@ -47,6 +50,20 @@ def generate(resolved) -> Generated:
         fused=result.fused,
         declined=result.declined,
     )
+
+
+def _defined_in_file(plan, module: cst.Module, filename: str) -> None:
+    """Custom code whose model classes live in other files (a subclass of transformers'
+    own classes) cannot be rewritten from the repository's file: say which class is missing."""
+    defined = {node.name.value for node in module.body if isinstance(node, cst.ClassDef)}
+    needed = [plan.architecture, plan.base_model_class, plan.decoder_layer.module_class]
+    needed += [p.module_class for p in (plan.attention, plan.mlp, plan.moe) if p is not None]
+    missing = [name for name in needed if name not in defined]
+    if missing:
+        raise HfrewriteError(
+            f"{plan.model_type}: {missing[0]} is not defined in the repository's {filename} (it comes "
+            "from another module): custom code is converted only from the file that defines its classes"
+        )
 
 
 # ``generate`` as defined here (tests may replace the module attribute; `check` then stays

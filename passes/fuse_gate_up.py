@@ -21,7 +21,8 @@ value the source reads, so the file stays right for every config of the type.
 
 Preconditions (else refused with the reason): the plan found ``mul(act(gate(x)), up(x))`` on
 one ``x`` with an activation vLLM has an ``*AndMul`` for; in the source gate and up share
-input size and bias expressions, the activation is ``ACT2FN[...]``, and the product appears
+input size and bias expressions, the activation is ``ACT2FN[...]`` (or torch's function
+called inline, proven by the plan: it becomes ``self.act_fn``), and the product appears
 exactly once, with gate and up called nowhere else.
 """
 
@@ -34,13 +35,16 @@ from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_gate_up"
+_ACT_FN = "act_fn"  # vLLM's name for the fused activation, where the source has no attribute
 
 
 class _FuseProduct(cst.CSTTransformer):
     """act(gate(x)) * up(x) -> act(gate_up); remembers x."""
 
     def __init__(self, gate: str, up: str, act: str) -> None:
-        self.gate, self.up, self.act = f"self.{gate}", f"self.{up}", f"self.{act}"
+        self.gate, self.up = f"self.{gate}", f"self.{up}"
+        self.act = f"self.{act}" if act else None  # None: torch's function, the one the plan proved
+        self.out = f"self.{act or _ACT_FN}"
         self.inputs: list[str] = []
 
     def _proj_input(self, node: cst.BaseExpression, proj: str) -> str | None:
@@ -55,21 +59,33 @@ class _FuseProduct(cst.CSTTransformer):
             (updated.left, updated.right),
             (updated.right, updated.left),
         ):
-            if t.call_name(act_call) != self.act or len(act_call.args) != 1:
+            if not isinstance(act_call, cst.Call) or len(act_call.args) != 1:
+                continue
+            if self.act is not None and t.call_name(act_call) != self.act:
                 continue
             x_gate = self._proj_input(act_call.args[0].value, self.gate)
             x_up = self._proj_input(up_call, self.up)
             if x_gate is not None and x_gate == x_up:
                 self.inputs.append(x_gate)
-                return t.expr(f"{self.act}(gate_up)")
+                return t.expr(f"{self.out}(gate_up)")
         return updated
 
 
-def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef:
+def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str) -> cst.ClassDef:
+    """``act``: the attribute holding the activation, or "" when forward calls torch's
+    ``activation`` function itself (the fused one then lives in ``self.act_fn``)."""
     name = cls.name.value
-    init, body, where = t.init_assignments(cls, (gate, up, act), NAME)
+    init, body, where = t.init_assignments(cls, tuple(a for a in (gate, up, act) if a), NAME)
     forward = t.find_method(cls, "forward")
-    g, u, a = (t.assigned_value(body[where[x]]) for x in (gate, up, act))
+    if not act:
+        if _ACT_FN in {t.self_attr_assigned(s) for s in body} | t.self_attrs_used(forward):
+            raise HfrewriteError(f"{name}: {NAME}: self.{_ACT_FN} already exists")
+        body = [*body, t.stmt(f'self.{_ACT_FN} = get_act_and_mul_fn("{activation}")\n')]
+        where[_ACT_FN] = len(body) - 1
+        act, a = _ACT_FN, None
+    else:
+        a = t.assigned_value(body[where[act]])
+    g, u = (t.assigned_value(body[where[x]]) for x in (gate, up))
     if t.call_name(g) != "nn.Linear" or t.call_name(u) != "nn.Linear":
         raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")
     g_in, g_out, g_bias = (
@@ -86,9 +102,9 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
     if (g_bias and t.code(g_bias)) != (u_bias and t.code(u_bias)):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} differ in their bias setting")
-    if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
+    if a is not None and not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
         raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
-    act_key = t.code(a.slice[0].slice.value)
+    act_key = t.code(a.slice[0].slice.value) if a is not None else f'"{activation}"'
     sizes = (
         f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
     )
@@ -112,7 +128,7 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str) -> cst.ClassDef
             new_body.append(s)
     init = t.with_body(init, new_body)
 
-    fuser = _FuseProduct(gate, up, act)
+    fuser = _FuseProduct(gate, up, act if a is not None else "")
     fwd_body = list(forward.body.body)
     for i, s in enumerate(fwd_body):
         new = s.visit(fuser)
@@ -182,6 +198,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             mlp.gate.attr,
             mlp.up.attr,
             mlp.act_attr,
+            mlp.activation,
         )
     sites = Sites()
     module = sites.replace_class(module, mlp.module_class, cls)

@@ -6,8 +6,10 @@ Matches what is left of the Transformers runtime after the other passes:
   as ``@auto_docstring``, ``GradientCheckpointingLayer``) -> dropped / ``nn.Module``;
   ``super().__init__(config)`` -> ``super().__init__()``;
 * relative imports: the model's configuration class becomes
-  ``from transformers import LlamaConfig``; helpers the carried source still uses
-  (``ACT2FN``) are imported from their absolute module; every other import goes;
+  ``from transformers import LlamaConfig`` (Hub custom code: its base, ``PretrainedConfig``);
+  helpers the carried source still uses (``ACT2FN``) are imported from their absolute
+  module (custom code: refused, the repository's modules are not importable); every other
+  import goes;
 * top-level definitions no longer reachable from the architecture class (rotary helpers,
   ``repeat_kv``, ``eager_attention_forward``, the HF norm and rotary classes, the
   ``PreTrainedModel`` and task-head classes, ``logger``, ``__all__``);
@@ -27,6 +29,7 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
+from hfrewrite.errors import HfrewriteError
 
 NAME = "strip_hf_runtime"
 # Attributes vLLM itself reads from the model classes (those built from `vllm_config`),
@@ -308,6 +311,20 @@ def _drop_unused_private_methods(module: cst.Module) -> cst.Module:
     )
 
 
+def _as_pretrained_config(module: cst.Module, configs: list[str], names_used) -> tuple[cst.Module, list[str]]:
+    """Custom code: what still names the repository's configuration class names its base,
+    ``PretrainedConfig`` (vLLM hands the model an instance of the repository's class)."""
+    used = set(configs) & set().union(*(names_used(n) for n in module.body))
+    if not used:
+        return module, []
+
+    class _Rename(cst.CSTTransformer):
+        def leave_Name(self, original, updated):
+            return updated.with_changes(value="PretrainedConfig") if updated.value in used else updated
+
+    return module.visit(_Rename()), ["PretrainedConfig"]
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
     module = module.visit(_DropHfRuntime(hf_names))
@@ -348,6 +365,20 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         body.append(node)
     module = module.with_changes(body=body)
     still_used = set().union(*(names_used(n) for n in module.body)) - {c for c in configs}
+    if ctx.custom_code:  # the repository's modules cannot be imported from the generated file
+        module, configs = _as_pretrained_config(module, configs, names_used)
+        local = sorted(
+            a.evaluated_alias or a.evaluated_name
+            for imp in relative
+            if not isinstance(imp.names, cst.ImportStar)
+            for a in imp.names
+            if (a.evaluated_alias or a.evaluated_name) in still_used
+        )
+        if local:
+            raise HfrewriteError(
+                f"{NAME}: the converted code still uses {', '.join(local)} from the repository's "
+                "own modules, which the generated file cannot import"
+            )
     carried = "".join(
         f"from {_absolute(imp, ctx.modeling_file)} import {name}\n"
         for imp in relative

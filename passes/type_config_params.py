@@ -7,10 +7,12 @@ configuration class the analysis built the model from, ``ModelPlan.config_class`
 a parameter proven the same way (the source's own annotations are not taken as proof). Repeats until nothing changes, so
 ``config`` is followed from the model through the decoder layer into its attention and MLP.
 
-Emits ``config: Qwen3Config`` where the source had ``config``.
+Emits ``config: Qwen3Config`` where the source had ``config``; for Hub custom code, whose
+configuration class only the repository defines (vLLM loads it with ``trust_remote_code``),
+``config: PretrainedConfig``, its base.
 
 Preconditions (otherwise the parameter stays as it is): the class is imported in the
-module; the callee is referenced only by direct calls; every call passes the argument
+module (custom code: ``PretrainedConfig`` is imported when used); the callee is referenced only by direct calls; every call passes the argument
 (no default fills it) as a plain name, not rebound in the calling function.
 """
 
@@ -148,12 +150,14 @@ class _Annotate(cst.CSTTransformer):
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    config_class = ctx.plan.config_class
-    if not config_class or not _imported(module, config_class):
+    # custom code: the repository's class is not importable from the file; its base is
+    config_class = "PretrainedConfig" if ctx.custom_code else ctx.plan.config_class
+    if not config_class or not (ctx.custom_code or _imported(module, config_class)):
         return PassResult(module=module)
     typed = _typed(module, config_class)
     defs = t.callable_defs(module)
     targets = {id(fn): typed[name] for name, fn in defs.items() if typed[name]}
     annotate = _Annotate(targets, config_class)
     module = module.visit(annotate)
-    return PassResult(module=module, matches=annotate.count)
+    imports = ("PretrainedConfig",) if ctx.custom_code and annotate.count else ()
+    return PassResult(module=module, imports=imports, matches=annotate.count)

@@ -21,7 +21,8 @@ read off a helper's name; a partial rotary dim reaches ``get_rope`` through
 
 Preconditions: the plan found rope on q and k; the attention call passes ``scaling=``; ``forward`` starts with the
 ``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
-source only reshapes q/k/v, applies the plan's q/k norms, ``apply_rotary_pos_emb``, the cache
+source only reshapes q/k/v, applies the plan's q/k norms, calls the functions the analysis proved
+compute nothing but the rope (``apply_rotary_pos_emb``: ``AttentionPlan.rope_helpers``), the cache
 update, the attention call and the output projection -- a conditional rope (NoPE layers,
 smollm3) or any other op is refused rather than dropped.
 """
@@ -97,7 +98,6 @@ class _FindAttentionCall(cst.CSTVisitor):
 # attention interface and the output projection. Anything else is refused (fail closed).
 _LAYOUT_METHODS = {"view", "transpose", "reshape", "contiguous", "flatten", "unsqueeze"}
 _ALLOWED_CALLS = _LAYOUT_METHODS | {
-    "apply_rotary_pos_emb",
     "attention_interface",
     "get_interface",
     "getattr",
@@ -267,6 +267,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
     allowed = _ALLOWED_CALLS | _DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    allowed |= set(att.rope_helpers)  # proven to compute the rope and nothing else
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     states = _state_names(body[split_at + 1 :])

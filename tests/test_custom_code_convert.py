@@ -34,9 +34,9 @@ def test_custom_code_needs_the_flag_and_is_analyzed_from_its_own_source(name, tm
     assert not out.exists()
 
 
-def test_custom_code_that_passes_the_analysis_is_not_written_yet(tmp_path, capsys):
-    # the repository's own class, through transformers' attention interface (a llama
-    # subclass): analysis proves it; writing custom-code files is refused with the reason
+def test_custom_code_whose_classes_live_in_transformers_is_refused_with_the_class(tmp_path, capsys):
+    # the repository's own class is a subclass of transformers' llama: analysis proves it,
+    # but the modules it runs are defined in transformers' file, not the repository's
     repo = tmp_path / "myllama"
     repo.mkdir()
     (repo / "configuration_myllama.py").write_text(
@@ -64,5 +64,32 @@ def test_custom_code_that_passes_the_analysis_is_not_written_yet(tmp_path, capsy
     (repo / "config.json").write_text(json.dumps(config))
     out = tmp_path / "out"
     code, err = run(capsys, repo, "--trust-remote-code", "-o", out)
-    assert code == 2 and "writing a vLLM file for custom code is not implemented yet" in err, err
-    assert "MyLlamaConfig" in err and not out.exists()
+    assert code == 2 and err.count("\n") == 1, err
+    assert "LlamaModel is not defined in the repository's modeling_myllama.py" in err
+    assert not out.exists()
+
+
+def test_custom_code_through_the_attention_interface_converts_from_its_own_source(tmp_path, capsys):
+    repo = shutil.copytree(DATA / "interface_llama", tmp_path / "interface_llama")
+    out = tmp_path / "out"
+    code, err = run(capsys, repo, "--trust-remote-code", "-o", out)
+    assert code == 0, err
+    text = (out / "interface_llama.py").read_text()
+    assert "# Adapted from modeling_interface_llama.py of " in text
+    assert "(Hub custom code, run under transformers " in text
+    # the repository's configuration class is not importable from the file: its base annotates
+    assert "InterfaceLlamaConfig" not in text and "from transformers import PretrainedConfig" in text
+    assert "config: PretrainedConfig," in text
+    assert "from ." not in text  # no relative import of the repository's modules
+    # its own names, vLLM's layers: fused q/k/v and gate/up, the inline F.silu as SiluAndMul
+    for line in (
+        "class InterfaceAttention(nn.Module):",
+        "self.qkv_proj = QKVParallelLinear(",
+        '"qkv_proj": ["query_proj", "key_proj", "value_proj"],',
+        '"gate_up_proj": ["gate", "up"],',
+        'self.act_fn = get_act_and_mul_fn("silu")',
+        "q, k = self.rotary_emb(positions, q, k)",  # its `rotate` helper, proven the rope
+        'vllm_config=vllm_config, prefix=maybe_prefix(prefix, "backbone")',
+    ):
+        assert line in text, line
+    compile(text, "interface_llama.py", "exec")

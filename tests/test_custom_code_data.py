@@ -16,7 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 DATA = Path(__file__).parent / "data" / "custom_code"
-NAMES = ["tinyllama_renamed", "fusedqkv_postnorm", "tinymoe"]
+NAMES = ["tinyllama_renamed", "fusedqkv_postnorm", "tinymoe", "interface_llama"]
 PROMPT = [[3, 17, 42, 101, 7, 250, 64, 9]]
 NEW_TOKENS = 8
 

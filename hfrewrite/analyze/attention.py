@@ -19,6 +19,7 @@ attention keyword that changes the math (softcap, sinks...).
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import torch
@@ -37,6 +38,7 @@ from hfrewrite.analyze.rope import per_layer_type, prove_rope
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
     Traced,
+    called_from,
     is_direct_sdpa,
     is_norm,
     opaque_attention,
@@ -128,6 +130,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
                 )
         if isinstance(rope, str):
             refuse("vllm_attention", f"rotary embedding: {rope}")
+    rope_ends = {r: args[r].args[0] if norm_after is not None else args[r] for r in "qk"}
     norms = {
         role: _head_norm(traced, path, scope, args[role], feeders[role], rope_in[role], role)
         for role in "qkv"
@@ -209,7 +212,27 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         fused_qkv=fused is not None,
         qkv_per_head=fused == "per_head",
         qk_norm_after_rope=norm_after is not None,
+        rope_helpers=_rope_helpers(traced, path, scope, feeders, rope_ends) if rope else (),
     )
+
+
+def _rope_helpers(traced: Traced, path: str, scope: set[Node], feeders: dict, ends: dict):
+    """Names of the functions the attention forward calls whose every traced node lies on
+    the q/k paths from the projections to the end of the proven rope (layout, casts and the
+    plan's norms before it, the rope after it) or is computed from the layer's position
+    inputs alone (cos/sin reshaping)."""
+    region = set()
+    for r in "qk":
+        region |= {*path_nodes(ends[r], feeders[r], scope), ends[r]}
+    sources = set(feeders.values())
+    forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
+    helpers: dict = {}
+    for n in scope:
+        helper = called_from(n, forward)
+        if helper is not None:
+            position_only = not sources & set(ancestors(n, scope))
+            helpers[helper] = helpers.get(helper, True) and (n in region or position_only)
+    return tuple(sorted(h.co_name for h, only_rope in helpers.items() if only_rope))
 
 
 def _qkv_group(traced: Traced, path: str) -> list[Node]:

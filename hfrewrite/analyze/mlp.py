@@ -7,9 +7,10 @@ nemotron), ``down(act(up(x)))`` with an elementwise act, which vLLM shards as
 
 Preconditions (fail closed): the block has three Linears, each called once; its one
 output is a Linear (down) reading a product ``act(gate(x)) * up(x)``; gate and up read
-the same x and have equal out_features and bias; act is a module attribute of the block,
-called on the gate alone, of the class transformers builds for the config's activation,
-computing vLLM's formula for it on the traced values, and vLLM has an ``*AndMul`` for it.
+the same x and have equal out_features and bias; act is called on the gate alone and is
+either a module attribute of the block, of the class transformers builds for the config's
+activation, or torch's own ``silu``/``gelu`` function (custom code), computing vLLM's
+formula for it on the traced values; and vLLM has an ``*AndMul`` for it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ _VLLM_ACT = {
     "silu": torch.nn.functional.silu,
     "swish": torch.nn.functional.silu,
 }
+
+# torch's activation functions (custom code calls them directly) -> vLLM's name for them
+_FUNCTIONAL = {torch.nn.functional.silu: "silu", torch.nn.functional.gelu: "gelu"}
 
 _MUL = (operator.mul, torch.mul, "mul")
 _SLICING = (operator.getitem, "chunk", "split", torch.chunk, torch.split)
@@ -73,10 +77,7 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         )
     for act, up in (product.args, product.args[::-1]):
         if (
-            isinstance(act, Node)
-            and act.op == "call_module"
-            and len(act.args) == 1
-            and not act.kwargs
+            (_is_act_module_call(act) or _functional_activation(act))
             and act.args[0] in linears
             and up in linears
             and act.args[0] is not up
@@ -84,24 +85,43 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
             gate = act.args[0]
             break
     else:
-        return NoMatch(PATTERN, cls, "the product is not act_module(linear(x)) * linear(x)")
+        return NoMatch(PATTERN, cls, "the product is not act(linear(x)) * linear(x)")
     if gate.args[0] is not up.args[0]:
         return NoMatch(PATTERN, cls, "gate and up projections read different inputs")
     g, u, d = (traced.linear_fact(n, path) for n in (gate, up, down))
     if g.out_features != u.out_features or g.bias != u.bias:
         return NoMatch(PATTERN, cls, f"{g.attr} and {u.attr} differ in out_features or bias")
-    act_module = traced.submodule(act)
-    activation = _config_activation(act_module, config)
+    if act.op == "call_module":
+        activation, act_attr = _config_activation(traced.submodule(act), config), relative(act.target, path)
+    else:  # torch's own function, called in forward: no attribute holds it
+        activation, act_attr = _functional_activation(act), ""
     if activation not in ACT_AND_MUL:
         return NoMatch(PATTERN, cls, f"vLLM has no fused *AndMul for activation {activation!r}")
     if not _computes(act, gate, activation):
         return NoMatch(
             PATTERN,
             cls,
-            f"{relative(act.target, path)} does not compute {activation} (replayed on the traced values)",
+            f"{act_attr or act.target.__name__} does not compute {activation} (replayed on the traced values)",
         )
-    act_attr = relative(act.target, path)
     return MlpPlan(cls, g, u, d, act_attr, activation)
+
+
+def _is_act_module_call(act: object) -> bool:
+    return isinstance(act, Node) and act.op == "call_module" and len(act.args) == 1 and not act.kwargs
+
+
+def _functional_activation(act: object) -> str:
+    """The vLLM name of torch's activation function ``act`` calls on one input, or ""."""
+    if not (isinstance(act, Node) and act.op == "call_function" and len(act.args) == 1):
+        return ""
+    name = _FUNCTIONAL.get(act.target, "")
+    kwargs = dict(act.kwargs)
+    if kwargs.pop("inplace", False) is not False:
+        return ""
+    approximate = kwargs.pop("approximate", "none") if name == "gelu" else "none"
+    if kwargs:
+        return ""
+    return {"none": name, "tanh": "gelu_pytorch_tanh"}.get(approximate, "")
 
 
 def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Node, config) -> MlpPlan | None:

@@ -477,6 +477,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         rope_neox=True,
         rotary_dim=None,
         rope_reversed=False,
+        rope_helpers=(),
     )
 
 
@@ -487,7 +488,7 @@ def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
     if isinstance(plans[0], MlaPlan):
         return plans[0]
     roped = [a for a in plans if a.rope]
-    if len({(a.rope_neox, a.rotary_dim, a.rope_reversed) for a in roped}) > 1:
+    if len({(a.rope_neox, a.rotary_dim, a.rope_reversed, a.rope_helpers) for a in roped}) > 1:
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
     return dataclasses.replace(

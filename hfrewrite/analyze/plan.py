@@ -91,6 +91,9 @@ class AttentionPlan:
     qk_norm_after_rope: bool = False
     # Some layers apply no rope (NoPE): the source's condition on its rope is carried
     nope_layers: bool = False
+    # Functions the forward calls that compute nothing but the proven rope (their traced
+    # nodes all lie in the rope region): the rewrite may drop their calls
+    rope_helpers: tuple[str, ...] = ()
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None
@@ -143,7 +146,7 @@ class MlpPlan:
     gate: LinearFact | None  # None: an ungated ``down(act(up(x)))``
     up: LinearFact
     down: LinearFact
-    act_attr: str  # attribute holding the activation, e.g. "act_fn"
+    act_attr: str  # attribute holding the activation, e.g. "act_fn"; "": torch's function, called inline
     activation: str  # gated: the config's activation name, e.g. "silu"; else its class
     # The checkpoint holds one [gate; up] projection (phi3, glm): gate and up name it
     fused_gate_up: bool = False

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import inspect
 import operator
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.fx.node import map_aggregate
 from torch.fx.proxy import Attribute
 from torch.utils import _pytree as pytree
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from hfrewrite.analyze.plan import LinearFact
 
@@ -55,6 +57,10 @@ def opaque_attention(module, query, key, value, attention_mask, **kwargs):
                 (named, query, key, value, attention_mask),
                 kwargs,
             )
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
+        # custom code need not name its GQA ratio: query head h reads kv head h // groups
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -156,6 +162,7 @@ class ValueTracer(Tracer):
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> Node:
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        node.meta["frames"] = _source_frames()
         if kind == "get_attr":  # also those made for constants, parameters and modules
             with _maybe_revert_all_patches():
                 node.meta["value"] = _get_attr(self.root, target)
@@ -212,6 +219,30 @@ class ValueTracer(Tracer):
             return forward(module, *args, **kwargs)
 
         return root, [self.root]
+
+
+_NOT_SOURCE = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def _source_frames() -> tuple:
+    """Code objects of the Python frames (outermost first) that led to a node, torch's and
+    hfrewrite's own left out: which function of the model's source computed it."""
+    frames, frame = [], sys._getframe(2)
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(_NOT_SOURCE):
+            frames.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(reversed(frames))
+
+
+def called_from(node: Node, caller) -> Any:
+    """The code object of the function ``caller`` (a code object) called directly on the
+    way to ``node``, or None (``node`` computed in ``caller`` itself, or not under it)."""
+    frames = node.meta.get("frames", ())
+    if caller not in frames:
+        return None
+    i = frames.index(caller)
+    return frames[i + 1] if i + 1 < len(frames) else None
 
 
 def _get_attr(root: nn.Module, target: str) -> Any:

@@ -27,6 +27,9 @@ class FusionRow:
 class PassContext:
     plan: ModelPlan
     modeling_file: str  # e.g. "modeling_llama.py", for comments and messages
+    # Hub custom code: the configuration class exists only in the repository's code,
+    # which vLLM loads itself (trust_remote_code); the file cannot import it
+    custom_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ VLLM: dict[str, str] = {
 OTHER: dict[str, str] = {
     "Iterable": "collections.abc",
     "islice": "itertools",
+    "PretrainedConfig": "transformers",  # annotates Hub custom code's configuration
 }
 
 

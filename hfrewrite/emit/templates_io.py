@@ -24,6 +24,16 @@ class _Rename(cst.CSTTransformer):
         new = self.attrs.get(updated.attr.value)
         return updated.with_changes(attr=cst.Name(new)) if new else updated
 
+    def leave_Call(self, original, updated):
+        """``maybe_prefix(prefix, "model")``: the prefix names the renamed attribute too."""
+        if not (isinstance(updated.func, cst.Name) and updated.func.value == "maybe_prefix"):
+            return updated
+        args = list(updated.args)
+        last = args[-1].value if args else None
+        if isinstance(last, cst.SimpleString) and last.evaluated_value in self.attrs:
+            args[-1] = args[-1].with_changes(value=cst.SimpleString(f'"{self.attrs[last.evaluated_value]}"'))
+        return updated.with_changes(args=args)
+
 
 def template_class(file: str, cls: str, names: dict[str, str], attrs: dict[str, str]) -> cst.ClassDef:
     """Class ``cls`` of ``templates/<file>`` with Name and attribute renames applied."""

@@ -81,13 +81,18 @@ def check_fits(ckpt: Path, dtype: str) -> None:
 
 def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
     """Token ids of ``PROMPT_TEXTS`` with the checkpoint's tokenizer, and the texts; the
-    fixed token ids of ``fixtures.DEFAULT_PROMPTS`` (no texts) when it has none."""
+    fixed token ids of ``fixtures.DEFAULT_PROMPTS`` (no texts, taken modulo the vocabulary
+    size) when it has none."""
+    import json
+
     from hfrewrite.verify.fixtures import DEFAULT_PROMPTS
 
     if not any(
         (ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     ):
-        return [list(p) for p in DEFAULT_PROMPTS], None
+        vocab = json.loads((ckpt / "config.json").read_text()).get("vocab_size")
+        vocab = vocab if isinstance(vocab, int) and vocab > 0 else None
+        return [[t % vocab if vocab else t for t in p] for p in DEFAULT_PROMPTS], None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ckpt)

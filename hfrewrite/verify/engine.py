@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hfrewrite.verify.fixtures import DEFAULT_PROMPTS, checkpoint_architecture
+from hfrewrite.verify.fixtures import DEFAULT_PROMPTS, checkpoint_architecture, runs_custom_code
 
 MAX_MODEL_LEN = 128
 KV_CACHE_BYTES = 64 << 20  # plenty for tiny models; a freed LLM returns it
@@ -54,7 +54,10 @@ def hf_model(ckpt: Path, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        ckpt, dtype=getattr(torch, dtype), attn_implementation="eager"
+        ckpt,
+        dtype=getattr(torch, dtype),
+        attn_implementation="eager",
+        trust_remote_code=runs_custom_code(ckpt),
     ).eval()
 
 
@@ -249,7 +252,7 @@ def _run_engine(
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    options = {"dtype": "float32", **(llm_kwargs or {})}
+    options = {"dtype": "float32", "trust_remote_code": runs_custom_code(ckpt), **(llm_kwargs or {})}
     llm = LLM(
         model=str(ckpt),
         skip_tokenizer_init=True,

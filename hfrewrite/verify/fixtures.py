@@ -59,7 +59,9 @@ def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Hub custom code the user trusted: save_pretrained copies its files next to the weights
+    remote = bool(getattr(config, "auto_map", None))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=remote)
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights appear once
             if param.ndim >= 2 or name.endswith("bias"):
@@ -73,6 +75,12 @@ def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def runs_custom_code(ckpt: Path) -> bool:
+    """Whether the checkpoint's config names Hub custom code (``auto_map``): loading it in
+    Hugging Face and in vLLM takes ``trust_remote_code``, which its conversion was given."""
+    return "auto_map" in json.loads((Path(ckpt) / "config.json").read_text())
 
 
 def checkpoint_architecture(ckpt: Path) -> str:
