@@ -152,7 +152,6 @@ class InterfaceBlock(nn.Module):
 class InterfaceLlamaPreTrainedModel(PreTrainedModel):
     config_class = InterfaceLlamaConfig
     base_model_prefix = "backbone"
-    _no_split_modules = ["InterfaceBlock"]
     _supports_sdpa = True
     _supports_attention_backend = True
 
@@ -213,8 +212,6 @@ class InterfaceLlamaModel(InterfaceLlamaPreTrainedModel):
 
 
 class InterfaceLlamaForCausalLM(InterfaceLlamaPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_out.weight": "backbone.embed.weight"}
-
     def __init__(self, config):
         super().__init__(config)
         self.backbone = InterfaceLlamaModel(config)
