@@ -274,7 +274,7 @@ class GPTNeoXForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         quant_config = vllm_config.quant_config
         self.config = config
         self.gpt_neox = GPTNeoXModel(
-            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
+            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "gpt_neox")
         )
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(

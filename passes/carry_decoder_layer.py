@@ -11,7 +11,8 @@ as written, with three changes:
 * the attention call becomes ``self.self_attn(positions=positions, hidden_states=x)``,
   ``x`` being the argument the source binds to the attention forward's first parameter;
   vLLM's attention returns one tensor, so ``out, _ = self.self_attn(...)`` becomes
-  ``out = ...`` and ``self.self_attn(...)[0]`` becomes the call;
+  ``out = ...`` and ``self.self_attn(...)[0]`` becomes the call (an attention the trace saw
+  return its tensor alone, as custom code's often does, keeps how its result is used);
 * nothing else may read the dropped Hugging Face inputs (masks, cache, position ids).
 
 Preconditions (else refused with the reason): the attention submodule is called exactly
@@ -28,6 +29,7 @@ from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
 NAME = "carry_decoder_layer"
+_POSITIONS = "vllm_positions__"
 
 
 def _first_param(fn: cst.FunctionDef) -> str:
@@ -46,22 +48,29 @@ def _bound_first(call: cst.Call, first: str) -> cst.BaseExpression | None:
 class _AttentionCall(cst.CSTTransformer):
     """Rewrites ``self.<attn>(...)`` and how its (tuple) result is taken."""
 
-    def __init__(self, attr: str, first: str, cls: str) -> None:
+    def __init__(self, attr: str, first: str, cls: str, returns_tuple: bool) -> None:
         self.func, self.first, self.cls = f"self.{attr}", first, cls
+        self.returns_tuple = returns_tuple
         self.count = 0
         self.extra: set[str] = set()
+
+    def leave_Call(self, original, updated):
+        if not self.returns_tuple and t.call_name(updated) == self.func:
+            return self._call(updated)  # the source's attention returns its output tensor alone
+        return updated
 
     def _call(self, call: cst.Call) -> cst.Call:
         x = _bound_first(call, self.first)
         if x is None:
             raise HfrewriteError(f"{self.cls}: {NAME}: {self.func}(...) passes no hidden states")
         self.count += 1
-        return t.expr(f"{self.func}(positions=positions, hidden_states={t.code(x)})")
+        # vLLM's positions under a name of their own until the dropped inputs are checked
+        return t.expr(f"{self.func}(positions={_POSITIONS}, hidden_states={t.code(x)})")
 
     def leave_Assign(self, original, updated):
         value = updated.value
         target = updated.targets[0].target if len(updated.targets) == 1 else None
-        if t.call_name(value) == self.func and isinstance(target, cst.Tuple):
+        if self.returns_tuple and t.call_name(value) == self.func and isinstance(target, cst.Tuple):
             first = target.elements[0].value
             rest = [e.value for e in target.elements[1:]]
             if not all(isinstance(r, cst.Name) for r in rest):
@@ -73,7 +82,8 @@ class _AttentionCall(cst.CSTTransformer):
     def leave_Subscript(self, original, updated):
         index = updated.slice[0].slice if len(updated.slice) == 1 else None
         if (
-            t.call_name(updated.value) == self.func
+            self.returns_tuple
+            and t.call_name(updated.value) == self.func
             and isinstance(index, cst.Index)
             and isinstance(index.value, cst.Integer)
             and index.value.value == "0"
@@ -93,7 +103,9 @@ def _count_calls(node: cst.CSTNode, func: str) -> int:
     return sum(found)
 
 
-def carry_forward(layer: cst.ClassDef, attn: str, attn_first: str) -> cst.ClassDef:
+def carry_forward(
+    layer: cst.ClassDef, attn: str, attn_first: str, returns_tuple: bool = True
+) -> cst.ClassDef:
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -106,17 +118,18 @@ def carry_forward(layer: cst.ClassDef, attn: str, attn_first: str) -> cst.ClassD
     calls = _count_calls(forward.body, f"self.{attn}")
     if calls != 1:
         raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
-    rewriter = _AttentionCall(attn, attn_first, name)
+    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple)
     body = forward.body.visit(rewriter)
     if rewriter.count != 1:
         raise HfrewriteError(
             f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
         )
-    still = sorted(t.names_used(body) & (dropped | rewriter.extra))
+    still = sorted(t.root_names(body) & (dropped | rewriter.extra))
     if still:
         raise HfrewriteError(
             f"{name}: {NAME}: the forward reads {', '.join(still)}, which vLLM does not give"
         )
+    body = t.rename_locals(forward.with_changes(body=body), {_POSITIONS: "positions"}).body
     sig = t.stmt(
         f"def forward(self, positions: torch.Tensor, {hidden}: torch.Tensor) -> torch.Tensor:\n    pass\n"
     )
@@ -139,6 +152,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         t.find_class(module, cls),
         plan.decoder_layer.attention_block,
         _first_param(attn_forward),
+        plan.decoder_layer.attention_returns_tuple,
     )
     sites = Sites()
     module = sites.replace_class(module, cls, layer)

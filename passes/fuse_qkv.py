@@ -115,8 +115,7 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     init = t.with_body(init, new_body)
 
     replacer = _ReplaceCalls({q: "q", k: "k", v: "v"})
-    if t.names_used(forward) & {"q", "k", "v", "qkv"}:
-        raise HfrewriteError(f"{name}: {NAME}: forward already uses the names q/k/v/qkv")
+    forward = _free_qkv_names(forward, name)
     fwd_body = list(forward.body.body)
     first_use = None
     for i, s in enumerate(fwd_body):
@@ -134,6 +133,26 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     fwd_body[first_use:first_use] = split
     forward = t.with_body(forward, fwd_body)
     return t.set_method(t.set_method(cls, init), forward)
+
+
+_OURS = ("q", "k", "v", "qkv")
+
+
+def _free_qkv_names(forward: cst.FunctionDef, cls: str) -> cst.FunctionDef:
+    """``forward`` with its own locals named q/k/v/qkv renamed ``<name>_states``, which
+    frees those names for the split (custom code often names its locals so)."""
+    used = t.names_used(forward)
+    clash = sorted(used & set(_OURS))
+    if not clash:
+        return forward
+    params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
+    assigned = {
+        n for s in t.walk(forward.body) if isinstance(s, cst.AssignTarget) for n in t.root_names(s.target)
+    }
+    renamed = {n: f"{n}_states" for n in clash}
+    if set(clash) & params or not set(clash) <= assigned or set(renamed.values()) & used:
+        raise HfrewriteError(f"{cls}: {NAME}: forward already uses the names {'/'.join(clash)}")
+    return t.rename_locals(forward, renamed)
 
 
 class _Slices(cst.CSTTransformer):
@@ -213,9 +232,7 @@ def rewrite_fused(
     body[where[attr] : where[attr] + 1] = fused
     init = t.with_body(init, body)
 
-    forward = t.find_method(cls, "forward")
-    if t.names_used(forward) & {"q", "k", "v"}:
-        raise HfrewriteError(f"{name}: {NAME}: forward already uses the names q/k/v")
+    forward = _free_qkv_names(t.find_method(cls, "forward"), name)
     fwd_body = list(forward.body.body)
     at = next(
         (
@@ -228,6 +245,8 @@ def rewrite_fused(
         ),
         None,
     )
+    if at is None and not per_head:
+        return _split_in_one(cls, init, forward, attr)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
     assign = fwd_body[at].body[0]
@@ -246,6 +265,40 @@ def rewrite_fused(
         "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
     )
     forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
+    return t.set_method(t.set_method(cls, init), forward)
+
+
+def _split_in_one(
+    cls: cst.ClassDef, init: cst.FunctionDef, forward: cst.FunctionDef, attr: str
+) -> cst.ClassDef:
+    """``a, b, c = self.<attr>(x).split(...)`` (or ``.chunk(3, ...)``), which the analysis
+    proved are q, k and v in that order -> the split of vLLM's layer, then ``a, b, c = q, k, v``."""
+    name = cls.name.value
+    body, found = list(forward.body.body), []
+    for i, s in enumerate(body):
+        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+        value = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        target = small.targets[0].target if value is not None else None
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in ("split", "chunk")
+            and t.call_name(value.func.value) == f"self.{attr}"
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 3
+        ):
+            found.append((i, t.code(value.func.value.args[0].value), small))
+    if len(found) != 1 or attr in t.self_attrs_used(
+        cst.Module(body[: found[0][0]] + body[found[0][0] + 1 :])
+    ):
+        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not called once, split into q, k and v")
+    at, arg, small = found[0]
+    split = t.stmts(
+        f"qkv, _ = self.{attr}({arg})\n"
+        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+    )
+    renamed = body[at].with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
+    forward = t.with_body(forward, [*body[:at], *split, renamed, *body[at + 1 :]])
     return t.set_method(t.set_method(cls, init), forward)
 
 

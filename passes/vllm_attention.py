@@ -22,7 +22,8 @@ read off a helper's name; a partial rotary dim reaches ``get_rope`` through
 Preconditions: the plan found rope on q and k; the attention call passes ``scaling=``; ``forward`` starts with the
 ``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
 source only reshapes q/k/v, applies the plan's q/k norms, calls the functions the analysis proved
-compute nothing but the rope (``apply_rotary_pos_emb``: ``AttentionPlan.rope_helpers``), the cache
+compute nothing the plan does not account for (``apply_rotary_pos_emb``, a GQA ``repeat_kv``, a
+helper calling torch's SDPA proven causal: ``AttentionPlan.replaced_calls``), the cache
 update, the attention call and the output projection -- a conditional rope (NoPE layers,
 smollm3) or any other op is refused rather than dropped.
 """
@@ -104,6 +105,9 @@ _ALLOWED_CALLS = _LAYOUT_METHODS | {
 }
 # dropout after the output projection: the analysis proved it the identity at inference
 _DROPOUT_CALLS = {"dropout"}
+# torch's tensor factories: free of effects; what they build (a causal mask over concrete
+# lengths) reaches the output only through the attention call the analysis proved
+_FACTORIES = {"ones", "zeros", "full", "empty", "arange", "tril", "triu", "bool"}
 
 
 class _Calls(cst.CSTVisitor):
@@ -254,6 +258,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
     finder = _FindAttentionCall()
     forward.visit(finder)
+    if att.direct_sdpa:  # proven causal, at torch's default scale; its call is among replaced_calls
+        finder.kwargs = {"scaling": t.expr("self.head_dim**-0.5")}
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
     if not att.rope:
@@ -267,7 +273,8 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
     allowed = _ALLOWED_CALLS | _DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
-    allowed |= set(att.rope_helpers)  # proven to compute the rope and nothing else
+    allowed |= _FACTORIES if att.direct_sdpa else set()
+    allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     states = _state_names(body[split_at + 1 :])
@@ -383,6 +390,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         f"attn_output = self.{att.o.attr}(attn_output)\n"
         "return attn_output\n"
     )
+    kept = _input_as_hidden_states(forward, body[split_at - 1 : split_at + 1], name)
     params = t.stmt(
         "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n"
     )
@@ -391,7 +399,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         returns=params.returns,
         whitespace_before_params=params.whitespace_before_params,
     )
-    forward = t.with_body(forward, [*body[split_at - 1 : split_at + 1], *t.stmts(tail)])
+    forward = t.with_body(forward, [*kept, *t.stmts(tail)])
     notes = [f"rope only where the source's `{t.code(rope_test)}` holds (NoPE layers)"] if rope_test else []
     notes += [
         f"config branch `if {t.code(test)}:` never traced: the file refuses configs that take it"
@@ -400,6 +408,21 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
     notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
     return t.set_method(t.set_method(cls, init), forward), notes
+
+
+def _input_as_hidden_states(
+    forward: cst.FunctionDef, kept: list[cst.BaseStatement], cls: str
+) -> list[cst.BaseStatement]:
+    """The kept projection statements reading the input under vLLM's parameter name,
+    ``hidden_states`` (custom code calls it ``x``...)."""
+    params = [p.name.value for p in forward.params.params if p.name.value != "self"]
+    used = t.names_used(cst.Module(kept))
+    if not params or params[0] == "hidden_states" or params[0] not in used:
+        return kept
+    if "hidden_states" in used:
+        raise HfrewriteError(f"{cls}: {NAME}: the input {params[0]} and a local hidden_states")
+    fn = t.with_body(forward, kept)
+    return list(t.rename_locals(fn, {params[0]: "hidden_states"}).body.body)
 
 
 def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:

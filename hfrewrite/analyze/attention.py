@@ -39,9 +39,10 @@ from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
     Traced,
     called_from,
+    causal_sdpa,
+    is_attention_leaf,
     is_direct_sdpa,
     is_norm,
-    opaque_attention,
     past_identity_dropouts,
     relative,
     value,
@@ -188,6 +189,8 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         refuse("vllm_attention", "attention dropout is not 0 at inference")
     softcap = value(call.kwargs.get("softcap"))
     scaling = value(call.kwargs.get("scaling"))
+    if call.target is causal_sdpa and scaling is not None:
+        refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
     window = value(call.kwargs.get("sliding_window"))
     return AttentionPlan(
         module_class=cls,
@@ -212,27 +215,50 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         fused_qkv=fused is not None,
         qkv_per_head=fused == "per_head",
         qk_norm_after_rope=norm_after is not None,
-        rope_helpers=_rope_helpers(traced, path, scope, feeders, rope_ends) if rope else (),
+        replaced_calls=_replaced_calls(traced, path, scope, feeders, rope_ends if rope else {}, call, o_node),
+        direct_sdpa=call.target is causal_sdpa,
     )
 
 
-def _rope_helpers(traced: Traced, path: str, scope: set[Node], feeders: dict, ends: dict):
-    """Names of the functions the attention forward calls whose every traced node lies on
-    the q/k paths from the projections to the end of the proven rope (layout, casts and the
-    plan's norms before it, the rope after it) or is computed from the layer's position
-    inputs alone (cos/sin reshaping)."""
-    region = set()
-    for r in "qk":
-        region |= {*path_nodes(ends[r], feeders[r], scope), ends[r]}
+def _replaced_calls(
+    traced: Traced, path: str, scope: set[Node], feeders: dict, ends: dict, call: Node, o_node: Node
+) -> tuple[str, ...]:
+    """Names of the calls in the attention forward (functions it calls; methods and torch
+    functions it calls itself) whose every traced node the plan accounts for: on the q/k
+    paths from the projections to the end of the proven rope, computed from the position
+    inputs alone (cos/sin), the attention call and the layout after it, or unused (a GQA
+    expansion the attention leaf looked through; never an in-place op)."""
+    accounted = {call, *path_nodes(o_node, call, scope)}
+    for r, end in ends.items():
+        accounted |= {*path_nodes(end, feeders[r], scope), end}
     sources = set(feeders.values())
     forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
-    helpers: dict = {}
+    verdicts: dict[str, bool] = {}
     for n in scope:
+        if forward not in n.meta.get("frames", ()):
+            continue
         helper = called_from(n, forward)
-        if helper is not None:
-            position_only = not sources & set(ancestors(n, scope))
-            helpers[helper] = helpers.get(helper, True) and (n in region or position_only)
-    return tuple(sorted(h.co_name for h, only_rope in helpers.items() if only_rope))
+        name = helper.co_name if helper is not None else _own_call_name(n)
+        if name is None:
+            continue
+        ok = (
+            n in accounted
+            or not sources & set(ancestors(n, scope))
+            or (not n.users and not str(name).endswith("_"))
+        )
+        verdicts[name] = verdicts.get(name, True) and ok
+    return tuple(sorted(name for name, ok in verdicts.items() if ok))
+
+
+def _own_call_name(n: Node) -> str | None:
+    """How the forward spells a call it makes itself: ``x.<method>(...)``, ``torch.<fn>(...)``."""
+    if n.op == "call_method":
+        return n.target
+    if n.op == "call_function":
+        return (
+            "scaled_dot_product_attention" if n.target is causal_sdpa else getattr(n.target, "__name__", None)
+        )
+    return None
 
 
 def _qkv_group(traced: Traced, path: str) -> list[Node]:
@@ -270,10 +296,13 @@ def _fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group
         cuts = [u for u in proj.users if u in ancestors(arg, scope) and _op(u, (operator.getitem,))]
         index = cuts[0].args[1] if len(cuts) == 1 else None
         last = index[-1] if isinstance(index, tuple) and index and index[0] is Ellipsis else None
-        if not isinstance(last, slice) or last.step not in (None, 1):
+        if isinstance(last, slice) and last.step in (None, 1):
+            ranges[role] = last.indices(whole.out_features)[:2]
+            feeders[role] = cuts[0]
+        elif (part := _split_part(proj, arg, scope)) is not None:
+            feeders[role], ranges[role] = part
+        else:
             return _per_head_qkv(traced, path, scope, args, proj, whole)
-        ranges[role] = last.indices(whole.out_features)[:2]
-        feeders[role] = cuts[0]
     (q0, q1), (k0, k1), (v0, v1) = ranges["q"], ranges["k"], ranges["v"]
     if not (q0 == 0 and q1 == k0 and k1 == v0 and v1 == whole.out_features and k1 - k0 == v1 - v0):
         refuse("fuse_qkv", f"{whole.attr} is not laid out [q; k; v] ({ranges})")
@@ -281,6 +310,22 @@ def _fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group
         LinearFact(whole.attr, whole.in_features, b - a, whole.bias) for a, b in (ranges[r] for r in "qkv")
     ]
     return feeders, facts, "blocks"
+
+
+def _split_part(proj: Node, arg: Node, scope: set[Node]) -> tuple[Node, tuple[int, int]] | None:
+    """``proj(x).split(sizes, dim=-1)[i]`` (or ``chunk``) on the way to ``arg``: that part
+    and the range of the projection's last dim it holds (checked on the values)."""
+    on_path = set(ancestors(arg, scope))
+    splits = [u for u in proj.users if u in on_path and _op(u, ("split", "chunk", torch.split, torch.chunk))]
+    parts = [g for g in splits[0].users if g in on_path and _op(g, (operator.getitem,))] if splits else []
+    if len(splits) != 1 or len(parts) != 1 or not isinstance(parts[0].args[1], int):
+        return None
+    pieces, whole = value(splits[0]), value(proj)
+    if not (isinstance(pieces, (tuple, list)) and torch.equal(torch.cat(list(pieces), dim=-1), whole)):
+        return None
+    i = parts[0].args[1]
+    start = sum(piece.shape[-1] for piece in pieces[:i])
+    return parts[0], (start, start + pieces[i].shape[-1])
 
 
 def _per_head_qkv(
@@ -333,7 +378,7 @@ def _op(node: object, ops: tuple) -> bool:
 
 
 def _attention_call(traced: Traced, path: str) -> Node:
-    calls = [n for n in traced.nodes_in(path) if n.op == "call_function" and n.target is opaque_attention]
+    calls = [n for n in traced.nodes_in(path) if is_attention_leaf(n)]
     if not calls:
         if any(is_direct_sdpa(n) for n in traced.nodes_in(path)):
             refuse("vllm_attention", DIRECT_SDPA_REASON)

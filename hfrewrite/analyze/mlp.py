@@ -223,23 +223,22 @@ def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> 
     is the slice of act)."""
     (up,) = [n for n in linears if n is not down]
     act = down.args[0]
-    if not (
-        isinstance(act, Node)
-        and act.op == "call_module"
-        and len(act.args) == 1
-        and act.args[0] is up
-        and not act.kwargs
-    ):
+    functional = _functional_activation(act)
+    if not ((_is_act_module_call(act) or functional) and act.args[0] is up):
         return NoMatch(
             PATTERN,
             cls,
-            f"{relative(down.target, path)} does not read act_module({relative(up.target, path)}(x))",
+            f"{relative(down.target, path)} does not read act({relative(up.target, path)}(x))",
         )
-    module, x = traced.submodule(act), value(up)
+    fn = traced.submodule(act) if not functional else lambda t: act.target(t, **act.kwargs)
+    x = value(up)
     half = x.shape[-1] // 2
     with torch.no_grad():
-        elementwise = torch.allclose(module(x[..., :half]), value(act)[..., :half], atol=1e-6)
+        elementwise = torch.allclose(fn(x[..., :half]), value(act)[..., :half], atol=1e-6)
+    name = relative(act.target, path) if not functional else functional
     if not elementwise:
-        return NoMatch(PATTERN, cls, f"{relative(act.target, path)} is not elementwise")
+        return NoMatch(PATTERN, cls, f"{name} is not elementwise")
     u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
-    return MlpPlan(cls, None, u, d, relative(act.target, path), type(module).__name__)
+    if functional:  # torch's function, called inline: the source's call stays
+        return MlpPlan(cls, None, u, d, "", functional)
+    return MlpPlan(cls, None, u, d, relative(act.target, path), type(traced.submodule(act)).__name__)

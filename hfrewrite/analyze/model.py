@@ -49,10 +49,10 @@ from hfrewrite.analyze.trace import (
     ATTN_IMPLEMENTATION,
     DIRECT_SDPA_REASON,
     Traced,
+    is_attention_leaf,
     is_direct_sdpa,
     is_experts,
     is_norm,
-    opaque_attention,
     top_scope,
     trace,
 )
@@ -395,9 +395,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
 def _carried_layer(traced: Traced) -> DecoderLayerPlan:
     """A layer whose forward is carried: which direct submodule attends (it holds the
     attention call) and which is the MLP (the other one with linears)."""
-    attending = {
-        top_scope(n) for n in traced.graph.nodes if n.op == "call_function" and n.target is opaque_attention
-    }
+    attending = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)}
     with_linears = {top_scope(n) for n in traced.linears_in("")}
     with_linears |= {
         top_scope(n) for n in traced.graph.nodes if n.op == "call_module" and is_experts(traced.submodule(n))
@@ -419,7 +417,14 @@ def _carried_layer(traced: Traced) -> DecoderLayerPlan:
             f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
             cls,
         )
-    return DecoderLayerPlan(cls, (), attention_block=attending.pop(), mlp_block=others[0])
+    attention = attending.pop()
+    return DecoderLayerPlan(
+        cls,
+        (),
+        attention_block=attention,
+        mlp_block=others[0],
+        attention_returns_tuple=traced.returns_tuple.get(attention, True),
+    )
 
 
 def _one_kind(plans: list, kind: type):
@@ -477,7 +482,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         rope_neox=True,
         rotary_dim=None,
         rope_reversed=False,
-        rope_helpers=(),
+        replaced_calls=(),
     )
 
 
@@ -488,7 +493,7 @@ def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
     if isinstance(plans[0], MlaPlan):
         return plans[0]
     roped = [a for a in plans if a.rope]
-    if len({(a.rope_neox, a.rotary_dim, a.rope_reversed, a.rope_helpers) for a in roped}) > 1:
+    if len({(a.rope_neox, a.rotary_dim, a.rope_reversed, a.replaced_calls) for a in roped}) > 1:
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
     return dataclasses.replace(

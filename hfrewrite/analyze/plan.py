@@ -91,9 +91,13 @@ class AttentionPlan:
     qk_norm_after_rope: bool = False
     # Some layers apply no rope (NoPE): the source's condition on its rope is carried
     nope_layers: bool = False
-    # Functions the forward calls that compute nothing but the proven rope (their traced
-    # nodes all lie in the rope region): the rewrite may drop their calls
-    rope_helpers: tuple[str, ...] = ()
+    # Calls in the forward (functions it calls, methods it calls itself) whose every
+    # traced node the plan accounts for: the proven rope, layout on the q/k/v and output
+    # paths, the attention call, GQA expansions: the rewrite may drop them
+    replaced_calls: tuple[str, ...] = ()
+    # The attention is torch's scaled_dot_product_attention called directly, proven causal
+    # self-attention with its default scale (trace.causal_sdpa)
+    direct_sdpa: bool = False
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None
@@ -255,6 +259,9 @@ class DecoderLayerPlan:
     blocks: tuple[ResidualBlock, ...]  # in execution order; () = carried from the source
     attention_block: str = "self_attn"
     mlp_block: str = "mlp"
+    # The attention submodule returns a tuple (Hugging Face: output, weights); custom code
+    # often returns the output tensor alone
+    attention_returns_tuple: bool = True
 
     @property
     def fused(self) -> bool:

@@ -45,6 +45,11 @@ def rope_parameters(config, layer_type: str | None = None) -> dict:
     params = getattr(config, "rope_parameters", None) or {}
     if per_layer_type(config):
         return dict(params.get(layer_type) or {})
+    if not params:  # older custom configs: the fields vLLM standardises from when it loads them
+        theta = next(
+            (getattr(config, f) for f in ("rope_theta", "rotary_emb_base") if hasattr(config, f)), None
+        )
+        return {"rope_type": "default", "rope_theta": theta} if theta is not None else {}
     return dict(params)
 
 

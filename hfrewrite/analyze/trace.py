@@ -21,7 +21,7 @@ import operator
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -67,16 +67,68 @@ def opaque_attention(module, query, key, value, attention_mask, **kwargs):
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, opaque_attention)
 
 # Softmax attention computed by torch itself, outside transformers' attention interface
-# (custom code often calls it directly): seen, but not taken for the attention leaf.
+# (custom code often calls it directly): the leaf ``causal_sdpa`` when the call is proven
+# causal self-attention, else seen but not taken for the attention leaf.
 _DIRECT_SDPA = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 DIRECT_SDPA_REASON = (
     "calls torch's scaled_dot_product_attention directly, not through transformers' attention "
-    "interface (ALL_ATTENTION_FUNCTIONS): its mask and KV cache handling are not proven"
+    "interface (ALL_ATTENTION_FUNCTIONS), with a mask, dropout or lengths that do not prove "
+    "causal self-attention"
 )
 
 
 def is_direct_sdpa(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in _DIRECT_SDPA
+
+
+def causal_sdpa(module, query, key, value, attention_mask, scaling=None):
+    """The attention leaf for a direct ``scaled_dot_product_attention(q, k, v,
+    is_causal=True)`` over queries and keys of one length (no mask, no dropout): causal
+    self-attention, what vLLM's ``Attention`` computes. k and v are taken before any GQA
+    expansion (kv head ``h // groups`` serves query head ``h``); returns what
+    ``opaque_attention`` returns, ``([batch, seq, heads, head_dim], None)``, from the same
+    arguments (``module`` and ``attention_mask`` are always None)."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2), None
+
+
+ATTENTION_LEAVES = (opaque_attention, causal_sdpa)
+
+
+def _causal_mask(mask: Any, length: int) -> bool:
+    """``mask`` is the causal mask of ``length`` queries over as many keys, built from
+    constants alone (no layer input: not a padding mask): boolean ``tril`` or additive
+    0 / very negative, any leading dims of size 1."""
+    if isinstance(mask, ValueProxy):
+        if any(n.op == "placeholder" for n in _ancestors(mask.node)):
+            return False
+        mask = mask.value
+    if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length) or mask.numel() != length * length:
+        return False
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    mask = mask.reshape(length, length)
+    if mask.dtype == torch.bool:
+        return torch.equal(mask, allowed)
+    very_negative = mask <= torch.finfo(mask.dtype).min / 2
+    return mask.is_floating_point() and bool((mask[allowed] == 0).all() and very_negative[~allowed].all())
+
+
+def _ancestors(node: Node) -> list[Node]:
+    seen, todo = {node}, [node]
+    while todo:
+        for arg in todo.pop().all_input_nodes:
+            if arg not in seen:
+                seen.add(arg)
+                todo.append(arg)
+    return list(seen)
+
+
+def is_attention_leaf(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in ATTENTION_LEAVES
 
 
 class ValueProxy(Proxy):
@@ -148,6 +200,7 @@ class ValueTracer(Tracer):
         super().__init__(autowrap_modules=(), param_shapes_constant=False)
         self.example = (args, kwargs)
         self.placeholders: list[torch.Tensor] = []
+        self.returns_tuple: dict[str, bool] = {}  # submodule path -> its forward returned a tuple
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return is_leaf(m)
@@ -155,7 +208,9 @@ class ValueTracer(Tracer):
     def call_module(self, m, forward, args, kwargs):
         if m not in self.submodule_paths:  # built on the fly, e.g. ``ACT2FN[name](x)``
             return forward(*args, **kwargs)
-        return super().call_module(m, forward, args, kwargs)
+        out = super().call_module(m, forward, args, kwargs)
+        self.returns_tuple.setdefault(self.submodule_paths[m], isinstance(out, tuple))
+        return out
 
     def proxy(self, node: Node) -> ValueProxy:
         return ValueProxy(node, self)
@@ -178,9 +233,61 @@ class ValueTracer(Tracer):
         type_expr=None,
         proxy_factory_fn=None,
     ):
+        if kind == "call_function" and target in _DIRECT_SDPA:
+            leaf = self._causal_sdpa(args, kwargs)
+            if leaf is not None:
+                return leaf
         value = self._evaluate(kind, target, args, kwargs)
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, self.proxy)
         proxy.node.meta["value"] = value
+        return proxy
+
+    def _causal_sdpa(self, args: tuple, kwargs: dict) -> ValueProxy | None:
+        """A direct SDPA call as the ``causal_sdpa`` leaf, in SDPA's output layout
+        ``[batch, heads, seq, head_dim]``; None unless it is proven causal self-attention."""
+        if len(args) > len(_SDPA_PARAMS) or set(kwargs) - set(_SDPA_PARAMS):
+            return None
+        p = {**dict(zip(_SDPA_PARAMS, args)), **kwargs}
+        q, k, v = p["query"], p["key"], p["value"]
+        if not all(isinstance(x, ValueProxy) and torch.is_tensor(x.value) for x in (q, k, v)):
+            return None
+        options = {key: p.get(key, default) for key, default in (("dropout_p", 0.0), ("is_causal", False))}
+        scale = p.get("scale")
+        mask = p.get("attn_mask")
+        if mask is not None and _causal_mask(mask, q.value.shape[-2]):
+            options["is_causal"], mask = True, None  # the mask spells out what is_causal means
+        if (
+            mask is not None
+            or any(isinstance(x, Proxy) for x in (*options.values(), scale))
+            or options != {"dropout_p": 0.0, "is_causal": True}
+            or q.value.dim() != 4
+            or k.value.shape[-2] != q.value.shape[-2]
+        ):
+            return None
+        heads = q.value.shape[1]
+        out = self.create_proxy(
+            "call_function",
+            causal_sdpa,
+            (None, q, self._before_expansion(k, heads), self._before_expansion(v, heads), None),
+            {"scaling": scale},
+        )
+        return out[0].transpose(1, 2)
+
+    def _before_expansion(self, proxy: ValueProxy, heads: int) -> ValueProxy:
+        """The k/v value a GQA expansion (``repeat_interleave``, ``repeat_kv``) made
+        ``proxy`` from: the nearest earlier value whose kv heads, each repeated for its
+        group, equal ``proxy`` (checked on the values); ``proxy`` itself when none."""
+        node = proxy.node
+        for _ in range(4):
+            val = node.meta.get("value")
+            if torch.is_tensor(val) and val.dim() == 4 and val.shape[1] < heads and heads % val.shape[1] == 0:
+                if torch.equal(val.repeat_interleave(heads // val.shape[1], dim=1), proxy.value):
+                    return ValueProxy(node, self)
+                break
+            inputs = [a for a in node.all_input_nodes if torch.is_tensor(a.meta.get("value"))]
+            if len(inputs) != 1:
+                break
+            node = inputs[0]
         return proxy
 
     def _evaluate(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
@@ -269,6 +376,7 @@ class Traced:
     module: nn.Module
     graph_module: GraphModule
     inputs: tuple[torch.Tensor, ...]  # the example tensors, in placeholder order
+    returns_tuple: dict[str, bool] = field(default_factory=dict)  # submodule path -> returned a tuple
 
     @property
     def graph(self) -> Graph:
@@ -365,4 +473,4 @@ def trace(module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> Tr
     with torch.no_grad():
         graph = tracer.trace(module)
     gm = GraphModule(tracer.root, graph, type(module).__name__)
-    return Traced(module, gm, tuple(tracer.placeholders))
+    return Traced(module, gm, tuple(tracer.placeholders), tracer.returns_tuple)

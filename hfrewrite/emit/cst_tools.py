@@ -196,6 +196,29 @@ def names_used(node: cst.CSTNode) -> set[str]:
     return {n.value for n in walk(node) if isinstance(n, cst.Name)}
 
 
+class _RenameLocals(cst.CSTTransformer):
+    def __init__(self, mapping: dict[str, str]) -> None:
+        self.mapping = mapping
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # only the object is renamed: `x.q` keeps its attribute name
+
+    def leave_Attribute(self, original, updated):
+        return updated.with_changes(value=original.value.visit(self))
+
+    def leave_Arg(self, original, updated):
+        return updated.with_changes(keyword=original.keyword)  # `f(q=...)` keeps its keyword
+
+    def leave_Name(self, original, updated):
+        return updated.with_changes(value=self.mapping.get(updated.value, updated.value))
+
+
+def rename_locals(fn: cst.FunctionDef, mapping: dict[str, str]) -> cst.FunctionDef:
+    """``fn`` with its local names renamed (``mapping``); attribute names and call keywords
+    keep theirs. The caller makes sure they are locals (not parameters, globals or closures)."""
+    return fn.with_changes(body=fn.body.visit(_RenameLocals(mapping)))
+
+
 def direct_calls(module: cst.Module) -> dict[str, list[cst.Call]]:
     """Names used only as the callee of calls (``Name(...)``), with those calls.
 
