@@ -165,32 +165,21 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     block = t.find_class(module, name)
     init = t.find_method(block, "__init__")
     built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
-    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
-        call = built.get(attr)
-        if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
-            raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
-    router_cls = t.find_class(module, moe.router_class)
-    router = t.init_exprs(router_cls)
-    experts = t.init_exprs(t.find_class(module, moe.experts_class))
-    act = experts.get("act_fn", "")
-    if not act.startswith("ACT2FN["):
-        raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
-    sizes = {
-        "num_experts": router.get("num_experts") or experts.get("num_experts"),
-        "top_k": router.get("top_k"),
-        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim"),
-        "intermediate_size": experts.get("intermediate_dim"),
-    }
-    missing = [k for k, v in sizes.items() if not v]
-    if missing:
-        raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
-    if moe.carried_router:  # the source's router runs as it is: its own code is the proof
+    if moe.expert_mlp is not None:  # experts one module each, the router the block's Linear
+        sizes, act, renormalize = _module_list_sources(module, block, built, moe)
+        guards = ""
+        routing = _routing_kwargs(moe, {"router": {}, "block": t.init_exprs(block)}, name)
+    elif moe.carried_router:  # the source's router runs as it is: its own code is the proof
+        sizes, act = _stacked_sources(module, built, moe)
         renormalize, guards, routing = (
             None,
             "",
             {"custom_routing_function": "self.route"},
         )
     else:
+        sizes, act = _stacked_sources(module, built, moe)
+        router_cls = t.find_class(module, moe.router_class)
+        router = t.init_exprs(router_cls)
         renormalize, guards = _source_renormalize(router_cls, router, moe, name)
         routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     ckpt = moe.checkpoint_expert_names
@@ -271,7 +260,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             + "".join(f"    {k}={v},\n" for k, v in routing.items())
             + "    enable_eplb=parallel_config.enable_eplb,\n"
             "    num_redundant_experts=self.n_redundant_experts,\n"
-            f"    activation={act[len('ACT2FN[') : -1]},\n"
+            f"    activation={act},\n"
             "    quant_config=quant_config,\n"
             f'    prefix=f"{{prefix}}.{moe.experts}",\n'
             f"{ckpt_arg})\n"
@@ -309,6 +298,71 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             ),
         )
     return block, renormalize or "False"
+
+
+def _stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
+    """Sizes and activation, as the source's router and stacked-experts classes assign them."""
+    name = moe.module_class
+    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
+        call = built.get(attr)
+        if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
+            raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
+    router = t.init_exprs(t.find_class(module, moe.router_class))
+    experts = t.init_exprs(t.find_class(module, moe.experts_class))
+    act = experts.get("act_fn", "")
+    if not act.startswith("ACT2FN["):
+        raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
+    sizes = {
+        "num_experts": router.get("num_experts") or experts.get("num_experts"),
+        "top_k": router.get("top_k"),
+        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim"),
+        "intermediate_size": experts.get("intermediate_dim"),
+    }
+    missing = [k for k, v in sizes.items() if not v]
+    if missing:
+        raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
+    return sizes, act[len("ACT2FN[") : -1]
+
+
+def _module_list_sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> tuple[dict, str, str]:
+    """Sizes, activation and renormalisation of a block whose router is its own
+    ``nn.Linear(H, E)`` and whose experts are ``nn.ModuleList([Expert(config) ...])``,
+    from the expressions the source builds them with."""
+    name, mlp = moe.module_class, moe.expert_mlp
+    router = built.get(moe.router)
+    experts = built.get(moe.experts)
+    makes_expert = experts is not None and any(
+        isinstance(n, cst.Call) and t.call_name(n) == moe.experts_class for n in t.walk(experts)
+    )
+    if t.call_name(router) != "nn.Linear" or t.call_name(experts) != "nn.ModuleList" or not makes_expert:
+        raise HfrewriteError(
+            f"{name}: {NAME}: not self.{moe.router} = nn.Linear(H, E) and "
+            f"self.{moe.experts} = nn.ModuleList([{moe.experts_class}(...) ...])"
+        )
+    expert_cls = t.find_class(module, moe.experts_class)
+    expert_init = {
+        t.self_attr_assigned(s): t.assigned_value(s) for s in t.find_method(expert_cls, "__init__").body.body
+    }
+    gate = expert_init.get(mlp.gate.attr)
+    if t.call_name(gate) != "nn.Linear":
+        raise HfrewriteError(f"{name}: {NAME}: the experts' {mlp.gate.attr} is not nn.Linear(H, I)")
+    block_exprs = t.init_exprs(block)
+    sizes = {
+        "num_experts": t.code(t.arg(router, 1, "out_features")),
+        "top_k": block_exprs.get(moe.top_k_attr, ""),
+        "hidden_size": t.code(t.arg(router, 0, "in_features")),
+        "intermediate_size": t.code(t.arg(gate, 1, "out_features")),
+    }
+    if "self." in sizes["top_k"] or not sizes["top_k"]:
+        raise HfrewriteError(f"{name}: {NAME}: self.{moe.top_k_attr} (top_k) is not set from the config")
+    act = f'"{mlp.activation}"'
+    if mlp.act_attr:
+        act = code if (code := t.code(expert_init.get(mlp.act_attr))).startswith("ACT2FN[") else ""
+        if not act:
+            raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
+        act = act[len("ACT2FN[") : -1]
+    renormalize, _ = _source_renormalize(block, block_exprs, moe, name)
+    return sizes, act, renormalize
 
 
 class _NotReducing(cst.CSTTransformer):

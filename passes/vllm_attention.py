@@ -198,6 +198,20 @@ def _cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
     )
 
 
+def _attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
+    """``if <not a config switch>: ... else: ...`` whose branches only make the calls the
+    plan accounts for: the source picking its causal attention by shapes or cache (prefill
+    traced and proven, decode checked by convert-time validation); vLLM's replaces both."""
+    if not isinstance(statement, cst.If) or t.root_names(statement.test) & _SWITCH_NAMES - {"None"}:
+        return False
+    branches = [statement.body.body]
+    if isinstance(statement.orelse, cst.Else):
+        branches.append(statement.orelse.body.body)
+    elif statement.orelse is not None:
+        return False  # elif chains: not this shape
+    return all(not _unrecognised(s, allowed_calls) for body in branches for s in body)
+
+
 def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
     """True for a statement the vLLM rewrite would silently drop the meaning of."""
     if isinstance(statement, cst.If):
@@ -290,7 +304,9 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
             carried.append(conditional)
         elif test is not None and _guards_rope(statement, allowed, states):
             rope_test = test  # NoPE layers: the source's own condition on its rope
-        elif _cache_update(statement, params):
+        elif _cache_update(statement, params) or (
+            att.direct_sdpa and _attention_branches(statement, allowed)
+        ):
             continue
         elif (
             test is not None

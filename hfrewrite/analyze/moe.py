@@ -32,6 +32,8 @@ from torch.fx import Node
 from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.branches import config_branches
+from hfrewrite.analyze.moe_modules import expert_list, expert_mlp, expert_weights, routed
+from hfrewrite.analyze.moe_modules import top_k_attr as top_k_attr_of
 from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
     root,
@@ -52,6 +54,8 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     cls = type(block).__name__
     nodes = traced.nodes_in(path)
     experts_calls = [n for n in nodes if n.op == "call_module" and is_experts(traced.submodule(n))]
+    if not experts_calls and (attr := expert_list(block)) is not None:
+        return _expert_modules(traced, path, block, attr, config)
     if len(experts_calls) != 1:
         return NoMatch(PATTERN, cls, f"{len(experts_calls)} stacked-experts modules instead of one")
     call = experts_calls[0]
@@ -101,6 +105,56 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     x = value(root(hidden))
     mismatch = _replay(block, plan, x)
     if mismatch and not plan.carried_router:
+        other = dataclasses.replace(plan, renormalize=not plan.renormalize)
+        if _replay(block, other, x) is None:
+            return other
+    return NoMatch(PATTERN, cls, mismatch) if mismatch else plan
+
+
+def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, config) -> MoePlan | NoMatch:
+    """A block whose experts are a ModuleList of MLPs (moe_modules.py): routing facts,
+    the experts' MLP and where top_k lives, then the same replay as stacked experts."""
+    cls = type(block).__name__
+    mlp = expert_mlp(block, attr, config)
+    if isinstance(mlp, NoMatch):
+        return mlp
+    if mlp.activation not in MOE_ACTIVATIONS:
+        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {mlp.activation!r} activation here")
+    picked = routed(traced, path)
+    if isinstance(picked, str):
+        return NoMatch(PATTERN, cls, picked)
+    index, weights = picked
+    linears = [n for n in traced.linears_in(path) if not relative(n.target, path).startswith(f"{attr}.")]
+    if len(linears) != 1:
+        return NoMatch(
+            PATTERN, cls, "the block holds linears beside its router and experts (a shared expert?)"
+        )
+    facts = router_facts(traced, path, block, index, weights, root(linears[0].args[0]))
+    if isinstance(facts, str):
+        return NoMatch(PATTERN, cls, facts)
+    top_k_attr = top_k_attr_of(block, facts["top_k"])
+    if top_k_attr is None:
+        return NoMatch(PATTERN, cls, f"no one attribute of the block holds top_k ({facts['top_k']})")
+    if len(traced.outputs_of(path)) != 1:
+        return NoMatch(PATTERN, cls, "the block returns more than one tensor")
+    experts = getattr(block, attr)
+    plan = MoePlan(
+        module_class=cls,
+        router_class=type(block.get_submodule(facts["router"])).__name__,
+        experts=attr,
+        experts_class=type(experts[0]).__name__,
+        num_experts=len(experts),
+        activation=mlp.activation,
+        shared_expert=None,
+        shared_expert_gate=None,
+        checkpoint_expert_names=(mlp.gate.attr, mlp.down.attr, mlp.up.attr),
+        expert_mlp=mlp,
+        top_k_attr=top_k_attr,
+        **facts,
+    )
+    x = value(root(linears[0].args[0]))
+    mismatch = _replay(block, plan, x)
+    if mismatch:
         other = dataclasses.replace(plan, renormalize=not plan.renormalize)
         if _replay(block, other, x) is None:
             return other
@@ -227,13 +281,13 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
     w = w.to(x2.dtype)
     act = ACT2FN[plan.activation]
     out = torch.zeros_like(x2)
-    gate_w, up_w = experts.gate_up_proj.chunk(2, dim=1)  # [E, I, H] each: gate rows first
+    gate_w, up_w, down_w = expert_weights(experts, plan.expert_mlp)
     for e in range(plan.num_experts):
         rows, slot = torch.where(idx == e)
         if len(rows) == 0:
             continue
         h = x2[rows]
-        y = F.linear(act(F.linear(h, gate_w[e])) * F.linear(h, up_w[e]), experts.down_proj[e])
+        y = F.linear(act(F.linear(h, gate_w[e])) * F.linear(h, up_w[e]), down_w[e])
         out.index_add_(0, rows, y * w[rows, slot, None])
     if plan.shared_expert:
         shared = block.get_submodule(plan.shared_expert)(x2)

@@ -200,6 +200,10 @@ class MoePlan:
     # handed to the fused experts as a custom routing function: the positions of
     # (weights, expert ids) in what the router returns. ``scoring`` is then "carried".
     carried_router: tuple[int, int] | None = None
+    # Experts held one module each (an nn.ModuleList): their MLP's facts, and the block
+    # attribute holding top_k; None for stacked [E, ...] experts
+    expert_mlp: MlpPlan | None = None
+    top_k_attr: str | None = None
 
     @property
     def grouped(self) -> bool:

@@ -108,9 +108,10 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     logits = linears[0]
     if logits.op == "call_module":  # a Linear inside the router (hunyuan's gate.wg)
         linear_path = relative(logits.target, path)
-        if linear_path.count(".") != 1:
+        if linear_path.count(".") > 1:
             return "the router is not a module holding its linear projection"
-        router, router_linear = linear_path.split(".")
+        # the block's own Linear (custom code), or a Linear inside a router module
+        router, router_linear = linear_path.split(".") if "." in linear_path else (linear_path, None)
         linear = traced.submodule(logits)
         weight, bias, num_experts = None, linear.bias, linear.out_features
         fp32 = _is_fp32_cast(logits.args[0]) and linear.weight.dtype == torch.float32

@@ -265,12 +265,10 @@ class ValueTracer(Tracer):
         ):
             return None
         heads = q.value.shape[1]
-        out = self.create_proxy(
-            "call_function",
-            causal_sdpa,
-            (None, q, self._before_expansion(k, heads), self._before_expansion(v, heads), None),
-            {"scaling": scale},
-        )
+        k, v = self._before_expansion(k, heads), self._before_expansion(v, heads)
+        if k.value.shape[1] != v.value.shape[1]:
+            return None  # k and v expanded differently
+        out = self.create_proxy("call_function", causal_sdpa, (None, q, k, v, None), {"scaling": scale})
         return out[0].transpose(1, 2)
 
     def _before_expansion(self, proxy: ValueProxy, heads: int) -> ValueProxy:

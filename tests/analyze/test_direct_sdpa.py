@@ -1,5 +1,8 @@
 """Custom code that calls torch's scaled_dot_product_attention itself (not transformers'
-attention interface) is refused with that reason, not taken for a recurrent mixer."""
+attention interface): the call is the attention when the trace proves it causal
+self-attention (is_causal=True or a constant causal mask, no dropout, torch's default
+scale, a GQA expansion kv head ``h // groups`` for query head ``h``); each one-line change
+that breaks one of those is refused, never converted."""
 
 import shutil
 from pathlib import Path
@@ -11,18 +14,64 @@ from hfrewrite.analyze import model as analysis
 from hfrewrite.errors import HfrewriteError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
+SDPA = "calls torch's scaled_dot_product_attention directly"
+
+
+def _analyze(tmp_path, monkeypatch, name: str, old: str = "", new: str = ""):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # a directory name of its own: transformers imports a repository's code once per name
+    repo = shutil.copytree(DATA / name, tmp_path / f"{name}_{tmp_path.name}")
+    if old:
+        source = repo / f"modeling_{name}.py"
+        text = source.read_text()
+        assert text.count(old) == 1, old
+        source.write_text(text.replace(old, new))
+    config = transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True)
+    return analysis.analyze(config)
+
+
+def test_causal_sdpa_in_a_helper_is_the_attention(tmp_path, monkeypatch):
+    plan = _analyze(tmp_path, monkeypatch, "tinyllama_renamed")
+    att = plan.attention
+    assert att.direct_sdpa and (att.num_heads, att.num_kv_heads, att.head_dim) == (4, 2, 32)
+    assert att.rope and att.rope_neox
+    # the helpers and calls the rewrite may drop, each proven to compute only what the plan holds
+    for call in ("causal_attention", "rope_cos_sin", "rotate_half", "repeat_interleave"):
+        assert call in att.replaced_calls
+
+
+def test_constant_causal_mask_is_the_attention(tmp_path, monkeypatch):
+    plan = _analyze(tmp_path, monkeypatch, "fusedqkv_postnorm")
+    assert plan.attention.direct_sdpa and plan.attention.fused_qkv
 
 
 @pytest.mark.parametrize(
-    ("name", "where"),
+    ("name", "old", "new", "reason"),
     [
-        ("tinyllama_renamed", "SelfAttention: vllm_attention"),
-        ("fusedqkv_postnorm", "PostNormLayer: decoder_layer"),
+        # bidirectional: not what vLLM's decoder attention computes
+        ("tinyllama_renamed", "(q, k, v, is_causal=True)", "(q, k, v, is_causal=False)", SDPA),
+        ("tinyllama_renamed", "(q, k, v, is_causal=True)", "(q, k, v, is_causal=True, dropout_p=0.1)", SDPA),
+        (
+            "tinyllama_renamed",
+            "(q, k, v, is_causal=True)",
+            "(q, k, v, is_causal=True, scale=0.1)",
+            "explicit scale",
+        ),
+        # one future token visible
+        ("fusedqkv_postnorm", ".tril(diagonal=s - t)", ".tril(diagonal=s - t + 1)", SDPA),
+        # a mask read from the input (padding-like): not a constant
+        ("fusedqkv_postnorm", ".tril(diagonal=s - t)", ".tril(diagonal=s - t) & (x[0, :, :1] > -1e9)", SDPA),
+        # kv heads tiled (h % groups), not grouped (h // groups): vLLM's GQA would differ
+        (
+            "tinyllama_renamed",
+            "k.repeat_interleave(rep, dim=1)\n        v = v.repeat_interleave(rep, dim=1)",
+            "k.repeat(1, rep, 1, 1)\n        v = v.repeat(1, rep, 1, 1)",
+            "heads",
+        ),
+        # k tiled, v grouped: no one kv layout
+        ("tinyllama_renamed", "k.repeat_interleave(rep, dim=1)", "k.repeat(1, rep, 1, 1)", SDPA),
     ],
 )
-def test_direct_sdpa_is_refused_with_its_reason(name, where, tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    repo = shutil.copytree(DATA / name, tmp_path / name)
-    config = transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True)
-    with pytest.raises(HfrewriteError, match=f"{where}: calls torch's scaled_dot_product_attention directly"):
-        analysis.analyze(config)
+def test_what_is_not_causal_self_attention_is_refused(tmp_path, monkeypatch, name, old, new, reason):
+    with pytest.raises(HfrewriteError, match=reason):
+        _analyze(tmp_path, monkeypatch, name, old, new)

@@ -1,7 +1,9 @@
 """Hub custom code in real vLLM: `convert --trust-remote-code` validates the file it writes
 against the repository's own model (tiny random weights, vLLM loading the repository's
-config class with trust_remote_code), and `verify CHECKPOINT_DIR` agrees on a checkpoint
-saved by the repository's code."""
+config class with trust_remote_code), and `verify CHECKPOINT_DIR` agrees on another
+checkpoint saved by the repository's code. The four test repositories: attention through
+transformers' interface, an SDPA helper, a fused Wqkv with a constant causal mask and
+post-norms, per-expert MoE modules dispatched by a Python loop."""
 
 from __future__ import annotations
 
@@ -25,19 +27,20 @@ def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def test_interface_llama_converts_validates_and_verifies(tmp_path, capsys):
-    repo = shutil.copytree(DATA / "interface_llama", tmp_path / "interface_llama")
+@pytest.mark.parametrize("name", ["interface_llama", "tinyllama_renamed", "fusedqkv_postnorm", "tinymoe"])
+def test_custom_code_converts_validates_and_verifies(name, tmp_path, capsys):
+    repo = shutil.copytree(DATA / name, tmp_path / name)
     out = tmp_path / "out"
     assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "validated in vLLM against Hugging Face" in printed, printed
     assert "greedy tokens equal on 4 prompts" in printed
-    generated = out / "interface_llama.py"
+    generated = out / f"{name}.py"
 
     # a checkpoint saved by the repository's own code (its .py files copied next to the weights)
     config = validation_config(resolve(str(repo), trust_remote_code=True).config)
     ckpt = fixtures.save_random_checkpoint(config, tmp_path / "ckpt", seed=1)
-    assert (ckpt / "modeling_interface_llama.py").exists() and fixtures.runs_custom_code(ckpt)
+    assert (ckpt / f"modeling_{name}.py").exists() and fixtures.runs_custom_code(ckpt)
     assert main(["verify", str(ckpt), "--generated", str(generated)]) == 0
     report = capsys.readouterr().out
     assert report.strip().endswith("verified"), report

@@ -1,0 +1,102 @@
+"""Experts held one module each (an ``nn.ModuleList`` of MLPs, as custom code and older
+transformers releases write them), dispatched by a Python loop over the experts.
+
+Pattern::
+
+    weights, chosen = topk(scoring(router(x)), k)   # router: an nn.Linear of the block
+    for e, expert in enumerate(self.experts):       # per-expert gather, call, scatter
+        ...
+
+The loop is not a structure vLLM keeps: what the analysis proves is what the block
+computes. The routing facts come from the graph up to the top-k (``router_facts``), the
+expert MLP from its own trace (``analyze_mlp`` on expert 0, every expert of its class),
+and ``moe._replay`` must then reproduce the block from them (routing, per-expert
+weights, weighted sum), which is the proof the rewrite rests on.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import nn
+from torch.fx import Node
+
+from hfrewrite.analyze.mlp import analyze_mlp
+from hfrewrite.analyze.plan import MlpPlan, NoMatch
+from hfrewrite.analyze.trace import Traced, trace
+
+PATTERN = "fuse_experts"
+
+
+def expert_list(block: nn.Module) -> str | None:
+    """The attribute of the block's one ``nn.ModuleList`` of at least two experts of one
+    class, each holding Linears, or None."""
+    found = [
+        name
+        for name, child in block.named_children()
+        if isinstance(child, nn.ModuleList)
+        and len(child) >= 2
+        and len({type(m) for m in child}) == 1
+        and any(isinstance(m, nn.Linear) for m in child[0].modules())
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def expert_mlp(block: nn.Module, attr: str, config) -> MlpPlan | NoMatch:
+    """The facts of the experts' MLP, from a trace of expert 0 on example tokens."""
+    expert = getattr(block, attr)[0]
+    width = next(m for m in expert.modules() if isinstance(m, nn.Linear)).in_features
+    generator = torch.Generator().manual_seed(0)
+    plan = analyze_mlp(trace(expert, (torch.randn(5, width, generator=generator),)), "", config)
+    if isinstance(plan, NoMatch):
+        return plan
+    if plan.gate is None or plan.fused_gate_up or plan.gate.bias or plan.down.bias:
+        return NoMatch(PATTERN, type(expert).__name__, "the experts are not bias-free gate/up/down MLPs")
+    return plan
+
+
+def routed(traced: Traced, path: str) -> tuple[Node, Node] | str:
+    """(expert ids, routing weights): the indices of the block's one top-k, and the values
+    it hands the experts (what its values become before the per-expert loop indexes
+    them), or why not."""
+    inside = set(traced.nodes_in(path))
+    topks = [n for n in inside if n.target is torch.topk or (n.op == "call_method" and n.target == "topk")]
+    if len(topks) != 1:
+        return f"{len(topks)} top-k choices of experts instead of one"
+    picks = {u.args[1]: u for u in topks[0].users if u.target is operator.getitem}
+    if set(picks) != {0, 1}:
+        return "the top-k's values and indices are not both used"
+    weights = picks[0]
+    while len(weights.users) == 1 and not _indexes(next(iter(weights.users)), weights):
+        weights = next(iter(weights.users))
+    return picks[1], weights
+
+
+def _indexes(node: Node, source: Node) -> bool:
+    """``node`` gathers rows of ``source`` (``weights[token_idx, slot, None]``)."""
+    return node.target is operator.getitem and node.args[0] is source and isinstance(node.args[1], tuple)
+
+
+def expert_weights(experts: nn.Module, mlp: MlpPlan | None) -> tuple[list, list, list]:
+    """Per expert: gate [I, H], up [I, H], down [H, I] weights, from stacked experts
+    (``gate_up_proj`` [E, 2I, H] as [gate; up], ``down_proj`` [E, H, I]) or from the
+    modules of a ModuleList (``mlp``: their MLP facts)."""
+    if mlp is None:
+        gate, up = experts.gate_up_proj.chunk(2, dim=1)
+        return list(gate), list(up), list(experts.down_proj)
+    return (
+        [getattr(e, mlp.gate.attr).weight for e in experts],
+        [getattr(e, mlp.up.attr).weight for e in experts],
+        [getattr(e, mlp.down.attr).weight for e in experts],
+    )
+
+
+def top_k_attr(block: nn.Module, top_k: int) -> str | None:
+    """The block attribute holding ``top_k`` (an int), when exactly one does."""
+    found = [
+        name
+        for name, v in vars(block).items()
+        if not name.startswith("_") and isinstance(v, int) and not isinstance(v, bool) and v == top_k
+    ]
+    return found[0] if len(found) == 1 else None
