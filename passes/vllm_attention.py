@@ -35,6 +35,18 @@ import libcst.matchers as m
 
 from hfrewrite.analyze.plan import AttentionPlan, MlaPlan
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.attention_body import (
+    ALLOWED_CALLS,
+    DROPOUT_CALLS,
+    FACTORIES,
+    attention_branches,
+    cache_update,
+    carried_conditional,
+    config_switch,
+    guards_rope,
+    state_names,
+    unrecognised,
+)
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -94,167 +106,6 @@ class _FindAttentionCall(cst.CSTVisitor):
             self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
 
 
-# What an attention forward may do besides projecting, for the rewrite to be faithful:
-# reshape q/k/v, apply the plan's per-head norms, the rope helper, the HF cache update, the
-# attention interface and the output projection. Anything else is refused (fail closed).
-_LAYOUT_METHODS = {"view", "transpose", "reshape", "contiguous", "flatten", "unsqueeze"}
-_ALLOWED_CALLS = _LAYOUT_METHODS | {
-    "attention_interface",
-    "get_interface",
-    "getattr",
-}
-# dropout after the output projection: the analysis proved it the identity at inference
-_DROPOUT_CALLS = {"dropout"}
-# torch's tensor factories: free of effects; what they build (a causal mask over concrete
-# lengths) reaches the output only through the attention call the analysis proved
-_FACTORIES = {"ones", "zeros", "full", "empty", "arange", "tril", "triu", "bool"}
-
-
-class _Calls(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        self.names.append(func.attr.value if isinstance(func, cst.Attribute) else t.dotted(func) or "?")
-
-
-# In-place elementwise ops on q/k/v that a config can switch on (olmoe's clip_qkv): the
-# source's `if` is carried over verbatim, with q/k/v renamed to vLLM's names.
-_INPLACE_ELEMENTWISE = {"clamp_", "clip_"}
-
-
-def _state_names(body: list[cst.BaseStatement]) -> dict[str, str]:
-    """HF names of the q/k/v tensors -> "q"/"k"/"v" (`query_states = q.view(...)` ...)."""
-    names = {"q": "q", "k": "k", "v": "v"}
-    for statement in body:
-        if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
-            assign = statement.body[0]
-            sources = {names[n] for n in t.names_used(assign.value) if n in names}
-            targets = [
-                e.value
-                for tgt in assign.targets
-                for e in (
-                    tgt.target.elements if isinstance(tgt.target, cst.Tuple) else [cst.Element(tgt.target)]
-                )
-                if isinstance(e.value, cst.Name)
-            ]
-            if len(sources) == 1 and len(targets) == 1:
-                names[targets[0].value] = sources.pop()
-    return names
-
-
-def _carried_conditional(statement: cst.BaseStatement, states: dict[str, str]) -> cst.If | None:
-    """`if <config test>: q.clamp_(...)`-style statement, renamed to q/k/v, or None."""
-    if not isinstance(statement, cst.If) or statement.orelse is not None:
-        return None
-    if t.names_used(statement.test) & set(states):
-        return None
-    for line in statement.body.body:
-        call = (
-            line.body[0].value
-            if isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr)
-            else None
-        )
-        if not (
-            isinstance(call, cst.Call)
-            and isinstance(call.func, cst.Attribute)
-            and isinstance(call.func.value, cst.Name)
-            and call.func.value.value in states
-            and call.func.attr.value in _INPLACE_ELEMENTWISE
-            and not (
-                t.names_used(
-                    cst.Module([cst.SimpleStatementLine([cst.Expr(a.value) for a in call.args])])
-                    if call.args
-                    else set()
-                )
-                & set(states)
-            )
-        ):
-            return None
-
-    class _Rename(cst.CSTTransformer):
-        def leave_Name(self, original, updated):
-            return updated.with_changes(value=states.get(updated.value, updated.value))
-
-    return statement.visit(_Rename())
-
-
-def _cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
-    """``if <cache> is not None: k, v = <cache>.update(...)``, ``<cache>`` a forward
-    parameter (Hugging Face's KV cache): vLLM's Attention owns the cache, so it goes."""
-    if not isinstance(statement, cst.If) or statement.orelse is not None:
-        return False
-    caches = t.root_names(statement.test) & params
-    return bool(caches) and all(
-        isinstance(s, cst.SimpleStatementLine)
-        and len(s.body) == 1
-        and isinstance(s.body[0], cst.Assign)
-        and isinstance(s.body[0].value, cst.Call)
-        and isinstance(s.body[0].value.func, cst.Attribute)
-        and t.code(s.body[0].value.func.value) in caches
-        and s.body[0].value.func.attr.value == "update"
-        for s in statement.body.body
-    )
-
-
-def _attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
-    """``if <not a config switch>: ... else: ...`` whose branches only make the calls the
-    plan accounts for: the source picking its causal attention by shapes or cache (prefill
-    traced and proven, decode checked by convert-time validation); vLLM's replaces both."""
-    if not isinstance(statement, cst.If) or t.root_names(statement.test) & _SWITCH_NAMES - {"None"}:
-        return False
-    branches = [statement.body.body]
-    if isinstance(statement.orelse, cst.Else):
-        branches.append(statement.orelse.body.body)
-    elif statement.orelse is not None:
-        return False  # elif chains: not this shape
-    return all(not _unrecognised(s, allowed_calls) for body in branches for s in body)
-
-
-def _unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
-    """True for a statement the vLLM rewrite would silently drop the meaning of."""
-    if isinstance(statement, cst.If):
-        return True  # the caller sorts out the ifs it knows
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return True
-    calls = _Calls()
-    statement.visit(calls)
-    return any(c not in allowed_calls for c in calls.names)
-
-
-# What a config switch may read: the module's own attributes and constants.
-_SWITCH_NAMES = {"self", "config", "None", "True", "False"}
-
-
-def _config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
-    """The test of ``if <self/config test>: ...`` (no else), else None."""
-    if (
-        isinstance(statement, cst.If)
-        and statement.orelse is None
-        and t.root_names(statement.test) <= _SWITCH_NAMES
-    ):
-        return statement.test
-    return None
-
-
-def _guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, str]) -> bool:
-    """The body only re-assigns q/k states through the allowed (rope and layout) calls:
-    the position-dependent region the analysis proved is the rope, under a condition."""
-    assigned = {
-        name
-        for s in statement.body.body
-        if isinstance(s, cst.SimpleStatementLine)
-        for small in s.body
-        if isinstance(small, cst.Assign)
-        for target in small.targets
-        for name in t.root_names(target.target)
-    }
-    return all(not _unrecognised(s, allowed_calls) for s in statement.body.body) and bool(
-        {states.get(name) for name in assigned} & {"q", "k"}
-    )
-
-
 def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) -> cst.FunctionDef:
     body = [
         s.with_changes(trailing_whitespace=cst.TrailingWhitespace())
@@ -286,12 +137,12 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     if split_at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
 
-    allowed = _ALLOWED_CALLS | _DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
-    allowed |= _FACTORIES if att.direct_sdpa else set()
+    allowed = ALLOWED_CALLS | DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    allowed |= FACTORIES if att.direct_sdpa else set()
     allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
-    states = _state_names(body[split_at + 1 :])
+    states = state_names(body[split_at + 1 :])
     carried: list[cst.If] = []
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
     rope_test: cst.BaseExpression | None = None
@@ -299,27 +150,25 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
     planned = {a for a in (att.q_norm, att.k_norm) if a}
     for statement in body[split_at + 1 :]:
-        test = _config_switch(statement)
-        if (conditional := _carried_conditional(statement, states)) is not None:
+        test = config_switch(statement)
+        if (conditional := carried_conditional(statement, states)) is not None:
             carried.append(conditional)
-        elif test is not None and _guards_rope(statement, allowed, states):
+        elif test is not None and guards_rope(statement, allowed, states):
             rope_test = test  # NoPE layers: the source's own condition on its rope
-        elif _cache_update(statement, params) or (
-            att.direct_sdpa and _attention_branches(statement, allowed)
-        ):
+        elif cache_update(statement, params) or (att.direct_sdpa and attention_branches(statement, allowed)):
             continue
         elif (
             test is not None
             and planned
             and t.self_attrs_used(statement.body) & planned
-            and all(not _unrecognised(s, allowed) for s in statement.body.body)
+            and all(not unrecognised(s, allowed) for s in statement.body.body)
         ):
             norm_test = test  # the traced config took it: the plan's norms, under its test
         elif test is not None and not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
             # A switch the traced config leaves off (cohere's use_qk_norm): what it
             # would do was never proven, so the file refuses configs that turn it on.
             untaken.append(test)
-        elif _unrecognised(statement, allowed):
+        elif unrecognised(statement, allowed):
             line = " ".join(t.code(statement).split())[:80]
             raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
 

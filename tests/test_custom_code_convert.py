@@ -121,3 +121,5 @@ def test_custom_code_through_the_attention_interface_converts_from_its_own_sourc
     ):
         assert line in text, line
     compile(text, "interface_llama.py", "exec")
+    # the header records --trust-remote-code: `check` regenerates it byte for byte
+    assert main(["check", str(out / "interface_llama.py")]) == 0, capsys.readouterr().err

@@ -13,6 +13,9 @@ vLLM fuses each ``residual + ...; norm(...)`` pair into ``norm(hidden, residual)
 Preconditions (fail closed): the output is one tensor; every add on the residual stream
 is such a block; the stream starts at the layer's first (hidden-states) input; apart
 from layer inputs (position embeddings...), each block reads only its norm's output.
+
+A layer that is not that (post norms, parallel blocks...) is carried from the source
+(``carried_layer``): it names the one submodule that attends and the one MLP.
 """
 
 from __future__ import annotations
@@ -22,8 +25,17 @@ import operator
 import torch
 from torch.fx import Node
 
-from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock
-from hfrewrite.analyze.trace import Traced, is_identity_dropout, is_norm, top_scope
+from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
+from hfrewrite.analyze.trace import (
+    DIRECT_SDPA_REASON,
+    Traced,
+    is_attention_leaf,
+    is_direct_sdpa,
+    is_experts,
+    is_identity_dropout,
+    is_norm,
+    top_scope,
+)
 
 _ADD = (operator.add, torch.add, "add")
 _CASTS = ("to", "float", "type_as", "contiguous")
@@ -119,3 +131,38 @@ def _uncast(node: object) -> object:
     while isinstance(node, Node) and node.op == "call_method" and node.target in _CASTS:
         node = node.args[0]
     return node
+
+
+def carried_layer(traced: Traced) -> DecoderLayerPlan:
+    """A layer whose forward is carried: which direct submodule attends (it holds the
+    attention call) and which is the MLP (the other one with linears)."""
+    attending = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)}
+    with_linears = {top_scope(n) for n in traced.linears_in("")}
+    with_linears |= {
+        top_scope(n) for n in traced.graph.nodes if n.op == "call_module" and is_experts(traced.submodule(n))
+    }  # a MoE block
+    cls = type(traced.module).__name__
+    others = sorted(with_linears - attending - {None})
+    if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
+        refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
+    if not attending:
+        refuse(
+            "decoder_layer",
+            "no softmax attention call: a recurrent or state-space "
+            "mixer does not fit vLLM's decoder contract",
+            cls,
+        )
+    if len(attending) != 1 or None in attending or len(others) != 1:
+        refuse(
+            "decoder_layer",
+            f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
+            cls,
+        )
+    attention = attending.pop()
+    return DecoderLayerPlan(
+        cls,
+        (),
+        attention_block=attention,
+        mlp_block=others[0],
+        attention_returns_tuple=traced.returns_tuple.get(attention, True),
+    )

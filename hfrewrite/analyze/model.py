@@ -27,14 +27,13 @@ from hfrewrite.analyze.checkpoint import (
     checkpoint_renames,
     expert_checkpoint_names,
 )
-from hfrewrite.analyze.decoder import analyze_decoder
+from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.analyze.plan import (
     AttentionPlan,
-    DecoderLayerPlan,
     MlaPlan,
     MlpPlan,
     ModelPlan,
@@ -47,13 +46,8 @@ from hfrewrite.analyze.plan import (
 from hfrewrite.analyze.shrink import VOCAB, shrink_config
 from hfrewrite.analyze.trace import (
     ATTN_IMPLEMENTATION,
-    DIRECT_SDPA_REASON,
     Traced,
-    is_attention_leaf,
-    is_direct_sdpa,
-    is_experts,
     is_norm,
-    top_scope,
     trace,
 )
 from hfrewrite.errors import HfrewriteError
@@ -359,7 +353,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
         else:
             found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
             why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
-        decoder = _carried_layer(traced)
+        decoder = carried_layer(traced)
         carried = NoMatch(
             "fused_residual_norm",
             decoder.module_class,
@@ -390,41 +384,6 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
     if moe.shared_expert:
         shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", config))
     return decoder, attention, shared, moe, carried
-
-
-def _carried_layer(traced: Traced) -> DecoderLayerPlan:
-    """A layer whose forward is carried: which direct submodule attends (it holds the
-    attention call) and which is the MLP (the other one with linears)."""
-    attending = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)}
-    with_linears = {top_scope(n) for n in traced.linears_in("")}
-    with_linears |= {
-        top_scope(n) for n in traced.graph.nodes if n.op == "call_module" and is_experts(traced.submodule(n))
-    }  # a MoE block
-    cls = type(traced.module).__name__
-    others = sorted(with_linears - attending - {None})
-    if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
-        refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
-    if not attending:
-        refuse(
-            "decoder_layer",
-            "no softmax attention call: a recurrent or state-space "
-            "mixer does not fit vLLM's decoder contract",
-            cls,
-        )
-    if len(attending) != 1 or None in attending or len(others) != 1:
-        refuse(
-            "decoder_layer",
-            f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
-            cls,
-        )
-    attention = attending.pop()
-    return DecoderLayerPlan(
-        cls,
-        (),
-        attention_block=attention,
-        mlp_block=others[0],
-        attention_returns_tuple=traced.returns_tuple.get(attention, True),
-    )
 
 
 def _one_kind(plans: list, kind: type):

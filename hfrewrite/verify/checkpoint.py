@@ -90,7 +90,8 @@ def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
     if not any(
         (ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     ):
-        vocab = json.loads((ckpt / "config.json").read_text()).get("vocab_size")
+        config = ckpt / "config.json"
+        vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
         vocab = vocab if isinstance(vocab, int) and vocab > 0 else None
         return [[t % vocab if vocab else t for t in p] for p in DEFAULT_PROMPTS], None
     from transformers import AutoTokenizer

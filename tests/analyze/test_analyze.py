@@ -322,9 +322,13 @@ def mlp_of(module):
 
 
 MLP_REFUSALS = {  # one change to ActMlp.forward each, and the reason
-    "a functional activation": (
-        ("self.act_fn(self.gate_proj(x))", "nn.functional.silu(self.gate_proj(x))"),
-        "the product is not act_module(linear(x)) * linear(x)",
+    "a function vLLM fuses no *AndMul for": (
+        ("self.act_fn(self.gate_proj(x))", "torch.tanh(self.gate_proj(x))"),
+        "the product is not act(linear(x)) * linear(x)",
+    ),
+    "torch's relu (no ReluAndMul)": (
+        ("self.act_fn(self.gate_proj(x))", "nn.functional.relu(self.gate_proj(x))"),
+        "the product is not act(linear(x)) * linear(x)",
     ),
     "a sum of gate and up": (
         (") * up)", ") + up)"),
@@ -338,6 +342,21 @@ def test_mlp_no_match_reasons(mutate, case):
     edit, reason = MLP_REFUSALS[case]
     mutate(ActMlp, "forward", edit)
     assert mlp_of(ActMlp()) == NoMatch("fuse_gate_up", "ActMlp", reason)
+
+
+@pytest.mark.parametrize(
+    ("call", "activation"),
+    [
+        ("nn.functional.silu(self.gate_proj(x))", "silu"),
+        ("nn.functional.gelu(self.gate_proj(x))", "gelu"),
+        ("nn.functional.gelu(self.gate_proj(x), approximate='tanh')", "gelu_pytorch_tanh"),
+    ],
+)
+def test_torch_activation_functions_called_inline_are_fused(mutate, call, activation):
+    # custom code calls torch's function: no attribute holds it (act_attr ""), the name is vLLM's
+    mutate(ActMlp, "forward", ("self.act_fn(self.gate_proj(x))", call))
+    plan = mlp_of(ActMlp())
+    assert (plan.act_attr, plan.activation) == ("", activation)
 
 
 def test_activation_is_replayed_not_taken_from_its_class():
@@ -391,7 +410,7 @@ def test_fused_projection_halves_that_are_not_gate_and_up(mutate, edit):
     assert mlp_of(FusedMlp()) == NoMatch(
         "fuse_gate_up",
         "FusedMlp",
-        "down_proj does not read act_module(gate_up_proj(x))",
+        "down_proj does not read act(gate_up_proj(x))",
     )
 
 

@@ -48,6 +48,8 @@ def llama_like(
             rope=True,
             scaling=32**-0.5,
             sliding_window=None,
+            # what the analysis finds llama's forward calls compute: the rope, nothing else
+            replaced_calls=("apply_rotary_pos_emb",),
         ),
         mlp=MlpPlan(
             module_class=f"{prefix}MLP",
