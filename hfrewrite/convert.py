@@ -9,6 +9,7 @@ import libcst as cst
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.emit import output as emit
+from hfrewrite.emit.local_modules import inline_local_imports
 from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.pipeline import run_passes
 from hfrewrite.errors import HfrewriteError
@@ -32,6 +33,10 @@ def generate(resolved) -> Generated:
     except (OSError, cst.ParserSyntaxError) as exc:
         raise HfrewriteError(f"cannot read {resolved.modeling_path}: {exc}") from None
     if getattr(resolved, "custom_code", False):
+        try:
+            module = inline_local_imports(module, resolved.modeling_path.parent)
+        except HfrewriteError as exc:
+            raise HfrewriteError(f"{resolved.model_id}: {exc}") from None
         _defined_in_file(plan, module, resolved.modeling_path.name)
     with step(f"rewriting {resolved.modeling_path.name}"):
         result = run_passes(

@@ -123,3 +123,50 @@ def test_custom_code_through_the_attention_interface_converts_from_its_own_sourc
     compile(text, "interface_llama.py", "exec")
     # the header records --trust-remote-code: `check` regenerates it byte for byte
     assert main(["check", str(out / "interface_llama.py")]) == 0, capsys.readouterr().err
+
+
+GELU_MLP = """class GeluMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=True)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+"""
+
+
+def _split_repo(tmp_path, import_line: str, layers_head: str = "") -> Path:
+    """fusedqkv_postnorm with its MLP class moved into the repository's own layers.py."""
+    repo = shutil.copytree(DATA / "fusedqkv_postnorm", tmp_path / "split_repo")
+    modeling = repo / "modeling_fusedqkv_postnorm.py"
+    text = modeling.read_text()
+    assert text.count(GELU_MLP) == 1
+    marker = "from .configuration_fusedqkv_postnorm import"
+    text = text.replace(GELU_MLP, "").replace(marker, f"{import_line}\n{marker}")
+    modeling.write_text(text)
+    head = (
+        layers_head
+        or '"""Layers of the repository."""\n\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n'
+    )
+    (repo / "layers.py").write_text(head + GELU_MLP)
+    return repo
+
+
+def test_the_repository_s_own_modules_are_inlined(tmp_path, capsys):
+    repo = _split_repo(tmp_path, "from .layers import GeluMLP")
+    out = tmp_path / "out"
+    code, err = run(capsys, repo, "--trust-remote-code", "-o", out)
+    assert code == 0, err
+    text = (out / "fusedqkv_postnorm.py").read_text()
+    assert "class GeluMLP(nn.Module):" in text and "self.fc1 = ColumnParallelLinear(" in text
+    assert "from ." not in text
+    compile(text, "fusedqkv_postnorm.py", "exec")
+
+
+def test_a_name_on_both_sides_of_a_local_import_is_refused(tmp_path, capsys):
+    clash = '"""Layers."""\n\nimport torch.nn.functional as F\nfrom torch import nn\n\n\ndef rotate_half(x):\n    return x\n\n\n'
+    repo = _split_repo(tmp_path, "from .layers import GeluMLP", clash)
+    code, err = run(capsys, repo, "--trust-remote-code", "-o", tmp_path / "out")
+    assert code == 2 and "rotate_half is defined both in the modeling file and in layers.py" in err, err
+    assert not (tmp_path / "out").exists()

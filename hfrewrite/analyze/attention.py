@@ -33,6 +33,7 @@ from hfrewrite.analyze.dataflow import (
     rope_start,
 )
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
+from hfrewrite.analyze.manual_attention import MANUAL_REASON, attends_by_hand
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import per_layer_type, prove_rope
 from hfrewrite.analyze.trace import (
@@ -226,12 +227,15 @@ def _replaced_calls(
     """Names of the calls in the attention forward (functions it calls; methods and torch
     functions it calls itself) whose every traced node the plan accounts for: on the q/k
     paths from the projections to the end of the proven rope, computed from the position
-    inputs alone (cos/sin), the attention call and the layout after it, or unused (a GQA
-    expansion the attention leaf looked through; never an in-place op)."""
+    inputs alone (cos/sin), the attention call and the layout after it, or reaching no
+    output (a GQA expansion the attention leaf looked through, attention written by hand
+    that the leaf replaced; never an in-place op)."""
     accounted = {call, *path_nodes(o_node, call, scope)}
     for r, end in ends.items():
         accounted |= {*path_nodes(end, feeders[r], scope), end}
     sources = set(feeders.values())
+    outputs = [n for n in traced.graph.nodes if n.op == "output"]
+    live = set(ancestors(outputs[0], None)) if outputs else set()
     forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
     verdicts: dict[str, bool] = {}
     for n in scope:
@@ -244,7 +248,7 @@ def _replaced_calls(
         ok = (
             n in accounted
             or not sources & set(ancestors(n, scope))
-            or (not n.users and not str(name).endswith("_"))
+            or (n not in live and not str(name).endswith("_"))
         )
         verdicts[name] = verdicts.get(name, True) and ok
     return tuple(sorted(name for name, ok in verdicts.items() if ok))
@@ -382,6 +386,8 @@ def _attention_call(traced: Traced, path: str) -> Node:
     if not calls:
         if any(is_direct_sdpa(n) for n in traced.nodes_in(path)):
             refuse("vllm_attention", DIRECT_SDPA_REASON)
+        if attends_by_hand(traced.nodes_in(path)):
+            refuse("vllm_attention", MANUAL_REASON)
         refuse(
             "vllm_attention",
             "no call through the attention interface: a linear-attention or "

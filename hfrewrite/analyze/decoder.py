@@ -25,6 +25,7 @@ import operator
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.manual_attention import MANUAL_REASON, attends_by_hand
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
@@ -145,6 +146,8 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
     others = sorted(with_linears - attending - {None})
     if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
         refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
+    if not attending and attends_by_hand(traced.graph.nodes):
+        refuse("decoder_layer", MANUAL_REASON, cls)
     if not attending:
         refuse(
             "decoder_layer",

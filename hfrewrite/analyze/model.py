@@ -28,6 +28,7 @@ from hfrewrite.analyze.checkpoint import (
     expert_checkpoint_names,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
+from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
@@ -336,9 +337,11 @@ def _example_run(
 def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
     # The tracer is best effort on unknown code: say where it stopped.
     try:
-        return trace(layer, args, kwargs)
+        traced = trace(layer, args, kwargs)
     except Exception as e:
         raise Refusal(NoMatch("trace", type(layer).__name__, _line(e))) from e
+    fold_manual_attention(traced)  # attention written out by hand, when proven causal
+    return traced
 
 
 def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple:

@@ -99,6 +99,24 @@ def causal_sdpa(module, query, key, value, attention_mask, scaling=None):
 ATTENTION_LEAVES = (opaque_attention, causal_sdpa)
 
 
+def before_expansion(expanded: Node, heads: int) -> Node:
+    """The k/v node a GQA expansion (``repeat_interleave``, ``repeat_kv``) made ``expanded``
+    from: the nearest earlier value whose kv heads, each repeated for its group, equal
+    ``expanded``'s value (checked on the values); ``expanded`` itself when none."""
+    node, want = expanded, expanded.meta.get("value")
+    for _ in range(4):
+        val = node.meta.get("value")
+        if torch.is_tensor(val) and val.dim() == 4 and val.shape[1] < heads and heads % val.shape[1] == 0:
+            if torch.equal(val.repeat_interleave(heads // val.shape[1], dim=1), want):
+                return node
+            break
+        inputs = [a for a in node.all_input_nodes if torch.is_tensor(a.meta.get("value"))]
+        if len(inputs) != 1:
+            break
+        node = inputs[0]
+    return expanded
+
+
 def _causal_mask(mask: Any, length: int) -> bool:
     """``mask`` is the causal mask of ``length`` queries over as many keys, built from
     constants alone (no layer input: not a padding mask): boolean ``tril`` or additive
@@ -265,28 +283,11 @@ class ValueTracer(Tracer):
         ):
             return None
         heads = q.value.shape[1]
-        k, v = self._before_expansion(k, heads), self._before_expansion(v, heads)
+        k, v = (ValueProxy(before_expansion(x.node, heads), self) for x in (k, v))
         if k.value.shape[1] != v.value.shape[1]:
             return None  # k and v expanded differently
         out = self.create_proxy("call_function", causal_sdpa, (None, q, k, v, None), {"scaling": scale})
         return out[0].transpose(1, 2)
-
-    def _before_expansion(self, proxy: ValueProxy, heads: int) -> ValueProxy:
-        """The k/v value a GQA expansion (``repeat_interleave``, ``repeat_kv``) made
-        ``proxy`` from: the nearest earlier value whose kv heads, each repeated for its
-        group, equal ``proxy`` (checked on the values); ``proxy`` itself when none."""
-        node = proxy.node
-        for _ in range(4):
-            val = node.meta.get("value")
-            if torch.is_tensor(val) and val.dim() == 4 and val.shape[1] < heads and heads % val.shape[1] == 0:
-                if torch.equal(val.repeat_interleave(heads // val.shape[1], dim=1), proxy.value):
-                    return ValueProxy(node, self)
-                break
-            inputs = [a for a in node.all_input_nodes if torch.is_tensor(a.meta.get("value"))]
-            if len(inputs) != 1:
-                break
-            node = inputs[0]
-        return proxy
 
     def _evaluate(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         args = map_aggregate(args, _value_of)

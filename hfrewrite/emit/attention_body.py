@@ -22,7 +22,7 @@ ALLOWED_CALLS = LAYOUT_METHODS | {
 DROPOUT_CALLS = {"dropout"}
 # torch's tensor factories: free of effects; what they build (a causal mask over concrete
 # lengths) reaches the output only through the attention call the analysis proved
-FACTORIES = {"ones", "zeros", "full", "empty", "arange", "tril", "triu", "bool"}
+FACTORIES = {"ones", "zeros", "full", "empty", "arange", "tril", "triu", "bool", "sqrt", "finfo"}
 
 
 class _Calls(cst.CSTVisitor):

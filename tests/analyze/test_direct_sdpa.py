@@ -12,6 +12,7 @@ import transformers
 
 from hfrewrite.analyze import model as analysis
 from hfrewrite.errors import HfrewriteError
+from tests.analyze.by_hand import attention_by_hand
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 SDPA = "calls torch's scaled_dot_product_attention directly"
@@ -75,3 +76,36 @@ def test_constant_causal_mask_is_the_attention(tmp_path, monkeypatch):
 def test_what_is_not_causal_self_attention_is_refused(tmp_path, monkeypatch, name, old, new, reason):
     with pytest.raises(HfrewriteError, match=reason):
         _analyze(tmp_path, monkeypatch, name, old, new)
+
+
+def _by_hand(tmp_path, monkeypatch, old: str = "", new: str = ""):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = shutil.copytree(DATA / "tinyllama_renamed", tmp_path / f"byhand_{tmp_path.name}")
+    source = repo / "modeling_tinyllama_renamed.py"
+    text = attention_by_hand(source.read_text())
+    if old:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    source.write_text(text)
+    return analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+
+
+def test_attention_written_by_hand_is_proven_causal(tmp_path, monkeypatch):
+    att = _by_hand(tmp_path, monkeypatch).attention
+    assert att.direct_sdpa and (att.num_heads, att.num_kv_heads) == (4, 2)
+    assert {"causal_attention", "repeat_interleave"} <= set(att.replaced_calls)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('    scores = scores.masked_fill(future, float("-inf"))\n', ""),  # bidirectional
+        ("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),  # another scale
+        ("diagonal=s - t + 1", "diagonal=s - t + 2"),  # one future token visible
+    ],
+)
+def test_attention_by_hand_that_is_not_causal_sdpa_is_refused(tmp_path, monkeypatch, old, new):
+    with pytest.raises(
+        HfrewriteError, match="SelfAttention: vllm_attention: computes a softmax attention by hand"
+    ):
+        _by_hand(tmp_path, monkeypatch, old, new)

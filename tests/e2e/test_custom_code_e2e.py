@@ -16,6 +16,7 @@ from hfrewrite.cli import main
 from hfrewrite.resolve import resolve
 from hfrewrite.verify import fixtures
 from hfrewrite.verify.validate import validation_config
+from tests.analyze.by_hand import attention_by_hand
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 
@@ -27,9 +28,21 @@ def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-@pytest.mark.parametrize("name", ["interface_llama", "tinyllama_renamed", "fusedqkv_postnorm", "tinymoe"])
-def test_custom_code_converts_validates_and_verifies(name, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("name", "by_hand"),
+    [
+        ("interface_llama", False),
+        ("tinyllama_renamed", False),
+        ("tinyllama_renamed", True),  # its attention written out by hand (matmul, softmax)
+        ("fusedqkv_postnorm", False),
+        ("tinymoe", False),
+    ],
+)
+def test_custom_code_converts_validates_and_verifies(name, by_hand, tmp_path, capsys):
     repo = shutil.copytree(DATA / name, tmp_path / name)
+    if by_hand:
+        source = repo / f"modeling_{name}.py"
+        source.write_text(attention_by_hand(source.read_text()))
     out = tmp_path / "out"
     assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
