@@ -244,9 +244,9 @@ ATTENTION_REFUSALS = {
             "out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)",
             "out = (torch.softmax(q @ k.transpose(2, 3) * 0.25, -1) @ v).transpose(1, 2)",
         ),
-        (
-            "vllm_attention: no call through the attention interface: a linear-attention or "
-            "recurrent mixer keeps state outside vLLM's KV cache"
+        (  # bidirectional, scaled by 0.25: not what the causal leaf computes
+            "vllm_attention: computes a softmax attention by hand that is not proven causal "
+            "self-attention at the default scale (torch's causal SDPA of its q, k and v does not reproduce it)"
         ),
     ),
     "a position transform that is not rope": (
