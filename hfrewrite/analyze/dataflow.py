@@ -3,10 +3,13 @@ computed from, which linears feed or read it, where the rope starts."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 from torch.fx import Node
 
-from hfrewrite.analyze.trace import Traced
+if TYPE_CHECKING:  # trace.py reads ancestors() from here
+    from hfrewrite.analyze.trace import Traced
 
 
 def ancestors(node: Node, scope: set[Node] | None) -> list[Node]:

@@ -34,6 +34,7 @@ from torch.fx.proxy import Attribute
 from torch.utils import _pytree as pytree
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
+from hfrewrite.analyze.dataflow import ancestors
 from hfrewrite.analyze.plan import LinearFact
 
 ATTN_IMPLEMENTATION = "hfrewrite_opaque"
@@ -57,10 +58,8 @@ def opaque_attention(module, query, key, value, attention_mask, **kwargs):
                 (named, query, key, value, attention_mask),
                 kwargs,
             )
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
-        # custom code need not name its GQA ratio: query head h reads kv head h // groups
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    if getattr(module, "num_key_value_groups", None) != query.shape[1] // key.shape[1]:
+        key, value = _grouped(query, key, value)  # custom code need not name its GQA ratio
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -89,14 +88,18 @@ def causal_sdpa(module, query, key, value, attention_mask, scaling=None):
     expansion (kv head ``h // groups`` serves query head ``h``); returns what
     ``opaque_attention`` returns, ``([batch, seq, heads, head_dim], None)``, from the same
     arguments (``module`` and ``attention_mask`` are always None)."""
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    key, value = _grouped(query, key, value)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
     return out.transpose(1, 2), None
 
 
 ATTENTION_LEAVES = (opaque_attention, causal_sdpa)
+
+
+def _grouped(query, key, value):
+    """k and v with each kv head repeated for its group: query head h reads kv head h // groups."""
+    groups = query.shape[1] // key.shape[1]
+    return (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
 
 
 def before_expansion(expanded: Node, heads: int) -> Node:
@@ -122,7 +125,7 @@ def _causal_mask(mask: Any, length: int) -> bool:
     constants alone (no layer input: not a padding mask): boolean ``tril`` or additive
     0 / very negative, any leading dims of size 1."""
     if isinstance(mask, ValueProxy):
-        if any(n.op == "placeholder" for n in _ancestors(mask.node)):
+        if any(n.op == "placeholder" for n in ancestors(mask.node, None)):
             return False
         mask = mask.value
     if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length) or mask.numel() != length * length:
@@ -133,16 +136,6 @@ def _causal_mask(mask: Any, length: int) -> bool:
         return torch.equal(mask, allowed)
     very_negative = mask <= torch.finfo(mask.dtype).min / 2
     return mask.is_floating_point() and bool((mask[allowed] == 0).all() and very_negative[~allowed].all())
-
-
-def _ancestors(node: Node) -> list[Node]:
-    seen, todo = {node}, [node]
-    while todo:
-        for arg in todo.pop().all_input_nodes:
-            if arg not in seen:
-                seen.add(arg)
-                todo.append(arg)
-    return list(seen)
 
 
 def is_attention_leaf(node: torch.fx.Node) -> bool:
