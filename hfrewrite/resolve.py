@@ -144,6 +144,12 @@ def _model_type(data: dict, model_id: str, trust_remote_code: bool) -> str:
     return model_type
 
 
+# Fields a bare model type's default config lacks although its modeling code reads them,
+# set as every Hub config of the type sets them: transformers 5.19's DbrxAttention reads
+# attn_config.rope_theta (no default) and clamps q/k/v with clip_qkv (None cannot clamp).
+BARE_TYPE_FIELDS = {"dbrx": {"attn_config": {"rope_theta": 500000, "clip_qkv": 8}}}
+
+
 def _build(
     model_id: str,
     kind: str,
@@ -169,7 +175,7 @@ def _build(
         )
     try:
         if data is None:
-            config = AutoConfig.for_model(model_type)
+            config = AutoConfig.for_model(model_type, **BARE_TYPE_FIELDS.get(model_type, {}))
         else:
             config = CONFIG_MAPPING[model_type].from_dict(data)
     except (ValueError, TypeError, KeyError) as exc:

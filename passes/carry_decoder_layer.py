@@ -104,8 +104,10 @@ def _count_calls(node: cst.CSTNode, func: str) -> int:
 
 
 def carry_forward(
-    layer: cst.ClassDef, attn: str, attn_first: str, returns_tuple: bool = True
+    layer: cst.ClassDef, attn: str, attn_first: str, returns_tuple: bool = True, wrapper: bool = False
 ) -> cst.ClassDef:
+    """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
+    a ``wrapper`` (a module between the layer and its attention) keeps its return type."""
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -135,7 +137,7 @@ def carry_forward(
     )
     forward = forward.with_changes(
         params=sig.params,
-        returns=sig.returns,
+        returns=forward.returns if wrapper else sig.returns,
         body=body,
         whitespace_before_params=sig.whitespace_before_params,
     )
@@ -146,18 +148,26 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     if plan.decoder_layer.fused:
         return PassResult(module=module)
-    cls = plan.decoder_layer.module_class
-    attn_forward = t.find_method(t.find_class(module, plan.attention.module_class), "forward")
-    layer = carry_forward(
-        t.find_class(module, cls),
-        plan.decoder_layer.attention_block,
-        _first_param(attn_forward),
-        plan.decoder_layer.attention_returns_tuple,
-    )
+    layer = plan.decoder_layer
+    # the layer calls its attention directly, or through wrappers (dbrx's norm_attn_norm)
+    owners = [layer.module_class, *layer.attention_wrappers]
+    callees = [*layer.attention_wrappers, plan.attention.module_class]
+    attrs = layer.attention_block.split(".")
+    if len(attrs) != len(owners):
+        raise HfrewriteError(f"{layer.module_class}: {NAME}: {layer.attention_block} is not reached by its wrappers")
     sites = Sites()
-    module = sites.replace_class(module, cls, layer)
-    return PassResult(
-        module=module,
-        fused=(FusionRow(cls, "forward carried from the source (residuals and norms as written)"),),
-        matches=sites.count,
-    )
+    rows = []
+    for i, (owner, callee, attr) in enumerate(zip(owners, callees, attrs)):
+        last = i == len(owners) - 1
+        callee_forward = t.find_method(t.find_class(module, callee), "forward")
+        carried = carry_forward(
+            t.find_class(module, owner),
+            attr,
+            _first_param(callee_forward),
+            layer.attention_returns_tuple if last else False,  # a wrapper's result is the source's
+            wrapper=i > 0,
+        )
+        module = sites.replace_class(module, owner, carried)
+        what = "residuals and norms as written" if i == 0 else f"wraps {callee}"
+        rows.append(FusionRow(owner, f"forward carried from the source ({what})"))
+    return PassResult(module=module, fused=tuple(rows), matches=sites.count)

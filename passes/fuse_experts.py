@@ -35,6 +35,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.flat_experts import flat_sources
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -169,6 +170,10 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         sizes, act, renormalize = _module_list_sources(module, block, built, moe)
         guards = ""
         routing = _routing_kwargs(moe, {"router": {}, "block": t.init_exprs(block)}, name)
+    elif moe.flat_experts:  # experts as flat [E * I, H] parameters (dbrx)
+        block_exprs = t.init_exprs(block)
+        sizes, act, renormalize, guards = flat_sources(module, built, moe, block_exprs)
+        routing = _routing_kwargs(moe, {"router": {}, "block": block_exprs}, name)
     elif moe.carried_router:  # the source's router runs as it is: its own code is the proof
         sizes, act = _stacked_sources(module, built, moe)
         renormalize, guards, routing = (
@@ -212,9 +217,14 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             new_init.append(s)
             new_init.extend(
                 t.stmts(
-                    "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.\n"
-                    "parallel_config = get_current_vllm_config().parallel_config\n"
-                    "self.ep_size = get_ep_group().device_group.size()\n"
+                    "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;\n"
+                    "# vLLM builds the expert-parallel group only for configs it reads an expert count\n"
+                    "# off (not dbrx's ffn_config.moe_num_experts).\n"
+                    "vllm_config = get_current_vllm_config()\n"
+                    "parallel_config = vllm_config.parallel_config\n"
+                    "self.ep_size = (\n"
+                    "    get_ep_group().device_group.size() if vllm_config.model_config.get_num_experts() else 1\n"
+                    ")\n"
                     f"self.n_routed_experts = {sizes['num_experts']}\n"
                     "self.n_logical_experts = self.n_routed_experts\n"
                     "self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts\n"
@@ -282,6 +292,8 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         new_init.extend(t.stmts(guards))
     block = t.set_method(block, t.with_body(init, new_init))
     block = t.set_method(block, forward)
+    if moe.flat_experts:  # the runner routes: the block's own routing method goes (dbrx)
+        block = _only_init_and_forward(block)
     if moe.carried_router:
         w, ids = moe.carried_router
         block = t.set_method(
@@ -298,6 +310,15 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             ),
         )
     return block, renormalize or "False"
+
+
+def _only_init_and_forward(block: cst.ClassDef) -> cst.ClassDef:
+    members = [
+        s
+        for s in block.body.body
+        if not (isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward"))
+    ]
+    return block.with_changes(body=block.body.with_changes(body=members))
 
 
 def _stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
@@ -428,8 +449,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         ),
         FusionRow(
             moe.module_class,
-            f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
-            f"(checkpoint experts.N.{{{gate},{up},{down}}})",
+            (
+                f"{moe.experts}: flat [E * I, H] experts (gate {moe.flat_experts[0]}, up {moe.flat_experts[1]}, "
+                f"down {moe.flat_experts[2]} transposed; proven by replay), {moe.activation} -> FusedMoEFactory "
+                "(load_weights hands them over one expert at a time)"
+                if moe.flat_experts
+                else f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
+                f"(checkpoint experts.N.{{{gate},{up},{down}}})"
+            ),
         ),
     ]
     rows += [

@@ -252,6 +252,9 @@ def rewrite_fused(
     assign = fwd_body[at].body[0]
     var = assign.targets[0].target.value
     arg = t.code(_innermost_call(assign.value, f"self.{attr}").args[0].value)
+    if not per_head and (split_at := _split_of(fwd_body[at + 1 :], var)) is not None:
+        forward = _clamped_split(forward, fwd_body, at, at + 1 + split_at, var, attr, arg, name)
+        return t.set_method(t.set_method(cls, init), forward)
     slicer = _Slices(var)
     rest = fwd_body[at + 1 :] if per_head else [s.visit(slicer) for s in fwd_body[at + 1 :]]
     if per_head:
@@ -300,6 +303,51 @@ def _split_in_one(
     renamed = body[at].with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
     forward = t.with_body(forward, [*body[:at], *split, renamed, *body[at + 1 :]])
     return t.set_method(t.set_method(cls, init), forward)
+
+
+def _split_of(body: list[cst.BaseStatement], var: str) -> int | None:
+    """Index of the one ``a, b, c = <var>.split(...)`` (or ``.chunk``) in ``body``, or None."""
+    found = [
+        i
+        for i, s in enumerate(body)
+        if isinstance(s, cst.SimpleStatementLine)
+        and isinstance(small := s.body[0], cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Tuple)
+        and len(small.targets[0].target.elements) == 3
+        and isinstance(small.value, cst.Call)
+        and isinstance(small.value.func, cst.Attribute)
+        and small.value.func.attr.value in ("split", "chunk")
+        and t.code(small.value.func.value) == var
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _clamped_split(
+    forward: cst.FunctionDef,
+    body: list[cst.BaseStatement],
+    at: int,
+    split_at: int,
+    var: str,
+    attr: str,
+    arg: str,
+    cls: str,
+) -> cst.FunctionDef:
+    """``<var> = self.<attr>(x)``, statements on ``<var>`` (dbrx's clip_qkv clamp, which the
+    analysis proved elementwise), ``a, b, c = <var>.split(...)``: the projection and split
+    become vLLM's, the statements between are carried with ``<var>`` named ``qkv``."""
+    between = list(t.rename_locals(t.with_body(forward, body[at + 1 : split_at]), {var: "qkv"}).body.body)
+    rest = body[split_at + 1 :]
+    if var in t.names_used(cst.Module(rest)):
+        raise HfrewriteError(f"{cls}: {NAME}: {var} is used beyond its q/k/v split")
+    split = body[split_at].body[0]
+    new = [
+        *t.stmts(f"qkv, _ = self.{attr}({arg})\n"),
+        *between,
+        *t.stmts("q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"),
+        body[split_at].with_changes(body=[split.with_changes(value=t.expr("q, k, v"))]),
+    ]
+    return t.with_body(forward, [*body[:at], *new, *rest])
 
 
 def _innermost_call(node: cst.BaseExpression, func: str) -> cst.Call | None:

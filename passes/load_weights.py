@@ -68,6 +68,41 @@ def _qkv_per_head_to_blocks(self, weights):
 """
 
 
+_FLAT_EXPERTS = """\
+def _experts_one_by_one(self, weights):
+    # The checkpoint holds each expert projection as one flat [experts * I, H] tensor
+    # (the down projection transposed); the fused-MoE loader takes one tensor per expert,
+    # named as it expects (analysis proved which tensor is gate, up and down).
+    flat = {flat}
+    for name, tensor in weights:
+        suffix = next((s for s in flat if name.endswith(s)), None)
+        if suffix is None:
+            yield name, tensor
+            continue
+        projection = flat[suffix]
+        per_expert = tensor.view({num_experts}, -1, tensor.shape[-1])
+        for expert, weight in enumerate(per_expert):
+            weight = weight.T if projection == "down_proj" else weight
+            yield f"{{name[: -len(suffix)]}}.{experts}.{{expert}}.{{projection}}.weight", weight
+"""
+
+
+def _flat_experts_helper(module: cst.Module, moe) -> cst.FunctionDef:
+    """``_experts_one_by_one``, the expert count as the MoE block computes it (its
+    ``config`` parameter is the model's config)."""
+    block = t.find_class(module, moe.module_class)
+    params = [p.name.value for p in t.find_method(block, "__init__").params.params]
+    count = t.init_exprs(block).get("n_routed_experts", "")
+    if len(params) < 2 or params[1] != "config" or not count.startswith("config."):
+        raise HfrewriteError(f"{moe.module_class}: {NAME}: the expert count is not an expression of the config")
+    flat = {
+        f".{moe.experts}.{param}": projection
+        for param, projection in zip(moe.flat_experts, ("gate_proj", "up_proj", "down_proj"))
+    }
+    flat = "{" + ", ".join(f'"{k}": "{v}"' for k, v in flat.items()) + "}"
+    return t.stmt(_FLAT_EXPERTS.format(flat=flat, num_experts=f"self.{count}", experts=moe.experts))
+
+
 def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseStatement]:
     """load_weights feeds the checkpoint through the row reordering."""
     out = []
@@ -97,9 +132,16 @@ def _skipping_mtp_layers(load: cst.FunctionDef, plan) -> cst.FunctionDef:
 
 
 class _WrapWeights(cst.CSTTransformer):
+    """``loader.load_weights(weights, ...)`` -> ``loader.load_weights(self.<helper>(weights), ...)``."""
+
+    def __init__(self, helper: str = "_qkv_per_head_to_blocks") -> None:
+        self.helper = helper
+
     def leave_Call(self, original, updated):
         if t.code(updated.func) == "loader.load_weights" and updated.args:
-            first = updated.args[0].with_changes(value=t.expr("self._qkv_per_head_to_blocks(weights)"))
+            first = updated.args[0].with_changes(
+                value=t.expr(f"self.{self.helper}({t.code(updated.args[0].value)})")
+            )
             return updated.with_changes(args=[first, *updated.args[1:]])
         return updated
 
@@ -180,6 +222,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
+    if moe is not None and moe.flat_experts:
+        load_at = next(i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights")
+        helper = _flat_experts_helper(module, moe).with_changes(leading_lines=body[load_at].leading_lines)
+        body[load_at : load_at + 1] = [helper, body[load_at].visit(_WrapWeights("_experts_one_by_one"))]
     if plan.mtp_layers_field:
         body = [
             _skipping_mtp_layers(m, plan)

@@ -255,7 +255,7 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
         f"attn_output = self.{att.o.attr}(attn_output)\n"
         "return attn_output\n"
     )
-    kept = _input_as_hidden_states(forward, body[split_at - 1 : split_at + 1], name)
+    kept = _input_as_hidden_states(forward, body[_projection_at(body, split_at, name) : split_at + 1], name)
     params = t.stmt(
         "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n"
     )
@@ -273,6 +273,26 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
     notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
     return t.set_method(t.set_method(cls, init), forward), notes
+
+
+# What fuse_qkv carries between the projection and the split: the elementwise ops on the
+# whole projection the analysis proved (dbrx's clip_qkv clamp) and the constants they read.
+_BEFORE_SPLIT_CALLS = {"clamp", "clip"}
+
+
+def _projection_at(body: list[cst.BaseStatement], split_at: int, cls: str) -> int:
+    """Where ``qkv, _ = self.<proj>(...)`` is, the statements up to the split carried."""
+    at = split_at - 1
+    while at >= 0 and not (
+        isinstance(body[at], cst.SimpleStatementLine) and t.code(body[at]).lstrip().startswith("qkv, _ = self.")
+    ):
+        if unrecognised(body[at], _BEFORE_SPLIT_CALLS):
+            line = " ".join(t.code(body[at]).split())[:80]
+            raise HfrewriteError(f"{cls}: {NAME}: between the q/k/v projection and its split: {line}")
+        at -= 1
+    if at < 0:
+        raise HfrewriteError(f"{cls}: {NAME}: no `qkv, _ = self.<projection>(...)` before the split")
+    return at
 
 
 def _input_as_hidden_states(

@@ -320,16 +320,40 @@ def _split_part(proj: Node, arg: Node, scope: set[Node]) -> tuple[Node, tuple[in
     """``proj(x).split(sizes, dim=-1)[i]`` (or ``chunk``) on the way to ``arg``: that part
     and the range of the projection's last dim it holds (checked on the values)."""
     on_path = set(ancestors(arg, scope))
-    splits = [u for u in proj.users if u in on_path and _op(u, ("split", "chunk", torch.split, torch.chunk))]
+    split_from = _past_elementwise(proj, on_path)
+    splits = [u for u in split_from.users if u in on_path and _op(u, ("split", "chunk", torch.split, torch.chunk))]
     parts = [g for g in splits[0].users if g in on_path and _op(g, (operator.getitem,))] if splits else []
     if len(splits) != 1 or len(parts) != 1 or not isinstance(parts[0].args[1], int):
         return None
-    pieces, whole = value(splits[0]), value(proj)
+    pieces, whole = value(splits[0]), value(split_from)
     if not (isinstance(pieces, (tuple, list)) and torch.equal(torch.cat(list(pieces), dim=-1), whole)):
         return None
     i = parts[0].args[1]
     start = sum(piece.shape[-1] for piece in pieces[:i])
     return parts[0], (start, start + pieces[i].shape[-1])
+
+
+# Elementwise ops with constant operands that a fused projection's output may pass through
+# before its split (dbrx's clip_qkv clamp): on the whole or on each part, the same values.
+# The rewrite carries the source's statements between the projection and the split.
+QKV_ELEMENTWISE = ("clamp", "clip", torch.clamp, torch.clip)
+
+
+def _past_elementwise(proj: Node, on_path: set[Node]) -> Node:
+    """The end of the chain of ``QKV_ELEMENTWISE`` ops on ``proj`` along ``on_path``."""
+    node = proj
+    while True:
+        after = [
+            u
+            for u in node.users
+            if u in on_path
+            and _op(u, QKV_ELEMENTWISE)
+            and u.args[0] is node
+            and not any(isinstance(a, Node) for a in (*u.args[1:], *u.kwargs.values()))
+        ]
+        if len(after) != 1 or value(after[0]).shape != value(node).shape:
+            return node
+        node = after[0]
 
 
 def _per_head_qkv(

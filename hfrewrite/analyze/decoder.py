@@ -35,6 +35,7 @@ from hfrewrite.analyze.trace import (
     is_experts,
     is_identity_dropout,
     is_norm,
+    scope_below,
     top_scope,
 )
 
@@ -161,11 +162,23 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
             f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
             cls,
         )
-    attention = attending.pop()
+    path, wrappers = attending.pop(), []
+    while (inner := _wrapped_attention(traced, path)) is not None:
+        wrappers.append(type(traced.module.get_submodule(path)).__name__)
+        path = inner
     return DecoderLayerPlan(
         cls,
         (),
-        attention_block=attention,
+        attention_block=path,
         mlp_block=others[0],
-        attention_returns_tuple=traced.returns_tuple.get(attention, True),
+        attention_returns_tuple=traced.returns_tuple.get(path, True),
+        attention_wrappers=tuple(wrappers),
     )
+
+
+def _wrapped_attention(traced: Traced, path: str) -> str | None:
+    """The child of ``path`` that holds its attention call and every one of its linears,
+    when ``path`` only wraps it (dbrx's norm_attn_norm: two norms around ``attn``); else None."""
+    calls = [n for n in traced.nodes_in(path) if is_attention_leaf(n)]
+    inner = {scope_below(n, path) for n in [*calls, *traced.linears_in(path)]}
+    return inner.pop() if len(inner) == 1 and None not in inner else None

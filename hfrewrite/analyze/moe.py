@@ -32,8 +32,16 @@ from torch.fx import Node
 from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.branches import config_branches
-from hfrewrite.analyze.moe_modules import expert_list, expert_mlp, expert_weights, routed
-from hfrewrite.analyze.moe_modules import top_k_attr as top_k_attr_of
+from hfrewrite.analyze.moe_modules import (
+    expert_list,
+    expert_mlp,
+    expert_weights,
+    flat_experts,
+    flat_roles,
+    flat_weights,
+    int_attr,
+    routed,
+)
 from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
     root,
@@ -56,6 +64,8 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     experts_calls = [n for n in nodes if n.op == "call_module" and is_experts(traced.submodule(n))]
     if not experts_calls and (attr := expert_list(block)) is not None:
         return _expert_modules(traced, path, block, attr, config)
+    if not experts_calls and (flat := _flat_experts(traced, path, block)) is not None:
+        return flat
     if len(experts_calls) != 1:
         return NoMatch(PATTERN, cls, f"{len(experts_calls)} stacked-experts modules instead of one")
     call = experts_calls[0]
@@ -132,7 +142,7 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
     facts = router_facts(traced, path, block, index, weights, root(linears[0].args[0]))
     if isinstance(facts, str):
         return NoMatch(PATTERN, cls, facts)
-    top_k_attr = top_k_attr_of(block, facts["top_k"])
+    top_k_attr = int_attr(block, facts["top_k"])
     if top_k_attr is None:
         return NoMatch(PATTERN, cls, f"no one attribute of the block holds top_k ({facts['top_k']})")
     if len(traced.outputs_of(path)) != 1:
@@ -159,6 +169,65 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
         if _replay(block, other, x) is None:
             return other
     return NoMatch(PATTERN, cls, mismatch) if mismatch else plan
+
+
+def _flat_experts(traced: Traced, path: str, block: nn.Module) -> MoePlan | NoMatch | None:
+    """A block whose experts are three flat ``[E * I, H]`` parameters of one child (dbrx),
+    routed by the block's one top-k over its one Linear: the routing facts, then the
+    replay picks which parameter is gate, up and down (act(gate) * up is not symmetric;
+    exactly one assignment may reproduce the block). None when the block is not that."""
+    cls = type(block).__name__
+    picked = routed(traced, path)
+    linears = traced.linears_in(path)
+    if isinstance(picked, str) or len(linears) != 1:
+        return None
+    router_linear = traced.submodule(linears[0])
+    attr = flat_experts(block, relative(linears[0].target, path).split(".")[0], router_linear.out_features)
+    if attr is None:
+        return None
+    index, weights = picked
+    hidden = root(linears[0].args[0])
+    facts = router_facts(traced, path, block, index, weights, hidden)
+    if isinstance(facts, str):
+        return NoMatch(PATTERN, cls, facts)
+    top_k_attr = int_attr(block, facts["top_k"])
+    if top_k_attr is None:
+        return NoMatch(PATTERN, cls, f"no one attribute of the block holds top_k ({facts['top_k']})")
+    if len(traced.outputs_of(path)) != 1:
+        return NoMatch(PATTERN, cls, "the block returns more than one tensor")
+    experts = block.get_submodule(attr)
+    rows, width = next(experts.parameters()).shape
+    sizes = (router_linear.out_features, width, rows // router_linear.out_features)
+    size_attrs = [int_attr(experts, size) for size in sizes]
+    if None in size_attrs:
+        return NoMatch(PATTERN, cls, f"the experts module does not hold each of E, H, I {sizes} in one attribute")
+    base = MoePlan(
+        module_class=cls,
+        router_class=type(block.get_submodule(facts["router"])).__name__,
+        experts=attr,
+        experts_class=type(experts).__name__,
+        num_experts=router_linear.out_features,
+        activation="silu",  # the one vLLM's CPU fused MoE runs; the replay checks it
+        shared_expert=None,
+        shared_expert_gate=None,
+        top_k_attr=top_k_attr,
+        flat_size_attrs=tuple(size_attrs),
+        **facts,
+    )
+    x = value(hidden)
+    found = [
+        plan
+        for roles in flat_roles(experts)
+        for renormalize in (base.renormalize, not base.renormalize)
+        if _replay(block, plan := dataclasses.replace(base, flat_experts=roles, renormalize=renormalize), x)
+        is None
+    ]
+    if len(found) != 1:
+        reason = "no" if not found else "more than one"
+        return NoMatch(
+            PATTERN, cls, f"{reason} assignment of its flat parameters to gate, up and down replays the block"
+        )
+    return found[0]
 
 
 def _carried_router(traced: Traced, path: str, index, weights, hidden) -> dict | None:
@@ -281,7 +350,11 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
     w = w.to(x2.dtype)
     act = ACT2FN[plan.activation]
     out = torch.zeros_like(x2)
-    gate_w, up_w, down_w = expert_weights(experts, plan.expert_mlp)
+    gate_w, up_w, down_w = (
+        flat_weights(experts, plan.flat_experts, plan.num_experts)
+        if plan.flat_experts
+        else expert_weights(experts, plan.expert_mlp)
+    )
     for e in range(plan.num_experts):
         rows, slot = torch.where(idx == e)
         if len(rows) == 0:

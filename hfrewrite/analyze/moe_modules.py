@@ -92,11 +92,44 @@ def expert_weights(experts: nn.Module, mlp: MlpPlan | None) -> tuple[list, list,
     )
 
 
-def top_k_attr(block: nn.Module, top_k: int) -> str | None:
-    """The block attribute holding ``top_k`` (an int), when exactly one does."""
+def int_attr(block: nn.Module, top_k: int) -> str | None:
+    """The attribute of ``block`` holding the int ``top_k`` (or another size), when exactly one does."""
     found = [
         name
         for name, v in vars(block).items()
         if not name.startswith("_") and isinstance(v, int) and not isinstance(v, bool) and v == top_k
     ]
     return found[0] if len(found) == 1 else None
+
+
+def flat_experts(block: nn.Module, router: str, num_experts: int) -> str | None:
+    """The block's child holding its experts as flat 2-D parameters (dbrx's
+    ``DbrxExperts``: ``mlp.w1``/``v1``/``w2``, each ``[E * I, H]``): exactly three
+    parameters of one shape whose rows split into ``num_experts`` blocks; else None."""
+    found = []
+    for name, child in block.named_children():
+        params = [p for _, p in child.named_parameters()]
+        if (
+            name != router
+            and len(params) == 3
+            and all(p.dim() == 2 and p.shape == params[0].shape for p in params)
+            and params[0].shape[0] % num_experts == 0
+        ):
+            found.append(name)
+    return found[0] if len(found) == 1 else None
+
+
+def flat_roles(experts: nn.Module) -> list[tuple[str, str, str]]:
+    """Every (gate, up, down) assignment of the three flat parameters; the replay keeps the
+    one that reproduces the block."""
+    names = [n for n, _ in experts.named_parameters()]
+    return [(g, u, d) for g in names for u in names for d in names if len({g, u, d}) == 3]
+
+
+def flat_weights(experts: nn.Module, roles: tuple[str, str, str], num_experts: int) -> tuple[list, list, list]:
+    """Per expert gate [I, H], up [I, H] and down [H, I] from flat ``[E * I, H]``
+    parameters (the down one holds each expert's projection transposed, ``x @ w2[e]``)."""
+    gate, up, down = (experts.get_parameter(r) for r in roles)
+    width = gate.shape[1]
+    split = lambda p: list(p.view(num_experts, -1, width))  # noqa: E731
+    return split(gate), split(up), [d.T for d in split(down)]

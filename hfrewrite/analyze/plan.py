@@ -204,6 +204,12 @@ class MoePlan:
     # attribute holding top_k; None for stacked [E, ...] experts
     expert_mlp: MlpPlan | None = None
     top_k_attr: str | None = None
+    # Experts held as three flat [E * I, H] parameters (dbrx): their names in the experts
+    # module as (gate, up, down), the down one holding each expert's projection transposed
+    flat_experts: tuple[str, str, str] | None = None
+    # ... and the experts module's attributes holding (num_experts, hidden_size,
+    # intermediate_size), found by value, whose source expressions the file keeps
+    flat_size_attrs: tuple[str, str, str] | None = None
 
     @property
     def grouped(self) -> bool:
@@ -266,6 +272,9 @@ class DecoderLayerPlan:
     # The attention submodule returns a tuple (Hugging Face: output, weights); custom code
     # often returns the output tensor alone
     attention_returns_tuple: bool = True
+    # Classes of the modules a carried layer reaches its attention through (dbrx's
+    # DbrxNormAttentionNorm: norms around it), outermost first; each forward is carried too
+    attention_wrappers: tuple[str, ...] = ()
 
     @property
     def fused(self) -> bool:

@@ -22,6 +22,10 @@ _OTHER_SIZES = {
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 32,
     "linear_value_head_dim": 32,
+    # dbrx keeps these in its attn_config / ffn_config sub-configs
+    "ffn_hidden_size": 64,
+    "moe_num_experts": 4,
+    "moe_top_k": 2,
 }
 
 
@@ -66,6 +70,7 @@ def shrink_config(
         _set(small, "decoder_sparse_step", 1)
     _shrink_routing(config, small)
     _shrink_mla(config, small)
+    _shrink_sub_configs(config, small, sizes)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
         _set(small, "pad_token_id", None)
@@ -98,6 +103,22 @@ def _shrink_routing(config, small) -> None:
         _set(small, "moe_num_shared_experts", 1)
     if isinstance(getattr(config, "first_k_dense_replace", None), int):
         _set(small, "first_k_dense_replace", 1)
+
+
+def _shrink_sub_configs(config, small, sizes: dict) -> None:
+    """Sizes a model reads from its sub-configs (dbrx's ``attn_config``/``ffn_config``):
+    the same sizes, and kv heads (``kv_n_heads``) by the rule above."""
+    heads = getattr(config, "num_attention_heads", None)
+    for name in getattr(config, "sub_configs", None) or {}:
+        sub, small_sub = getattr(config, name, None), getattr(small, name, None)
+        if not isinstance(small_sub, transformers.PretrainedConfig):
+            continue
+        for field, size in sizes.items():
+            if isinstance(getattr(small_sub, field, None), int):
+                _set(small_sub, field, size)
+        kv = getattr(sub, "kv_n_heads", None)
+        if isinstance(kv, int):
+            _set(small_sub, "kv_n_heads", 1 if kv == 1 else HEADS if kv == heads else 2)
 
 
 def _shrink_mla(config, small) -> None:

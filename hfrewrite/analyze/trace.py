@@ -427,6 +427,15 @@ def top_scope(node: Node) -> str | None:
     return scopes[0] if scopes else None
 
 
+def scope_below(node: Node, path: str) -> str | None:
+    """The submodule directly inside ``path`` that ``node`` ran in, or None."""
+    scopes = _scopes(node)
+    if path not in scopes:
+        return None
+    at = scopes.index(path)
+    return scopes[at + 1] if at + 1 < len(scopes) else None
+
+
 def past_identity_dropouts(node: Node, traced: Traced, path: str) -> Node:
     """``node``, or the end of the chain of dropouts inside submodule ``path`` that
     follow it when each returned its input unchanged (inference mode: the identity)."""

@@ -1,0 +1,136 @@
+"""Source expressions for a MoE block whose experts are flat ``[E * I, H]`` parameters
+(dbrx: ``self.experts = DbrxExperts(config.ffn_config)`` holding ``mlp.w1``/``v1``/``w2``),
+for ``passes/fuse_experts.py``: the sizes, the activation and the renormalisation as the
+source's classes compute them, with each class's ``config`` parameter replaced by the
+expression the block passes it."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.errors import HfrewriteError
+
+NAME = "fuse_experts"
+
+
+class _Substitute(cst.CSTTransformer):
+    def __init__(self, name: str, expr: cst.BaseExpression) -> None:
+        self.name, self.expr = name, expr
+
+    def leave_Name(self, original, updated):
+        return self.expr if updated.value == self.name else updated
+
+
+def _bound(expr: str, param: str, arg: cst.BaseExpression) -> str:
+    """``expr`` of a class built with ``param`` bound to ``arg``."""
+    return t.code(t.expr(expr).visit(_Substitute(param, arg)))
+
+
+def _built_with_config(module: cst.Module, call: cst.BaseExpression | None, cls: str, where: str):
+    """(class, its config parameter name, the expression passed for it) of ``Cls(<arg>)``."""
+    if t.call_name(call) != cls or len(call.args) != 1:
+        raise HfrewriteError(f"{where}: {NAME}: not built as {cls}(<config>)")
+    klass = t.find_class(module, cls)
+    params = [p.name.value for p in t.find_method(klass, "__init__").params.params]
+    if len(params) != 2:
+        raise HfrewriteError(f"{where}: {NAME}: {cls}.__init__ takes more than a config")
+    return klass, params[1], call.args[0].value
+
+
+def flat_sources(module: cst.Module, built: dict, moe, block_exprs: dict[str, str]):
+    """(sizes, activation, renormalize, guards) for ``FusedMoEFactory``."""
+    name = moe.module_class
+    experts_cls, param, arg = _built_with_config(module, built.get(moe.experts), moe.experts_class, name)
+    experts = t.init_exprs(experts_cls)
+    sizes = {}
+    for size, attr in zip(("num_experts", "hidden_size", "intermediate_size"), moe.flat_size_attrs):
+        expr = experts.get(attr)
+        if expr is None or "self." in expr:
+            raise HfrewriteError(f"{name}: {NAME}: {moe.experts_class}.{attr} ({size}) is not set from its config")
+        sizes[size] = _bound(expr, param, arg)
+    sizes = {"num_experts": sizes["num_experts"], "top_k": block_exprs.get(moe.top_k_attr, ""), **sizes}
+    if not sizes["top_k"] or "self." in sizes["top_k"]:
+        raise HfrewriteError(f"{name}: {NAME}: self.{moe.top_k_attr} (top_k) is not set from the config")
+    act = _activation(module, experts_cls, param, arg, moe)
+    renormalize, guards = _norm_renormalize(t.find_class(module, name), block_exprs, moe)
+    return sizes, act, renormalize, guards
+
+
+def _activation(module: cst.Module, experts_cls: cst.ClassDef, param: str, arg, moe) -> str:
+    """The ``ACT2FN[...]`` key of the class holding the flat parameters, as an expression."""
+    holder, holder_param = experts_cls, param
+    child = moe.flat_experts[0].rpartition(".")[0]
+    if child:  # the parameters live in a child built with the same config (dbrx's mlp)
+        init = t.find_method(experts_cls, "__init__")
+        call = next((t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s) == child), None)
+        holder, sub_param, sub_arg = _built_with_config(module, call, t.call_name(call) or "?", moe.module_class)
+        if t.code(sub_arg) != param:
+            raise HfrewriteError(f"{moe.module_class}: {NAME}: self.{child} is not built with the same config")
+        holder_param = sub_param
+    init = t.find_method(holder, "__init__")
+    keys = [
+        s.body[0].value.slice[0].slice.value
+        for s in init.body.body
+        if isinstance(s, cst.SimpleStatementLine)
+        and isinstance(s.body[0], cst.Assign)
+        and m.matches(s.body[0].value, m.Subscript(value=m.Name("ACT2FN")))
+    ]
+    if len(keys) != 1:
+        raise HfrewriteError(f"{moe.module_class}: {NAME}: the experts' activation is not one ACT2FN[...]")
+    key = keys[0]
+    if isinstance(key, cst.Name):  # a local: `name = config.ffn_act_fn.get("name", "silu")`
+        locals_ = {
+            s.body[0].targets[0].target.value: s.body[0].value
+            for s in init.body.body
+            if isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.Assign)
+            and isinstance(s.body[0].targets[0].target, cst.Name)
+        }
+        key = locals_.get(key.value)
+    if key is None or "self." in t.code(key):
+        raise HfrewriteError(f"{moe.module_class}: {NAME}: the experts' activation is not set from the config")
+    return t.code(key.visit(_Substitute(holder_param, arg)))
+
+
+def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> tuple[str, str]:
+    """The condition under which the block divides the routing weights by their
+    ``torch.norm(w, p=P)``, and a guard refusing configs where P is not 1: the replay
+    proved the L1 norm of the (positive) softmax weights, which is vLLM's renormalisation."""
+    found: list[tuple[str, cst.BaseExpression]] = []
+
+    class _Find(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.conditions: list[str] = []
+
+        def visit_If(self, node: cst.If) -> None:
+            self.conditions.append(t.code(node.test))
+
+        def leave_If(self, node: cst.If) -> None:
+            self.conditions.pop()
+
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            norms = m.findall(node.right, m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("norm"))))
+            if isinstance(node.operator, cst.Divide) and norms:
+                p = next((a.value for a in norms[0].args if a.keyword and a.keyword.value == "p"), None)
+                found.append((" and ".join(self.conditions) or "True", p))
+
+    block.visit(_Find())
+    if not found:
+        if moe.renormalize:
+            raise HfrewriteError(f"{moe.module_class}: {NAME}: the source's renormalisation disagrees with the trace")
+        return "False", ""
+    if len(found) > 1 or found[0][1] is None or not moe.renormalize:
+        raise HfrewriteError(f"{moe.module_class}: {NAME}: the routing weights are not divided once by one norm")
+    condition, p = found[0][0], t.code(found[0][1])
+    for attr, expr in block_exprs.items():
+        condition, p = condition.replace(f"self.{attr}", expr), p.replace(f"self.{attr}", expr)
+    if "self." in condition + p:
+        raise HfrewriteError(f"{moe.module_class}: {NAME}: renormalisation depends on {condition} / {p}")
+    guard = (
+        f"if {condition} and {p} != 1:\n"
+        f'    raise NotImplementedError("hfrewrite: {moe.module_class} was converted for weights '
+        f'renormalised by their sum (p=1)")\n'
+    )
+    return condition, guard
