@@ -154,7 +154,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     callees = [*layer.attention_wrappers, plan.attention.module_class]
     attrs = layer.attention_block.split(".")
     if len(attrs) != len(owners):
-        raise HfrewriteError(f"{layer.module_class}: {NAME}: {layer.attention_block} is not reached by its wrappers")
+        raise HfrewriteError(
+            f"{layer.module_class}: {NAME}: {layer.attention_block} is not reached by its wrappers"
+        )
     sites = Sites()
     rows = []
     for i, (owner, callee, attr) in enumerate(zip(owners, callees, attrs)):

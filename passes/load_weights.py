@@ -94,7 +94,9 @@ def _flat_experts_helper(module: cst.Module, moe) -> cst.FunctionDef:
     params = [p.name.value for p in t.find_method(block, "__init__").params.params]
     count = t.init_exprs(block).get("n_routed_experts", "")
     if len(params) < 2 or params[1] != "config" or not count.startswith("config."):
-        raise HfrewriteError(f"{moe.module_class}: {NAME}: the expert count is not an expression of the config")
+        raise HfrewriteError(
+            f"{moe.module_class}: {NAME}: the expert count is not an expression of the config"
+        )
     flat = {
         f".{moe.experts}.{param}": projection
         for param, projection in zip(moe.flat_experts, ("gate_proj", "up_proj", "down_proj"))
@@ -223,7 +225,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
     if moe is not None and moe.flat_experts:
-        load_at = next(i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights")
+        load_at = next(
+            i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
+        )
         helper = _flat_experts_helper(module, moe).with_changes(leading_lines=body[load_at].leading_lines)
         body[load_at : load_at + 1] = [helper, body[load_at].visit(_WrapWeights("_experts_one_by_one"))]
     if plan.mtp_layers_field:

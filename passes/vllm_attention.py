@@ -284,7 +284,8 @@ def _projection_at(body: list[cst.BaseStatement], split_at: int, cls: str) -> in
     """Where ``qkv, _ = self.<proj>(...)`` is, the statements up to the split carried."""
     at = split_at - 1
     while at >= 0 and not (
-        isinstance(body[at], cst.SimpleStatementLine) and t.code(body[at]).lstrip().startswith("qkv, _ = self.")
+        isinstance(body[at], cst.SimpleStatementLine)
+        and t.code(body[at]).lstrip().startswith("qkv, _ = self.")
     ):
         if unrecognised(body[at], _BEFORE_SPLIT_CALLS):
             line = " ".join(t.code(body[at]).split())[:80]

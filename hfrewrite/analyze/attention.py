@@ -321,7 +321,9 @@ def _split_part(proj: Node, arg: Node, scope: set[Node]) -> tuple[Node, tuple[in
     and the range of the projection's last dim it holds (checked on the values)."""
     on_path = set(ancestors(arg, scope))
     split_from = _past_elementwise(proj, on_path)
-    splits = [u for u in split_from.users if u in on_path and _op(u, ("split", "chunk", torch.split, torch.chunk))]
+    splits = [
+        u for u in split_from.users if u in on_path and _op(u, ("split", "chunk", torch.split, torch.chunk))
+    ]
     parts = [g for g in splits[0].users if g in on_path and _op(g, (operator.getitem,))] if splits else []
     if len(splits) != 1 or len(parts) != 1 or not isinstance(parts[0].args[1], int):
         return None

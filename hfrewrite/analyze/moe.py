@@ -200,7 +200,9 @@ def _flat_experts(traced: Traced, path: str, block: nn.Module) -> MoePlan | NoMa
     sizes = (router_linear.out_features, width, rows // router_linear.out_features)
     size_attrs = [int_attr(experts, size) for size in sizes]
     if None in size_attrs:
-        return NoMatch(PATTERN, cls, f"the experts module does not hold each of E, H, I {sizes} in one attribute")
+        return NoMatch(
+            PATTERN, cls, f"the experts module does not hold each of E, H, I {sizes} in one attribute"
+        )
     base = MoePlan(
         module_class=cls,
         router_class=type(block.get_submodule(facts["router"])).__name__,

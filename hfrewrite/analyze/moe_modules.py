@@ -126,10 +126,11 @@ def flat_roles(experts: nn.Module) -> list[tuple[str, str, str]]:
     return [(g, u, d) for g in names for u in names for d in names if len({g, u, d}) == 3]
 
 
-def flat_weights(experts: nn.Module, roles: tuple[str, str, str], num_experts: int) -> tuple[list, list, list]:
+def flat_weights(
+    experts: nn.Module, roles: tuple[str, str, str], num_experts: int
+) -> tuple[list, list, list]:
     """Per expert gate [I, H], up [I, H] and down [H, I] from flat ``[E * I, H]``
     parameters (the down one holds each expert's projection transposed, ``x @ w2[e]``)."""
     gate, up, down = (experts.get_parameter(r) for r in roles)
-    width = gate.shape[1]
-    split = lambda p: list(p.view(num_experts, -1, width))  # noqa: E731
-    return split(gate), split(up), [d.T for d in split(down)]
+    gate, up, down = (list(p.view(num_experts, -1, p.shape[1])) for p in (gate, up, down))
+    return gate, up, [d.T for d in down]

@@ -48,7 +48,9 @@ def flat_sources(module: cst.Module, built: dict, moe, block_exprs: dict[str, st
     for size, attr in zip(("num_experts", "hidden_size", "intermediate_size"), moe.flat_size_attrs):
         expr = experts.get(attr)
         if expr is None or "self." in expr:
-            raise HfrewriteError(f"{name}: {NAME}: {moe.experts_class}.{attr} ({size}) is not set from its config")
+            raise HfrewriteError(
+                f"{name}: {NAME}: {moe.experts_class}.{attr} ({size}) is not set from its config"
+            )
         sizes[size] = _bound(expr, param, arg)
     sizes = {"num_experts": sizes["num_experts"], "top_k": block_exprs.get(moe.top_k_attr, ""), **sizes}
     if not sizes["top_k"] or "self." in sizes["top_k"]:
@@ -65,9 +67,13 @@ def _activation(module: cst.Module, experts_cls: cst.ClassDef, param: str, arg, 
     if child:  # the parameters live in a child built with the same config (dbrx's mlp)
         init = t.find_method(experts_cls, "__init__")
         call = next((t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s) == child), None)
-        holder, sub_param, sub_arg = _built_with_config(module, call, t.call_name(call) or "?", moe.module_class)
+        holder, sub_param, sub_arg = _built_with_config(
+            module, call, t.call_name(call) or "?", moe.module_class
+        )
         if t.code(sub_arg) != param:
-            raise HfrewriteError(f"{moe.module_class}: {NAME}: self.{child} is not built with the same config")
+            raise HfrewriteError(
+                f"{moe.module_class}: {NAME}: self.{child} is not built with the same config"
+            )
         holder_param = sub_param
     init = t.find_method(holder, "__init__")
     keys = [
@@ -90,7 +96,9 @@ def _activation(module: cst.Module, experts_cls: cst.ClassDef, param: str, arg, 
         }
         key = locals_.get(key.value)
     if key is None or "self." in t.code(key):
-        raise HfrewriteError(f"{moe.module_class}: {NAME}: the experts' activation is not set from the config")
+        raise HfrewriteError(
+            f"{moe.module_class}: {NAME}: the experts' activation is not set from the config"
+        )
     return t.code(key.visit(_Substitute(holder_param, arg)))
 
 
@@ -111,7 +119,9 @@ def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> 
             self.conditions.pop()
 
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            norms = m.findall(node.right, m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("norm"))))
+            norms = m.findall(
+                node.right, m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("norm")))
+            )
             if isinstance(node.operator, cst.Divide) and norms:
                 p = next((a.value for a in norms[0].args if a.keyword and a.keyword.value == "p"), None)
                 found.append((" and ".join(self.conditions) or "True", p))
@@ -119,10 +129,14 @@ def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> 
     block.visit(_Find())
     if not found:
         if moe.renormalize:
-            raise HfrewriteError(f"{moe.module_class}: {NAME}: the source's renormalisation disagrees with the trace")
+            raise HfrewriteError(
+                f"{moe.module_class}: {NAME}: the source's renormalisation disagrees with the trace"
+            )
         return "False", ""
     if len(found) > 1 or found[0][1] is None or not moe.renormalize:
-        raise HfrewriteError(f"{moe.module_class}: {NAME}: the routing weights are not divided once by one norm")
+        raise HfrewriteError(
+            f"{moe.module_class}: {NAME}: the routing weights are not divided once by one norm"
+        )
     condition, p = found[0][0], t.code(found[0][1])
     for attr, expr in block_exprs.items():
         condition, p = condition.replace(f"self.{attr}", expr), p.replace(f"self.{attr}", expr)
