@@ -90,9 +90,14 @@ class GatedSharedExpert(nn.Module):
 class MoeBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
-        # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py.
-        parallel_config = get_current_vllm_config().parallel_config
-        self.ep_size = get_ep_group().device_group.size()
+        # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;
+        # vLLM builds the expert-parallel group only for configs it reads an expert count
+        # off (not dbrx's ffn_config.moe_num_experts).
+        vllm_config = get_current_vllm_config()
+        parallel_config = vllm_config.parallel_config
+        self.ep_size = (
+            get_ep_group().device_group.size() if vllm_config.model_config.get_num_experts() else 1
+        )
         self.n_routed_experts = config.num_experts
         self.n_logical_experts = self.n_routed_experts
         self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts
