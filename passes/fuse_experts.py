@@ -35,7 +35,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.emit.flat_experts import flat_sources
+from hfrewrite.emit.expert_sources import flat_sources, layout, swiglu_guard
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -186,6 +186,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         router_cls = t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
         renormalize, guards = _source_renormalize(router_cls, router, moe, name)
+        guards += swiglu_guard(module, moe)
         routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     ckpt = moe.checkpoint_expert_names
     ckpt_arg = (
@@ -268,6 +269,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             + "".join(f"    {k}={v},\n" for k, v in sizes.items())
             + f"    renormalize={renormalize or 'False'},\n"
             + "".join(f"    {k}={v},\n" for k, v in routing.items())
+            + ("    has_bias=True,\n" if moe.experts_bias else "")
             + "    enable_eplb=parallel_config.enable_eplb,\n"
             "    num_redundant_experts=self.n_redundant_experts,\n"
             f"    activation={act},\n"
@@ -331,13 +333,15 @@ def _stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, st
     router = t.init_exprs(t.find_class(module, moe.router_class))
     experts = t.init_exprs(t.find_class(module, moe.experts_class))
     act = experts.get("act_fn", "")
+    if moe.activation == "swigluoai":  # gpt_oss's clamped swiglu: vLLM's activation of that name
+        act = 'ACT2FN["swigluoai"]'
     if not act.startswith("ACT2FN["):
         raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
     sizes = {
         "num_experts": router.get("num_experts") or experts.get("num_experts"),
         "top_k": router.get("top_k"),
-        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim"),
-        "intermediate_size": experts.get("intermediate_dim"),
+        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim") or experts.get("hidden_size"),
+        "intermediate_size": experts.get("intermediate_dim") or experts.get("intermediate_size"),
     }
     missing = [k for k, v in sizes.items() if not v]
     if missing:
@@ -454,7 +458,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 f"down {moe.flat_experts[2]} transposed; proven by replay), {moe.activation} -> FusedMoEFactory "
                 "(load_weights hands them over one expert at a time)"
                 if moe.flat_experts
-                else f"{moe.experts}: stacked [gate; up] experts, {moe.activation} -> FusedMoEFactory "
+                else f"{moe.experts}: stacked {layout(moe)} experts, {moe.activation} -> FusedMoEFactory "
                 f"(checkpoint experts.N.{{{gate},{up},{down}}})"
             ),
         ),

@@ -87,6 +87,79 @@ def _experts_one_by_one(self, weights):
 """
 
 
+_STACKED_EXPERTS = """\
+def _experts_one_by_one(self, weights):
+    # The checkpoint stacks each layer's experts: {layout}.
+    # The fused-MoE loader takes one expert's gate, up and down at a time (analysis
+    # proved the layout by replay).
+    for name, tensor in weights:
+        prefix, _, param = name.rpartition(".{experts}.")
+        if param not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+            yield name, tensor
+            continue
+        kind = "bias" if param.endswith("_bias") else "weight"
+        for expert, stacked in enumerate(tensor):
+            if param == "down_proj":
+                yield f"{{prefix}}.{experts}.{{expert}}.down_proj.weight", stacked{down}
+            elif param == "down_proj_bias":
+                yield f"{{prefix}}.{experts}.{{expert}}.down_proj.bias", stacked
+            else:
+                rows = stacked{rows}
+                gate, up = {split}
+                yield f"{{prefix}}.{experts}.{{expert}}.gate_proj.{{kind}}", gate
+                yield f"{{prefix}}.{experts}.{{expert}}.up_proj.{{kind}}", up
+"""
+
+_INTERLEAVE_AFTER_LOAD = """\
+# vLLM's swigluoai kernels read gate and up interleaved ([g0, u0, g1, u1, ...]), as the
+# checkpoint holds them; the fused-MoE loader stacked this rank's gate and up as halves.
+# The experts' output bias is added once, on rank 0, before the all-reduce.
+for module in self.modules():
+    if isinstance(module, {block}):
+        for name, param in module.{experts}.named_parameters():
+            if name.endswith(("w13_weight", "w13_bias")):
+                gate, up = param.data.chunk(2, dim=1)
+                param.data.copy_(torch.stack((gate, up), dim=2).flatten(1, 2))
+            elif name.endswith("w2_bias") and get_tensor_model_parallel_rank() != 0:
+                param.data.zero_()
+"""
+
+
+def _stacked_experts_helper(moe) -> cst.FunctionDef:
+    """``_experts_one_by_one`` for stacked experts in a layout the runner's own loader
+    does not read (transposed, gate and up interleaved, biases: gpt_oss)."""
+    layout = (
+        (
+            "gate_up_proj [E, H, 2I], down_proj [E, I, H]"
+            if moe.experts_transposed
+            else "gate_up_proj [E, 2I, H]"
+        )
+        + (", gate and up interleaved along 2I" if moe.experts_interleaved else "")
+        + (", with biases" if moe.experts_bias else "")
+    )
+    split = "rows[0::2], rows[1::2]" if moe.experts_interleaved else "rows.chunk(2, dim=0)"
+    return t.stmt(
+        _STACKED_EXPERTS.format(
+            layout=layout,
+            experts=moe.experts,
+            down=".T" if moe.experts_transposed else "",
+            rows='.T if kind == "weight" else stacked' if moe.experts_transposed else "",
+            split=split,
+        )
+    )
+
+
+def _interleaving_after_load(load: cst.FunctionDef, moe) -> cst.FunctionDef:
+    """``return loader.load_weights(...)`` -> load, interleave w13 back, return."""
+    body = list(load.body.body)
+    last = body[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)):
+        raise HfrewriteError(f"{NAME}: load_weights does not end by returning the loader's result")
+    loaded = t.stmt(f"loaded = {t.code(last.body[0].value)}\n")
+    after = t.stmts(_INTERLEAVE_AFTER_LOAD.format(block=moe.module_class, experts=moe.experts))
+    return t.with_body(load, [*body[:-1], loaded, *after, t.stmt("return loaded\n")])
+
+
 def _flat_experts_helper(module: cst.Module, moe) -> cst.FunctionDef:
     """``_experts_one_by_one``, the expert count as the MoE block computes it (its
     ``config`` parameter is the model's config)."""
@@ -224,12 +297,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
-    if moe is not None and moe.flat_experts:
+    regrouped = moe is not None and (moe.experts_transposed or moe.experts_interleaved or moe.experts_bias)
+    if moe is not None and (moe.flat_experts or regrouped):
         load_at = next(
             i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
         )
-        helper = _flat_experts_helper(module, moe).with_changes(leading_lines=body[load_at].leading_lines)
-        body[load_at : load_at + 1] = [helper, body[load_at].visit(_WrapWeights("_experts_one_by_one"))]
+        helper = _flat_experts_helper(module, moe) if moe.flat_experts else _stacked_experts_helper(moe)
+        load = body[load_at].visit(_WrapWeights("_experts_one_by_one"))
+        if moe.activation == "swigluoai":
+            load = _interleaving_after_load(load, moe)
+        body[load_at : load_at + 1] = [helper.with_changes(leading_lines=body[load_at].leading_lines), load]
     if plan.mtp_layers_field:
         body = [
             _skipping_mtp_layers(m, plan)
@@ -242,7 +319,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     module = sites.replace_class(module, plan.architecture, cls)
     return PassResult(
         module=module,
-        imports=("WeightsMapper",),
+        imports=("WeightsMapper",)
+        + (("get_tensor_model_parallel_rank",) if moe is not None and moe.activation == "swigluoai" else ()),
         fused=(FusionRow(plan.architecture, "load_weights: HF checkpoint names -> fused shards"),),
         matches=sites.count,
     )

@@ -180,6 +180,9 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     )
     if "softcap" in finder.kwargs:
         window += f"    logits_soft_cap={t.code(finder.kwargs['softcap'])},\n"
+    if att.sinks:
+        window += f"    sinks=self.{att.sinks},\n"
+        init = _sinks_per_rank(init, att.sinks, name)
     head_dim = "self.head_dim"
     rope_parameters = "config.rope_parameters"
     if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
@@ -296,6 +299,23 @@ def _projection_at(body: list[cst.BaseStatement], split_at: int, cls: str) -> in
     return at
 
 
+def _sinks_per_rank(init: cst.FunctionDef, attr: str, cls: str) -> cst.FunctionDef:
+    """``self.<sinks> = nn.Parameter(...)`` -> one sink logit per head of this rank, loaded
+    as this rank's slice of the checkpoint's per-head tensor (as vLLM's gpt_oss.py does)."""
+    body = list(init.body.body)
+    at = [i for i, s in enumerate(body) if t.self_attr_assigned(s) == attr]
+    if len(at) != 1 or t.call_name(t.assigned_value(body[at[0]])) != "nn.Parameter":
+        raise HfrewriteError(f"{cls}: {NAME}: self.{attr} (the attention sinks) is not one nn.Parameter")
+    new = t.stmts(
+        "# Attention sinks: one logit per head, this rank's heads.\n"
+        f"self.{attr} = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)\n"
+        f'set_weight_attrs(self.{attr}, {{"weight_loader": sharded_weight_loader(0)}})\n'
+    )
+    new[0] = new[0].with_changes(leading_lines=body[at[0]].leading_lines)
+    body[at[0] : at[0] + 1] = new
+    return t.with_body(init, body)
+
+
 def _input_as_hidden_states(
     forward: cst.FunctionDef, kept: list[cst.BaseStatement], cls: str
 ) -> list[cst.BaseStatement]:
@@ -365,6 +385,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = [FusionRow(att.module_class, f"attention interface -> vllm Attention{softcap} + {rope}")]
     rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
+    if att.sinks:
+        imports += ["set_weight_attrs", "sharded_weight_loader"]
+        rows.append(
+            FusionRow(att.module_class, f"{att.sinks} -> Attention(sinks=...), one per head of each rank")
+        )
     sites = Sites()
     module = sites.replace_class(module, att.module_class, cls)
     if att.rope_reversed:

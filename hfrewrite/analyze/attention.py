@@ -179,7 +179,8 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     o_node = _output_projection(traced, path, scope, call)
     only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
     prove_output_layout(call, o_node)
-    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
+    sinks = _sinks(call, path, num_heads)
+    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS - ({"s_aux"} if sinks else set())):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
             tensor = torch.is_tensor(passed)
@@ -218,7 +219,28 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         qk_norm_after_rope=norm_after is not None,
         replaced_calls=_replaced_calls(traced, path, scope, feeders, rope_ends if rope else {}, call, o_node),
         direct_sdpa=call.target is causal_sdpa,
+        sinks=sinks,
     )
+
+
+def _sinks(call: Node, path: str, num_heads: int) -> str | None:
+    """The attention module's parameter passed as ``s_aux`` (transformers' attention
+    interface: one sink logit per head joining each softmax, gpt_oss), which vLLM's
+    ``Attention(sinks=...)`` takes; None when the call passes none."""
+    passed = call.kwargs.get("s_aux")
+    if passed is None or value(passed) is None:
+        return None
+    if not (
+        isinstance(passed, Node)
+        and passed.op == "get_attr"
+        and str(passed.target).startswith(f"{path}.")
+        and "." not in relative(str(passed.target), path)
+        and value(passed).shape == (num_heads,)
+    ):
+        refuse(
+            "vllm_attention", "the attention sinks (s_aux) are not one per-head parameter of the attention"
+        )
+    return relative(str(passed.target), path)
 
 
 def _replaced_calls(

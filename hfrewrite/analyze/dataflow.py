@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 from torch.fx import Node
 
@@ -80,7 +81,8 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
             mixed.add(n)
     if arg not in mixed:
         return None
-    candidates = [n for n in [source, *path] if n not in mixed]
+    # a tensor: not the tuple of a split that the rope takes halves of (gpt_oss's torch.chunk)
+    candidates = [n for n in [source, *path] if n not in mixed and torch.is_tensor(n.meta.get("value"))]
     for x in reversed(candidates):  # nearest to arg first
         if not reaches(source, arg, on_path - {x}):
             return x

@@ -41,6 +41,7 @@ from hfrewrite.analyze.moe_modules import (
     flat_weights,
     int_attr,
     routed,
+    stacked_weights,
 )
 from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
@@ -52,7 +53,7 @@ from hfrewrite.analyze.routing import (
 from hfrewrite.analyze.trace import Traced, is_experts, relative, value
 
 # Activations vLLM's fused MoE kernels take by name (vLLM 0.32 on CPU: silu).
-MOE_ACTIVATIONS = ("silu", "swish")
+MOE_ACTIVATIONS = ("silu", "swish", "swigluoai")
 PATTERN = "fuse_experts"
 
 
@@ -83,10 +84,11 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         facts = _carried_router(traced, path, index, weights, hidden) or facts
     if isinstance(facts, str):
         return NoMatch(PATTERN, cls, facts)
-    if activation not in MOE_ACTIVATIONS:
-        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {activation!r} activation here")
-    if any(n.endswith("bias") for n, _ in experts_mod.named_parameters()):
-        return NoMatch(PATTERN, cls, "the experts have biases")
+    # the config's activation, or gpt_oss's clamped swiglu (which the replay tells apart)
+    activations = [a for a in (activation, "swigluoai") if a in MOE_ACTIVATIONS]
+    biases = {n for n, _ in experts_mod.named_parameters() if n.endswith("bias")}
+    if biases not in (set(), {"gate_up_proj_bias", "down_proj_bias"}):
+        return NoMatch(PATTERN, cls, f"the experts have biases {sorted(biases)}")
 
     shared, shared_gate = _shared_expert(traced, path, cls, call)
     if isinstance(shared, NoMatch):
@@ -97,13 +99,21 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     num_experts = experts_mod.gate_up_proj.shape[0] if hasattr(experts_mod, "gate_up_proj") else None
     if num_experts is None or not hasattr(experts_mod, "down_proj"):
         return NoMatch(PATTERN, cls, "the experts do not hold gate_up_proj and down_proj")
+    output_index = _output_index(block, traced, path, value(root(hidden)))
+    if isinstance(output_index, str):
+        return NoMatch(PATTERN, cls, output_index)
+    width = value(hidden).shape[-1]
+    transposed = experts_mod.gate_up_proj.shape[1] == width != experts_mod.gate_up_proj.shape[2]
     plan = MoePlan(
         module_class=cls,
         router_class=type(block.get_submodule(facts["router"])).__name__,
         experts=relative(call.target, path),
         experts_class=type(experts_mod).__name__,
         num_experts=int(num_experts),
-        activation=activation,
+        activation=activations[0] if activations else activation,
+        experts_transposed=transposed,
+        output_index=output_index,
+        experts_bias=bool(biases),
         shared_expert=shared,
         shared_expert_gate=shared_gate,
         router_branches=()
@@ -111,14 +121,29 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         else config_branches(block.get_submodule(facts["router"])),
         **facts,
     )
-    # The structure's renormalisation first; a softmax over the top-k logits replays as the other.
+    if not activations:
+        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {activation!r} activation here")
+    # The structure's renormalisation first; a softmax over the top-k logits replays as the
+    # other. Gate and up as halves of gate_up_proj first, then interleaved (gpt_oss).
     x = value(root(hidden))
-    mismatch = _replay(block, plan, x)
-    if mismatch and not plan.carried_router:
-        other = dataclasses.replace(plan, renormalize=not plan.renormalize)
-        if _replay(block, other, x) is None:
-            return other
-    return NoMatch(PATTERN, cls, mismatch) if mismatch else plan
+    first = None
+    for act in activations:
+        for interleaved in (False, True):
+            candidate = dataclasses.replace(
+                plan,
+                activation=act,
+                experts_interleaved=interleaved,
+                swiglu_attrs=_swiglu_attrs(experts_mod) if act == "swigluoai" else None,
+            )
+            mismatch = _replay(block, candidate, x)
+            if mismatch is None:
+                return candidate
+            first = first or mismatch
+            if not plan.carried_router:
+                other = dataclasses.replace(candidate, renormalize=not plan.renormalize)
+                if _replay(block, other, x) is None:
+                    return other
+    return NoMatch(PATTERN, cls, first)
 
 
 def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, config) -> MoePlan | NoMatch:
@@ -336,6 +361,45 @@ def _correction_bias(router: nn.Module, plan: MoePlan) -> torch.Tensor | None:
     return dict([*router.named_parameters(), *router.named_buffers()]).get(plan.correction_bias)
 
 
+def _output_index(block: nn.Module, traced: Traced, path: str, x: torch.Tensor) -> int | None | str:
+    """None when the block returns its output tensor; the index of the tensor the layer
+    reads when it returns a tuple (gpt_oss: (hidden states, router scores)); or why not."""
+    if not traced.returns_tuple.get(path, False):
+        return None
+    (used,) = traced.outputs_of(path)
+    with torch.no_grad():
+        returned = block(x)
+    found = [
+        i
+        for i, r in enumerate(returned)
+        if torch.is_tensor(r) and r.shape == value(used).shape and torch.equal(r, value(used))
+    ]
+    return found[0] if len(found) == 1 else "the block returns a tuple the layer reads no one element of"
+
+
+# vLLM's "swigluoai" (gpt_oss): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
+# at the limit and alpha its kernels use.
+SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
+
+
+def _swiglu_attrs(experts: nn.Module) -> tuple[str, str] | None:
+    """The experts' attributes holding swigluoai's alpha and limit (one each), or None."""
+    found = [
+        [k for k, v in vars(experts).items() if type(v) is float and v == want]
+        for want in (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)
+    ]
+    return (found[0][0], found[1][0]) if all(len(f) == 1 for f in found) else None
+
+
+def _gated(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The experts' gated activation as vLLM's fused MoE computes it."""
+    if activation == "swigluoai":
+        gate = gate.clamp(max=SWIGLUOAI_LIMIT)
+        up = up.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)
+        return gate * torch.sigmoid(gate * SWIGLUOAI_ALPHA) * (up + 1)
+    return ACT2FN[activation](gate) * up
+
+
 def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | None:
     x2 = x.reshape(-1, x.shape[-1])
     experts = block.get_submodule(plan.experts)
@@ -350,19 +414,25 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
         correction = _correction_bias(router, plan)
         w, idx = route(logits, plan, None if correction is None else correction.reshape(-1))
     w = w.to(x2.dtype)
-    act = ACT2FN[plan.activation]
     out = torch.zeros_like(x2)
-    gate_w, up_w, down_w = (
-        flat_weights(experts, plan.flat_experts, plan.num_experts)
-        if plan.flat_experts
-        else expert_weights(experts, plan.expert_mlp)
-    )
+    biases = [(None, None, None)] * plan.num_experts
+    if plan.flat_experts:
+        gate_w, up_w, down_w = flat_weights(experts, plan.flat_experts, plan.num_experts)
+    elif plan.expert_mlp is None:
+        gate_w, up_w, down_w, found = stacked_weights(
+            experts, plan.experts_transposed, plan.experts_interleaved
+        )
+        biases = found if plan.experts_bias else biases
+    else:
+        gate_w, up_w, down_w = expert_weights(experts, plan.expert_mlp)
     for e in range(plan.num_experts):
         rows, slot = torch.where(idx == e)
         if len(rows) == 0:
             continue
         h = x2[rows]
-        y = F.linear(act(F.linear(h, gate_w[e])) * F.linear(h, up_w[e]), down_w[e])
+        gate_b, up_b, down_b = biases[e]
+        inner = _gated(plan.activation, F.linear(h, gate_w[e], gate_b), F.linear(h, up_w[e], up_b))
+        y = F.linear(inner, down_w[e], down_b)
         out.index_add_(0, rows, y * w[rows, slot, None])
     if plan.shared_expert:
         shared = block.get_submodule(plan.shared_expert)(x2)
@@ -370,7 +440,8 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
             shared = torch.sigmoid(block.get_submodule(plan.shared_expert_gate)(x2)) * shared
         out = out + shared
     with torch.no_grad():
-        got = block(x).reshape(-1, x.shape[-1])
+        got = block(x)
+    got = (got if plan.output_index is None else got[plan.output_index]).reshape(-1, x.shape[-1])
     if torch.allclose(got, out, rtol=1e-4, atol=1e-5):
         return None
     return (got - out).abs().max().item()

@@ -101,6 +101,9 @@ class AttentionPlan:
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None
+    # The attention module's parameter of per-head sink logits (gpt_oss's `sinks`, passed
+    # to the attention interface as s_aux), handed to vLLM's Attention(sinks=...)
+    sinks: str | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,16 @@ class MoePlan:
     # attribute holding top_k; None for stacked [E, ...] experts
     expert_mlp: MlpPlan | None = None
     top_k_attr: str | None = None
+    # Stacked experts as gpt_oss holds them: gate_up_proj [E, H, 2I] and down_proj [E, I, H]
+    # (transposed), gate and up interleaved along 2I, biases; each proven by the replay
+    # The block returns a tuple (gpt_oss: hidden states, router scores): the index of the
+    # hidden states in it; the emitted block returns them alone
+    output_index: int | None = None
+    experts_transposed: bool = False
+    experts_interleaved: bool = False
+    experts_bias: bool = False
+    # ... the experts' attributes holding swigluoai's alpha and limit (gpt_oss), if any
+    swiglu_attrs: tuple[str, str] | None = None
     # Experts held as three flat [E * I, H] parameters (dbrx): their names in the experts
     # module as (gate, up, down), the down one holding each expert's projection transposed
     flat_experts: tuple[str, str, str] | None = None

@@ -38,6 +38,8 @@ VLLM: dict[str, str] = {
     "MixtureOfExperts": "vllm.model_executor.models.interfaces",
     "SupportsLoRA": "vllm.model_executor.models.interfaces",
     "SupportsPP": "vllm.model_executor.models.interfaces",
+    "set_weight_attrs": "vllm.model_executor.utils",
+    "sharded_weight_loader": "vllm.model_executor.model_loader.weight_utils",
     "AutoWeightsLoader": "vllm.model_executor.models.utils",
     "PPMissingLayer": "vllm.model_executor.models.utils",
     "WeightsMapper": "vllm.model_executor.models.utils",

@@ -1,5 +1,5 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
-granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx.
+granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -116,6 +116,14 @@ CASES: dict[str, tuple[str, dict]] = {
             "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 2.0},
             "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 8, "moe_top_k": 2},
         },
+    ),
+    # gpt_oss: attention sinks (one logit per head, vLLM's Attention(sinks=...)), a rope helper
+    # that splits heads with torch.chunk, sliding and full layers, a biased router whose
+    # softmax runs over the top-k logits, stacked experts transposed with gate and up
+    # interleaved and biases, the clamped swiglu vLLM calls swigluoai.
+    "gpt_oss-sinks-swigluoai": (
+        "gpt_oss",
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
     ),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the

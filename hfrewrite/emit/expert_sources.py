@@ -1,8 +1,9 @@
-"""Source expressions for a MoE block whose experts are flat ``[E * I, H]`` parameters
-(dbrx: ``self.experts = DbrxExperts(config.ffn_config)`` holding ``mlp.w1``/``v1``/``w2``),
-for ``passes/fuse_experts.py``: the sizes, the activation and the renormalisation as the
-source's classes compute them, with each class's ``config`` parameter replaced by the
-expression the block passes it."""
+"""What ``passes/fuse_experts.py`` emits for experts beyond transformers' stacked
+``[gate; up]`` layout: for flat ``[E * I, H]`` parameters (dbrx: ``self.experts =
+DbrxExperts(config.ffn_config)`` holding ``mlp.w1``/``v1``/``w2``) the sizes, the activation
+and the renormalisation as the source's classes compute them, each class's ``config``
+parameter replaced by the expression the block passes it; for gpt_oss's experts the layout
+description and the guard on swigluoai's constants."""
 
 from __future__ import annotations
 
@@ -148,3 +149,26 @@ def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> 
         f'renormalised by their sum (p=1)")\n'
     )
     return condition, guard
+
+
+def layout(moe) -> str:
+    """How the stacked experts hold gate and up, as the replay proved it."""
+    text = "[gate, up interleaved]" if moe.experts_interleaved else "[gate; up]"
+    text += ", transposed" if moe.experts_transposed else ""
+    return text + (", biased" if moe.experts_bias else "")
+
+
+def swiglu_guard(module: cst.Module, moe) -> str:
+    """Refuse configs whose swigluoai alpha or limit is not the one vLLM's kernels use."""
+    if moe.swiglu_attrs is None:
+        return ""
+    experts = t.init_exprs(t.find_class(module, moe.experts_class))
+    alpha, limit = (experts.get(a, "") for a in moe.swiglu_attrs)
+    if not alpha or not limit or "self." in alpha + limit:
+        raise HfrewriteError(
+            f"{moe.module_class}: {NAME}: swigluoai's alpha and limit are not set from the config"
+        )
+    return (
+        f"if ({alpha}, {limit}) != (1.702, 7.0):\n"
+        f'    raise NotImplementedError("hfrewrite: vLLM\'s swigluoai experts use alpha 1.702 and limit 7.0")\n'
+    )
