@@ -15,6 +15,10 @@ as written, with three changes:
   return its tensor alone, as custom code's often does, keeps how its result is used);
 * nothing else may read the dropped Hugging Face inputs (masks, cache, position ids).
 
+A layer that reaches its attention through wrapper modules (dbrx's ``norm_attn_norm``,
+norms around ``attn``) has each wrapper's forward carried the same way, its return as the
+source has it.
+
 Preconditions (else refused with the reason): the attention submodule is called exactly
 once; the call's result is unpacked as above; the dropped parameters are not read
 anywhere else in the body.

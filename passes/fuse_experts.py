@@ -23,6 +23,13 @@ expert is kept (its MLP class is fused by ``fuse_gate_up``) and added to the rou
 scaled by ``sigmoid`` of its gate, now a ``ReplicatedLinear``. The HF router and experts
 classes become unreachable and are stripped.
 
+Other expert layouts the replay proved: experts stacked transposed, gate and up interleaved,
+with biases, behind vLLM's ``swigluoai`` (gpt_oss): ``has_bias=True,
+activation="swigluoai"`` and a guard on its alpha and limit; experts as three flat
+``[E * I, H]`` parameters (dbrx): sizes from the experts class's own expressions with its
+``config`` bound to what the block passes (``config.ffn_config``), the block's routing
+method dropped (hfrewrite/emit/expert_sources.py).
+
 Preconditions: the plan found the MoE block (fx, checked by replaying it numerically);
 the router and experts are built from the block's ``config``; every size the emitted call
 needs is a plain ``self.x = <expr>`` in their ``__init__``; the source's renormalisation

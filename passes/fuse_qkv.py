@@ -16,6 +16,9 @@ Emits the tensor-parallel head bookkeeping of vLLM's ``llama.py`` plus::
 and, in ``forward``, ``qkv, _ = self.qkv_proj(x)`` / ``q, k, v = qkv.split(...)`` with the
 three calls replaced by ``q``, ``k``, ``v``.
 
+A checkpoint-fused projection may pass through elementwise ops before its split (dbrx:
+``qkv = qkv.clamp(...)``): those statements are kept, on ``qkv``.
+
 Preconditions (else the conversion is refused with the reason): the plan found exactly one
 q/k/v group on one input (fx); in the source the three share the input and bias expressions,
 k and v share the head-count expression, each out size is ``heads * head_dim``, and each

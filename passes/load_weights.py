@@ -13,6 +13,11 @@ Emits the class attributes vLLM's ``llama.py`` declares::
 mapper, so each HF tensor lands in its shard of the fused parameter, under tensor parallel
 too; a tied ``lm_head`` is skipped by the loader.
 
+Experts in a layout the fused-MoE runner's loader does not read go through
+``_experts_one_by_one``, which hands it one expert's gate, up and down at a time: flat
+``[E * I, H]`` tensors (dbrx) and stacked, transposed, interleaved, biased ones (gpt_oss,
+whose w13 is interleaved back after loading for vLLM's ``swigluoai`` kernels).
+
 Preconditions: the causal-LM class has ``load_weights`` reading ``self.hf_to_vllm_mapper``.
 """
 

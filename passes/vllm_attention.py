@@ -19,6 +19,11 @@ carried over verbatim, so config-dependent sliding windows survive.
 read off a helper's name; a partial rotary dim reaches ``get_rope`` through
 ``config.rope_parameters["partial_rotary_factor"]``, which the replay checked.
 
+Attention sinks the call passes (``s_aux=self.sinks``, one logit per head) go to
+``Attention(sinks=...)``, the parameter cut to the rank's heads; statements between the
+fused projection and its split (dbrx's ``clip_qkv`` clamp, which the analysis proved
+elementwise) are kept.
+
 Preconditions: the plan found rope on q and k; the attention call passes ``scaling=``; ``forward`` starts with the
 ``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
 source only reshapes q/k/v, applies the plan's q/k norms, calls the functions the analysis proved

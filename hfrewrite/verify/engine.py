@@ -333,16 +333,17 @@ def vllm_greedy(
 def inspect_structure(model: Any) -> list[dict[str, int]]:
     """Per decoder layer, how many modules of each ``LINEAR_KINDS`` kind it holds.
 
-    Decoder layers are the longest ``nn.ModuleList`` whose name ends in ``layers``.
+    Decoder layers are the longest ``nn.ModuleList`` whose name ends in ``layers``, else
+    (dbrx's ``blocks``) the longest one not inside another list's element.
     A module counts under the first kind found in its class's MRO, so a subclass of
     ``QKVParallelLinear`` counts as QKV, not as ``ColumnParallelLinear``.
     """
     from torch import nn
 
-    lists = [
-        mod
-        for name, mod in model.named_modules()
-        if isinstance(mod, nn.ModuleList) and name.split(".")[-1].endswith("layers")
+    named = {name: mod for name, mod in model.named_modules() if isinstance(mod, nn.ModuleList)}
+    lists = [mod for name, mod in named.items() if name.split(".")[-1].endswith("layers")]
+    lists = lists or [
+        mod for name, mod in named.items() if not any(name.startswith(f"{other}.") for other in named)
     ]
     if not lists:
         return []

@@ -34,11 +34,11 @@ def test_dbrx_plan():
     assert att.fused_qkv and att.q.attr == "Wqkv"
 
 
-def _glu(gate: str, up: str, down_transposed: bool = True):
+def _glu(gate: str, up: str, scale: float = 1.0):
     def forward(self, x, expert_w1, expert_v1, expert_w2):
         weights = {"w1": expert_w1, "v1": expert_v1}
         inter = self.activation_fn(x.matmul(weights[gate].T)) * x.matmul(weights[up].T)
-        return inter.matmul(expert_w2) if down_transposed else inter.matmul(expert_w2.T.T) * 1.5
+        return inter.matmul(expert_w2) * scale
 
     return forward
 
@@ -49,7 +49,7 @@ def test_roles_come_from_the_replay_not_the_names(monkeypatch):
 
 
 def test_experts_computing_something_else_are_refused(monkeypatch):
-    monkeypatch.setattr(modeling_dbrx.DbrxExpertGLU, "forward", _glu("w1", "v1", down_transposed=False))
+    monkeypatch.setattr(modeling_dbrx.DbrxExpertGLU, "forward", _glu("w1", "v1", scale=1.5))
     with pytest.raises(HfrewriteError, match="no assignment of its flat parameters"):
         _analyze()
 

