@@ -42,7 +42,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.emit.expert_sources import flat_sources, layout, swiglu_guard
+from hfrewrite.emit.expert_sources import flat_sources, layout, only_init_and_forward, swiglu_guard
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -302,7 +302,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     block = t.set_method(block, t.with_body(init, new_init))
     block = t.set_method(block, forward)
     if moe.flat_experts:  # the runner routes: the block's own routing method goes (dbrx)
-        block = _only_init_and_forward(block)
+        block = only_init_and_forward(block)
     if moe.carried_router:
         w, ids = moe.carried_router
         block = t.set_method(
@@ -319,15 +319,6 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             ),
         )
     return block, renormalize or "False"
-
-
-def _only_init_and_forward(block: cst.ClassDef) -> cst.ClassDef:
-    members = [
-        s
-        for s in block.body.body
-        if not (isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward"))
-    ]
-    return block.with_changes(body=block.body.with_changes(body=members))
 
 
 def _stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:

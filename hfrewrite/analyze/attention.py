@@ -20,7 +20,6 @@ attention keyword that changes the math (softcap, sinks...).
 from __future__ import annotations
 
 import inspect
-import operator
 
 import torch
 from torch.fx import Node
@@ -32,6 +31,7 @@ from hfrewrite.analyze.dataflow import (
     path_nodes,
     rope_start,
 )
+from hfrewrite.analyze.fused_qkv import fused_qkv
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
 from hfrewrite.analyze.manual_attention import MANUAL_REASON, attends_by_hand
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
@@ -86,7 +86,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     try:
         group = _qkv_group(traced, path)
     except Refusal as no_group:
-        feeders, (q, k, v), fused = _fused_qkv(traced, path, scope, args, no_group)
+        feeders, (q, k, v), fused = fused_qkv(traced, path, scope, args, no_group)
     else:
         feeders = {role: _feeder(traced, path, scope, arg, group, role) for role, arg in args.items()}
         if len(set(feeders.values())) != 3:
@@ -304,129 +304,6 @@ def _qkv_group(traced: Traced, path: str) -> list[Node]:
             f"{_count(len(triples))} group of three linears reading the same input",
         )
     return triples[0]
-
-
-def _fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group: Refusal):
-    """A checkpoint-fused projection: one Linear whose output's last dim is sliced into
-    q ``[0, Q)``, k ``[Q, Q+K)`` and v ``[Q+K, Q+2K)`` (phi3's ``qkv_proj``), the layout
-    vLLM's ``QKVParallelLinear`` loads from one tensor. Feeders are the slices; facts
-    are per role, as if the projection were three. Else ``no_group`` is the reason."""
-    found = {role: linears_feeding(arg, scope, traced) for role, arg in args.items()}
-    linears = {n for nodes in found.values() for n in nodes}
-    if len(linears) != 1 or any(len(nodes) != 1 for nodes in found.values()):
-        raise no_group
-    (proj,) = linears
-    whole = traced.linear_fact(proj, path)
-    ranges, feeders = {}, {}
-    for role, arg in args.items():
-        cuts = [u for u in proj.users if u in ancestors(arg, scope) and _op(u, (operator.getitem,))]
-        index = cuts[0].args[1] if len(cuts) == 1 else None
-        last = index[-1] if isinstance(index, tuple) and index and index[0] is Ellipsis else None
-        if isinstance(last, slice) and last.step in (None, 1):
-            ranges[role] = last.indices(whole.out_features)[:2]
-            feeders[role] = cuts[0]
-        elif (part := _split_part(proj, arg, scope)) is not None:
-            feeders[role], ranges[role] = part
-        else:
-            return _per_head_qkv(traced, path, scope, args, proj, whole)
-    (q0, q1), (k0, k1), (v0, v1) = ranges["q"], ranges["k"], ranges["v"]
-    if not (q0 == 0 and q1 == k0 and k1 == v0 and v1 == whole.out_features and k1 - k0 == v1 - v0):
-        refuse("fuse_qkv", f"{whole.attr} is not laid out [q; k; v] ({ranges})")
-    facts = [
-        LinearFact(whole.attr, whole.in_features, b - a, whole.bias) for a, b in (ranges[r] for r in "qkv")
-    ]
-    return feeders, facts, "blocks"
-
-
-def _split_part(proj: Node, arg: Node, scope: set[Node]) -> tuple[Node, tuple[int, int]] | None:
-    """``proj(x).split(sizes, dim=-1)[i]`` (or ``chunk``) on the way to ``arg``: that part
-    and the range of the projection's last dim it holds (checked on the values)."""
-    on_path = set(ancestors(arg, scope))
-    split_from = _past_elementwise(proj, on_path)
-    splits = [
-        u for u in split_from.users if u in on_path and _op(u, ("split", "chunk", torch.split, torch.chunk))
-    ]
-    parts = [g for g in splits[0].users if g in on_path and _op(g, (operator.getitem,))] if splits else []
-    if len(splits) != 1 or len(parts) != 1 or not isinstance(parts[0].args[1], int):
-        return None
-    pieces, whole = value(splits[0]), value(split_from)
-    if not (isinstance(pieces, (tuple, list)) and torch.equal(torch.cat(list(pieces), dim=-1), whole)):
-        return None
-    i = parts[0].args[1]
-    start = sum(piece.shape[-1] for piece in pieces[:i])
-    return parts[0], (start, start + pieces[i].shape[-1])
-
-
-# Elementwise ops with constant operands that a fused projection's output may pass through
-# before its split (dbrx's clip_qkv clamp): on the whole or on each part, the same values.
-# The rewrite carries the source's statements between the projection and the split.
-QKV_ELEMENTWISE = ("clamp", "clip", torch.clamp, torch.clip)
-
-
-def _past_elementwise(proj: Node, on_path: set[Node]) -> Node:
-    """The end of the chain of ``QKV_ELEMENTWISE`` ops on ``proj`` along ``on_path``."""
-    node = proj
-    while True:
-        after = [
-            u
-            for u in node.users
-            if u in on_path
-            and _op(u, QKV_ELEMENTWISE)
-            and u.args[0] is node
-            and not any(isinstance(a, Node) for a in (*u.args[1:], *u.kwargs.values()))
-        ]
-        if len(after) != 1 or value(after[0]).shape != value(node).shape:
-            return node
-        node = after[0]
-
-
-def _per_head_qkv(
-    traced: Traced,
-    path: str,
-    scope: set[Node],
-    args: dict,
-    proj: Node,
-    whole: LinearFact,
-):
-    """One Linear whose output interleaves q, k and v per head (gpt_neox's
-    ``query_key_value``: rows [h0: q k v][h1: q k v]...), proven on the values: each
-    role's head-shaped value (before any rope) is its lane of ``view(b, s, heads, 3, d)``.
-    The generated loader reorders the rows into [q; k; v] for ``QKVParallelLinear``."""
-    out = value(proj)
-    feeders, facts = {}, []
-    for i, role in enumerate("qkv"):
-        x = rope_start(args[role], proj, scope) or args[role]
-        xv = value(x)
-        if not (
-            torch.is_tensor(xv)
-            and xv.dim() == 4
-            and out.dim() == 3
-            and 3 * xv.shape[1] * xv.shape[3] == out.shape[-1]
-        ):
-            refuse(
-                "fuse_qkv",
-                f"{whole.attr} feeds q, k and v in a layout this analysis does not know",
-            )
-        heads, d = xv.shape[1], xv.shape[3]
-        lane = out.reshape(*out.shape[:2], heads, 3, d)[..., i, :]  # [b, s, heads, d]
-        # the lane is found on the path to the rope (before a per-head norm), in either layout
-        path_values = [value(n) for n in [*path_nodes(x, proj, scope), x]]
-        if not any(
-            torch.is_tensor(v)
-            and any(v.shape == lv.shape and torch.equal(v, lv) for lv in (lane, lane.transpose(1, 2)))
-            for v in path_values
-        ):
-            refuse(
-                "fuse_qkv",
-                f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head",
-            )
-        feeders[role] = proj
-        facts.append(LinearFact(whole.attr, whole.in_features, heads * d, whole.bias))
-    return feeders, facts, "per_head"
-
-
-def _op(node: object, ops: tuple) -> bool:
-    return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in ops
 
 
 def _attention_call(traced: Traced, path: str) -> Node:

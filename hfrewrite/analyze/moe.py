@@ -110,7 +110,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         experts=relative(call.target, path),
         experts_class=type(experts_mod).__name__,
         num_experts=int(num_experts),
-        activation=activations[0] if activations else activation,
+        activation=activations[0],
         experts_transposed=transposed,
         output_index=output_index,
         experts_bias=bool(biases),
@@ -121,8 +121,6 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         else config_branches(block.get_submodule(facts["router"])),
         **facts,
     )
-    if not activations:
-        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {activation!r} activation here")
     # The structure's renormalisation first; a softmax over the top-k logits replays as the
     # other. Gate and up as halves of gate_up_proj first, then interleaved (gpt_oss).
     x = value(root(hidden))
@@ -143,6 +141,8 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
                 other = dataclasses.replace(candidate, renormalize=not plan.renormalize)
                 if _replay(block, other, x) is None:
                     return other
+    if activation not in MOE_ACTIVATIONS:  # nor the clamped swiglu: the config's is the reason
+        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {activation!r} activation here")
     return NoMatch(PATTERN, cls, first)
 
 

@@ -172,3 +172,13 @@ def swiglu_guard(module: cst.Module, moe) -> str:
         f"if ({alpha}, {limit}) != (1.702, 7.0):\n"
         f'    raise NotImplementedError("hfrewrite: vLLM\'s swigluoai experts use alpha 1.702 and limit 7.0")\n'
     )
+
+
+def only_init_and_forward(block: cst.ClassDef) -> cst.ClassDef:
+    """``block`` without its other methods (dbrx's routing method, which the runner replaces)."""
+    members = [
+        s
+        for s in block.body.body
+        if not (isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward"))
+    ]
+    return block.with_changes(body=block.body.with_changes(body=members))

@@ -263,7 +263,7 @@ ATTENTION_REFUSALS = {
     "an s_aux tensor passed": (
         "forward",
         ("scaling=0.25)", "scaling=0.25, s_aux=torch.zeros(4))"),
-        "vllm_attention: the attention call passes s_aux=<(4,) tensor>",
+        "vllm_attention: the attention sinks (s_aux) are not one per-head parameter of the attention",
     ),
     "a sink_scale passed": (
         "forward",

@@ -65,12 +65,12 @@ def test_olmoe_norms_over_all_heads():
 # refusal it must give. (Router changes: test_routing.py.)
 BLOCK_RETURN = "return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)"
 REFUSALS = {
-    "interleaved gate_up": (
+    "gate_up halves swapped": (
         [
             (
                 qm.Qwen3MoeExperts,
                 "forward",
-                (".chunk(2, dim=-1)", ".unflatten(-1, (-1, 2)).unbind(-1)"),
+                (".chunk(2, dim=-1)", ".chunk(2, dim=-1)[::-1]"),
             )
         ],
         "Qwen3MoeSparseMoeBlock: fuse_experts: replaying the plan",
@@ -103,6 +103,13 @@ def test_moe_mutations_are_refused(mutate, case):
         mutate(cls, method, edit)
     with pytest.raises(HfrewriteError, match=re.escape(reason)):
         plan("qwen3_moe")
+
+
+def test_interleaved_gate_up_converts_as_interleaved(mutate):
+    # gate and up interleaved along 2I: the replay proves it, the loader splits it so
+    mutate(qm.Qwen3MoeExperts, "forward", (".chunk(2, dim=-1)", ".unflatten(-1, (-1, 2)).unbind(-1)"))
+    moe = plan("qwen3_moe").moe
+    assert (moe.experts_interleaved, moe.activation, moe.experts_bias) == (True, "silu", False)
 
 
 def test_phimoe_sparsemixer_router_is_carried_and_proven_with_the_experts():
