@@ -30,7 +30,6 @@ from vllm.config import CacheConfig, VllmConfig, get_current_vllm_config
 from vllm.distributed import (
     get_ep_group,
     get_pp_group,
-    get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
 from vllm.model_executor.layers.attention import Attention
@@ -425,7 +424,8 @@ class GptOssForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
         )
         # vLLM's swigluoai kernels read gate and up interleaved ([g0, u0, g1, u1, ...]), as the
         # checkpoint holds them; the fused-MoE loader stacked this rank's gate and up as halves.
-        # The experts' output bias is added once, on rank 0, before the all-reduce.
+        # Each expert's output bias is added once: on the experts' tensor-parallel rank 0, before
+        # the all-reduce (under expert parallelism each expert lives on one rank, whose rank is 0).
         for module in self.modules():
             if isinstance(module, GptOssMLP):
                 for name, param in module.experts.named_parameters():
@@ -434,7 +434,7 @@ class GptOssForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
                         param.data.copy_(torch.stack((gate, up), dim=2).flatten(1, 2))
                     elif (
                         name.endswith("w2_bias")
-                        and get_tensor_model_parallel_rank() != 0
+                        and module.experts.moe_config.tp_rank != 0
                     ):
                         param.data.zero_()
         return loaded

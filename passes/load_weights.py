@@ -118,14 +118,15 @@ def _experts_one_by_one(self, weights):
 _INTERLEAVE_AFTER_LOAD = """\
 # vLLM's swigluoai kernels read gate and up interleaved ([g0, u0, g1, u1, ...]), as the
 # checkpoint holds them; the fused-MoE loader stacked this rank's gate and up as halves.
-# The experts' output bias is added once, on rank 0, before the all-reduce.
+# Each expert's output bias is added once: on the experts' tensor-parallel rank 0, before
+# the all-reduce (under expert parallelism each expert lives on one rank, whose rank is 0).
 for module in self.modules():
     if isinstance(module, {block}):
         for name, param in module.{experts}.named_parameters():
             if name.endswith(("w13_weight", "w13_bias")):
                 gate, up = param.data.chunk(2, dim=1)
                 param.data.copy_(torch.stack((gate, up), dim=2).flatten(1, 2))
-            elif name.endswith("w2_bias") and get_tensor_model_parallel_rank() != 0:
+            elif name.endswith("w2_bias") and module.{experts}.moe_config.tp_rank != 0:
                 param.data.zero_()
 """
 
@@ -324,8 +325,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     module = sites.replace_class(module, plan.architecture, cls)
     return PassResult(
         module=module,
-        imports=("WeightsMapper",)
-        + (("get_tensor_model_parallel_rank",) if moe is not None and moe.activation == "swigluoai" else ()),
+        imports=("WeightsMapper",),
         fused=(FusionRow(plan.architecture, "load_weights: HF checkpoint names -> fused shards"),),
         matches=sites.count,
     )
