@@ -36,6 +36,38 @@ from hfrewrite.analyze.trace import Traced, is_norm, relative, value
 
 PATTERN = "mla_attention"
 ATOL = 1e-4
+# The model types vLLM 0.32 allocates an MLA (latent) KV cache for
+# (ModelArchConfigConvertorBase.is_deepseek_mla; tests/analyze/test_mla.py checks the list
+# against the installed vLLM). For any other type vLLM sizes a per-head cache and its MLA
+# layer cannot run (minicpm3: "Head dimension 64 is not supported by MLA").
+VLLM_MLA_TYPES = frozenset(
+    [
+        "axk1",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "deepseek_v4",
+        "deepseek_v41",
+        "dots3_note",
+        "deepseek_mtp",
+        "k3_dspark",
+        "glm5_next",
+        "glm5_next_text",
+        "glm_moe_dsa",
+        "glm4_moe_lite",
+        "glm4_moe_lite_mtp",
+        "kimi_k2",
+        "kimi_linear",
+        "longcat_flash",
+        "pangu_ultra_moe",
+        "pangu_ultra_moe_mtp",
+        "bailing_hybrid",
+        "bailing_hybrid_mtp",
+        "bailing_hybrid_v3_mtp",
+        "hy_v4",
+        "hy_v4_mtp",
+    ]
+)
 
 
 def is_mla(traced: Traced, path: str) -> bool:
@@ -52,6 +84,12 @@ def is_mla(traced: Traced, path: str) -> bool:
 
 def analyze_mla(traced: Traced, path: str, config, layer_type: str | None = None) -> MlaPlan | NoMatch:
     cls = type(traced.module.get_submodule(path)).__name__
+    if getattr(config, "model_type", None) not in VLLM_MLA_TYPES:
+        reason = (
+            f"multi-head latent attention, but vLLM 0.32 keeps a latent (MLA) KV cache only for "
+            f"the model types it lists, not {config.model_type!r}"
+        )
+        return NoMatch(PATTERN, cls, reason)
     try:
         return _analyze(traced, path, cls, config, layer_type)
     except Refusal as refusal:  # the attention's own checks (attention.py) refuse as MLA here

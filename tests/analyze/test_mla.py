@@ -134,3 +134,26 @@ def test_yarn_is_proven_as_vllms_deepseek_yarn_and_other_ropes_are_guarded():
 def test_mla_rope_types_vllm_deepseek_does_not_map_are_refused():
     with pytest.raises(HfrewriteError, match="only the default rope and YaRN"):
         mla_plan(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+
+
+def test_mla_in_a_type_vllm_gives_no_latent_cache_is_refused():
+    # MLA-shaped attention under a model type vLLM 0.32 sizes a per-head KV cache for
+    # (minicpm3's case; here deepseek_v3's code under another name)
+    config = transformers.AutoConfig.for_model("deepseek_v3")
+    config.model_type = "renamed_deepseek"
+    with pytest.raises(HfrewriteError, match="latent \\(MLA\\) KV cache only for the model types it lists"):
+        analyze(config)
+
+
+def test_mla_types_are_the_installed_vllms():
+    import importlib.util
+
+    from hfrewrite.analyze.mla import VLLM_MLA_TYPES
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vLLM is not installed")
+    source = (Path(spec.origin).parent / "transformers_utils" / "model_arch_config_convertor.py").read_text()
+    start = source.index("def is_deepseek_mla")
+    listed = source[start : source.index("\n    def ", start + 1)]
+    assert {t for t in VLLM_MLA_TYPES if f'"{t}"' not in listed} == set()
