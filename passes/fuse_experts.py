@@ -58,7 +58,6 @@ def _is_sum(node: cst.BaseExpression) -> bool:
 def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str | None:
     """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None.
     The divisor may be a name assigned from a sum (`denominator = w.sum(...) + eps`)."""
-    found: list[str] = []
     forward = t.find_method(router, "forward")
     sums = {
         t.code(target.target)
@@ -70,25 +69,7 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
     def _is_sum_or_name(node: cst.BaseExpression) -> bool:
         return _is_sum(node) or (isinstance(node, cst.Name) and node.value in sums)
 
-    class _Find(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.conditions: list[str] = []
-
-        def visit_If(self, node: cst.If) -> None:
-            self.conditions.append(t.code(node.test))
-
-        def leave_If(self, node: cst.If) -> None:
-            self.conditions.pop()
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.operator, cst.DivideAssign) and _is_sum_or_name(node.value):
-                found.append(" and ".join(self.conditions) or "True")
-
-        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            if isinstance(node.operator, cst.Divide) and _is_sum_or_name(node.right):
-                found.append(" and ".join(self.conditions) or "True")
-
-    forward.visit(_Find())
+    found = [condition for condition, _ in t.guarded_divisions(forward, _is_sum_or_name)]
     if len(found) > 1:
         raise HfrewriteError(f"{name}: {NAME}: the router renormalises more than once")
     if not found:

@@ -282,18 +282,9 @@ def _split_in_one(
     name = cls.name.value
     body, found = list(forward.body.body), []
     for i, s in enumerate(body):
-        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
-        value = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
-        target = small.targets[0].target if value is not None else None
-        if (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value in ("split", "chunk")
-            and t.call_name(value.func.value) == f"self.{attr}"
-            and isinstance(target, cst.Tuple)
-            and len(target.elements) == 3
-        ):
-            found.append((i, t.code(value.func.value.args[0].value), small))
+        receiver = _split_in_three(s)
+        if receiver is not None and t.call_name(receiver) == f"self.{attr}":
+            found.append((i, t.code(receiver.args[0].value), s.body[0]))
     if len(found) != 1 or attr in t.self_attrs_used(
         cst.Module(body[: found[0][0]] + body[found[0][0] + 1 :])
     ):
@@ -308,21 +299,30 @@ def _split_in_one(
     return t.set_method(t.set_method(cls, init), forward)
 
 
+def _split_in_three(statement: cst.BaseStatement) -> cst.BaseExpression | None:
+    """``x`` of ``a, b, c = x.split(...)`` (or ``.chunk``), else None."""
+    small = (
+        statement.body[0]
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+        else None
+    )
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return None
+    target, value = small.targets[0].target, small.value
+    if (
+        isinstance(target, cst.Tuple)
+        and len(target.elements) == 3
+        and isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in ("split", "chunk")
+    ):
+        return value.func.value
+    return None
+
+
 def _split_of(body: list[cst.BaseStatement], var: str) -> int | None:
     """Index of the one ``a, b, c = <var>.split(...)`` (or ``.chunk``) in ``body``, or None."""
-    found = [
-        i
-        for i, s in enumerate(body)
-        if isinstance(s, cst.SimpleStatementLine)
-        and isinstance(small := s.body[0], cst.Assign)
-        and len(small.targets) == 1
-        and isinstance(small.targets[0].target, cst.Tuple)
-        and len(small.targets[0].target.elements) == 3
-        and isinstance(small.value, cst.Call)
-        and isinstance(small.value.func, cst.Attribute)
-        and small.value.func.attr.value in ("split", "chunk")
-        and t.code(small.value.func.value) == var
-    ]
+    found = [i for i, s in enumerate(body) if (x := _split_in_three(s)) is not None and t.code(x) == var]
     return found[0] if len(found) == 1 else None
 
 

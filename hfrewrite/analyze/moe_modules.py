@@ -92,12 +92,12 @@ def expert_weights(experts: nn.Module, mlp: MlpPlan | None) -> tuple[list, list,
     )
 
 
-def int_attr(block: nn.Module, top_k: int) -> str | None:
-    """The attribute of ``block`` holding the int ``top_k`` (or another size), when exactly one does."""
+def int_attr(module: nn.Module, size: int) -> str | None:
+    """The attribute of ``module`` holding the int ``size`` (top_k, a width...), when exactly one does."""
     found = [
         name
-        for name, v in vars(block).items()
-        if not name.startswith("_") and isinstance(v, int) and not isinstance(v, bool) and v == top_k
+        for name, v in vars(module).items()
+        if not name.startswith("_") and isinstance(v, int) and not isinstance(v, bool) and v == size
     ]
     return found[0] if len(found) == 1 else None
 

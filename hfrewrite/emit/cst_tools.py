@@ -365,3 +365,34 @@ def init_exprs(cls: cst.ClassDef) -> dict[str, str]:
         for s in find_method(cls, "__init__").body.body
         if (attr := self_attr_assigned(s))
     }
+
+
+def guarded_divisions(node: cst.CSTNode, divisor) -> list[tuple[str, cst.BaseExpression]]:
+    """Each ``x / d`` or ``x /= d`` in ``node`` whose ``d`` passes ``divisor``: the tests of
+    the ``if`` statements around it joined by ``and`` ("True" when none), and ``d``."""
+    found: list[tuple[str, cst.BaseExpression]] = []
+
+    class _Find(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.conditions: list[str] = []
+
+        def visit_If(self, node: cst.If) -> None:
+            self.conditions.append(code(node.test))
+
+        def leave_If(self, node: cst.If) -> None:
+            self.conditions.pop()
+
+        def _found(self, d: cst.BaseExpression) -> None:
+            if divisor(d):
+                found.append((" and ".join(self.conditions) or "True", d))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.operator, cst.DivideAssign):
+                self._found(node.value)
+
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            if isinstance(node.operator, cst.Divide):
+                self._found(node.right)
+
+    node.visit(_Find())
+    return found

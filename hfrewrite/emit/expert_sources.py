@@ -107,27 +107,12 @@ def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> 
     """The condition under which the block divides the routing weights by their
     ``torch.norm(w, p=P)``, and a guard refusing configs where P is not 1: the replay
     proved the L1 norm of the (positive) softmax weights, which is vLLM's renormalisation."""
-    found: list[tuple[str, cst.BaseExpression]] = []
-
-    class _Find(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.conditions: list[str] = []
-
-        def visit_If(self, node: cst.If) -> None:
-            self.conditions.append(t.code(node.test))
-
-        def leave_If(self, node: cst.If) -> None:
-            self.conditions.pop()
-
-        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            norms = m.findall(
-                node.right, m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("norm")))
-            )
-            if isinstance(node.operator, cst.Divide) and norms:
-                p = next((a.value for a in norms[0].args if a.keyword and a.keyword.value == "p"), None)
-                found.append((" and ".join(self.conditions) or "True", p))
-
-    block.visit(_Find())
+    norm = m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("norm")))
+    found = []
+    for condition, divisor in t.guarded_divisions(block, lambda d: bool(m.findall(d, norm))):
+        call = m.findall(divisor, norm)[0]
+        p = next((a.value for a in call.args if a.keyword and a.keyword.value == "p"), None)
+        found.append((condition, p))
     if not found:
         if moe.renormalize:
             raise HfrewriteError(
