@@ -316,11 +316,13 @@ def _stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, st
         act = 'ACT2FN["swigluoai"]'
     if not act.startswith("ACT2FN["):
         raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
+    # transformers' names first, else the experts' attribute holding the size (by value)
+    by_value = [experts.get(a) if a else None for a in moe.size_attrs or (None,) * 3]
     sizes = {
-        "num_experts": router.get("num_experts") or experts.get("num_experts"),
+        "num_experts": router.get("num_experts") or experts.get("num_experts") or by_value[0],
         "top_k": router.get("top_k"),
-        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim") or experts.get("hidden_size"),
-        "intermediate_size": experts.get("intermediate_dim") or experts.get("intermediate_size"),
+        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim") or by_value[1],
+        "intermediate_size": experts.get("intermediate_dim") or by_value[2],
     }
     missing = [k for k, v in sizes.items() if not v]
     if missing:

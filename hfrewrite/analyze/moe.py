@@ -104,6 +104,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         return NoMatch(PATTERN, cls, output_index)
     width = value(hidden).shape[-1]
     transposed = experts_mod.gate_up_proj.shape[1] == width != experts_mod.gate_up_proj.shape[2]
+    intermediate = experts_mod.down_proj.shape[1 if transposed else 2]
     plan = MoePlan(
         module_class=cls,
         router_class=type(block.get_submodule(facts["router"])).__name__,
@@ -112,6 +113,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         num_experts=int(num_experts),
         activation=activations[0],
         experts_transposed=transposed,
+        size_attrs=tuple(int_attr(experts_mod, size) for size in (int(num_experts), width, intermediate)),
         output_index=output_index,
         experts_bias=bool(biases),
         shared_expert=shared,
@@ -238,7 +240,7 @@ def _flat_experts(traced: Traced, path: str, block: nn.Module) -> MoePlan | NoMa
         shared_expert=None,
         shared_expert_gate=None,
         top_k_attr=top_k_attr,
-        flat_size_attrs=tuple(size_attrs),
+        size_attrs=tuple(size_attrs),
         **facts,
     )
     x = value(hidden)

@@ -220,9 +220,10 @@ class MoePlan:
     # Experts held as three flat [E * I, H] parameters (dbrx): their names in the experts
     # module as (gate, up, down), the down one holding each expert's projection transposed
     flat_experts: tuple[str, str, str] | None = None
-    # ... and the experts module's attributes holding (num_experts, hidden_size,
-    # intermediate_size), found by value, whose source expressions the file keeps
-    flat_size_attrs: tuple[str, str, str] | None = None
+    # The experts module's attributes holding (num_experts, hidden_size, intermediate_size),
+    # found by value (None where no one attribute holds it), whose source expressions the
+    # file keeps; flat experts need all three
+    size_attrs: tuple[str | None, str | None, str | None] | None = None
 
     @property
     def grouped(self) -> bool:

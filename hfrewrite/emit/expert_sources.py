@@ -46,7 +46,7 @@ def flat_sources(module: cst.Module, built: dict, moe, block_exprs: dict[str, st
     experts_cls, param, arg = _built_with_config(module, built.get(moe.experts), moe.experts_class, name)
     experts = t.init_exprs(experts_cls)
     sizes = {}
-    for size, attr in zip(("num_experts", "hidden_size", "intermediate_size"), moe.flat_size_attrs):
+    for size, attr in zip(("num_experts", "hidden_size", "intermediate_size"), moe.size_attrs):
         expr = experts.get(attr)
         if expr is None or "self." in expr:
             raise HfrewriteError(

@@ -25,7 +25,7 @@ def test_dbrx_plan():
     moe, layer, att = plan.moe, plan.decoder_layer, plan.attention
     assert (moe.router, moe.router_linear, moe.experts) == ("router", "layer", "experts")
     assert moe.flat_experts == ("mlp.w1", "mlp.v1", "mlp.w2")
-    assert moe.flat_size_attrs == ("num_experts", "hidden_size", "ffn_hidden_size")
+    assert moe.size_attrs == ("num_experts", "hidden_size", "ffn_hidden_size")
     assert (moe.scoring, moe.renormalize, moe.top_k_attr) == ("softmax", True, "top_k")
     assert (layer.attention_block, layer.attention_wrappers) == (
         "norm_attn_norm.attn",
