@@ -21,6 +21,7 @@
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from itertools import islice
 
 import torch
@@ -40,6 +41,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
+    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -212,31 +214,39 @@ class DeepseekV2Attention(nn.Module):
         self.v_head_dim = config.v_head_dim
         self.qk_nope_head_dim = config.qk_nope_head_dim
         self.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
-
-        self.q_proj = (
-            None
-            if self.q_lora_rank is not None
-            else nn.Linear(
-                self.hidden_size, self.num_heads * self.qk_head_dim, bias=False
-            )
-        )
         # Multi-head latent attention as vLLM's deepseek_v2.py lays it out.
         self.num_local_heads = self.num_heads // get_tensor_model_parallel_world_size()
-        self.fused_qkv_a_proj = MergedColumnParallelLinear(
-            self.hidden_size,
-            [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim],
-            bias=False,
-            disable_tp=True,
-            quant_config=quant_config,
-            prefix=f"{prefix}.fused_qkv_a_proj",
-        )
-        self.q_b_proj = ColumnParallelLinear(
-            self.q_lora_rank,
-            self.num_heads * self.qk_head_dim,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.q_b_proj",
-        )
+        if config.q_lora_rank is None:
+            self.kv_a_proj_with_mqa = ReplicatedLinear(
+                self.hidden_size,
+                self.kv_lora_rank + self.qk_rope_head_dim,
+                bias=False,
+                quant_config=quant_config,
+                prefix=f"{prefix}.kv_a_proj_with_mqa",
+            )
+            self.q_proj = ColumnParallelLinear(
+                self.hidden_size,
+                self.num_heads * self.qk_head_dim,
+                bias=False,
+                quant_config=quant_config,
+                prefix=f"{prefix}.q_proj",
+            )
+        else:
+            self.fused_qkv_a_proj = MergedColumnParallelLinear(
+                self.hidden_size,
+                [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim],
+                bias=False,
+                disable_tp=True,
+                quant_config=quant_config,
+                prefix=f"{prefix}.fused_qkv_a_proj",
+            )
+            self.q_b_proj = ColumnParallelLinear(
+                self.q_lora_rank,
+                self.num_heads * self.qk_head_dim,
+                bias=False,
+                quant_config=quant_config,
+                prefix=f"{prefix}.q_b_proj",
+            )
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank,
             self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
@@ -259,23 +269,34 @@ class DeepseekV2Attention(nn.Module):
         self.scaling = yarn_apply_mscale(
             config.rope_parameters, self.qk_head_dim ** (-0.5)
         )
-        if config.q_lora_rank is None:
+        if config.rope_parameters.get("rope_type", "default") not in (
+            "default",
+            "yarn",
+        ):
             raise NotImplementedError(
-                "hfrewrite: DeepseekV2Attention was converted for configs where `config.q_lora_rank is None` is False: its forward takes another branch here"
+                "hfrewrite: DeepseekV2Attention was converted for rope_type 'default' or 'yarn': convert this config to prove its rope"
             )
-        if self.q_proj is not None:
-            raise NotImplementedError(
-                "hfrewrite: DeepseekV2Attention was converted for configs where self.q_proj is None"
-            )
-        if config.rope_parameters.get("rope_type", "default") != "default":
-            raise NotImplementedError(
-                "hfrewrite: DeepseekV2Attention was converted for rope_type 'default': convert this config to prove its rope"
-            )
+        if config.rope_parameters.get("rope_type", "default") == "yarn":
+            if config.rope_parameters.get(
+                "attention_factor"
+            ) is not None or not config.rope_parameters.get("truncate", True):
+                raise NotImplementedError(
+                    "hfrewrite: DeepseekV2Attention: vLLM's deepseek_yarn rope has no attention_factor and always truncates"
+                )
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
             max_position=config.max_position_embeddings,
-            rope_parameters=config.rope_parameters,
+            rope_parameters=(
+                {**config.rope_parameters, "rope_type": "deepseek_yarn"}
+                if config.rope_parameters.get("rope_type", "default") == "yarn"
+                else config.rope_parameters
+            ),
             is_neox_style=False,
+        )
+        # vLLM's deepseek_yarn rope computes on [tokens, heads, rope]; the default one on
+        # contiguous [tokens, heads * rope] (its CPU kernel misreads 3-D views).
+        self.rope_per_head = (
+            config.rope_parameters.get("rope_type", "default") == "yarn"
         )
         self.mla_attn = MLAAttention(
             num_heads=self.num_local_heads,
@@ -294,27 +315,35 @@ class DeepseekV2Attention(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor
     ) -> torch.Tensor:
-        q_c, kv_lora = self.fused_qkv_a_proj(hidden_states)[0].split(
-            [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim], dim=-1
-        )
-        q = self.q_b_proj(self.q_a_layernorm(q_c))[0]
+        if self.q_lora_rank is None:
+            kv_lora = self.kv_a_proj_with_mqa(hidden_states)[0]
+            q = self.q_proj(hidden_states)[0]
+        else:
+            q_c, kv_lora = self.fused_qkv_a_proj(hidden_states)[0].split(
+                [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim], dim=-1
+            )
+            q = self.q_b_proj(self.q_a_layernorm(q_c))[0]
         kv_c, k_pe = kv_lora.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv_c_normed = self.kv_a_layernorm(kv_c)
         q = q.view(-1, self.num_local_heads, self.qk_head_dim)
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        # Rope on contiguous [tokens, heads * rope] copies: vLLM's CPU rotary kernel
-        # misreads strided and 3-D views.
-        q_pe, k_pe = self.rotary_emb(
-            positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous()
-        )
-        q = torch.cat(
-            [
-                q_nope,
-                q_pe.view(q.shape[0], self.num_local_heads, self.qk_rope_head_dim),
-            ],
-            dim=-1,
-        )
-        k_pe = k_pe.unsqueeze(1)
+        if self.rope_per_head:
+            q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe.unsqueeze(1))
+            q = torch.cat([q_nope, q_pe], dim=-1)
+        else:
+            # Rope on contiguous [tokens, heads * rope] copies: vLLM's CPU rotary kernel
+            # misreads strided and 3-D views.
+            q_pe, k_pe = self.rotary_emb(
+                positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous()
+            )
+            q = torch.cat(
+                [
+                    q_nope,
+                    q_pe.view(q.shape[0], self.num_local_heads, self.qk_rope_head_dim),
+                ],
+                dim=-1,
+            )
+            k_pe = k_pe.unsqueeze(1)
         attn_output = self.mla_attn(
             q,
             kv_c_normed,
@@ -532,7 +561,17 @@ class DeepseekV2ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExpert
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
-        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        mapper = self.hf_to_vllm_mapper
+        if self.config.q_lora_rank is None:
+            # no low-rank query: kv_a_proj_with_mqa is not fused into fused_qkv_a_proj, it loads as it is
+            stacked = mapper.orig_to_new_stacked
+            mapper = replace(
+                mapper,
+                orig_to_new_stacked={
+                    k: v for k, v in stacked.items() if v[0] != ".fused_qkv_a_proj"
+                },
+            )
+        return loader.load_weights(weights, mapper=mapper)
 
     def update_physical_experts_metadata(
         self, num_physical_experts: int, num_local_physical_experts: int

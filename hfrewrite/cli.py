@@ -57,8 +57,16 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage errors as the one line every other bad input gets (exit 2), not usage + error."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="hfrewrite",
         description="Rewrite a Hugging Face Transformers modeling file into a vLLM model file.",
     )
@@ -68,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list the rewrite passes in pipeline order",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineErrors)
 
     p = sub.add_parser("convert", help="write <DIR>/<model_type>.py for a model")
     p.add_argument("model", metavar="MODEL", help="local directory, Hub id or model type")
@@ -103,7 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trust-remote-code",
         action="store_true",
-        help="accept configs with auto_map (Hub code is never run)",
+        help="accept configs with auto_map: the repository's own modeling code is built and run "
+        "to analyze it (as transformers runs it)",
     )
     p.add_argument(
         "--force",
@@ -118,6 +127,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip convert-time validation (running the file in vLLM against HF "
         "on a tiny random checkpoint before writing it)",
+    )
+    p.add_argument(
+        "--configs",
+        type=Path,
+        metavar="DIR",
+        help="also validate the file on each released config.json under DIR (same model type; "
+        "sizes as released, shrunk for the run): one file must serve them all",
     )
     p.set_defaults(run=_convert)
 
@@ -166,6 +182,12 @@ def _parser() -> argparse.ArgumentParser:
         default=16,
         help="with CHECKPOINT_DIR: greedy tokens per prompt (default 16)",
     )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="with CHECKPOINT_DIR: run the checkpoint's own modeling code (auto_map) in Hugging "
+        "Face and vLLM, and convert from it when --generated is not given",
+    )
     p.set_defaults(run=_verify)
     return parser
 
@@ -186,6 +208,13 @@ def _convert(args: argparse.Namespace) -> int:
     resolved = relative_to_file(
         resolve(args.model, args.revision, args.trust_remote_code), _destination(args)
     )
+    more = ()  # released configs the file must serve too (before the slow part)
+    if args.configs is not None:
+        if args.no_verify:
+            raise HfrewriteError("--configs validates the file on each config: it cannot go with --no-verify")
+        from hfrewrite.config_matrix import load_configs
+
+        more = load_configs(args.configs, resolved.model_type)
     from hfrewrite import convert  # after resolve: bad input fails before torch loads
 
     generated = convert.generate(resolved)
@@ -195,8 +224,8 @@ def _convert(args: argparse.Namespace) -> int:
         from hfrewrite.progress import step
         from hfrewrite.verify.validate import validate
 
-        with step("validating in vLLM against Hugging Face (a tiny random checkpoint)"):
-            validated = validate(resolved, generated).line()
+        with step("validating in vLLM against Hugging Face (tiny random checkpoints)"):
+            validated = validate(resolved, generated, more).line()
     written = _write(args, resolved, generated)
 
     # Grouped by module class (classes in order of first appearance, rows in pass order).

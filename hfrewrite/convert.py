@@ -22,6 +22,8 @@ class Generated:
     text: str  # the final file: header + formatted source
     fused: tuple[FusionRow, ...]
     declined: tuple[NoMatch, ...]
+    # (description, config) of the sibling configs whose branches the analysis proved
+    sibling_configs: tuple[tuple[str, object], ...] = ()
 
 
 def generate(resolved) -> Generated:
@@ -54,6 +56,7 @@ def generate(resolved) -> Generated:
         text=text,
         fused=result.fused,
         declined=result.declined,
+        sibling_configs=plan.sibling_configs,
     )
 
 

@@ -212,6 +212,53 @@ def _skipping_mtp_layers(load: cst.FunctionDef, plan) -> cst.FunctionDef:
     return t.with_body(load, [*skip, *load.body.body])
 
 
+def _single_query_mapper(load: cst.FunctionDef, module: cst.Module, att: MlaPlan) -> cst.FunctionDef:
+    """With both MLA queries proven, a config without the low-rank one has no
+    ``fused_qkv_a_proj``: its latent kv projection loads under its own name."""
+    test, low_rank_when = att.q_switch
+    init = t.init_exprs(t.find_class(module, att.module_class))
+    condition = t.config_test(test, init)
+    condition = condition if not low_rank_when else f"not ({condition})"
+    condition = t.code(t.expr(condition).visit(_ConfigOfSelf()))
+    mapper = t.stmts(
+        "mapper = self.hf_to_vllm_mapper\n"
+        f"if {condition}:\n"
+        f"    # no low-rank query: {att.kv_a} is not fused into fused_qkv_a_proj, it loads as it is\n"
+        "    stacked = mapper.orig_to_new_stacked\n"
+        '    mapper = replace(mapper, orig_to_new_stacked={k: v for k, v in stacked.items() if v[0] != ".fused_qkv_a_proj"})\n'
+    )
+    body = list(load.body.body)
+    body[-1:-1] = mapper
+    return t.with_body(load, body).visit(_MapperArgument())
+
+
+class _ConfigOfSelf(cst.CSTTransformer):
+    """``config`` -> ``self.config`` (a test from a module's ``__init__`` read in a method)."""
+
+    def leave_Name(self, original, updated):
+        return t.expr("self.config") if updated.value == "config" else updated
+
+    def visit_Attribute(self, node):
+        node.value.visit(self)  # only the leftmost name of a dotted access is renamed
+        return False
+
+    def leave_Attribute(self, original, updated):
+        return (
+            updated.with_changes(value=updated.value.visit(self))
+            if isinstance(updated.value, cst.Name)
+            else updated
+        )
+
+
+class _MapperArgument(cst.CSTTransformer):
+    """``mapper=self.hf_to_vllm_mapper`` -> ``mapper=mapper``."""
+
+    def leave_Arg(self, original, updated):
+        if updated.keyword is not None and updated.keyword.value == "mapper":
+            return updated.with_changes(value=cst.Name("mapper"))
+        return updated
+
+
 class _WrapWeights(cst.CSTTransformer):
     """``loader.load_weights(weights, ...)`` -> ``loader.load_weights(self.<helper>(weights), ...)``."""
 
@@ -320,12 +367,19 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             else m
             for m in body
         ]
+    if isinstance(att, MlaPlan) and att.q_switch is not None:
+        body = [
+            _single_query_mapper(m, module, att)
+            if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
+            else m
+            for m in body
+        ]
     cls = cls.with_changes(body=cls.body.with_changes(body=[*members, *body]))
     sites = Sites()
     module = sites.replace_class(module, plan.architecture, cls)
     return PassResult(
         module=module,
-        imports=("WeightsMapper",),
+        imports=("WeightsMapper", *(("replace",) if isinstance(att, MlaPlan) and att.q_switch else ())),
         fused=(FusionRow(plan.architecture, "load_weights: HF checkpoint names -> fused shards"),),
         matches=sites.count,
     )

@@ -42,34 +42,62 @@ self.{attr} = {kind}(
 """
 
 
-def _linears(plan: MlaPlan, d) -> str:
-    """The vLLM projections, as vLLM's deepseek_v2.py lays them out."""
-    out = f"self.num_local_heads = self.{d('num_heads')} // get_tensor_model_parallel_world_size()\n"
-    if plan.q_a is not None:
-        out += _LINEAR.format(
+def _query_linears(plan: MlaPlan, d, low_rank: bool) -> str:
+    """The latent kv projection and the query's: fused into one replicated GEMM beside a
+    low-rank query, else ``kv_a`` replicated and one column-parallel ``q``."""
+    if low_rank:
+        return _LINEAR.format(
             attr="fused_qkv_a_proj",
             kind="MergedColumnParallelLinear",
             size_in=f"self.{d('hidden_size')}",
             size_out=f"[self.{d('q_lora_rank')}, self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}]",
             extra="\n    disable_tp=True,",
-        )
-        q_in = f"self.{d('q_lora_rank')}"
-    else:
-        out += _LINEAR.format(
-            attr=plan.kv_a,
-            kind="ReplicatedLinear",
-            size_in=f"self.{d('hidden_size')}",
-            size_out=f"self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}",
+        ) + _LINEAR.format(
+            attr=plan.q_b,
+            kind="ColumnParallelLinear",
+            size_in=f"self.{d('q_lora_rank')}",
+            size_out=f"self.{d('num_heads')} * self.{d('qk_head_dim')}",
             extra="",
         )
-        q_in = f"self.{d('hidden_size')}"
-    out += _LINEAR.format(
-        attr=plan.q_b,
+    return _LINEAR.format(
+        attr=plan.kv_a,
+        kind="ReplicatedLinear",
+        size_in=f"self.{d('hidden_size')}",
+        size_out=f"self.{d('kv_lora_rank')} + self.{d('qk_rope_head_dim')}",
+        extra="",
+    ) + _LINEAR.format(
+        attr=plan.q_other or plan.q_b,
         kind="ColumnParallelLinear",
-        size_in=q_in,
+        size_in=f"self.{d('hidden_size')}",
         size_out=f"self.{d('num_heads')} * self.{d('qk_head_dim')}",
         extra="",
     )
+
+
+def _branches(test: str, low_rank_when: bool, low_rank: str, single: str) -> str:
+    """``if test: ... else: ...`` with the low-rank query's code where ``test`` is
+    ``low_rank_when``."""
+    first, second = (low_rank, single) if low_rank_when else (single, low_rank)
+    return f"if {test}:\n{_indent(first)}else:\n{_indent(second)}"
+
+
+def _indent(code: str) -> str:
+    return "".join(f"    {line}\n" if line else "\n" for line in code.splitlines())
+
+
+def _linears(plan: MlaPlan, d, switch: str | None) -> str:
+    """The vLLM projections, as vLLM's deepseek_v2.py lays them out; ``switch``: the
+    ``__init__`` form of the test choosing the query when both are proven."""
+    out = f"self.num_local_heads = self.{d('num_heads')} // get_tensor_model_parallel_world_size()\n"
+    if switch is not None:
+        out += _branches(
+            switch,
+            plan.q_switch[1],
+            _query_linears(plan, d, low_rank=True),
+            _query_linears(plan, d, low_rank=False),
+        )
+    else:
+        out += _query_linears(plan, d, low_rank=plan.q_a is not None)
     out += _LINEAR.format(
         attr=plan.kv_b,
         kind="ColumnParallelLinear",
@@ -96,35 +124,71 @@ _ROPE_PARAMETERS = {
 _ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
 
 
+def _yarn_guard(name: str) -> str:
+    """Refuse the YaRN knobs the replay did not prove (vLLM's deepseek_yarn ignores
+    transformers' ``attention_factor`` and ``truncate=False``)."""
+    return (
+        'if config.rope_parameters.get("attention_factor") is not None or not config.rope_parameters.get(\n'
+        '    "truncate", True\n):\n'
+        f"    raise NotImplementedError(\"hfrewrite: {name}: vLLM's deepseek_yarn rope has no attention_factor "
+        'and always truncates")\n'
+    )
+
+
 def _rope_guard(plan: MlaPlan, name: str) -> str:
-    """Refuse the rope types and YaRN knobs the replay did not prove (vLLM's deepseek_yarn
-    ignores transformers' `attention_factor` and `truncate=False`)."""
-    rope_type = _ROPE_TYPES[plan.rope_kind]
+    """Refuse the rope types the replay did not prove; with both proven, the YaRN knobs."""
+    kinds = plan.rope_kinds or (plan.rope_kind,)
+    proven = " or ".join(repr(_ROPE_TYPES[k]) for k in kinds)
+    names = tuple(_ROPE_TYPES[k] for k in kinds)
+    test = 'config.rope_parameters.get("rope_type", "default") ' + (
+        f'!= "{names[0]}"' if len(names) == 1 else f"not in {names!r}".replace("'", '"')
+    )
     out = (
-        f'if config.rope_parameters.get("rope_type", "default") != "{rope_type}":\n'
-        f'    raise NotImplementedError("hfrewrite: {name} was converted for rope_type {rope_type!r}: '
+        f"if {test}:\n"
+        f'    raise NotImplementedError("hfrewrite: {name} was converted for rope_type {proven}: '
         'convert this config to prove its rope")\n'
     )
-    if plan.rope_kind == "deepseek_yarn":
-        out += (
-            'if config.rope_parameters.get("attention_factor") is not None or not config.rope_parameters.get(\n'
-            '    "truncate", True\n):\n'
-            f"    raise NotImplementedError(\"hfrewrite: {name}: vLLM's deepseek_yarn rope has no attention_factor "
-            'and always truncates")\n'
-        )
-    return out
+    if "deepseek_yarn" not in kinds:
+        return out
+    if len(kinds) == 1:
+        return out + _yarn_guard(name)
+    return (
+        out
+        + 'if config.rope_parameters.get("rope_type", "default") == "yarn":\n'
+        + _indent(_yarn_guard(name))
+    )
+
+
+def _rope_parameters(plan: MlaPlan) -> str:
+    """What ``get_rope`` is given: with both ropes proven, a "yarn" config as vLLM's
+    deepseek_yarn, any other as it is."""
+    kinds = plan.rope_kinds or (plan.rope_kind,)
+    if len(kinds) == 1:
+        return _ROPE_PARAMETERS[kinds[0]]
+    return (
+        '{**config.rope_parameters, "rope_type": "deepseek_yarn"}\n'
+        '        if config.rope_parameters.get("rope_type", "default") == "yarn"\n'
+        "        else config.rope_parameters"
+    )
 
 
 def _attention(plan: MlaPlan, d, scaling: str) -> str:
-    q_lora = f"self.{d('q_lora_rank')}" if plan.q_a is not None else "None"
+    q_lora = f"self.{d('q_lora_rank')}" if plan.q_a is not None else "None"  # None on the single-q branch
     return (
         "self.rotary_emb = get_rope(\n"
         f"    self.{d('qk_rope_head_dim')},\n"
         "    max_position=config.max_position_embeddings,\n"
-        f"    rope_parameters={_ROPE_PARAMETERS[plan.rope_kind]},\n"
+        f"    rope_parameters=(\n        {_rope_parameters(plan)}\n    ),\n"
         f"    is_neox_style={plan.rope_neox},\n"
         ")\n"
-        "self.mla_attn = MLAAttention(\n"
+        + (
+            "# vLLM's deepseek_yarn rope computes on [tokens, heads, rope]; the default one on\n"
+            "# contiguous [tokens, heads * rope] (its CPU kernel misreads 3-D views).\n"
+            'self.rope_per_head = config.rope_parameters.get("rope_type", "default") == "yarn"\n'
+            if len(plan.rope_kinds) > 1
+            else ""
+        )
+        + "self.mla_attn = MLAAttention(\n"
         "    num_heads=self.num_local_heads,\n"
         f"    scale={scaling},\n"
         f"    qk_nope_head_dim=self.{d('qk_nope_head_dim')},\n"
@@ -157,17 +221,36 @@ _ROPE_CALL = {
 }
 
 
-def _forward(plan: MlaPlan, d) -> str:
+def _project(plan: MlaPlan, d, low_rank: bool) -> str:
     rope, kv_lora = f"self.{d('qk_rope_head_dim')}", f"self.{d('kv_lora_rank')}"
-    if plan.q_a is not None:
-        project = (
+    if low_rank:
+        return (
             "q_c, kv_lora = self.fused_qkv_a_proj(hidden_states)[0].split(\n"
             f"    [self.{d('q_lora_rank')}, {kv_lora} + {rope}], dim=-1\n"
             ")\n"
             f"q = self.{plan.q_b}(self.{plan.q_a_norm}(q_c))[0]\n"
         )
+    return f"kv_lora = self.{plan.kv_a}(hidden_states)[0]\nq = self.{plan.q_other or plan.q_b}(hidden_states)[0]\n"
+
+
+def _rope_call(plan: MlaPlan, rope: str) -> str:
+    if len(plan.rope_kinds) > 1:
+        return _branches(
+            "self.rope_per_head",
+            True,
+            _ROPE_CALL["deepseek_yarn"],
+            _ROPE_CALL["default"].format(rope=rope),
+        )
+    return _ROPE_CALL[plan.rope_kind].format(rope=rope)
+
+
+def _forward(plan: MlaPlan, d) -> str:
+    rope, kv_lora = f"self.{d('qk_rope_head_dim')}", f"self.{d('kv_lora_rank')}"
+    if plan.q_switch is not None:
+        low, single = _project(plan, d, True), _project(plan, d, False)
+        project = _branches(plan.q_switch[0], plan.q_switch[1], low, single)
     else:
-        project = f"kv_lora = self.{plan.kv_a}(hidden_states)[0]\nq = self.{plan.q_b}(hidden_states)[0]\n"
+        project = _project(plan, d, plan.q_a is not None)
     return (
         "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n"
         + "".join(
@@ -177,7 +260,7 @@ def _forward(plan: MlaPlan, d) -> str:
                 f"kv_c_normed = self.{plan.kv_a_norm}(kv_c)\n"
                 f"q = q.view(-1, self.num_local_heads, self.{d('qk_head_dim')})\n"
                 f"q_nope, q_pe = q.split([self.{d('qk_nope_head_dim')}, {rope}], dim=-1)\n"
-                + _ROPE_CALL[plan.rope_kind].format(rope=rope)
+                + _rope_call(plan, rope)
                 + "attn_output = self.mla_attn(\n"
                 "    q,\n"
                 "    kv_c_normed,\n"
@@ -198,7 +281,7 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
     d = plan.dim
-    replaced = {a for a in (plan.q_a, plan.q_b, plan.kv_a, plan.kv_b, plan.o) if a}
+    replaced = {a for a in (plan.q_a, plan.q_b, plan.q_other, plan.kv_a, plan.kv_b, plan.o) if a}
     body, at, guarded = [], None, []
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
@@ -214,6 +297,7 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         raise HfrewriteError(f"{name}: {NAME}: the projections are not assigned in __init__")
     try:
         switches = t.branch_guards(plan.config_branches, t.init_exprs(cls), name, "forward")
+        query_switch = plan.q_switch and t.config_test(plan.q_switch[0], t.init_exprs(cls))
     except ValueError as e:
         raise HfrewriteError(
             f"{name}: {NAME}: the forward branches on {e}, which no config field sets"
@@ -225,7 +309,8 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     )
     scaling = t.code(finder.kwargs["scaling"])
     body[at:at] = t.stmts(
-        "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n" + _linears(plan, d)
+        "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n"
+        + _linears(plan, d, query_switch)
     )
     body += t.stmts(guards + _rope_guard(plan, name) + _attention(plan, d, scaling))
     cls = t.set_method(cls, t.with_body(init, body))
@@ -260,6 +345,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         return PassResult(module=module)
     cls = rewrite(t.find_class(module, plan.module_class), plan)
     fused = "fused_qkv_a_proj ([q_a; kv_a], replicated)" if plan.q_a else f"{plan.kv_a} replicated"
+    if plan.q_other:
+        fused += f" (without a low-rank query: {plan.kv_a} replicated, {plan.q_other} column-parallel)"
     style = "neox" if plan.rope_neox else "GPT-J (interleaved)"
     rows = (
         FusionRow(
@@ -273,14 +360,13 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         ),
         FusionRow(
             plan.module_class,
-            f"get_rope ({plan.rope_kind}, {style} style, rotary dim {plan.qk_rope_head_dim})",
+            f"get_rope ({' or '.join(plan.rope_kinds or (plan.rope_kind,))}, {style} style, "
+            f"rotary dim {plan.qk_rope_head_dim})",
         ),
     )
-    kinds = [
-        "ColumnParallelLinear",
-        "RowParallelLinear",
-        "MergedColumnParallelLinear" if plan.q_a else "ReplicatedLinear",
-    ]
+    kinds = ["ColumnParallelLinear", "RowParallelLinear"]
+    kinds += ["MergedColumnParallelLinear"] if plan.q_a else []
+    kinds += ["ReplicatedLinear"] if plan.q_a is None or plan.q_other else []
     sites = Sites()
     module = sites.replace_class(module, plan.module_class, cls)
     return PassResult(

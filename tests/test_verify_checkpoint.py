@@ -41,3 +41,57 @@ def test_first_divergence():
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+
+
+def _verify_cli(tmp_path, *extra):
+    """`hfrewrite verify DIR ...` in a subprocess: (exit code, stderr lines)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfrewrite.cli", "verify", str(tmp_path), *extra],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.returncode, proc.stderr.strip().splitlines()
+
+
+def _checkpoint(tmp_path, config=None):
+    import json
+
+    save_file({"w": torch.zeros(64, 64), "b": torch.zeros(64)}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(config or {"model_type": "llama"}))
+    return tmp_path / "model.safetensors"
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda b: b[: len(b) // 2], "truncated or corrupted"),  # cut in the data section
+        (lambda b: b[:5], "only 5 bytes"),
+        (lambda b: b"\xff" * 8 + b[8:], "its header claims"),  # the header length is garbage
+        (lambda b: b[:8] + b"\x00" * (len(b) - 8), "its header is not JSON"),
+    ],
+)
+def test_a_damaged_safetensors_file_is_one_line_and_exit_2(tmp_path, damage, says):
+    weights = _checkpoint(tmp_path)
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(HfrewriteError, match=says):
+        vc.parameter_count(tmp_path)
+    code, lines = _verify_cli(tmp_path, "--generated", __file__)
+    assert code == 2 and len(lines) == 1 and says in lines[0], lines
+
+
+def test_custom_code_checkpoints_need_trust_remote_code(tmp_path):
+    _checkpoint(tmp_path, {"model_type": "tiny", "auto_map": {"AutoConfig": "configuration_tiny.TinyConfig"}})
+    code, lines = _verify_cli(tmp_path, "--generated", __file__)
+    assert code == 2 and len(lines) == 1 and "pass --trust-remote-code" in lines[0], lines
+
+
+def test_an_unknown_option_is_one_line_and_exit_2(tmp_path):
+    code, lines = _verify_cli(tmp_path, "--no-such-option")
+    assert code == 2 and lines == [
+        "hfrewrite: error: unrecognized arguments: --no-such-option (see hfrewrite --help)"
+    ]

@@ -261,6 +261,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         scaling=scaling,
         rope_neox=neox,
         rope_kind=rope_kind,
+        rope_kinds=(rope_kind,),
         dims=tuple(dims),
         config_branches=config_branches(attention),
         none_attrs=tuple(

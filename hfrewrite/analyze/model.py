@@ -30,6 +30,7 @@ from hfrewrite.analyze.checkpoint import (
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
+from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.norm import analyze_norm
@@ -67,7 +68,9 @@ def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         torch.set_num_threads(threads)
 
 
-def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
+def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> ModelPlan:
+    """The plan of ``config``; with ``branches``, MLA's other branches proven on sibling
+    configs (analyze/mla_variants.py)."""
     small = shrink_config(config)
     torch.manual_seed(0)
     try:
@@ -114,6 +117,12 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
     attention = _rope_layers(per_layer)
     if isinstance(attention, AttentionPlan):
         attention = dataclasses.replace(attention, **_head_fields(small, attention))
+    siblings: tuple = ()
+    if branches and isinstance(attention, MlaPlan):
+        attention, more, siblings = with_other_branches(
+            config, attention, lambda other: _analyze(other, branches=False).attention
+        )
+        declined += more
     mlp, moe = (
         _one_kind([f[2] for f in per_layer], MlpPlan),
         _one_kind([f[3] for f in per_layer], MoePlan),
@@ -126,9 +135,10 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         if isinstance(attention, MlaPlan)
         else (attention.q_norm, attention.k_norm)
     )
-    for attr in own_norms:
-        if attr is not None:
-            norm_modules.append(layer.get_submodule(f"{decoder.attention_block}.{attr}"))
+    attention_module = layer.get_submodule(decoder.attention_block)
+    for attr in own_norms:  # (a branch proven on a sibling config may have none here)
+        if isinstance(getattr(attention_module, attr or "", None), nn.Module):
+            norm_modules.append(attention_module.get_submodule(attr))
     norm_modules.append(getattr(base, final_norm))
     norm, why = _one_norm(norm_modules)
     if norm is None:
@@ -179,6 +189,7 @@ def _analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         norm=norm,
         declined=declined,
         moe=moe,
+        sibling_configs=siblings,
     )
 
 

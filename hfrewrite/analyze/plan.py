@@ -142,6 +142,12 @@ class MlaPlan:
     # Config switches of the source's forward and their traced values (analyze/branches.py),
     # e.g. (("self.config.rope_interleave", True),): the file refuses configs that flip them
     config_branches: tuple[tuple[str, bool], ...] = ()
+    # Rope kinds proven (the traced config's first; analyze/mla_variants.py adds the other)
+    rope_kinds: tuple[str, ...] = ()
+    # Both queries proven (analyze/mla_variants.py): the single q projection of the other
+    # branch, and the forward's config test choosing the low-rank one with its value then
+    q_other: str | None = None
+    q_switch: tuple[str, bool] | None = None
 
     def dim(self, name: str) -> str:
         return dict(self.dims)[name]
@@ -329,3 +335,6 @@ class ModelPlan:
     # The Hugging Face configuration class the model was built from (``Qwen3Config``):
     # what vLLM hands the model as ``hf_config``.
     config_class: str = ""
+    # (description, config) of the sibling configs whose branches the analysis proved beside
+    # the traced one (analyze/mla_variants.py): validation runs the file on each of them too
+    sibling_configs: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)

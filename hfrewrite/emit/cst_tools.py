@@ -342,12 +342,8 @@ def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, ski
     ValueError for a test on an attribute ``__init__`` does not assign."""
     out = ""
     for test, outcome in branches:
-        expr = test
-        for attr, source in init_exprs.items():
-            expr = re.sub(rf"\bself\.{attr}\b", source, expr)
-        if "self." in expr:
-            raise ValueError(test)
-        if skip and ast.unparse(ast.parse(expr)) in ast.unparse(ast.parse(skip)):
+        expr = config_test(test, init_exprs)
+        if skip and _same_test(expr, skip):
             continue
         shown = expr.replace('"', "'")
         out += (
@@ -356,6 +352,27 @@ def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, ski
             f'`{shown}` is {outcome}: its {what} takes another branch here")\n'
         )
     return out
+
+
+def config_test(test: str, init_exprs: dict[str, str]) -> str:
+    """A forward's test on ``self.<attr>`` as ``__init__`` can evaluate it: each attribute
+    replaced by the expression ``__init__`` assigns it (``self.config`` -> ``config``).
+    Raises ValueError for a test on an attribute ``__init__`` does not assign."""
+    expr = test
+    for attr, source in init_exprs.items():
+        expr = re.sub(rf"\bself\.{attr}\b", source, expr)
+    if "self." in expr:
+        raise ValueError(test)
+    return expr
+
+
+def _same_test(test: str, carried: str) -> bool:
+    """Whether ``test`` is, as a syntax tree, the carried condition or one operand of its
+    ``and``/``or`` (``config.norm_topk`` is not part of ``config.norm_topk_prob``)."""
+    tree = ast.parse(test, mode="eval").body
+    whole = ast.parse(carried, mode="eval").body
+    operands = [whole, *(whole.values if isinstance(whole, ast.BoolOp) else ())]
+    return any(ast.dump(tree) == ast.dump(op) for op in operands)
 
 
 def init_exprs(cls: cst.ClassDef) -> dict[str, str]:

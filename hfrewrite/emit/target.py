@@ -54,6 +54,7 @@ VLLM: dict[str, str] = {
 OTHER: dict[str, str] = {
     "Iterable": "collections.abc",
     "islice": "itertools",
+    "replace": "dataclasses",
     "PretrainedConfig": "transformers",  # annotates Hub custom code's configuration
 }
 

@@ -49,15 +49,46 @@ def parameter_count(ckpt: Path) -> int:
         return sum(f.stat().st_size for f in weights) // 2
     total = 0
     for f in files:
-        with open(f, "rb") as handle:
-            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for size in entry["shape"]:
-                    count *= size
-                total += count
+        for entry in safetensors_header(f).values():
+            count = 1
+            for size in entry["shape"]:
+                count *= size
+            total += count
     return total
+
+
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """The tensor entries of a safetensors file's header, checked against the file's size:
+    ``HfrewriteError`` for a truncated or corrupted file (before anything tries to load it)."""
+    size = path.stat().st_size
+    bad = f"{path}: not a valid safetensors file"
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise HfrewriteError(f"{bad} (only {size} bytes)")
+        length = struct.unpack("<Q", head)[0]
+        if length > size - 8:
+            raise HfrewriteError(f"{bad} (its header claims {length} bytes; the file has {size})")
+        try:
+            header = json.loads(handle.read(length))
+        except (UnicodeDecodeError, ValueError):
+            raise HfrewriteError(f"{bad} (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise HfrewriteError(f"{bad} (its header is not a JSON object)")
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    data = size - 8 - length
+    for name, entry in entries.items():
+        try:
+            begin, end = entry["data_offsets"]
+            shape_ok = all(isinstance(d, int) and d >= 0 for d in entry["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise HfrewriteError(f"{bad} (entry {name!r} has no shape or data offsets)") from None
+        if not (shape_ok and isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data):
+            raise HfrewriteError(
+                f"{bad}: truncated or corrupted (tensor {name!r} lies at bytes {begin}..{end} "
+                f"of a {data}-byte data section)"
+            )
+    return entries
 
 
 def available_memory() -> int:
@@ -100,6 +131,15 @@ def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
     return [tokenizer(text)["input_ids"] for text in PROMPT_TEXTS], list(PROMPT_TEXTS)
 
 
+def _custom_code(ckpt: Path) -> bool:
+    """Whether the checkpoint's config names its own modeling code (``auto_map``)."""
+    try:
+        config = json.loads((ckpt / "config.json").read_text())
+    except (OSError, ValueError):
+        raise HfrewriteError(f"{ckpt}/config.json: not readable JSON") from None
+    return isinstance(config, dict) and bool(config.get("auto_map"))
+
+
 def main(args: Any) -> int:
     from hfrewrite.verify.compare import (
         LOGPROB_TOL,
@@ -110,6 +150,12 @@ def main(args: Any) -> int:
 
     ckpt = Path(args.model_type)
     dtype = args.dtype
+    custom = _custom_code(ckpt)
+    if custom and not args.trust_remote_code:
+        raise HfrewriteError(
+            f"{ckpt}: the checkpoint's config names its own code (auto_map): pass --trust-remote-code "
+            "to run it in Hugging Face and vLLM"
+        )
     check_fits(ckpt, dtype)
     prompts, texts = checkpoint_prompts(ckpt)
     with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
@@ -118,7 +164,7 @@ def main(args: Any) -> int:
             from hfrewrite import convert
             from hfrewrite.resolve import resolve
 
-            result = convert.generate(resolve(str(ckpt)))
+            result = convert.generate(resolve(str(ckpt), None, bool(custom)))
             generated = Path(tmp) / result.filename
             generated.write_text(result.text)
         elif not Path(generated).is_file():
@@ -131,6 +177,7 @@ def main(args: Any) -> int:
             dtype=dtype,
         )
         report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
+    print(f"vLLM instantiated {report.generated_class} from {report.generated_file}")
     if report.errors:
         for side, error in report.errors.items():
             print(f"{side} run failed:\n{error.strip()}")
@@ -138,6 +185,9 @@ def main(args: Any) -> int:
         return 1
     tol = LOGPROB_TOL if dtype == "float32" else BF16_LOGPROB_TOL
     ok = report.logprob_diff_hf is not None and report.logprob_diff_hf <= tol
+    if report.generated_file != str(Path(generated).resolve()):
+        print(f"vLLM did not run {generated}: another registration of {report.architecture} won")
+        ok = False
     for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
         label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
         step = first_difference(hf, gen)

@@ -48,6 +48,7 @@ class VerifyReport:
     native_structure: list[dict[str, int]] | None
     generated_class: str | None
     ok: bool
+    generated_file: str | None = None  # the file the class vLLM instantiated came from
     problems: tuple[str, ...] = ()
     # supports_pp, num_moe_layers
     generated_facts: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +70,9 @@ class VerifyReport:
             f"{verdict}: {Path(self.generated_module).name} as {self.architecture} "
             + f"on {self.ckpt}, {n} prompts."
         ]
+        if self.generated_class:
+            name = self.generated_class.rsplit(".", 1)[-1]
+            parts.append(f"vLLM instantiated {name} from {self.generated_file}.")
         if self.native_tokens is None:
             parts.append("vLLM has no native implementation to compare with.")
 
@@ -141,6 +145,11 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
+def _ran_file(run: dict) -> Path | None:
+    """The file the class vLLM instantiated was defined in."""
+    return Path(run["model_file"]).resolve() if run.get("model_file") else None
+
+
 def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, worker: dict) -> VerifyReport:
     """Judge one case from its three run results (``nat`` None: no native class)."""
     errors = {
@@ -153,8 +162,14 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
     nat_ok = nat is not None and "error" not in nat
     diff_native = diff_hf = None
     if gen_ok:
-        if not gen["model_class"].startswith("hfrewrite_generated_"):
-            problems.append(f"vLLM ran {gen['model_class']}, not the generated class")
+        ran = _ran_file(gen)
+        if (
+            not gen["model_class"].startswith("hfrewrite_generated_")
+            or ran != Path(case.generated_module).resolve()
+        ):
+            problems.append(
+                f"vLLM ran {gen['model_class']} from {ran}, not the generated class of {case.generated_module}"
+            )
         if nat_ok and not nat["model_class"].startswith("vllm.model_executor.models."):
             problems.append(f"native run used {nat['model_class']}, not vLLM's class")
         refs = [("HF", hf)] if hf_ok else []
@@ -189,6 +204,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
         generated_structure=gen.get("structure"),
         native_structure=nat.get("structure") if nat_ok else None,
         generated_class=gen.get("model_class"),
+        generated_file=str(_ran_file(gen)) if _ran_file(gen) else None,
         generated_facts={k: gen.get(k) for k in ("supports_pp", "num_moe_layers")},
         ok=not problems,
         problems=tuple(problems),
@@ -259,18 +275,34 @@ def verify_against_hf(
     """Run ``case``'s generated file in a vLLM worker and judge it against ``hf``
     (``{"tokens", "logprobs"}`` computed by the caller, e.g. from a patched source);
     ``record``: see ``vllm_run``."""
-    arch = case.architecture or checkpoint_architecture(case.ckpt)
-    run = {
-        "kind": "vllm",
-        "ckpt": str(case.ckpt),
-        "prompts": [list(p) for p in case.prompts],
-        "max_tokens": case.max_tokens,
-        "architecture": arch,
-        "generated_module": str(case.generated_module),
-        "record": str(record) if record else None,
-    }
-    results, info = run_worker([run], 150 if timeout is None else timeout)
-    return _report(case, arch, hf, results[0], None, info)
+    return verify_many_against_hf([case], [hf], [record], timeout)[0]
+
+
+def verify_many_against_hf(
+    cases: Sequence[VerifyCase],
+    hfs: Sequence[dict[str, Any]],
+    records: Sequence[Path | None] | None = None,
+    timeout: float | None = None,
+) -> list[VerifyReport]:
+    """``verify_against_hf`` for several cases, their vLLM runs in one worker (vLLM imported
+    once); ``timeout`` (whole batch) defaults to 120 + 30 per case."""
+    records = list(records or [None] * len(cases))
+    runs, archs = [], []
+    for case, record in zip(cases, records):
+        archs.append(case.architecture or checkpoint_architecture(case.ckpt))
+        runs.append(
+            {
+                "kind": "vllm",
+                "ckpt": str(case.ckpt),
+                "prompts": [list(p) for p in case.prompts],
+                "max_tokens": case.max_tokens,
+                "architecture": archs[-1],
+                "generated_module": str(case.generated_module),
+                "record": str(record) if record else None,
+            }
+        )
+    results, info = run_worker(runs, 120 + 30 * len(runs) if timeout is None else timeout)
+    return [_report(c, a, hf, r, None, info) for c, a, hf, r in zip(cases, archs, hfs, results)]
 
 
 def verify(

@@ -138,7 +138,12 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
     """
     from vllm import ModelRegistry
     from vllm.model_executor.model_loader import utils as loader_utils
+    from vllm.plugins import load_general_plugins
 
+    # Installed plugins register their classes when the engine starts, over whatever is
+    # registered then: load them now (once per process), so the class registered below is
+    # the one that runs, whatever plugin for the same architecture is installed.
+    load_general_plugins()
     # vLLM caches the resolved class per (model path, architectures, ...): without
     # clearing it, a native run after a generated run of the same checkpoint in one
     # process silently reuses the generated class (and vice versa).

@@ -28,12 +28,20 @@ class Validation:
     prompts: int
     logprob_diff: float | None
     seconds: float
+    configs: tuple[str, ...] = ("the converted config",)  # what each validated checkpoint was
+    model_class: str = ""  # the class vLLM instantiated (from the file under test)
 
     def line(self) -> str:
         diff = "n/a" if self.logprob_diff is None else f"{self.logprob_diff:.1e}"
+        what = (
+            "this config"
+            if len(self.configs) == 1
+            else f"{len(self.configs)} configs ({', '.join(self.configs)})"
+        )
+        ran = f"; vLLM ran the generated {self.model_class}" if self.model_class else ""
         return (
-            f"validated in vLLM against Hugging Face on a tiny random checkpoint of this config: "
-            f"greedy tokens equal on {self.prompts} prompts, max |logprob diff| {diff} "
+            f"validated in vLLM against Hugging Face on tiny random checkpoints of {what}: "
+            f"greedy tokens equal on {self.prompts} prompts each, max |logprob diff| {diff}{ran} "
             f"({self.seconds:.0f} s)"
         )
 
@@ -50,9 +58,11 @@ def validation_config(config):
     return small
 
 
-def validate(resolved, generated) -> Validation:
-    """Run ``generated`` (a ``convert.Generated``) in vLLM against HF; raise
-    ``HfrewriteError`` naming the first difference when they disagree."""
+def validate(resolved, generated, more: tuple[tuple[str, object], ...] = ()) -> Validation:
+    """Run ``generated`` (a ``convert.Generated``) in vLLM against HF on the converted
+    config, the sibling configs whose branches the analysis proved, and ``more``
+    ((description, config) pairs: ``convert --configs``), all in one vLLM worker; raise
+    ``HfrewriteError`` naming the config and the first difference when they disagree."""
     from hfrewrite.verify import compare, engine, fixtures
 
     if importlib.util.find_spec("vllm") is None:
@@ -61,34 +71,48 @@ def validate(resolved, generated) -> Validation:
             "(install it, or pass --no-verify)"
         )
     start = time.perf_counter()
-    config = validation_config(resolved.config)
-    prompts = [[t % config.vocab_size for t in p] for p in fixtures.DEFAULT_PROMPTS]
+    named = [("the converted config", resolved.config), *generated.sibling_configs, *more]
     with tempfile.TemporaryDirectory(prefix="hfrewrite-validate-") as tmp:
         tmp = Path(tmp)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # stderr is for hfrewrite's one error line
-        try:
-            ckpt = fixtures.save_random_checkpoint(config, tmp / "ckpt")
-        except Exception as exc:  # noqa: BLE001  (the modeling code cannot build it)
-            raise HfrewriteError(
-                f"{resolved.model_type}: validation: cannot build a tiny checkpoint of this "
-                f"config: {_line(exc)} (--no-verify skips the check)"
-            ) from None
         module = tmp / generated.filename
         module.write_text(generated.text)
-        # the reference runs here, from the very classes the analysis traced
-        tokens, logprobs = engine.hf_greedy(ckpt, prompts)
-        case = compare.VerifyCase(ckpt, module, prompts=prompts)
-        recorded = tmp / "vllm-modules.pt"
-        report = compare.verify_against_hf(case, {"tokens": tokens, "logprobs": logprobs}, record=recorded)
-        where = "" if report.ok else _where(ckpt, engine.record_prompt(prompts), recorded)
-    if not report.ok:
-        raise HfrewriteError(
-            f"{resolved.model_type}: the generated file does not compute what Hugging Face does "
-            f"(validated in vLLM on a tiny random checkpoint): {report.problems[0]}{where}; nothing written"
-        )
-    return Validation(len(prompts), report.logprob_diff_hf, time.perf_counter() - start)
+        cases, references, records = [], [], []
+        for i, (what, config) in enumerate(named):
+            config = validation_config(config)
+            prompts = [[t % config.vocab_size for t in p] for p in fixtures.DEFAULT_PROMPTS]
+            try:
+                ckpt = fixtures.save_random_checkpoint(config, tmp / f"ckpt{i}")
+            except Exception as exc:  # noqa: BLE001  (the modeling code cannot build it)
+                raise HfrewriteError(
+                    f"{resolved.model_type}: validation: cannot build a tiny checkpoint of {what}: "
+                    f"{_line(exc)} (--no-verify skips the check)"
+                ) from None
+            # the reference runs here, from the very classes the analysis traced
+            tokens, logprobs = engine.hf_greedy(ckpt, prompts)
+            cases.append(compare.VerifyCase(ckpt, module, prompts=prompts))
+            references.append({"tokens": tokens, "logprobs": logprobs})
+            records.append(tmp / f"vllm-modules{i}.pt")
+        reports = compare.verify_many_against_hf(cases, references, records)
+        for (what, _), case, report, record in zip(named, cases, reports, records):
+            if not report.ok:
+                where = _where(case.ckpt, engine.record_prompt(case.prompts), record)
+                on = "" if len(named) == 1 else f" on {what}"
+                raise HfrewriteError(
+                    f"{resolved.model_type}: the generated file does not compute what Hugging Face does{on} "
+                    f"(validated in vLLM on a tiny random checkpoint): {report.problems[0]}{where}; "
+                    "nothing written"
+                )
+    diffs = [r.logprob_diff_hf for r in reports if r.logprob_diff_hf is not None]
+    return Validation(
+        len(fixtures.DEFAULT_PROMPTS),
+        max(diffs) if diffs else None,
+        time.perf_counter() - start,
+        tuple(what for what, _ in named),
+        reports[0].generated_class.rsplit(".", 1)[-1] if reports[0].generated_class else "",
+    )
 
 
 def _where(ckpt: Path, prompt: list[int], recorded: Path) -> str:

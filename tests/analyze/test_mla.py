@@ -40,10 +40,50 @@ def test_deepseek_v3_latent_attention_facts():
     assert att.scaling == pytest.approx(112**-0.5)
     assert att.rope_neox is False  # rope_interleave: GPT-J pairs, proven by replay
     assert dict(att.dims)["qk_head_dim"] == "qk_head_dim" and dict(att.dims)["hidden_size"] == "hidden_size"
-    assert dict(att.config_branches) == {
-        "self.q_lora_rank is None": False,
-        "self.config.rope_interleave": True,
-    }
+    # the query switch is carried (both queries proven: test_both_queries_and_ropes_are_proven);
+    # the rope style switch is refused in the file
+    assert dict(att.config_branches) == {"self.config.rope_interleave": True}
+    assert att.q_switch == ("self.q_lora_rank is None", False) and att.q_other == "q_proj"
+
+
+def test_both_queries_and_ropes_are_proven_on_sibling_configs():
+    """Every released DeepSeek config is one of: low-rank query or none, YaRN or not. The
+    traced config proves one of each; sibling configs prove the others."""
+    from hfrewrite.analyze.model import analyze as plan_of
+
+    for model_type in ("deepseek_v2", "deepseek_v3"):
+        plan = plan_of(transformers.AutoConfig.for_model(model_type))
+        att = plan.attention
+        assert att.rope_kinds == ("default", "deepseek_yarn")
+        assert (att.q_a, att.q_b, att.q_other) == ("q_a_proj", "q_b_proj", "q_proj")
+        assert [what for what, _ in plan.sibling_configs] == [
+            "no low-rank query (q_lora_rank None)",
+            "a YaRN rope",
+        ]
+        assert plan.sibling_configs[0][1].q_lora_rank is None
+        assert plan.sibling_configs[1][1].rope_parameters["rope_type"] == "yarn"
+    # traced without a low-rank query, the sibling proves one
+    lite = mla_plan("deepseek_v2", q_lora_rank=None)
+    assert (lite.q_a, lite.q_b, lite.q_other) == ("q_a_proj", "q_b_proj", "q_proj")
+
+
+def test_a_branch_whose_plan_differs_stays_refused(monkeypatch):
+    """A sibling whose attention is not the same MLA but for the query (here: its rope style
+    differs) is not carried: the file keeps refusing that config, and --explain says why."""
+    from hfrewrite.analyze import mla_variants
+
+    real = mla_variants._flip_query
+
+    def more_heads(config, plan):
+        what, sibling = real(config, plan)
+        sibling.rope_interleave = False
+        return what, sibling
+
+    monkeypatch.setattr(mla_variants, "_flip_query", more_heads)
+    plan = analyze(transformers.AutoConfig.for_model("deepseek_v3"))
+    assert plan.attention.q_switch is None and plan.attention.q_other is None
+    assert any("the plan differs in rope_neox" in n.reason for n in plan.declined)
+    assert [what for what, _ in plan.sibling_configs] == ["a YaRN rope"]
 
 
 def test_rope_style_follows_the_config_switch():
@@ -52,7 +92,10 @@ def test_rope_style_follows_the_config_switch():
 
 
 def test_deepseek_v2_without_a_low_rank_query():
-    att = mla_plan("deepseek_v2", q_lora_rank=None)
+    from hfrewrite.analyze.model import _analyze
+
+    config = transformers.AutoConfig.for_model("deepseek_v2", q_lora_rank=None)
+    att = _analyze(config, branches=False).attention  # the traced branch alone
     assert (att.q_a, att.q_a_norm, att.q_b, att.q_lora_rank) == (
         None,
         None,
@@ -63,9 +106,17 @@ def test_deepseek_v2_without_a_low_rank_query():
     assert ("self.q_lora_rank is None", True) in att.config_branches
 
 
-def test_golden_refuses_configs_its_trace_did_not_take():
+def test_golden_carries_both_queries_and_refuses_what_its_trace_did_not_take():
     src = (GOLDEN / "deepseek_v3.py").read_text()
-    assert "if not (config.rope_interleave):" in src and "if config.q_lora_rank is None:" in src
+    assert "if not (config.rope_interleave):" in src
+    init, forward = src.split("class DeepseekV3Attention", 1)[1].split("def forward", 1)
+    assert "if config.q_lora_rank is None:\n            self.kv_a_proj_with_mqa = ReplicatedLinear(" in init
+    assert (
+        "if self.q_lora_rank is None:\n            kv_lora = self.kv_a_proj_with_mqa(hidden_states)[0]"
+        in forward
+    )
+    # without a low-rank query nothing is stacked into fused_qkv_a_proj at load
+    assert "if self.config.q_lora_rank is None:" in src.split("def load_weights", 1)[1]
     v2 = (GOLDEN / "deepseek_v2.py").read_text()
     assert 'if not (config.topk_method == "greedy"):' in v2  # the router's other branch groups experts
 
@@ -126,9 +177,14 @@ def test_yarn_is_proven_as_vllms_deepseek_yarn_and_other_ropes_are_guarded():
     }
     assert mla_plan(rope_parameters=yarn, max_position_embeddings=16384).rope_kind == "deepseek_yarn"
     assert mla_plan().rope_kind == "default"
-    # the golden, traced with the default rope, refuses a YaRN config rather than run plain YaRN
+    # the golden, traced with the default rope, runs a YaRN config as vLLM's deepseek_yarn and
+    # refuses any other rope type
     golden = (Path(__file__).resolve().parents[2] / "golden" / "deepseek_v3.py").read_text()
-    assert 'rope_parameters.get("rope_type", "default") != "default"' in golden
+    assert (
+        'rope_parameters.get("rope_type", "default") not in (\n            "default",\n            "yarn",'
+        in golden
+    )
+    assert '{**config.rope_parameters, "rope_type": "deepseek_yarn"}' in golden
 
 
 def test_mla_rope_types_vllm_deepseek_does_not_map_are_refused():
