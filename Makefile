@@ -4,6 +4,7 @@
 #   make test     set up, lint, run the test suite (real vLLM on CPU included)
 #   make lint     ruff check + ruff format --check with the pinned ruff (part of make test)
 #   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
+#   make hub-configs  each golden on the released configs of its type (docs/hub-configs.md)
 #   make fuzz     300 fuzzed configs in real vLLM vs Hugging Face (docs/reliability.md)
 #   make mutate   mutation score of passes/ and hfrewrite/analyze/ (docs/reliability.md)
 
@@ -18,7 +19,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss
 
-.PHONY: setup demo lint test golden docs fuzz validation-cost
+.PHONY: setup demo lint test golden docs fuzz validation-cost hub-configs
 
 setup: $(STAMP)
 
@@ -67,6 +68,14 @@ fuzz: export HF_HUB_OFFLINE = 1
 fuzz: setup
 	HFREWRITE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HFREWRITE_FUZZ_SEED=$(FUZZ_SEED) \
 	HFREWRITE_FUZZ_REPORT=docs/fuzz.json $(PY) -m pytest -q -s tests/e2e/test_config_fuzz.py
+
+# Each golden file validated on the released configs of its type (tests/data/hub_configs) in
+# real vLLM against Hugging Face; counts into docs/hub-configs.json (docs/hub-configs.md).
+hub-configs: export VLLM_CPU_KVCACHE_SPACE = 1
+hub-configs: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
+hub-configs: export HF_HUB_OFFLINE = 1
+hub-configs: setup
+	$(PY) tests/tools/config_matrix.py --out docs/hub-configs.json
 
 docs: setup
 	$(PY) -m hfrewrite.emit.passes_doc docs/passes.md

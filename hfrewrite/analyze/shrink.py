@@ -69,6 +69,7 @@ def shrink_config(
         _set(small, "mlp_only_layers", [0])
         _set(small, "decoder_sparse_step", 1)
     _shrink_routing(config, small)
+    _shrink_rope_factors(small)
     _shrink_mla(config, small)
     _shrink_sub_configs(config, small, sizes)
     pad = getattr(small, "pad_token_id", None)
@@ -103,6 +104,22 @@ def _shrink_routing(config, small) -> None:
         _set(small, "moe_num_shared_experts", 1)
     if isinstance(getattr(config, "first_k_dense_replace", None), int):
         _set(small, "first_k_dense_replace", 1)
+
+
+def _shrink_rope_factors(small) -> None:
+    """Per-frequency rope factors (longrope's ``short_factor``/``long_factor``: one per
+    rotary frequency, 48 in Phi-3.5) cut to the shrunk head's frequencies, evenly sampled so
+    that they still differ from each other."""
+    params = getattr(small, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return
+    head_dim = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
+    rotary = int(head_dim * params.get("partial_rotary_factor", getattr(small, "partial_rotary_factor", 1.0)))
+    n = rotary // 2
+    for key in ("short_factor", "long_factor"):
+        factors = params.get(key)
+        if isinstance(factors, list) and len(factors) > n > 1:
+            params[key] = [factors[round(i * (len(factors) - 1) / (n - 1))] for i in range(n)]
 
 
 def _shrink_sub_configs(config, small, sizes: dict) -> None:

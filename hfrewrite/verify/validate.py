@@ -63,6 +63,34 @@ def validate(resolved, generated, more: tuple[tuple[str, object], ...] = ()) -> 
     config, the sibling configs whose branches the analysis proved, and ``more``
     ((description, config) pairs: ``convert --configs``), all in one vLLM worker; raise
     ``HfrewriteError`` naming the config and the first difference when they disagree."""
+    start = time.perf_counter()
+    named = [("the converted config", resolved.config), *generated.sibling_configs, *more]
+    outcomes = validate_each(resolved, generated, named)
+    for what, report, where in outcomes:
+        if not report.ok:
+            on = "" if len(named) == 1 else f" on {what}"
+            raise HfrewriteError(
+                f"{resolved.model_type}: the generated file does not compute what Hugging Face does{on} "
+                f"(validated in vLLM on a tiny random checkpoint): {report.problems[0]}{where}; "
+                "nothing written"
+            )
+    reports = [report for _, report, _ in outcomes]
+    diffs = [r.logprob_diff_hf for r in reports if r.logprob_diff_hf is not None]
+    from hfrewrite.verify.fixtures import DEFAULT_PROMPTS
+
+    return Validation(
+        len(DEFAULT_PROMPTS),
+        max(diffs) if diffs else None,
+        time.perf_counter() - start,
+        tuple(what for what, _ in named),
+        reports[0].generated_class.rsplit(".", 1)[-1] if reports[0].generated_class else "",
+    )
+
+
+def validate_each(resolved, generated, named: list[tuple[str, object]]) -> list[tuple[str, object, str]]:
+    """(description, ``VerifyReport``, where it first differs or "") per (description, config):
+    each config shrunk, its tiny random checkpoint decoded by Hugging Face here and by the
+    generated file in one vLLM worker for all of them."""
     from hfrewrite.verify import compare, engine, fixtures
 
     if importlib.util.find_spec("vllm") is None:
@@ -70,8 +98,6 @@ def validate(resolved, generated, more: tuple[tuple[str, object], ...] = ()) -> 
             "convert-time validation needs vLLM, which is not installed here "
             "(install it, or pass --no-verify)"
         )
-    start = time.perf_counter()
-    named = [("the converted config", resolved.config), *generated.sibling_configs, *more]
     with tempfile.TemporaryDirectory(prefix="hfrewrite-validate-") as tmp:
         tmp = Path(tmp)
         from transformers.utils import logging as hf_logging
@@ -96,23 +122,10 @@ def validate(resolved, generated, more: tuple[tuple[str, object], ...] = ()) -> 
             references.append({"tokens": tokens, "logprobs": logprobs})
             records.append(tmp / f"vllm-modules{i}.pt")
         reports = compare.verify_many_against_hf(cases, references, records)
-        for (what, _), case, report, record in zip(named, cases, reports, records):
-            if not report.ok:
-                where = _where(case.ckpt, engine.record_prompt(case.prompts), record)
-                on = "" if len(named) == 1 else f" on {what}"
-                raise HfrewriteError(
-                    f"{resolved.model_type}: the generated file does not compute what Hugging Face does{on} "
-                    f"(validated in vLLM on a tiny random checkpoint): {report.problems[0]}{where}; "
-                    "nothing written"
-                )
-    diffs = [r.logprob_diff_hf for r in reports if r.logprob_diff_hf is not None]
-    return Validation(
-        len(fixtures.DEFAULT_PROMPTS),
-        max(diffs) if diffs else None,
-        time.perf_counter() - start,
-        tuple(what for what, _ in named),
-        reports[0].generated_class.rsplit(".", 1)[-1] if reports[0].generated_class else "",
-    )
+        return [
+            (what, report, "" if report.ok else _where(case.ckpt, engine.record_prompt(case.prompts), record))
+            for (what, _), case, report, record in zip(named, cases, reports, records)
+        ]
 
 
 def _where(ckpt: Path, prompt: list[int], recorded: Path) -> str:
