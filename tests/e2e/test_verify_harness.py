@@ -164,7 +164,7 @@ def test_inspect_structure_counts_plain_linears():
 def test_report_rules_without_native():
     case = compare.VerifyCase(Path("ck"), Path("gen.py"))
     hf = {"tokens": [[1, 2, 3]], "logprobs": [[-1.0, -2.0, -3.0]]}
-    gen = {**hf, "structure": [], "model_class": "hfrewrite_generated_0_x.X"}
+    gen = {**hf, "structure": [], "model_class": "hfrewrite_generated_0_x.X", "model_file": "gen.py"}
     ok = compare._report(case, "X", hf, gen, None, {})
     assert ok.ok and ok.native_tokens is None and ok.logprob_diff_hf == 0.0
     off = compare._report(case, "X", hf, {**gen, "logprobs": [[-1.0, -2.001, -3.0]]}, None, {})
@@ -173,6 +173,10 @@ def test_report_rules_without_native():
     assert not bad.ok and "step 2" in bad.problems[0]
     native_ran = compare._report(case, "X", hf, {**gen, "model_class": "vllm.x.X"}, None, {})
     assert not native_ran.ok  # the generated class must be what vLLM ran
+    # ... from the very file under test (a plugin's copy of the class is not it)
+    other_file = compare._report(case, "X", hf, {**gen, "model_file": "site/plugin/x.py"}, None, {})
+    assert not other_file.ok and "not the generated class of gen.py" in other_file.problems[0]
+    assert f"vLLM instantiated X from {Path('gen.py').resolve()}" in ok.summary()
 
 
 # --------------------------------------------------------------------------- full matrix
