@@ -24,7 +24,9 @@ REFUSED = {
 
 
 def _matrix():
-    spec = importlib.util.spec_from_file_location("config_matrix", ROOT / "tests" / "tools" / "config_matrix.py")
+    spec = importlib.util.spec_from_file_location(
+        "config_matrix", ROOT / "tests" / "tools" / "config_matrix.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
