@@ -128,6 +128,10 @@ class CohereAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.use_qk_norm:
+            raise NotImplementedError(
+                "hfrewrite: CohereAttention was converted for configs where `config.use_qk_norm` is false"
+            )
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
@@ -168,10 +172,6 @@ class CohereAttention(nn.Module):
             self.k_norm = CohereLayerNorm(
                 hidden_size=(config.num_key_value_heads, self.head_dim),
                 eps=config.layer_norm_eps,
-            )
-        if self.use_qk_norm:
-            raise NotImplementedError(
-                "hfrewrite: CohereAttention was converted for configs where `self.use_qk_norm` is false"
             )
         self.rotary_emb = get_rope(
             self.head_dim,

@@ -143,6 +143,13 @@ class DbrxFFN(nn.Module):
         **kwargs,
     ):
         super().__init__()
+        if (
+            config.ffn_config.moe_normalize_expert_weights is not None
+            and config.ffn_config.moe_normalize_expert_weights != 1
+        ):
+            raise NotImplementedError(
+                "hfrewrite: DbrxFFN was converted for weights renormalised by their sum (p=1)"
+            )
         # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;
         # vLLM builds the expert-parallel group only for configs it reads an expert count
         # off (not dbrx's ffn_config.moe_num_experts).
@@ -176,13 +183,6 @@ class DbrxFFN(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        if (
-            config.ffn_config.moe_normalize_expert_weights is not None
-            and config.ffn_config.moe_normalize_expert_weights != 1
-        ):
-            raise NotImplementedError(
-                "hfrewrite: DbrxFFN was converted for weights renormalised by their sum (p=1)"
-            )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape

@@ -76,6 +76,10 @@ class DeepseekV2Moe(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.topk_method not in ("greedy", "group_limited_greedy"):
+            raise NotImplementedError(
+                "hfrewrite: DeepseekV2Moe was converted for config.topk_method in ('greedy', 'group_limited_greedy'): its router takes another branch here"
+            )
         # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;
         # vLLM builds the expert-parallel group only for configs it reads an expert count
         # off (not dbrx's ffn_config.moe_num_experts).
@@ -114,8 +118,12 @@ class DeepseekV2Moe(nn.Module):
             intermediate_size=config.moe_intermediate_size,
             renormalize=False,
             use_grouped_topk=True,
-            num_expert_group=1,
-            topk_group=1,
+            num_expert_group=(
+                config.n_group if config.topk_method == "group_limited_greedy" else 1
+            ),
+            topk_group=(
+                config.topk_group if config.topk_method == "group_limited_greedy" else 1
+            ),
             routed_scaling_factor=config.routed_scaling_factor,
             apply_routed_scale_to_output=True,
             router_logits_dtype=torch.float32,
@@ -125,10 +133,6 @@ class DeepseekV2Moe(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        if not (config.topk_method == "greedy"):
-            raise NotImplementedError(
-                "hfrewrite: DeepseekV2Moe was converted for configs where `config.topk_method == 'greedy'` is True: its router takes another branch here"
-            )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape
@@ -205,6 +209,20 @@ class DeepseekV2Attention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.rope_parameters.get("rope_type", "default") not in (
+            "default",
+            "yarn",
+        ):
+            raise NotImplementedError(
+                "hfrewrite: DeepseekV2Attention was converted for rope_type 'default' or 'yarn': convert this config to prove its rope"
+            )
+        if config.rope_parameters.get("rope_type", "default") == "yarn":
+            if config.rope_parameters.get(
+                "attention_factor"
+            ) is not None or not config.rope_parameters.get("truncate", True):
+                raise NotImplementedError(
+                    "hfrewrite: DeepseekV2Attention: vLLM's deepseek_yarn rope has no attention_factor and always truncates"
+                )
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
 
@@ -269,20 +287,6 @@ class DeepseekV2Attention(nn.Module):
         self.scaling = yarn_apply_mscale(
             config.rope_parameters, self.qk_head_dim ** (-0.5)
         )
-        if config.rope_parameters.get("rope_type", "default") not in (
-            "default",
-            "yarn",
-        ):
-            raise NotImplementedError(
-                "hfrewrite: DeepseekV2Attention was converted for rope_type 'default' or 'yarn': convert this config to prove its rope"
-            )
-        if config.rope_parameters.get("rope_type", "default") == "yarn":
-            if config.rope_parameters.get(
-                "attention_factor"
-            ) is not None or not config.rope_parameters.get("truncate", True):
-                raise NotImplementedError(
-                    "hfrewrite: DeepseekV2Attention: vLLM's deepseek_yarn rope has no attention_factor and always truncates"
-                )
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
             max_position=config.max_position_embeddings,
@@ -532,7 +536,9 @@ class DeepseekV2ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExpert
         # No sparse layer here (a configuration that makes every layer dense, or a pipeline
         # stage without one): vLLM then treats the model as dense.
         self.num_moe_layers = len(self.moe_layers)
-        self.num_expert_groups = 1
+        self.num_expert_groups = (
+            config.n_group if config.topk_method == "group_limited_greedy" else 1
+        )
         self.num_shared_experts = 0
         if moe_blocks:
             example = moe_blocks[0]

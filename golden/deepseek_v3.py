@@ -195,6 +195,24 @@ class DeepseekV3Attention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if not (config.rope_interleave):
+            raise NotImplementedError(
+                "hfrewrite: DeepseekV3Attention was converted for configs where `config.rope_interleave` is True: its forward takes another branch here"
+            )
+        if config.rope_parameters.get("rope_type", "default") not in (
+            "default",
+            "yarn",
+        ):
+            raise NotImplementedError(
+                "hfrewrite: DeepseekV3Attention was converted for rope_type 'default' or 'yarn': convert this config to prove its rope"
+            )
+        if config.rope_parameters.get("rope_type", "default") == "yarn":
+            if config.rope_parameters.get(
+                "attention_factor"
+            ) is not None or not config.rope_parameters.get("truncate", True):
+                raise NotImplementedError(
+                    "hfrewrite: DeepseekV3Attention: vLLM's deepseek_yarn rope has no attention_factor and always truncates"
+                )
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
 
@@ -259,24 +277,6 @@ class DeepseekV3Attention(nn.Module):
         self.scaling = yarn_apply_mscale(
             config.rope_parameters, self.qk_head_dim ** (-0.5)
         )
-        if not (config.rope_interleave):
-            raise NotImplementedError(
-                "hfrewrite: DeepseekV3Attention was converted for configs where `config.rope_interleave` is True: its forward takes another branch here"
-            )
-        if config.rope_parameters.get("rope_type", "default") not in (
-            "default",
-            "yarn",
-        ):
-            raise NotImplementedError(
-                "hfrewrite: DeepseekV3Attention was converted for rope_type 'default' or 'yarn': convert this config to prove its rope"
-            )
-        if config.rope_parameters.get("rope_type", "default") == "yarn":
-            if config.rope_parameters.get(
-                "attention_factor"
-            ) is not None or not config.rope_parameters.get("truncate", True):
-                raise NotImplementedError(
-                    "hfrewrite: DeepseekV3Attention: vLLM's deepseek_yarn rope has no attention_factor and always truncates"
-                )
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
             max_position=config.max_position_embeddings,

@@ -115,6 +115,10 @@ class GemmaAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if getattr(config, "use_bidirectional_attention", False):
+            raise NotImplementedError(
+                "hfrewrite: GemmaAttention was converted for configs where `not getattr(config, 'use_bidirectional_attention', False)` is True: its forward takes another branch here"
+            )
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )

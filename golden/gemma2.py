@@ -101,6 +101,10 @@ class Gemma2Attention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if getattr(config, "use_bidirectional_attention", False):
+            raise NotImplementedError(
+                "hfrewrite: Gemma2Attention was converted for configs where `not getattr(config, 'use_bidirectional_attention', False)` is True: its forward takes another branch here"
+            )
         self.layer_type = (
             config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
         )

@@ -116,6 +116,10 @@ class Gemma3Attention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.use_bidirectional_attention:
+            raise NotImplementedError(
+                "hfrewrite: Gemma3Attention was converted for configs where `not config.use_bidirectional_attention` is True: its forward takes another branch here"
+            )
         self.layer_type = (
             config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
         )
@@ -253,6 +257,10 @@ class Gemma3TextModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
+        if config.use_bidirectional_attention:
+            raise NotImplementedError(
+                "hfrewrite: Gemma3TextModel was converted for configs where `config.use_bidirectional_attention` is False: its forward takes another branch here"
+            )
         cache_config = vllm_config.cache_config
         quant_config = vllm_config.quant_config
         self.config = config

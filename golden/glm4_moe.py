@@ -77,6 +77,10 @@ class Glm4MoeAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.use_qk_norm:
+            raise NotImplementedError(
+                "hfrewrite: Glm4MoeAttention was converted for configs where `config.use_qk_norm` is false"
+            )
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
@@ -111,10 +115,6 @@ class Glm4MoeAttention(nn.Module):
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        if self.use_qk_norm:
-            raise NotImplementedError(
-                "hfrewrite: Glm4MoeAttention was converted for configs where `self.use_qk_norm` is false"
-            )
         self.rotary_emb = get_rope(
             self.head_dim,
             max_position=config.max_position_embeddings,

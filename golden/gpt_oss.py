@@ -70,6 +70,10 @@ class GptOssMLP(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if (config.swiglu_alpha, config.swiglu_limit) != (1.702, 7.0):
+            raise NotImplementedError(
+                "hfrewrite: vLLM's swigluoai experts use alpha 1.702 and limit 7.0"
+            )
         # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;
         # vLLM builds the expert-parallel group only for configs it reads an expert count
         # off (not dbrx's ffn_config.moe_num_experts).
@@ -105,10 +109,6 @@ class GptOssMLP(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        if (config.swiglu_alpha, config.swiglu_limit) != (1.702, 7.0):
-            raise NotImplementedError(
-                "hfrewrite: vLLM's swigluoai experts use alpha 1.702 and limit 7.0"
-            )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         orig_shape = hidden_states.shape

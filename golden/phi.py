@@ -52,6 +52,10 @@ class PhiAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.qk_layernorm:
+            raise NotImplementedError(
+                "hfrewrite: PhiAttention was converted for configs where `config.qk_layernorm` is false"
+            )
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
@@ -92,10 +96,6 @@ class PhiAttention(nn.Module):
                 config.hidden_size // config.num_attention_heads,
                 eps=config.layer_norm_eps,
                 elementwise_affine=True,
-            )
-        if self.qk_layernorm:
-            raise NotImplementedError(
-                "hfrewrite: PhiAttention was converted for configs where `self.qk_layernorm` is false"
             )
         self.rotary_emb = get_rope(
             self.head_dim,

@@ -125,6 +125,15 @@ def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[st
         "num_expert_group": exprs.get("n_group", "1"),
         "topk_group": exprs.get("topk_group", "1"),
     }
+    if moe.grouped_when:  # grouped on one branch of the router's switch, one group on the others
+        try:
+            when = t.config_test(moe.grouped_when, where["router"])
+        except ValueError as e:
+            raise HfrewriteError(
+                f"{name}: {NAME}: the router switches on {e}, which no config field sets"
+            ) from e
+        for kwarg in ("num_expert_group", "topk_group"):
+            kwargs[kwarg] = f"({kwargs[kwarg]} if {when} else 1)"
     if moe.scoring != "softmax":
         kwargs["scoring_func"] = f'"{moe.scoring}"'
     if moe.routed_scaling_factor != 1.0:
@@ -278,8 +287,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     )
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
     forward = t.with_body(forward, t.stmts(body))
-    if guards:
-        new_init.extend(t.stmts(guards))
+    new_init = t.guards_first(new_init, guards)
     block = t.set_method(block, t.with_body(init, new_init))
     block = t.set_method(block, forward)
     if moe.flat_experts:  # the runner routes: the block's own routing method goes (dbrx)
@@ -410,9 +418,24 @@ def _source_renormalize(
         raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
     try:
         guards = t.branch_guards(moe.router_branches, router, name, "router", skip=renormalize)
+        guards += _switch_guard(moe, router, name)
     except ValueError as e:
         raise HfrewriteError(f"{name}: {NAME}: the router branches on {e}, which no config field sets") from e
     return renormalize, guards
+
+
+def _switch_guard(moe, router: dict[str, str], name: str) -> str:
+    """Refuse the strings of the router's switch no trace proved."""
+    if moe.router_switch is None:
+        return ""
+    attr, values = moe.router_switch
+    expr = t.config_test(attr, router)
+    proven = "(" + ", ".join(f'"{v}"' for v in values) + ")"
+    return (
+        f"if {expr} not in {proven}:\n"
+        f'    raise NotImplementedError("hfrewrite: {name} was converted for {expr} in {proven.replace(chr(34), chr(39))}: '
+        'its router takes another branch here")\n'
+    )
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

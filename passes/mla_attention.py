@@ -302,7 +302,8 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         raise HfrewriteError(
             f"{name}: {NAME}: the forward branches on {e}, which no config field sets"
         ) from e
-    guards = switches + "".join(
+    # attributes the traced config left None: refused once the source has assigned them
+    guards = "".join(
         f"if self.{attr} is not None:\n"
         f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where self.{attr} is None")\n'
         for attr in guarded
@@ -312,7 +313,8 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n"
         + _linears(plan, d, query_switch)
     )
-    body += t.stmts(guards + _rope_guard(plan, name) + _attention(plan, d, scaling))
+    body += t.stmts(guards + _attention(plan, d, scaling))
+    body = t.guards_first(body, switches + _rope_guard(plan, name))
     cls = t.set_method(cls, t.with_body(init, body))
     cls = t.set_method(
         cls,

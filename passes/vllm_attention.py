@@ -196,18 +196,25 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
                 f"{name}: {NAME}: rope parameters per layer type, but __init__ has no layer_idx"
             )
         rope_parameters = "config.rope_parameters[config.layer_types[layer_idx]]"
-    guards = "".join(
-        f"if {t.code(test)}:\n"
-        f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where '
-        f'`{t.code(test).replace(chr(34), chr(39))}` is false")\n'
-        for test in untaken
-    )
+    # untaken switches on config fields go first; one on a computed attribute after the sources
+    exprs, first, later = t.init_exprs(cls), "", ""
+    for test in untaken:
+        try:
+            expr, on_config = t.config_test(t.code(test), exprs), True
+        except ValueError:
+            expr, on_config = t.code(test), False
+        guard = (
+            f"if {expr}:\n"
+            f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where '
+            f'`{expr.replace(chr(34), chr(39))}` is false")\n'
+        )
+        first, later = (first + guard, later) if on_config else (first, later + guard)
     init = t.with_body(
         init,
         [
-            *init.body.body,
+            *t.guards_first(list(init.body.body), first),
             *t.stmts(
-                guards + _rope_init(att, head_dim, rope_parameters) + "self.attn = Attention(\n"
+                later + _rope_init(att, head_dim, rope_parameters) + "self.attn = Attention(\n"
                 "    self.num_heads,\n"
                 f"    {head_dim},\n"
                 f"    {scaling},\n"

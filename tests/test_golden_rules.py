@@ -123,3 +123,44 @@ def test_no_source_comment_on_rewritten_qk_norms(golden):
     lines = golden[0].splitlines()
     stale = [line for line in lines if re.match(r"\s*self\.[qk]_(layer)?norm = .*#", line)]
     assert not stale
+
+
+def _is_guard(node: ast.stmt) -> bool:
+    """``if ...: raise NotImplementedError("hfrewrite: ...")``."""
+    return (
+        isinstance(node, ast.If)
+        and len(node.body) == 1
+        and isinstance(node.body[0], ast.Raise)
+        and "hfrewrite:" in ast.unparse(node.body[0])
+    )
+
+
+def _builds_a_layer(node: ast.stmt) -> bool:
+    """A statement that constructs a module (a call to a capitalised class, ``nn.X`` or a vLLM layer)."""
+    return any(
+        isinstance(n, ast.Call) and (ast.unparse(n.func).split(".")[-1][:1].isupper())
+        for n in ast.walk(node)
+        if not isinstance(node, ast.If) or not _is_guard(node)
+    )
+
+
+def test_config_guards_come_before_any_layer_is_built(golden):
+    """A config the file refuses is refused with hfrewrite's message, never by a layer that
+    cannot be built for it first (a TypeError from vLLM's linear layer)."""
+    _, tree = golden
+    for fn in ast.walk(tree):
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"):
+            continue
+        first_layer = next(
+            (i for i, s in enumerate(fn.body) if _builds_a_layer(s) and not _is_guard(s)), None
+        )
+        for i, s in enumerate(fn.body):
+            reads_self = (
+                any(isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(s.test))
+                if _is_guard(s)
+                else True
+            )
+            if not reads_self and first_layer is not None:
+                assert i < first_layer, (
+                    f"{ast.unparse(s.test)} is guarded after a layer is built (line {s.lineno})"
+                )

@@ -61,6 +61,7 @@ MATCHES = {
         "moe_interface": 0,
         "thread_layer_args": 3,  # prefix: LlamaMLP, LlamaAttention, LlamaDecoderLayer
         "load_weights": 1,  # LlamaForCausalLM.hf_to_vllm_mapper
+        "config_guards": 0,
         "strip_hf_runtime": 25,
         "prune_unused_params": 2,  # layer_idx of LlamaAttention and LlamaDecoderLayer
         "drop_dead_locals": 0,  # no unread computed local
@@ -80,6 +81,7 @@ MATCHES = {
         "moe_interface": 1,  # Qwen3MoeForCausalLM(..., MixtureOfExperts)
         "thread_layer_args": 4,  # attention, MLP, sparse MoE block, decoder layer
         "load_weights": 1,
+        "config_guards": 0,
         "strip_hf_runtime": 29,
         "prune_unused_params": 1,  # Qwen3MoeAttention's layer_idx
         "drop_dead_locals": 0,  # no unread computed local
@@ -99,6 +101,7 @@ MATCHES = {
         "moe_interface": 1,
         "thread_layer_args": 4,  # MLP, MoE block, attention, decoder layer
         "load_weights": 1,
+        "config_guards": 0,
         "strip_hf_runtime": 26,
         "prune_unused_params": 1,  # DeepseekV3Attention's layer_idx
         "drop_dead_locals": 0,  # no unread computed local
@@ -118,6 +121,7 @@ MATCHES = {
         "moe_interface": 0,
         "thread_layer_args": 3,
         "load_weights": 1,
+        "config_guards": 1,  # GemmaAttention: is_causal from use_bidirectional_attention
         "strip_hf_runtime": 24,
         "prune_unused_params": 3,  # padding_idx of the embedding, layer_idx of attention and layer
         "drop_dead_locals": 0,  # no unread computed local
@@ -137,6 +141,7 @@ MATCHES = {
         "moe_interface": 0,
         "thread_layer_args": 3,
         "load_weights": 1,
+        "config_guards": 0,
         "strip_hf_runtime": 25,
         "prune_unused_params": 2,  # layer_idx of attention and layer
         "drop_dead_locals": 0,  # no unread computed local

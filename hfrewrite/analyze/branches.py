@@ -43,3 +43,80 @@ def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[s
         if outcome and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
             unreachable.add(id(node.orelse[0]))
     return tuple(dict.fromkeys(found))
+
+
+def config_switches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
+    """``config_branches`` of ``module``'s forward that read only the config, each in the
+    form its ``__init__`` can evaluate: ``self.config.x`` -> ``config.x``, ``self.attr`` ->
+    the config expression ``__init__`` assigns it. Tests on anything else (``self.training``,
+    a computed attribute) are left out: they are not config switches."""
+    assigned = {"config": "config"}
+    try:
+        init = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
+    except (OSError, TypeError, SyntaxError):
+        init = ast.Module(body=[], type_ignores=[])
+    for node in ast.walk(init):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(target := node.targets[0], ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+            and {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+            <= {"config", "getattr", "not"}
+            and any(isinstance(n, ast.Name) and n.id == "config" for n in ast.walk(node.value))
+        ):
+            assigned[target.attr] = ast.unparse(node.value)
+    out = []
+    for test, outcome in config_branches(module):
+        tree = _Substitute(assigned).visit(ast.parse(test, mode="eval"))
+        text = ast.unparse(tree)
+        if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+            out.append((text, outcome))
+    return tuple(out)
+
+
+class _Substitute(ast.NodeTransformer):
+    """``self.<attr>`` -> the parsed expression ``__init__`` assigns it."""
+
+    def __init__(self, assigned: dict[str, str]) -> None:
+        self.assigned = assigned
+
+    def visit_Attribute(self, node: ast.Attribute):
+        if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.assigned:
+            return ast.parse(f"({self.assigned[node.attr]})", mode="eval").body
+        return self.generic_visit(node)
+
+
+def causal_switch(module: nn.Module) -> tuple[tuple[str, bool], ...]:
+    """transformers' attention interface reads ``module.is_causal``: when ``__init__`` sets it
+    from the config (gemma's ``not config.use_bidirectional_attention``), that expression is a
+    config switch whose traced value is the module's."""
+    try:
+        init = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
+    for node in ast.walk(init):
+        if (
+            isinstance(node, ast.Assign)
+            and ast.unparse(node.targets[0]) == "self.is_causal"
+            and not isinstance(node.value, ast.Constant)
+        ):
+            tree = _Substitute({"config": "config"}).visit(node.value)
+            if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+                return ((ast.unparse(tree), bool(getattr(module, "is_causal", True))),)
+    return ()
+
+
+def forward_switches(model: nn.Module, base: nn.Module, layer: nn.Module, *plans) -> tuple:
+    """(class, config test, traced value) of the config switches in the forwards of the causal
+    LM, the base model, the decoder layer and the attention / MLP / MoE classes (the first
+    instance of each), and of the attention's ``is_causal``."""
+    names = {getattr(p, "module_class", None) for p in plans} - {None}
+    modules = [model, base, layer]
+    modules += [next(m for m in model.modules() if type(m).__name__ == n) for n in sorted(names)]
+    out = []
+    for module in dict.fromkeys(modules):
+        cls = type(module).__name__
+        out += [(cls, test, value) for test, value in config_switches(module) + causal_switch(module)]
+    return tuple(dict.fromkeys(out))

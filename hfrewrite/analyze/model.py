@@ -22,6 +22,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
+from hfrewrite.analyze.branches import forward_switches
 from hfrewrite.analyze.checkpoint import (
     checkpoint_prefix_renames,
     checkpoint_renames,
@@ -33,6 +34,7 @@ from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
+from hfrewrite.analyze.moe_variants import with_other_routings
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.analyze.plan import (
     AttentionPlan,
@@ -127,6 +129,14 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         _one_kind([f[2] for f in per_layer], MlpPlan),
         _one_kind([f[3] for f in per_layer], MoePlan),
     )
+    if branches and moe is not None:
+        router = next((m for m in model.modules() if type(m).__name__ == moe.router_class), None)
+        if router is not None:
+            moe, more, routings = with_other_routings(
+                config, moe, router, lambda other: _analyze(other, branches=False).moe
+            )
+            declined += more
+            siblings += routings
 
     layer = traces[0].module
     norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
@@ -190,6 +200,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         declined=declined,
         moe=moe,
         sibling_configs=siblings,
+        forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
     )
 
 

@@ -230,6 +230,11 @@ class MoePlan:
     # found by value (None where no one attribute holds it), whose source expressions the
     # file keeps; flat experts need all three
     size_attrs: tuple[str | None, str | None, str | None] | None = None
+    # A router whose string switch has several branches proven (analyze/moe_variants.py):
+    # (the attribute, every string proven), and the test under which routing is grouped
+    # (``self.topk_method == 'group_limited_greedy'``) when only some branches group experts
+    router_switch: tuple[str, tuple[str, ...]] | None = None
+    grouped_when: str | None = None
 
     @property
     def grouped(self) -> bool:
@@ -255,6 +260,8 @@ class MoePlan:
             steps.append(f"+ {self.correction_bias} (choice only)")
         if self.n_group:
             steps.append(f"top-{self.topk_group} of {self.n_group} groups")
+        elif self.grouped_when:
+            steps.append(f"(groups of experts where {self.grouped_when})")
         steps += [f"top-{self.top_k}", f"renormalize={self.renormalize}"]
         if self.routed_scaling_factor != 1.0:
             steps.append(f"x {self.routed_scaling_factor:g}")
@@ -338,3 +345,8 @@ class ModelPlan:
     # (description, config) of the sibling configs whose branches the analysis proved beside
     # the traced one (analyze/mla_variants.py): validation runs the file on each of them too
     sibling_configs: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
+    # (class, config test, traced value) of each config switch in the forward of a class the
+    # file keeps or replaces (causal LM, base model, decoder layer, attention, MLP, MoE block),
+    # in the form ``__init__`` evaluates (analyze/branches.py): passes/config_guards.py
+    # refuses configs flipping those the emitted class no longer tests
+    forward_switches: tuple[tuple[str, str, bool], ...] = ()

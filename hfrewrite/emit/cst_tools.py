@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.errors import HfrewriteError
 
@@ -364,6 +365,26 @@ def config_test(test: str, init_exprs: dict[str, str]) -> str:
     if "self." in expr:
         raise ValueError(test)
     return expr
+
+
+def guards_first(body: list[cst.BaseStatement], guards: str) -> list[cst.BaseStatement]:
+    """``body`` (an ``__init__``'s) with ``guards`` (statements reading only ``config``)
+    right after ``super().__init__()``: a config the file refuses is refused before any
+    layer is built, with hfrewrite's message."""
+    if not guards:
+        return body
+    at = next((i + 1 for i, s in enumerate(body) if m.matches(s, _SUPER_INIT)), 0)
+    # a vLLM-side __init__ takes its config from vllm_config first: the guards read it
+    at = next((i + 1 for i, s in enumerate(body) if m.matches(s, _CONFIG_ASSIGNED)), at)
+    return [*body[:at], *stmts(guards), *body[at:]]
+
+
+_SUPER_INIT = m.SimpleStatementLine(
+    body=[m.Expr(m.Call(func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__"))))]
+)
+
+
+_CONFIG_ASSIGNED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name("config"))])])
 
 
 def _same_test(test: str, carried: str) -> bool:

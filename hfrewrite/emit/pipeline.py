@@ -14,6 +14,7 @@ from hfrewrite.emit.target import import_of
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import (
     carry_decoder_layer,
+    config_guards,
     drop_dead_locals,
     fuse_experts,
     fuse_gate_up,
@@ -47,6 +48,7 @@ PASSES: tuple[ModuleType, ...] = (
     moe_interface,
     thread_layer_args,
     load_weights,
+    config_guards,
     strip_hf_runtime,
     prune_unused_params,
     drop_dead_locals,

@@ -56,10 +56,10 @@ def test_both_queries_and_ropes_are_proven_on_sibling_configs():
         att = plan.attention
         assert att.rope_kinds == ("default", "deepseek_yarn")
         assert (att.q_a, att.q_b, att.q_other) == ("q_a_proj", "q_b_proj", "q_proj")
-        assert [what for what, _ in plan.sibling_configs] == [
+        assert [what for what, _ in plan.sibling_configs][:2] == [
             "no low-rank query (q_lora_rank None)",
             "a YaRN rope",
-        ]
+        ]  # (deepseek_v2's router adds its own: tests/analyze/test_moe_variants.py)
         assert plan.sibling_configs[0][1].q_lora_rank is None
         assert plan.sibling_configs[1][1].rope_parameters["rope_type"] == "yarn"
     # traced without a low-rank query, the sibling proves one
@@ -117,8 +117,6 @@ def test_golden_carries_both_queries_and_refuses_what_its_trace_did_not_take():
     )
     # without a low-rank query nothing is stacked into fused_qkv_a_proj at load
     assert "if self.config.q_lora_rank is None:" in src.split("def load_weights", 1)[1]
-    v2 = (GOLDEN / "deepseek_v2.py").read_text()
-    assert 'if not (config.topk_method == "greedy"):' in v2  # the router's other branch groups experts
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,6 @@
 real vLLM against Hugging Face, on a shrunk copy of each released config.json (every switch
 kept). ``hfrewrite check golden/`` (tests/test_check.py) proves the goldens are what convert
 writes, so this runs the checked-in files themselves.
-
-The one released config a golden still refuses is listed with hfrewrite's own message: the
-refusal is a guard in the file's ``__init__``, not a wrong result (docs/hub-configs.md).
 """
 
 from __future__ import annotations
@@ -16,11 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPES = sorted(p.name for p in (ROOT / "tests" / "data" / "hub_configs").iterdir() if p.is_dir())
-# config -> the start of the refusal the golden gives it
-REFUSED = {
-    "deepseek-ai__DeepSeek-V2.5": "generated run failed: NotImplementedError: hfrewrite: DeepseekV2Moe was "
-    "converted for configs where `config.topk_method == 'greedy'` is True",
-}
 
 
 def _matrix():
@@ -38,8 +30,4 @@ def test_golden_validates_on_every_released_config(model_type):
     result = _matrix().validate_golden(model_type)
     print(f"\n{model_type}: {result['validated']}/{len(result['configs'])} ({result['seconds']:.0f} s)")
     assert len(result["configs"]) >= 1
-    refused = {f.split(": ", 1)[0]: f.split(": ", 1)[1] for f in result["failed"]}
-    expected = {name: why for name, why in REFUSED.items() if name in result["configs"]}
-    assert set(refused) == set(expected), result["failed"]
-    for name, why in expected.items():
-        assert refused[name].startswith(why), refused[name]
+    assert result["failed"] == [], result["failed"]

@@ -20,6 +20,10 @@ Calibration data is random token ids drawn in-process (no dataset download); the
 that insist on a tokenizer get a stub word-level one over the ids. Linear in_features must
 be multiples of 128 (e.g. hidden 256, intermediate 512). LM head and MoE routers stay
 unquantized.
+
+vLLM 0.32 on CPU loads all seven: w8a8 and fp8 in float32 or bfloat16, the int4 ones
+(CPUWNA16LinearKernel) only in bfloat16 or float16. It has no quantized MoE backend on CPU:
+for an MoE model pass --ignore 're:.*mlp.experts.*' (experts stay float).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def stub_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(words), pad_token="0")
 
 
-def llm_compressor(src: str, fmt: str, out: str, seed: int) -> None:
+def llm_compressor(src: str, fmt: str, out: str, seed: int, ignore: list[str]) -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.gptq import GPTQModifier
@@ -70,7 +74,7 @@ def llm_compressor(src: str, fmt: str, out: str, seed: int) -> None:
 
     def quantize(scheme: str, gptq: bool = False):
         cls = GPTQModifier if gptq else QuantizationModifier
-        return cls(targets="Linear", scheme=scheme, ignore=IGNORE)
+        return cls(targets="Linear", scheme=scheme, ignore=IGNORE + ignore)
 
     recipe = {
         "w8a8": [SmoothQuantModifier(smoothing_strength=0.8), quantize("W8A8", gptq=True)],
@@ -134,6 +138,13 @@ def main() -> None:
     )
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        help="more modules to leave unquantized (llm-compressor formats), e.g. "
+        "'re:.*mlp.experts.*': vLLM 0.32 CPU has no quantized MoE backend",
+    )
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     if args.format == "awq":
@@ -141,7 +152,7 @@ def main() -> None:
     elif args.format == "gptq":
         gptq_model(args.src, args.out, args.seed)
     else:
-        llm_compressor(args.src, args.format, args.out, args.seed)
+        llm_compressor(args.src, args.format, args.out, args.seed, args.ignore)
 
 
 if __name__ == "__main__":
