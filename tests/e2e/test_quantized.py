@@ -43,7 +43,11 @@ CASES = {
     # tied embeddings decode a tiny random gemma3 degenerately: untied
     "gemma3_text": (("w8a8", "w4a16", "fp8"), {"tie_word_embeddings": False}, ()),
     # vLLM 0.32 on CPU has no quantized fused-MoE kernel: the experts stay float
-    "qwen3_moe": (("w8a8", "w4a16", "fp8"), {"num_experts": 4, "num_experts_per_tok": 2}, ("re:.*mlp.experts.*",)),
+    "qwen3_moe": (
+        ("w8a8", "w4a16", "fp8"),
+        {"num_experts": 4, "num_experts_per_tok": 2},
+        ("re:.*mlp.experts.*",),
+    ),
     # a carried-source type: LayerNorms, a parallel block, partial rope kept from the source
     "phi": (("w8a8", "w4a16", "fp8", "gptq"), {"num_key_value_heads": 4, "head_dim": None}, ()),
 }
