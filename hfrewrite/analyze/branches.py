@@ -45,28 +45,33 @@ def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[s
     return tuple(dict.fromkeys(found))
 
 
+def init_assignments(cls: type) -> dict[str, ast.expr]:
+    """``self.<attr> = <value>`` statements of ``cls.__init__``: {attr: value} (last wins)."""
+    try:
+        init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    return {
+        target.attr: node.value
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(target := node.targets[0], ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    }
+
+
 def config_switches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
     """``config_branches`` of ``module``'s forward that read only the config, each in the
     form its ``__init__`` can evaluate: ``self.config.x`` -> ``config.x``, ``self.attr`` ->
     the config expression ``__init__`` assigns it. Tests on anything else (``self.training``,
     a computed attribute) are left out: they are not config switches."""
     assigned = {"config": "config"}
-    try:
-        init = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
-    except (OSError, TypeError, SyntaxError):
-        init = ast.Module(body=[], type_ignores=[])
-    for node in ast.walk(init):
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(target := node.targets[0], ast.Attribute)
-            and isinstance(target.value, ast.Name)
-            and target.value.id == "self"
-            and {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
-            <= {"config", "getattr", "not"}
-            and any(isinstance(n, ast.Name) and n.id == "config" for n in ast.walk(node.value))
-        ):
-            assigned[target.attr] = ast.unparse(node.value)
+    for attr, value in init_assignments(type(module)).items():
+        names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        if "config" in names and names <= {"config", "getattr"}:
+            assigned[attr] = ast.unparse(value)
     out = []
     for test, outcome in config_branches(module):
         tree = _Substitute(assigned).visit(ast.parse(test, mode="eval"))

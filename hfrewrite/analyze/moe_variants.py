@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from hfrewrite.analyze.branches import init_assignments
 from hfrewrite.analyze.plan import MoePlan, NoMatch, Refusal
 
 PATTERN = "fused_moe"
@@ -97,12 +98,10 @@ def _string_switch(router: nn.Module, plan: MoePlan):
     branch reads}) of the router forward's one ``self.<attr> == "<string>"`` chain on a
     config field; None when there is none (or more than one)."""
     try:
-        cls = type(router)
-        forward = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
-        init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+        forward = ast.parse(textwrap.dedent(inspect.getsource(type(router).forward)))
     except (OSError, TypeError, SyntaxError):
         return None
-    fields = _config_fields(init)
+    fields = _config_fields(type(router))
     chains: dict[str, dict[str, ast.If]] = {}
     for node in ast.walk(forward):
         if isinstance(node, ast.If) and (hit := _compares_string(node.test)) and hit[0] in fields:
@@ -142,22 +141,15 @@ def _compares_string(test: ast.AST) -> tuple[str, str] | None:
     return None
 
 
-def _config_fields(init: ast.AST) -> dict[str, str]:
+def _config_fields(cls: type) -> dict[str, str]:
     """``self.<attr> = config.<field>`` assignments of ``__init__``: {attr: field}."""
-    out = {}
-    for node in ast.walk(init):
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(target := node.targets[0], ast.Attribute)
-            and isinstance(target.value, ast.Name)
-            and target.value.id == "self"
-            and isinstance(node.value, ast.Attribute)
-            and isinstance(node.value.value, ast.Name)
-            and node.value.value.id == "config"
-        ):
-            out[target.attr] = node.value.attr
-    return out
+    return {
+        attr: value.attr
+        for attr, value in init_assignments(cls).items()
+        if isinstance(value, ast.Attribute)
+        and isinstance(value.value, ast.Name)
+        and value.value.id == "config"
+    }
 
 
 def _self_reads(body: list[ast.stmt]) -> list[str]:

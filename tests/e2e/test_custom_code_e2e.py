@@ -54,7 +54,10 @@ def test_custom_code_converts_validates_and_verifies(name, by_hand, tmp_path, ca
     config = validation_config(resolve(str(repo), trust_remote_code=True).config)
     ckpt = fixtures.save_random_checkpoint(config, tmp_path / "ckpt", seed=1)
     assert (ckpt / f"modeling_{name}.py").exists() and fixtures.runs_custom_code(ckpt)
-    assert main(["verify", str(ckpt), "--generated", str(generated)]) == 0
+    # the repository's code runs in both engines: only when the user says so
+    assert main(["verify", str(ckpt), "--generated", str(generated)]) == 2
+    assert "pass --trust-remote-code" in capsys.readouterr().err
+    assert main(["verify", str(ckpt), "--generated", str(generated), "--trust-remote-code"]) == 0
     report = capsys.readouterr().out
     assert report.strip().endswith("verified"), report
     assert report.count("greedy tokens equal") == len(fixtures.DEFAULT_PROMPTS), report
