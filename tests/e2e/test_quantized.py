@@ -76,7 +76,9 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
             dest = root / f"{model_type}-{fmt}"
             cmd = [str(QUANT_PYTHON), str(SCRIPT), "--src", str(src), "--format", fmt, "--out", str(dest)]
             cmd += [f"--ignore={pattern}" for pattern in ignore]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=600, check=False, cwd=root
+            )  # GPTQModel writes logs/ there
             assert done.returncode == 0, f"{model_type} {fmt}: {done.stderr[-2000:]}"
             out[f"{model_type}-{fmt}"] = dest
     return out
