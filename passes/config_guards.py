@@ -57,8 +57,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
 
 
 def _tested(cls: cst.ClassDef) -> set[str]:
-    """Every sub-expression of every ``if`` test in ``cls``, in ``__init__``'s config form, as
-    ``ast.dump`` strings."""
+    """The switches every ``if`` test in ``cls`` decides on (``_tests_within``), in
+    ``__init__``'s config form, as ``ast.dump`` strings."""
     exprs = t.init_exprs(cls) if t.find_method(cls, "__init__") else {}
     exprs.setdefault("config", "config")
     found: set[str] = set()
@@ -76,12 +76,25 @@ def _tested(cls: cst.ClassDef) -> set[str]:
             text = t.config_test(text, exprs)
         except ValueError:
             pass
-        found.update(
-            ast.dump(n) for n in ast.walk(ast.parse(text, mode="eval").body) if isinstance(n, ast.expr)
-        )
+        found.update(ast.dump(n) for n in _tests_within(ast.parse(text, mode="eval").body))
 
     cls.visit(_Tests())
     return found
+
+
+def _tests_within(tree: ast.expr) -> list[ast.expr]:
+    """The test itself, what a ``not`` negates and the operands of ``and``/``or``: the
+    switches a test decides on (not every sub-expression: ``config.x`` is not decided by
+    ``config.x.y > 1``)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            todo.append(node.operand)
+        elif isinstance(node, ast.BoolOp):
+            todo.extend(node.values)
+    return out
 
 
 def _guard(cls: str, test: str, value: bool) -> str:

@@ -71,8 +71,9 @@ def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
 
 
 def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> ModelPlan:
-    """The plan of ``config``; with ``branches``, MLA's other branches proven on sibling
-    configs (analyze/mla_variants.py)."""
+    """The plan of ``config``; with ``branches``, the other branches of MLA's query and rope
+    and of a router's string switch proven on sibling configs (analyze/mla_variants.py,
+    analyze/moe_variants.py)."""
     small = shrink_config(config)
     torch.manual_seed(0)
     try:

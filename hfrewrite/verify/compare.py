@@ -49,6 +49,7 @@ class VerifyReport:
     generated_class: str | None
     ok: bool
     generated_file: str | None = None  # the file the class vLLM instantiated came from
+    ran_file_under_test: bool = False  # that class is the generated file's own
     problems: tuple[str, ...] = ()
     # supports_pp, num_moe_layers
     generated_facts: dict[str, Any] = field(default_factory=dict)
@@ -161,12 +162,14 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
     hf_ok, gen_ok = "error" not in hf, "error" not in gen
     nat_ok = nat is not None and "error" not in nat
     diff_native = diff_hf = None
+    ran = _ran_file(gen) if gen_ok else None
+    ran_file_under_test = (
+        gen_ok
+        and gen["model_class"].startswith("hfrewrite_generated_")
+        and ran == Path(case.generated_module).resolve()
+    )
     if gen_ok:
-        ran = _ran_file(gen)
-        if (
-            not gen["model_class"].startswith("hfrewrite_generated_")
-            or ran != Path(case.generated_module).resolve()
-        ):
+        if not ran_file_under_test:
             problems.append(
                 f"vLLM ran {gen['model_class']} from {ran}, not the generated class of {case.generated_module}"
             )
@@ -204,7 +207,8 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
         generated_structure=gen.get("structure"),
         native_structure=nat.get("structure") if nat_ok else None,
         generated_class=gen.get("model_class"),
-        generated_file=str(_ran_file(gen)) if _ran_file(gen) else None,
+        generated_file=str(ran) if ran else None,
+        ran_file_under_test=ran_file_under_test,
         generated_facts={k: gen.get(k) for k in ("supports_pp", "num_moe_layers")},
         ok=not problems,
         problems=tuple(problems),
