@@ -19,12 +19,19 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss
 
-.PHONY: setup quant-setup demo lint test golden docs fuzz validation-cost hub-configs
+.PHONY: setup analysis-setup quant-setup demo lint test golden docs fuzz validation-cost hub-configs
+
+# The transformers 4.x release Hub custom code written for 4.x is analysed under
+# (docs/custom-code.md); the tests use it offline from the user's cache.
+ANALYSIS_TRANSFORMERS := 4.57.3
 
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.hfrewrite-setup
 
-setup: $(STAMP)
+setup: $(STAMP) analysis-setup
+
+analysis-setup: $(STAMP)
+	$(HFR) setup-analysis $(ANALYSIS_TRANSFORMERS) > /dev/null
 
 quant-setup: $(QUANT_STAMP)
 

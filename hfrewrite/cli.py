@@ -115,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
         "to analyze it (as transformers runs it)",
     )
     p.add_argument(
+        "--analysis-transformers",
+        metavar="VERSION",
+        help="with --trust-remote-code: analyse the repository's code under this transformers 4.x "
+        "release (installed once into the user's cache; default: when its code does not build "
+        "under the installed transformers, the release config.json names, else the newest 4.x)",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="overwrite a different existing file; with --vllm-tree, also remap "
@@ -189,7 +196,22 @@ def _parser() -> argparse.ArgumentParser:
         "Face and vLLM, and convert from it when --generated is not given",
     )
     p.set_defaults(run=_verify)
+
+    p = sub.add_parser(
+        "setup-analysis",
+        help="install a transformers 4.x release for analysing Hub custom code (into the user's cache)",
+    )
+    p.add_argument("version", metavar="VERSION", help="e.g. 4.57.3")
+    p.set_defaults(run=_setup_analysis)
     return parser
+
+
+def _setup_analysis(args: argparse.Namespace) -> int:
+    from hfrewrite.isolate.environment import ensure_overlay, parse_version
+
+    parse_version(args.version)
+    print(ensure_overlay(args.version))
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -205,8 +227,11 @@ def _convert(args: argparse.Namespace) -> int:
         _check_destination(args.plugin, "--plugin")
     elif args.vllm_tree is None:
         _check_destination(args.output_dir or Path("out"), "-o")
+    if args.analysis_transformers is not None and not args.trust_remote_code:
+        raise HfrewriteError("--analysis-transformers analyses Hub custom code: it needs --trust-remote-code")
     resolved = relative_to_file(
-        resolve(args.model, args.revision, args.trust_remote_code), _destination(args)
+        resolve(args.model, args.revision, args.trust_remote_code, args.analysis_transformers),
+        _destination(args),
     )
     more = ()  # released configs the file must serve too (before the slow part)
     if args.configs is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import libcst as cst
@@ -9,11 +10,13 @@ import libcst as cst
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.emit import output as emit
+from hfrewrite.emit.config_shim import shim_statements, with_shim
 from hfrewrite.emit.local_modules import inline_local_imports
 from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.pipeline import run_passes
-from hfrewrite.errors import HfrewriteError
+from hfrewrite.errors import CannotBuild, HfrewriteError
 from hfrewrite.progress import step
+from hfrewrite.resolve import resolve
 
 
 @dataclass(frozen=True)
@@ -24,12 +27,13 @@ class Generated:
     declined: tuple[NoMatch, ...]
     # (description, config) of the sibling configs whose branches the analysis proved
     sibling_configs: tuple[tuple[str, object], ...] = ()
+    # Hub custom code analysed under another transformers release (isolate.analysis)
+    isolated: object = None
 
 
 def generate(resolved) -> Generated:
     """The generated vLLM file for a resolved model; nothing is written here."""
-    with step("building and tracing a shrunk copy, proving replacements"):
-        plan = analyze(resolved.config)
+    resolved, plan = _plan(resolved)
     try:
         module = cst.parse_module(resolved.modeling_path.read_text(encoding="utf-8"))
     except (OSError, cst.ParserSyntaxError) as exc:
@@ -49,15 +53,41 @@ def generate(resolved) -> Generated:
                 custom_code=getattr(resolved, "custom_code", False),
             ),
         )
+    module = result.module
+    if resolved.isolated is not None:  # its configuration class is written for transformers 4
+        iso = resolved.isolated
+        module = with_shim(module, shim_statements(iso.config_path, iso.config_class, resolved.model_type))
     with step("formatting"):
-        text = emit.render(resolved, result.module.code)
+        text = emit.render(resolved, module.code)
     return Generated(
         filename=f"{resolved.model_type}.py",
         text=text,
         fused=result.fused,
         declined=result.declined,
         sibling_configs=plan.sibling_configs,
+        isolated=resolved.isolated,
     )
+
+
+def _plan(resolved):
+    """(resolved, plan): the analysis of the resolved config; Hub custom code whose classes
+    do not build or run under the installed transformers is resolved again and analysed
+    under the release it was written for."""
+    if resolved.isolated is not None:
+        return resolved, resolved.isolated.plan
+    try:
+        with step("building and tracing a shrunk copy, proving replacements"):
+            return resolved, analyze(resolved.config)
+    except CannotBuild:
+        if not resolved.custom_code:
+            raise
+    again = resolve(resolved.location, resolved.revision, True, isolate=True)
+    return dataclasses.replace(resolved, **_isolated_fields(again)), again.isolated.plan
+
+
+def _isolated_fields(again) -> dict:
+    names = ("config", "modeling_path", "modeling_module", "transformers_version", "isolated")
+    return {name: getattr(again, name) for name in names}
 
 
 def _defined_in_file(plan, module: cst.Module, filename: str) -> None:

@@ -3,3 +3,8 @@
 
 class HfrewriteError(Exception):
     """Bad input or an unsupported model: the message is shown to the user as is."""
+
+
+class CannotBuild(HfrewriteError):
+    """The model's own code does not build or run under the installed transformers (Hub
+    custom code written for another release: its analysis is retried under that one)."""

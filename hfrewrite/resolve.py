@@ -42,6 +42,13 @@ class ResolvedModel:
     # model_id is a directory path relative to the generated file's directory (so that
     # `check` finds it from any working directory)
     relative_to_file: bool = False
+    # The transformers 4.x release asked for with --analysis-transformers (recorded)
+    analysis_transformers: str | None = None
+    # The repository's code does not build under the installed transformers: its analysis,
+    # run under the release it was written for (hfrewrite/isolate/)
+    isolated: Any = None
+    # How this process reaches custom code: the directory made absolute, or the Hub id
+    location: str = ""
 
 
 def relative_to_file(resolved: ResolvedModel, directory: Path) -> ResolvedModel:
@@ -53,8 +60,16 @@ def relative_to_file(resolved: ResolvedModel, directory: Path) -> ResolvedModel:
     return dataclasses.replace(resolved, model_id=Path(where).as_posix(), relative_to_file=True)
 
 
-def resolve(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> ResolvedModel:
-    """Resolve ``model_id``; bad input raises HfrewriteError with a one-line message."""
+def resolve(
+    model_id: str,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    analysis_transformers: str | None = None,
+    isolate: bool = False,
+) -> ResolvedModel:
+    """Resolve ``model_id``; bad input raises HfrewriteError with a one-line message.
+    ``analysis_transformers``: analyse Hub custom code under that transformers 4.x release;
+    ``isolate``: under the release it names (its code does not build here)."""
     if not model_id.strip():
         raise HfrewriteError("empty model id")
     path = Path(model_id).expanduser()
@@ -75,7 +90,12 @@ def resolve(model_id: str, revision: str | None = None, trust_remote_code: bool 
         kind = "hub"
     model_type = _model_type(data, model_id, trust_remote_code)
     if _custom_model_class(data) is not None:
-        return _build_custom(model_id, kind, revision, model_type, data)
+        return _build_custom(model_id, kind, revision, model_type, data, analysis_transformers, isolate)
+    if analysis_transformers:
+        raise HfrewriteError(
+            f"{model_id}: --analysis-transformers applies to Hub custom code (auto_map); "
+            "this model is transformers' own"
+        )
     return _build(model_id, kind, revision, model_type, data, trust_remote_code)
 
 
@@ -194,23 +214,29 @@ def _build(
 
 
 def _build_custom(
-    model_id: str, kind: str, revision: str | None, model_type: str, data: dict
+    model_id: str,
+    kind: str,
+    revision: str | None,
+    model_type: str,
+    data: dict,
+    requested: str | None,
+    isolate: bool = False,
 ) -> ResolvedModel:
-    """The repository's config (built by its own class) and its causal LM's source file."""
+    """The repository's config (built by its own class) and its causal LM's source file;
+    where its code does not load under the installed transformers (or a release is asked
+    for), both come from an analysis under the release it was written for."""
     from transformers import AutoConfig
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     reference = _custom_model_class(data)
     where = str(Path(model_id).expanduser()) if kind == "dir" else model_id
+    if requested or isolate:
+        return isolated_resolution(model_id, kind, revision, model_type, data, requested)
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=True, revision=revision)
         model_class = get_class_from_dynamic_module(reference, where, revision=revision)
-    except Exception as exc:  # noqa: BLE001 - any failure of foreign code is reported as one line
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise HfrewriteError(
-            f"{model_id}: the repository's code ({reference}) does not load under transformers "
-            f"{_transformers_version()}: {type(exc).__name__}: {first}"
-        ) from None
+    except Exception:  # noqa: BLE001 - foreign code written for another release
+        return isolated_resolution(model_id, kind, revision, model_type, data, None)
     source = inspect.getsourcefile(model_class)
     if source is None or not Path(source).is_file():
         raise HfrewriteError(f"{model_id}: no source file for {reference}")
@@ -225,6 +251,35 @@ def _build_custom(
         transformers_version=_transformers_version(),
         trust_remote_code=True,
         custom_code=True,
+        location=str(Path(where).resolve()) if kind == "dir" else where,
+    )
+
+
+def isolated_resolution(
+    model_id: str, kind: str, revision: str | None, model_type: str, data: dict, requested: str | None
+) -> ResolvedModel:
+    """Hub custom code resolved and analysed under a transformers 4.x overlay; its config
+    here is the repository's values on transformers' base class."""
+    from transformers import PretrainedConfig
+
+    from hfrewrite.isolate.analysis import analyze_isolated
+
+    where = str(Path(model_id).expanduser()) if kind == "dir" else model_id
+    isolated = analyze_isolated(where, revision, data, requested)
+    return ResolvedModel(
+        model_id=model_id,
+        source_kind=kind,
+        revision=revision,
+        model_type=model_type,
+        config=PretrainedConfig.from_dict(isolated.config_data),
+        modeling_path=isolated.modeling_path,
+        modeling_module=isolated.modeling_module,
+        transformers_version=isolated.version,
+        trust_remote_code=True,
+        custom_code=True,
+        analysis_transformers=requested,
+        isolated=isolated,
+        location=str(Path(where).resolve()) if kind == "dir" else where,
     )
 
 

@@ -129,7 +129,7 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str
     init = t.with_body(init, new_body)
 
     fuser = _FuseProduct(gate, up, act if a is not None else "")
-    fwd_body = list(forward.body.body)
+    fwd_body = _inline_projections(list(forward.body.body), {gate, up})
     for i, s in enumerate(fwd_body):
         new = s.visit(fuser)
         if new is not s and fuser.inputs and t.code(new) != t.code(s):
@@ -216,3 +216,48 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         ),
         matches=sites.count,
     )
+
+
+def _inline_projections(body: list[cst.BaseStatement], attrs: set[str]) -> list[cst.BaseStatement]:
+    """``a1 = self.w1(x)`` ... ``a1 * F.silu(a2)`` (Qwen) as ``self.w1(x) * F.silu(self.w2(x))``:
+    a local holding one projection's output, read once afterwards and never re-assigned,
+    replaced by the call at its use."""
+    for attr in sorted(attrs):
+        for i, s in enumerate(body):
+            assign = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+            if not (
+                isinstance(assign, cst.Assign)
+                and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name)
+                and isinstance(assign.value, cst.Call)
+                and t.code(assign.value.func) == f"self.{attr}"
+            ):
+                continue
+            name, rest = assign.targets[0].target.value, body[i + 1 :]
+            uses = sum(t.code(r).count(name) for r in rest)  # textual upper bound, checked below
+            readers = [j for j, r in enumerate(rest) if name in t.names_used(r)]
+            if len(readers) != 1 or uses != 1 or any(name in _assigned(r) for r in rest):
+                continue
+            j = readers[0]
+            rest[j] = rest[j].visit(_Replace(name, assign.value))
+            body = [*body[:i], *rest]
+            break
+    return body
+
+
+def _assigned(statement: cst.BaseStatement) -> set[str]:
+    return {
+        n
+        for small in (statement.body if isinstance(statement, cst.SimpleStatementLine) else [])
+        if isinstance(small, cst.Assign)
+        for tgt in small.targets
+        for n in t.root_names(tgt.target)
+    }
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, name: str, value: cst.BaseExpression) -> None:
+        self.name, self.value = name, value
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self.value if original.value == self.name else updated

@@ -87,6 +87,10 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
         )
 
     bias = t.code(q_bias) if q_bias is not None else "True"
+    # vLLM's attention reads the head size as self.head_dim: bound from the source's own
+    # expression where the source keeps it under another name (self.d)
+    assigned = {t.self_attr_assigned(s) for s in body}
+    head_dim_attr = "" if "head_dim" in assigned else f"self.head_dim = {t.code(head_dim)}\n"
     fused = t.stmts(
         "tp_size = get_tensor_model_parallel_world_size()\n"
         f"self.total_num_heads = {t.code(q_heads)}\n"
@@ -95,6 +99,7 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
         "# there are fewer of them than ranks.\n"
         "self.num_heads = self.total_num_heads // tp_size\n"
         "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
+        f"{head_dim_attr}"
         f"self.q_size = self.num_heads * {t.code(head_dim)}\n"
         f"self.kv_size = self.num_kv_heads * {t.code(head_dim)}\n"
         "self.qkv_proj = QKVParallelLinear(\n"

@@ -35,6 +35,8 @@ smollm3) or any other op is refused rather than dropped.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -48,7 +50,10 @@ from hfrewrite.emit.attention_body import (
     cache_update,
     carried_conditional,
     config_switch,
+    dead_for_config,
+    flag_block,
     guards_rope,
+    position_block,
     state_names,
     unrecognised,
 )
@@ -121,8 +126,11 @@ def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) ->
     return t.with_body(init, body)
 
 
-def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef, list[str]]:
-    """The rewritten class, and notes for ``--explain`` on what was carried or guarded."""
+def rewrite_attention(
+    cls: cst.ClassDef, ctx: PassContext, constants: frozenset[str] = frozenset()
+) -> tuple[cst.ClassDef, list[str]]:
+    """The rewritten class, and notes for ``--explain`` on what was carried or guarded;
+    ``constants``: the names the module binds at its top level."""
     att = ctx.plan.attention
     name = cls.name.value
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
@@ -148,8 +156,14 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     states = state_names(body[split_at + 1 :])
+    false_switches = {
+        ast.dump(ast.parse(test, mode="eval").body)
+        for owner, test, value in ctx.plan.forward_switches
+        if owner == name and value is False
+    }
     carried: list[cst.If] = []
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
+    kept = forward.params.params[1].name.value if len(forward.params.params) > 1 else ""  # hidden states
     rope_test: cst.BaseExpression | None = None
     norm_test: cst.BaseExpression | None = None
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
@@ -162,6 +176,12 @@ def rewrite_attention(cls: cst.ClassDef, ctx: PassContext) -> tuple[cst.ClassDef
             rope_test = test  # NoPE layers: the source's own condition on its rope
         elif cache_update(statement, params) or (att.direct_sdpa and attention_branches(statement, allowed)):
             continue
+        elif position_block(statement, params, states, allowed, body[body.index(statement) + 1 :]):
+            continue  # the proven rope, under tests of the position inputs vLLM replaces
+        elif flag_block(statement, params - {"self", kept}, constants, states):
+            continue  # the traced calling convention's branch: proven by the analysis
+        elif dead_for_config(statement, false_switches, t.init_exprs(cls)):
+            continue  # never taken on this config: config_guards refuses those that take it
         elif (
             test is not None
             and planned
@@ -385,7 +405,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if isinstance(att, MlaPlan):  # passes/mla_attention.py
         return PassResult(module=module)
     cls = t.find_class(module, att.module_class)
-    cls, notes = rewrite_attention(cls, ctx)
+    cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
     style = "neox" if att.rope_neox else "GPT-J (interleaved)"
     rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
     rope = (

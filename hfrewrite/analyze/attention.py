@@ -255,6 +255,9 @@ def _replaced_calls(
     accounted = {call, *path_nodes(o_node, call, scope)}
     for r, end in ends.items():
         accounted |= {*path_nodes(end, feeders[r], scope), end}
+    for r, arg in zip("qkv", call.args[1:4]):  # layout only, checked: v's head split too
+        if r not in ends and isinstance(arg, Node):
+            accounted |= {*path_nodes(arg, feeders[r], scope), arg}
     sources = set(feeders.values())
     outputs = [n for n in traced.graph.nodes if n.op == "output"]
     live = set(ancestors(outputs[0], None)) if outputs else set()

@@ -28,21 +28,36 @@ def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[s
             continue
         names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
         if names - {"self", "None", "True", "False"}:
+            # `<lengths> and self.use_logn_attn`: an operand reading only the module that is
+            # false decides the branch (never taken for this config) whatever the rest reads
+            found += [(test, False) for test in _false_operands(node.test, module)]
             continue
-        try:
-            outcome = bool(
-                eval(
-                    compile(ast.Expression(node.test), "<test>", "eval"),
-                    {},
-                    {"self": module},
-                )
-            )
-        except Exception:  # noqa: BLE001, S112 - a test that needs tensors: not a config switch
-            continue
+        outcome = _evaluate(node.test, module)
+        if outcome is None:
+            continue  # a test that needs tensors: not a config switch
         found.append((ast.unparse(node.test), outcome))
         if outcome and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
             unreachable.add(id(node.orelse[0]))
     return tuple(dict.fromkeys(found))
+
+
+def _evaluate(test: ast.expr, module: nn.Module) -> bool | None:
+    try:
+        return bool(eval(compile(ast.Expression(test), "<test>", "eval"), {}, {"self": module}))
+    except Exception:  # noqa: BLE001 - it needs more than the module
+        return None
+
+
+def _false_operands(test: ast.expr, module: nn.Module) -> list[str]:
+    """The operands of an ``and`` test that read only the module and are false on it."""
+    if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
+        return []
+    out = []
+    for operand in test.values:
+        names = {n.id for n in ast.walk(operand) if isinstance(n, ast.Name)}
+        if not names - {"self", "None", "True", "False"} and _evaluate(operand, module) is False:
+            out.append(ast.unparse(operand))
+    return out
 
 
 def init_assignments(cls: type) -> dict[str, ast.expr]:

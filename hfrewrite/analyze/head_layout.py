@@ -108,6 +108,8 @@ def prove_output_layout(call: Node, o_node: Node) -> None:
 
 def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
     for n in nodes:
+        if _shape_arithmetic(n):
+            continue  # `x.size()[:-1] + (heads, head_dim)`: sizes for a view, no tensor data
         ok = (
             (n.op == "call_method" and n.target in _LAYOUT_METHODS)
             or (n.op == "call_function" and n.target in _LAYOUT_FUNCTIONS)
@@ -120,3 +122,12 @@ def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
                 "vllm_attention",
                 f"{what} computes {name}, which the rewrite would not keep",
             )
+
+
+def _shape_arithmetic(node: Node) -> bool:
+    """A node computing sizes: its value a ``torch.Size``, int or tuple of ints, never a
+    tensor; whatever it feeds into the tensor path is itself a checked node."""
+    v = node.meta.get("value")
+    if isinstance(v, tuple):
+        return all(isinstance(x, int) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -54,7 +54,7 @@ from hfrewrite.analyze.trace import (
     is_norm,
     trace,
 )
-from hfrewrite.errors import HfrewriteError
+from hfrewrite.errors import CannotBuild, HfrewriteError
 
 
 def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
@@ -65,7 +65,9 @@ def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         return _analyze(config)
     except Refusal as refused:
         message = f"{config.model_type}: {refused.no_match}"
-        raise HfrewriteError(message) from refused.__cause__
+        no_match = refused.no_match
+        unbuildable = no_match.pattern == "example run" or no_match.reason.startswith("cannot build")
+        raise (CannotBuild if unbuildable else HfrewriteError)(message) from refused.__cause__
     finally:
         torch.set_num_threads(threads)
 

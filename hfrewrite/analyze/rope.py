@@ -49,8 +49,30 @@ def rope_parameters(config, layer_type: str | None = None) -> dict:
         theta = next(
             (getattr(config, f) for f in ("rope_theta", "rotary_emb_base") if hasattr(config, f)), None
         )
-        return {"rope_type": "default", "rope_theta": theta} if theta is not None else {}
+        if theta is None:
+            return {}
+        params = {"rope_type": "default", "rope_theta": theta}
+        for name in ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction"):
+            if getattr(config, name, None) is not None:
+                params["partial_rotary_factor"] = getattr(config, name)
+                break
+        return params
     return dict(params)
+
+
+def _same_layout(xv, yv):
+    """(x, y) with x in y's [batch, heads, seq, head_dim] layout when the rope region also
+    moves the heads axis (Qwen rotates in [batch, seq, heads, head_dim], then permutes):
+    the replay on the transposed x then proves both."""
+    if (
+        torch.is_tensor(xv)
+        and torch.is_tensor(yv)
+        and xv.dim() == 4
+        and xv.shape != yv.shape
+        and xv.transpose(1, 2).shape == yv.shape
+    ):
+        return xv.transpose(1, 2), yv
+    return xv, yv
 
 
 def per_layer_type(config) -> bool:
@@ -155,7 +177,7 @@ def prove_rope(
     params = rope_parameters(config, layer_type)
     if not params:
         return f"no rope_parameters in the config for layer type {layer_type!r}"
-    values = [(value(x), value(y)) for x, y in pairs]
+    values = [_same_layout(value(x), value(y)) for x, y in pairs]
     for xv, yv in values:
         if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.shape == yv.shape and xv.dim() == 4):
             return "the rope input and output are not both [batch, heads, seq, head_dim]"

@@ -120,12 +120,40 @@ def before_expansion(expanded: Node, heads: int) -> Node:
     return expanded
 
 
+_SHAPE_ONLY = {("call_method", "size"), ("call_method", "dim")}
+
+
+def _reads_layer_inputs(node: Node) -> bool:
+    """Whether ``node``'s value depends on a layer input's values; sizes read off an input
+    (``key.size(1)``; ``.shape`` is concrete, not traced) carry no values and are not followed."""
+    for n in ancestors(node, None):
+        if n.op == "placeholder" and n is not node:
+            users = [u for u in n.users if (u.op, u.target) not in _SHAPE_ONLY]
+            if _feeds(users, node):
+                return True
+    return False
+
+
+def _feeds(starts: list[Node], target: Node) -> bool:
+    """Whether ``target`` is reached from ``starts`` along uses, not through shape reads."""
+    seen, todo = set(starts), list(starts)
+    while todo:
+        cur = todo.pop()
+        if cur is target:
+            return True
+        for user in cur.users:
+            if user not in seen and (user.op, user.target) not in _SHAPE_ONLY:
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
 def _causal_mask(mask: Any, length: int) -> bool:
     """``mask`` is the causal mask of ``length`` queries over as many keys, built from
     constants alone (no layer input: not a padding mask): boolean ``tril`` or additive
     0 / very negative, any leading dims of size 1."""
     if isinstance(mask, ValueProxy):
-        if any(n.op == "placeholder" for n in ancestors(mask.node, None)):
+        if _reads_layer_inputs(mask.node):
             return False
         mask = mask.value
     if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length) or mask.numel() != length * length:
@@ -174,6 +202,27 @@ class ValueProxy(Proxy):
     def __setitem__(self, key: Any, item: Any) -> None:
         """Recorded as ``operator.setitem``, and applied to the value."""
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
+
+
+def _register_einops_backend() -> None:
+    """einops (``rearrange``, ``repeat`` in Hub custom code) on traced values: its torch
+    backend's ops (``reshape``, ``permute``...) called on the proxy are recorded like any
+    other; shapes are concrete."""
+    try:
+        from einops import _backends
+    except ImportError:
+        return
+
+    class ValueProxyBackend(_backends.TorchBackend):
+        framework_name = "hfrewrite.analyze.trace"
+
+        def is_appropriate_type(self, tensor) -> bool:
+            return isinstance(tensor, ValueProxy)
+
+    _backends._loaded_backends.setdefault(ValueProxyBackend.framework_name, ValueProxyBackend())
+
+
+_register_einops_backend()
 
 
 def _value_of(arg: Any) -> Any:

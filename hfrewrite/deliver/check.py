@@ -175,10 +175,13 @@ def _check_file(file: Path, text: str, record: SourceRecord, fix: bool) -> FileR
                 str(file.parent / record.model),
                 record.revision,
                 record.trust_remote_code,
+                record.analysis_transformers,
             )
             resolved = dataclasses.replace(resolved, model_id=record.model, relative_to_file=True)
         else:
-            resolved = resolve(record.model, record.revision, record.trust_remote_code)
+            resolved = resolve(
+                record.model, record.revision, record.trust_remote_code, record.analysis_transformers
+            )
         # convert.generate is looked up at call time, so tests can replace it.
         new = convert.generate(resolved).text
     except HfrewriteError as exc:

@@ -5,6 +5,8 @@ carries (config-switched in-place clamps), which it must refuse. Used by
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
@@ -45,6 +47,10 @@ def state_names(body: list[cst.BaseStatement]) -> dict[str, str]:
     for statement in body:
         if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
             assign = statement.body[0]
+            pairs = _tuple_pairs(assign)  # `query, key, value = q, k, v`
+            if pairs:
+                names.update({target: names[source] for target, source in pairs if source in names})
+                continue
             sources = {names[n] for n in t.names_used(assign.value) if n in names}
             targets = [
                 e.value
@@ -57,6 +63,21 @@ def state_names(body: list[cst.BaseStatement]) -> dict[str, str]:
             if len(sources) == 1 and len(targets) == 1:
                 names[targets[0].value] = sources.pop()
     return names
+
+
+def _tuple_pairs(assign: cst.Assign) -> list[tuple[str, str]]:
+    """(target, source) names of ``a, b = x, y``; [] for any other assignment."""
+    if len(assign.targets) != 1:
+        return []
+    target, value = assign.targets[0].target, assign.value
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)):
+        return []
+    if len(target.elements) != len(value.elements):
+        return []
+    pairs = [(a.value, b.value) for a, b in zip(target.elements, value.elements)]
+    if not all(isinstance(a, cst.Name) and isinstance(b, cst.Name) for a, b in pairs):
+        return []
+    return [(a.value, b.value) for a, b in pairs]
 
 
 def carried_conditional(statement: cst.BaseStatement, states: dict[str, str]) -> cst.If | None:
@@ -101,16 +122,51 @@ def cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
     if not isinstance(statement, cst.If) or statement.orelse is not None:
         return False
     caches = t.root_names(statement.test) & params
-    return bool(caches) and all(
-        isinstance(s, cst.SimpleStatementLine)
-        and len(s.body) == 1
-        and isinstance(s.body[0], cst.Assign)
-        and isinstance(s.body[0].value, cst.Call)
-        and isinstance(s.body[0].value.func, cst.Attribute)
-        and t.code(s.body[0].value.func.value) in caches
-        and s.body[0].value.func.attr.value == "update"
-        for s in statement.body.body
+    return bool(caches) and (
+        all(
+            isinstance(s, cst.SimpleStatementLine)
+            and len(s.body) == 1
+            and isinstance(s.body[0], cst.Assign)
+            and isinstance(s.body[0].value, cst.Call)
+            and isinstance(s.body[0].value.func, cst.Attribute)
+            and t.code(s.body[0].value.func.value) in caches
+            and s.body[0].value.func.attr.value == "update"
+            for s in statement.body.body
+        )
+        or _tuple_cache_concat(statement.body.body, caches)
     )
+
+
+def _tuple_cache_concat(body, caches: set[str]) -> bool:
+    """The tuple cache of transformers 4.x era code: names read off the cache parameter
+    (``past_key, past_value = layer_past[0], layer_past[1]``), then k and v each
+    concatenated after them (``key = torch.cat((past_key, key), dim=1)``)."""
+    past = set(caches)
+    concatenated = 0
+    for s in body:
+        if not (
+            isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)
+        ):
+            return False
+        assign = s.body[0]
+        targets = {n for tgt in assign.targets for n in t.root_names(tgt.target)}
+        if t.names_used(assign.value) <= past:
+            past |= targets  # only reads the cache
+            continue
+        value = assign.value
+        if not (
+            isinstance(value, cst.Call)
+            and t.code(value.func) in ("torch.cat", "cat")
+            and value.args
+            and isinstance(value.args[0].value, cst.Tuple | cst.List)
+            and len(value.args[0].value.elements) == 2
+        ):
+            return False
+        first, second = (e.value for e in value.args[0].value.elements)
+        if not (t.names_used(first) <= past and t.code(second) in targets and len(targets) == 1):
+            return False
+        concatenated += 1
+    return concatenated == 2
 
 
 def attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
@@ -168,3 +224,93 @@ def guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, st
     return all(not unrecognised(s, allowed_calls) for s in statement.body.body) and bool(
         {states.get(name) for name in assigned} & {"q", "k"}
     )
+
+
+# Python's own helpers a block over the rope's position inputs may use besides the allowed calls
+_POSITION_BLOCK_CALLS = {"enumerate", "append", "len", "range", "zip", "cat"}
+
+
+def position_block(
+    statement: cst.BaseStatement,
+    params: set[str],
+    states: dict[str, str],
+    allowed_calls: set[str],
+    later: list[cst.BaseStatement],
+) -> bool:
+    """``if <test on forward parameters>: ...`` that only turns q and k by the position
+    inputs (Qwen's ``if rotary_pos_emb_list is not None:``, one branch per list length):
+    the traced branch is the rope the analysis proved on the values; the parameters it
+    tests are gone from the vLLM forward (``positions`` replaces them), so every branch is.
+    Its other names stay local (not read after it); it never assigns v."""
+    if not isinstance(statement, cst.If):
+        return False
+    tested = t.root_names(statement.test) - _SWITCH_NAMES
+    if not tested or not tested <= params - set(states):
+        return False
+    assigned = _assigned_names(statement)
+    if any(states.get(name) not in (None, "q", "k") for name in assigned):
+        return False
+    if not {states.get(name) for name in assigned} & {"q", "k"}:
+        return False
+    local = {name for name in assigned if name not in states}
+    if any(local & t.names_used(s) for s in later):
+        return False
+    calls = _Calls()
+    statement.visit(calls)
+    return all(c in allowed_calls | _POSITION_BLOCK_CALLS for c in calls.names)
+
+
+def _assigned_names(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
+            names.update(t.root_names(target.target))
+
+        def visit_For(self, loop: cst.For) -> None:
+            names.update(t.root_names(loop.target))
+
+    node.visit(Targets())
+    return names
+
+
+def dead_for_config(
+    statement: cst.BaseStatement, false_switches: set[str], init_exprs: dict[str, str]
+) -> bool:
+    """``if <...> and <config switch> and <...>:`` (no else) whose switch the analysis found
+    false on the traced config (``false_switches``: ``ast.dump`` of the config form): never
+    taken for it; ``config_guards`` refuses the configs that turn the switch on."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None:
+        return False
+    test = statement.test
+    operands = [test]
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        operands = _and_operands(test)
+    for operand in operands:
+        try:
+            expr = t.config_test(t.code(operand), init_exprs)
+        except ValueError:
+            continue
+        if ast.dump(ast.parse(expr, mode="eval").body) in false_switches:
+            return True
+    return False
+
+
+def _and_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return [*_and_operands(test.left), *_and_operands(test.right)]
+    return [test]
+
+
+def flag_block(
+    statement: cst.BaseStatement, dropped: set[str], constants: set[str], states: dict[str, str]
+) -> bool:
+    """``if <test>: ... [else: ...]`` whose test reads only forward parameters the vLLM
+    forward no longer has (``output_attentions``, ``attention_mask``, the KV cache) and the
+    module's own top-level constants (``SUPPORT_TORCH2``): vLLM's calling convention is
+    the traced one, so the traced branch is the one that runs, and what it computed on the
+    q/k/v and output paths is what the analysis proved (layout, rope, the attention)."""
+    if not isinstance(statement, cst.If):
+        return False
+    names = t.root_names(statement.test) - {"None", "True", "False"}
+    return bool(names & dropped) and names <= (dropped | constants) - set(states) - {"self"}

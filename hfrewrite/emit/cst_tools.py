@@ -434,3 +434,21 @@ def guarded_divisions(node: cst.CSTNode, divisor) -> list[tuple[str, cst.BaseExp
 
     node.visit(_Find())
     return found
+
+
+def top_level_names(module: cst.Module) -> set[str]:
+    """Names a module binds at its top level by assignment or import."""
+    names: set[str] = set()
+    for node in module.body:
+        if not isinstance(node, cst.SimpleStatementLine):
+            continue
+        for small in node.body:
+            if isinstance(small, cst.Assign):
+                names |= {tgt.target.value for tgt in small.targets if isinstance(tgt.target, cst.Name)}
+            elif isinstance(small, cst.Import | cst.ImportFrom) and not isinstance(
+                small.names, cst.ImportStar
+            ):
+                for alias in small.names:
+                    bound = alias.asname.name if alias.asname else alias.name
+                    names.add(code(bound).split(".")[0])
+    return names

@@ -51,6 +51,7 @@ class SourceRecord:
     hfrewrite: str
     trust_remote_code: bool = False
     relative_to_file: bool = False  # model: a directory relative to the file's directory
+    analysis_transformers: str | None = None  # --analysis-transformers, when it was given
 
     def to_json(self) -> str:
         data = {
@@ -63,6 +64,8 @@ class SourceRecord:
             data["trust_remote_code"] = True
         if self.relative_to_file:
             data["relative_to_file"] = True
+        if self.analysis_transformers:
+            data["analysis_transformers"] = self.analysis_transformers
         return json.dumps(data, sort_keys=True)
 
 
@@ -75,6 +78,7 @@ def record_for(resolved) -> SourceRecord:
         hfrewrite=__version__,
         trust_remote_code=bool(getattr(resolved, "trust_remote_code", False)),
         relative_to_file=bool(getattr(resolved, "relative_to_file", False)),
+        analysis_transformers=getattr(resolved, "analysis_transformers", None),
     )
 
 
@@ -85,6 +89,8 @@ def convert_command(record: SourceRecord, out_dir: str = "<dir>") -> str:
         parts += ["--revision", shlex.quote(record.revision)]
     if record.trust_remote_code:
         parts.append("--trust-remote-code")
+    if record.analysis_transformers:
+        parts += ["--analysis-transformers", shlex.quote(record.analysis_transformers)]
     if record.relative_to_file:  # the recorded path starts at this file's directory
         return "cd <this file's directory> && " + " ".join([*parts, "-o", ".", "--force"])
     parts += ["-o", out_dir, "--force"]
@@ -138,6 +144,7 @@ def parse_header(text: str) -> SourceRecord | None:
                     hfrewrite=data["hfrewrite"],
                     trust_remote_code=bool(data.get("trust_remote_code", False)),
                     relative_to_file=bool(data.get("relative_to_file", False)),
+                    analysis_transformers=data.get("analysis_transformers"),
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise HfrewriteError(f"malformed hfrewrite-source line: {exc}") from None

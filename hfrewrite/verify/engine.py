@@ -18,6 +18,7 @@ import contextlib
 import gc
 import importlib.util
 import itertools
+import json
 import sys
 import time
 import traceback
@@ -157,14 +158,43 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
             return
         model_cls = entry.load_model_cls()
     ModelRegistry.register_model(architecture, model_cls)
+    shims = config_shims(sys.modules.get(model_cls.__module__))
+    registry = _config_registry()
+    before = {model_type: dict.get(registry, model_type) for model_type in shims}
+    registry.update(shims)
     try:
         yield True
     finally:
+        for model_type, entry in before.items():
+            if entry is None:
+                registry.pop(model_type, None)
+            else:
+                registry[model_type] = entry
         loader_utils._MODEL_ARCH_BY_HASH.clear()
         if previous is None:
             models.pop(architecture, None)
         else:
             models[architecture] = previous
+
+
+def config_shims(module) -> dict[str, type]:
+    """model type -> class of the config shims a generated module defines (the Hub
+    repository's configuration class, carried for vLLM's transformers: emit/config_shim.py)."""
+    from hfrewrite.emit.config_shim import SHIM_NOTE
+
+    if module is None:
+        return {}
+    return {
+        cls.model_type: cls
+        for cls in vars(module).values()
+        if isinstance(cls, type) and cls.__module__ == module.__name__ and SHIM_NOTE in (cls.__doc__ or "")
+    }
+
+
+def _config_registry() -> dict:
+    from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+    return _CONFIG_REGISTRY
 
 
 def _native_snapshot() -> dict:
@@ -257,7 +287,11 @@ def _run_engine(
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    options = {"dtype": "float32", "trust_remote_code": runs_custom_code(ckpt), **(llm_kwargs or {})}
+    # a config shim registered for the checkpoint's model type loads its config.json without
+    # the repository's code (as vLLM's own shims do)
+    model_type = json.loads((Path(ckpt) / "config.json").read_text()).get("model_type")
+    remote = runs_custom_code(ckpt) and model_type not in _config_registry()
+    options = {"dtype": "float32", "trust_remote_code": remote, **(llm_kwargs or {})}
     llm = LLM(
         model=str(ckpt),
         skip_tokenizer_init=True,

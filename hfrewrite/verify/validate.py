@@ -98,6 +98,10 @@ def validate_each(resolved, generated, named: list[tuple[str, object]]) -> list[
             "convert-time validation needs vLLM, which is not installed here "
             "(install it, or pass --no-verify)"
         )
+    if getattr(generated, "isolated", None) is not None:
+        from hfrewrite.verify.isolated import validate_isolated
+
+        return validate_isolated(resolved, generated, named)
     with tempfile.TemporaryDirectory(prefix="hfrewrite-validate-") as tmp:
         tmp = Path(tmp)
         from transformers.utils import logging as hf_logging

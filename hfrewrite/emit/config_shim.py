@@ -1,0 +1,146 @@
+"""The repository's configuration class, carried into the generated file as a config shim.
+
+Hub custom code written for transformers 4.x ships a configuration class that vLLM's
+transformers 5 loads differently or not at all (``rope_scaling`` is read back as
+transformers' standardised rope dict; validators written for ``None`` then fail). The
+generated file carries that class as written, with what it needs from its module (imports,
+helpers, constants it names), and keeps ``rope_scaling`` the plain attribute it was in 4.x.
+vLLM registers it for the model type the way it registers its own config shims
+(``_CONFIG_REGISTRY``): the plugin and the validation worker do so before vLLM reads the
+checkpoint's config.json, so ``trust_remote_code`` is not needed to load it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import libcst as cst
+
+from hfrewrite.errors import HfrewriteError
+
+SHIM_NOTE = "hfrewrite config shim"
+
+
+def shim_statements(config_path: Path, class_name: str, model_type: str) -> list[cst.CSTNode]:
+    """Top-level statements defining ``class_name`` as the repository's module does, with
+    the helpers and imports it names."""
+    try:
+        module = cst.parse_module(Path(config_path).read_text(encoding="utf-8"))
+    except (OSError, cst.ParserSyntaxError) as exc:
+        raise HfrewriteError(f"cannot read the repository's configuration {config_path}: {exc}") from None
+    defined = {name: node for node in module.body for name in _binds(node)}
+    if class_name not in defined or not isinstance(defined[class_name], cst.ClassDef):
+        raise HfrewriteError(f"{Path(config_path).name} does not define {class_name} at its top level")
+    needed, todo = set(), [class_name]
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in defined:
+            continue
+        needed.add(name)
+        todo += sorted(_names(defined[name]))
+    kept = []
+    for node in module.body:
+        names = _binds(node) & needed
+        if not names:
+            continue
+        if isinstance(node, cst.SimpleStatementLine) and isinstance(
+            node.body[0], cst.ImportFrom | cst.Import
+        ):
+            node = _only(node, names)
+        elif isinstance(node, cst.ClassDef) and node.name.value == class_name:
+            node = _shim_class(node, model_type)
+        kept.append(node)
+    return kept
+
+
+def _binds(node: cst.CSTNode) -> set[str]:
+    """The names a top-level statement binds."""
+    if isinstance(node, cst.ClassDef | cst.FunctionDef):
+        return {node.name.value}
+    if not isinstance(node, cst.SimpleStatementLine):
+        return set()
+    names = set()
+    for stmt in node.body:
+        if isinstance(stmt, cst.Import | cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar):
+            for alias in stmt.names:
+                bound = alias.asname.name if alias.asname else alias.name
+                names.add(cst.Module([]).code_for_node(bound).split(".")[0])
+        elif isinstance(stmt, cst.Assign | cst.AnnAssign):
+            targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
+            names |= {t.value for t in targets if isinstance(t, cst.Name)}
+    return names
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    code = cst.Module([]).code_for_node(node)
+    return {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+
+
+def _only(node: cst.SimpleStatementLine, names: set[str]) -> cst.SimpleStatementLine:
+    stmt = node.body[0]
+    aliases = [
+        a
+        for a in stmt.names
+        if cst.Module([]).code_for_node(a.asname.name if a.asname else a.name).split(".")[0] in names
+    ]
+    aliases[-1] = aliases[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return node.with_changes(body=[stmt.with_changes(names=aliases)])
+
+
+def _shim_class(node: cst.ClassDef, model_type: str) -> cst.ClassDef:
+    """The class with a note in its docstring and ``rope_scaling`` a plain attribute again
+    (transformers 5 makes it an alias of the standardised ``rope_parameters``)."""
+    note = cst.parse_statement(
+        f'"""{SHIM_NOTE}: the repository\'s configuration class as written,\n'
+        f'    registered with vLLM for model type {model_type!r}.\n    """'
+    )
+    body = list(node.body.body)
+    if body and _is_docstring(body[0]):
+        body = body[1:]
+    if "model_type" not in {n for stmt in body for n in _binds(stmt)}:
+        body.insert(0, cst.parse_statement(f"model_type = {model_type!r}"))
+    if "self.rope_scaling" in cst.Module([]).code_for_node(node):
+        comment = "# a plain attribute, as under transformers 4 (5 aliases it to rope_parameters)"
+        plain = cst.parse_statement("rope_scaling = None").with_changes(
+            leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
+        )
+        body.insert(0, plain)
+    return node.with_changes(body=node.body.with_changes(body=[note, *body]))
+
+
+def with_shim(module: cst.Module, statements: list[cst.CSTNode]) -> cst.Module:
+    """``module`` with ``statements`` after its imports (their imports join the file's)."""
+    imports = [n for n in statements if _is_import(n)]
+    rest = [n for n in statements if not _is_import(n)]
+    body = list(module.body)
+    at = max((i + 1 for i, n in enumerate(body) if _is_import(n)), default=0)
+    return module.with_changes(body=[*body[:at], *imports, *rest, *body[at:]])
+
+
+def _is_import(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.Import | cst.ImportFrom)
+
+
+def _is_docstring(node: cst.CSTNode) -> bool:
+    return (
+        isinstance(node, cst.SimpleStatementLine)
+        and isinstance(node.body[0], cst.Expr)
+        and isinstance(node.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )
+
+
+def shim_classes(text: str) -> dict[str, str]:
+    """model type -> class name of the config shims a generated file defines."""
+    found = {}
+    for node in ast.parse(text).body:
+        if not isinstance(node, ast.ClassDef) or SHIM_NOTE not in (ast.get_docstring(node) or ""):
+            continue
+        for stmt in node.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and [getattr(t, "id", None) for t in stmt.targets] == ["model_type"]
+                and isinstance(stmt.value, ast.Constant)
+            ):
+                found[stmt.value.value] = node.name
+    return found
