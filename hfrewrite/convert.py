@@ -12,6 +12,7 @@ from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.emit import output as emit
 from hfrewrite.emit.config_shim import shim_statements, with_shim
 from hfrewrite.emit.local_modules import inline_local_imports
+from hfrewrite.emit.name_clashes import avoid_vllm_names
 from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.pipeline import run_passes
 from hfrewrite.errors import CannotBuild, HfrewriteError
@@ -44,6 +45,7 @@ def generate(resolved) -> Generated:
         except HfrewriteError as exc:
             raise HfrewriteError(f"{resolved.model_id}: {exc}") from None
         _defined_in_file(plan, module, resolved.modeling_path.name)
+        module, plan = avoid_vllm_names(module, plan)
     with step(f"rewriting {resolved.modeling_path.name}"):
         result = run_passes(
             module,

@@ -130,6 +130,7 @@ def carry_forward(
         raise HfrewriteError(
             f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
         )
+    body = _without_output_tuple(body, dropped | rewriter.extra)
     still = sorted(t.root_names(body) & (dropped | rewriter.extra))
     if still:
         raise HfrewriteError(
@@ -146,6 +147,50 @@ def carry_forward(
         whitespace_before_params=sig.whitespace_before_params,
     )
     return t.set_method(layer, forward)
+
+
+def _without_output_tuple(body: cst.IndentedBlock, dropped: set[str]) -> cst.IndentedBlock:
+    """transformers 4.x's layer protocol as vLLM's: ``outputs = (hidden_states,)``, then
+    ``if output_attentions: outputs += (weights,)`` / ``if use_cache: ...`` on inputs vLLM
+    does not give, then ``return outputs``: the layer returns ``hidden_states``."""
+    stmts = list(body.body)
+    last = stmts[-1] if stmts else None
+    ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
+    if not (isinstance(ret, cst.Return) and isinstance(ret.value, cst.Name)):
+        return body
+    name = ret.value.value
+    kept, first = [], None
+    for s in stmts[:-1]:
+        one = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+        if isinstance(one, cst.Assign) and t.code(one.targets[0].target) == name and first is None:
+            value = one.value
+            if not (isinstance(value, cst.Tuple) and len(value.elements) == 1):
+                return body
+            first = value.elements[0].value
+            continue
+        if name in t.names_used(s):
+            if not _appends_dropped(s, name, dropped):
+                return body
+            continue
+        kept.append(s)
+    if first is None:
+        return body
+    return body.with_changes(body=[*kept, last.with_changes(body=[ret.with_changes(value=first)])])
+
+
+def _appends_dropped(statement: cst.BaseStatement, name: str, dropped: set[str]) -> bool:
+    """``if <test on dropped inputs>: <name> += (<dropped values>,)``."""
+    if not (isinstance(statement, cst.If) and statement.orelse is None):
+        return False
+    if not t.root_names(statement.test) <= dropped:
+        return False
+    for s in statement.body.body:
+        one = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+        if not (isinstance(one, cst.AugAssign) and t.code(one.target) == name):
+            return False
+        if not t.root_names(one.value) <= dropped:
+            return False
+    return True
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

@@ -102,9 +102,10 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
     if (g_bias and t.code(g_bias)) != (u_bias and t.code(u_bias)):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} differ in their bias setting")
-    if a is not None and not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
-        raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
-    act_key = t.code(a.slice[0].slice.value) if a is not None else f'"{activation}"'
+    # ACT2FN[config.hidden_act] keeps its config key; a module built otherwise (``nn.SiLU()``)
+    # gets the name of the activation the analysis replayed it as
+    from_config = isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"
+    act_key = t.code(a.slice[0].slice.value) if from_config else f'"{activation}"'
     sizes = (
         f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
     )

@@ -325,8 +325,20 @@ def _as_pretrained_config(module: cst.Module, configs: list[str], names_used) ->
     return module.visit(_Rename()), ["PretrainedConfig"]
 
 
+_AUTO_CLASS = m.SimpleStatementLine(
+    body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("register_for_auto_class"))))]
+)
+
+
+def _registers_auto_class(node: cst.CSTNode) -> bool:
+    """``XForCausalLM.register_for_auto_class("AutoModelForCausalLM")``: transformers' Auto
+    classes at import time (Hub custom code), nothing vLLM runs."""
+    return m.matches(node, _AUTO_CLASS)
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
+    module = module.with_changes(body=[n for n in module.body if not _registers_auto_class(n)])
     module = module.visit(_DropHfRuntime(hf_names))
     module = _drop_unused_private_methods(module)
     names_used, calls_of, reads_of = (

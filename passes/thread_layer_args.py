@@ -105,7 +105,47 @@ class _Thread(cst.CSTTransformer):
         return updated.with_changes(body=[small])
 
 
+def _class_tables(module: cst.Module, attention: str) -> set[str]:
+    """Module-level dicts whose values name classes, ``attention`` among them
+    (``ATTENTION_CLASSES = {"eager": Attention, "flash_attention_2": FlashAttention}``)."""
+    tables = set()
+    for node in module.body:
+        one = node.body[0] if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 else None
+        if isinstance(one, cst.Assign) and isinstance(one.value, cst.Dict) and len(one.targets) == 1:
+            values = {t.code(e.value) for e in one.value.elements if isinstance(e, cst.DictElement)}
+            if attention in values and isinstance(one.targets[0].target, cst.Name):
+                tables.add(one.targets[0].target.value)
+    return tables
+
+
+class _ChosenAttention(cst.CSTTransformer):
+    """``self.<attn> = TABLE[config._attn_implementation](...)`` -> ``Attention(...)``: the
+    class the analysis traced (and the passes rewrote) in place of the table lookup."""
+
+    def __init__(self, attr: str, cls: str, tables: set[str]) -> None:
+        self.attr, self.cls, self.tables = attr, cls, tables
+
+    def leave_Assign(self, original, updated):
+        call = updated.value
+        if (
+            len(updated.targets) == 1
+            and t.code(updated.targets[0].target) == f"self.{self.attr}"
+            and isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Subscript)
+            and t.code(call.func.value) in self.tables
+        ):
+            return updated.with_changes(value=call.with_changes(func=cst.Name(self.cls)))
+        return updated
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    attention, layer = ctx.plan.attention.module_class, ctx.plan.decoder_layer
+    tables = _class_tables(module, attention)
+    if tables and "." not in layer.attention_block:
+        chosen = _ChosenAttention(layer.attention_block, attention, tables)
+        module = t.replace_class(
+            module, layer.module_class, t.find_class(module, layer.module_class).visit(chosen)
+        )
     needs = _needs(module)
     imports = tuple(
         sym

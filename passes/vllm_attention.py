@@ -54,6 +54,7 @@ from hfrewrite.emit.attention_body import (
     flag_block,
     guards_rope,
     position_block,
+    raises_only,
     state_names,
     unrecognised,
 )
@@ -142,6 +143,8 @@ def rewrite_attention(
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
     if not att.rope:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
+    if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
+        init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
     assigned = {t.self_attr_assigned(s) for s in init.body.body}
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
@@ -172,16 +175,6 @@ def rewrite_attention(
         test = config_switch(statement)
         if (conditional := carried_conditional(statement, states)) is not None:
             carried.append(conditional)
-        elif test is not None and guards_rope(statement, allowed, states):
-            rope_test = test  # NoPE layers: the source's own condition on its rope
-        elif cache_update(statement, params) or (att.direct_sdpa and attention_branches(statement, allowed)):
-            continue
-        elif position_block(statement, params, states, allowed, body[body.index(statement) + 1 :]):
-            continue  # the proven rope, under tests of the position inputs vLLM replaces
-        elif flag_block(statement, params - {"self", kept}, constants, states):
-            continue  # the traced calling convention's branch: proven by the analysis
-        elif dead_for_config(statement, false_switches, t.init_exprs(cls)):
-            continue  # never taken on this config: config_guards refuses those that take it
         elif (
             test is not None
             and planned
@@ -189,10 +182,22 @@ def rewrite_attention(
             and all(not unrecognised(s, allowed) for s in statement.body.body)
         ):
             norm_test = test  # the traced config took it: the plan's norms, under its test
+        elif test is not None and guards_rope(statement, allowed, states):
+            rope_test = test  # NoPE layers: the source's own condition on its rope
+        elif cache_update(statement, params) or (att.direct_sdpa and attention_branches(statement, allowed)):
+            continue
         elif test is not None and not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
             # A switch the traced config leaves off (cohere's use_qk_norm): what it
             # would do was never proven, so the file refuses configs that turn it on.
             untaken.append(test)
+        elif raises_only(statement):
+            continue  # a shape check the traced run passed
+        elif position_block(statement, params, states, allowed, body[body.index(statement) + 1 :]):
+            continue  # the proven rope, under tests of the position inputs vLLM replaces
+        elif flag_block(statement, params - {"self", kept}, constants, states):
+            continue  # the traced calling convention's branch: proven by the analysis
+        elif dead_for_config(statement, false_switches, t.init_exprs(cls)):
+            continue  # never taken on this config: config_guards refuses those that take it
         elif unrecognised(statement, allowed):
             line = " ".join(t.code(statement).split())[:80]
             raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
@@ -210,6 +215,9 @@ def rewrite_attention(
         init = _sinks_per_rank(init, att.sinks, name)
     head_dim = "self.head_dim"
     rope_parameters = "config.rope_parameters"
+    if att.rope_fields:  # a transformers 4.x config: the fields the replay read, by name
+        entries = ", ".join(f'"{key}": config.{field}' for key, field in att.rope_fields)
+        rope_parameters = '{"rope_type": "default", ' + entries + "}"
     if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
         if "layer_idx" not in {p.name.value for p in init.params.params}:
             raise HfrewriteError(
@@ -370,7 +378,7 @@ def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
         return (
             "self.rotary_emb = get_rope(\n"
             f"    {head_dim},\n"
-            "    max_position=config.max_position_embeddings,\n"
+            f"    max_position=config.{att.max_position_field},\n"
             f"    rope_parameters={rope_parameters},\n"
             f"    is_neox_style={att.rope_neox},\n"
             ")\n"
@@ -384,7 +392,7 @@ def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
         "self.rotary_emb = ReversedRotaryEmbedding(\n"
         f"    {head_dim},\n"
         f"    rotary_dim={rotary_dim},\n"
-        "    max_position_embeddings=config.max_position_embeddings,\n"
+        f"    max_position_embeddings=config.{att.max_position_field},\n"
         f'    base={rope_parameters}["rope_theta"],\n'
         f"    is_neox_style={att.rope_neox},\n"
         "    dtype=torch.get_default_dtype(),\n"

@@ -35,7 +35,7 @@ from hfrewrite.analyze.fused_qkv import fused_qkv
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
 from hfrewrite.analyze.manual_attention import MANUAL_REASON, attends_by_hand
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
-from hfrewrite.analyze.rope import per_layer_type, prove_rope
+from hfrewrite.analyze.rope import legacy_rope_fields, per_layer_type, prove_rope
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
     Traced,
@@ -46,6 +46,7 @@ from hfrewrite.analyze.trace import (
     is_norm,
     past_identity_dropouts,
     relative,
+    scopes,
     value,
 )
 
@@ -214,6 +215,8 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         qk_norm_over=qk_norm_over,
         logit_softcap=None if softcap is None else float(softcap),
         rope_per_layer_type=per_layer_type(config),
+        rope_fields=legacy_rope_fields(config) if rope else (),
+        max_position_field=_max_position_field(config),
         fused_qkv=fused is not None,
         qkv_per_head=fused == "per_head",
         qk_norm_after_rope=norm_after is not None,
@@ -268,6 +271,8 @@ def _replaced_calls(
             continue
         helper = called_from(n, forward)
         name = helper.co_name if helper is not None else _own_call_name(n)
+        if helper is not None and helper.co_name == "forward":  # a submodule's (self.rotary_emb)
+            name = _child_called(n, path) or name
         if name is None:
             continue
         ok = (
@@ -276,7 +281,38 @@ def _replaced_calls(
             or (n not in live and not str(name).endswith("_"))
         )
         verdicts[name] = verdicts.get(name, True) and ok
+    # children called that traced no node at all (a rotary module slicing its cos/sin cache
+    # by a length): they computed constants, which reach q and k only through the proven rope
+    ran = {relative(q, path).split(".")[0] for n in scope for q in scopes(n) if q.startswith(f"{path}.")}
+    for called in traced.returns_tuple:
+        child = relative(called, path) if called.startswith(f"{path}.") else ""
+        if child and "." not in child and child not in ran:
+            verdicts.setdefault(child, True)
     return tuple(sorted(name for name, ok in verdicts.items() if ok))
+
+
+# Config fields of the longest sequence, in the order vLLM reads them for max_model_len
+_MAX_POSITION_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+    "model_max_length",
+    "training_seqlen",
+)
+
+
+def _max_position_field(config) -> str:
+    return next((f for f in _MAX_POSITION_FIELDS if getattr(config, f, None)), "max_position_embeddings")
+
+
+def _child_called(n: Node, path: str) -> str | None:
+    """The attribute of the attention's child module ``n`` ran in (``rotary_emb``)."""
+    inner = [q for q in scopes(n) if q.startswith(f"{path}.") or (not path and q)]
+    return relative(inner[0], path).split(".")[0] if inner else None
 
 
 def _own_call_name(n: Node) -> str | None:

@@ -77,7 +77,10 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
     on_path = set(path) | {source}
     mixed: set[Node] = set()
     for n in path:  # graph order: inputs first
-        if any(a in mixed or (a not in on_path and from_layer_inputs(a)) for a in n.all_input_nodes):
+        if any(
+            a in mixed or (a not in on_path and _tensor(a) and from_layer_inputs(a))
+            for a in n.all_input_nodes
+        ):
             mixed.add(n)
     if arg not in mixed:
         return None
@@ -87,6 +90,12 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
         if not reaches(source, arg, on_path - {x}):
             return x
     return source
+
+
+def _tensor(node: Node) -> bool:
+    """A tensor value: sizes read off a layer input (``bsz, q_len = x.size()``) carry none
+    of its values, and a view by them mixes in no position."""
+    return torch.is_tensor(node.meta.get("value"))
 
 
 def from_layer_inputs(node: Node) -> bool:

@@ -16,7 +16,7 @@ import operator
 import torch
 from torch.fx import Node
 
-from hfrewrite.analyze.trace import Traced, before_expansion, causal_sdpa, value
+from hfrewrite.analyze.trace import Traced, before_expansion, causal_sdpa, is_identity_dropout, value
 
 _MATMUL = (torch.matmul, operator.matmul, "matmul")
 _SOFTMAX = (torch.softmax, torch.nn.functional.softmax, "softmax")
@@ -40,7 +40,7 @@ def fold_manual_attention(traced: Traced) -> int:
     the leaf's, in SDPA's layout); how many were folded."""
     graph, folded = traced.graph, 0
     for soft in [n for n in graph.nodes if _is(n, _SOFTMAX)]:
-        found = _operands(soft)
+        found = _operands(soft, traced)
         if found is None:
             continue
         q, k, v, out = found
@@ -82,15 +82,18 @@ def _is(node: object, targets: tuple) -> bool:
     return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in targets
 
 
-def _operands(soft: Node) -> tuple[Node, Node, Node, Node] | None:
+def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, Node, Node, Node] | None:
     """(q, k, v, output) around a softmax over the last dim, or None."""
     scores = value(soft)
     dim = soft.kwargs.get("dim", soft.args[1] if len(soft.args) > 1 else None)
     if not (torch.is_tensor(scores) and scores.dim() == 4 and dim in (-1, 3)):
         return None
     probs = soft
-    while len(probs.users) == 1 and _is(next(iter(probs.users)), _CASTS):
-        probs = next(iter(probs.users))
+    while len(probs.users) == 1 and (
+        _is(nxt := next(iter(probs.users)), _CASTS)
+        or (traced is not None and is_identity_dropout(nxt, traced))
+    ):
+        probs = nxt  # casts, and dropouts that returned their input (inference mode)
     users = list(probs.users)
     if len(users) != 1 or not _is(users[0], _MATMUL) or users[0].args[0] is not probs:
         return None

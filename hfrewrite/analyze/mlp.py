@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch import nn
 from torch.fx import Node
 from transformers.activations import ACT2FN
 
@@ -208,13 +209,19 @@ def _only_from(node: Node, source: Node) -> bool:
     return True
 
 
+_TORCH_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu"}
+
+
 def _config_activation(module, config) -> str:
     """The config value that names ``module``'s activation (``hidden_act``,
     ``hidden_activation``...: whichever string field ACT2FN maps to its class), or ""."""
     for key, val in sorted(config.to_dict().items()):
         if isinstance(val, str) and val in ACT2FN and type(ACT2FN[val]) is type(module):
             return val
-    return ""
+    # torch's own activation modules (custom code's ``nn.SiLU()``); _computes replays them
+    if isinstance(module, nn.GELU):
+        return "gelu_pytorch_tanh" if module.approximate == "tanh" else "gelu"
+    return _TORCH_ACTIVATIONS.get(type(module), "")
 
 
 def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> MlpPlan | NoMatch:

@@ -78,22 +78,18 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     analyze/moe_variants.py)."""
     small = shrink_config(config)
     torch.manual_seed(0)
-    try:
-        # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
-        custom = bool(getattr(small, "auto_map", None))
-        model = transformers.AutoModelForCausalLM.from_config(
-            small, dtype=torch.float32, trust_remote_code=custom
-        )
-    except KeyError as e:
-        if ATTN_IMPLEMENTATION not in str(e):
-            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
-        reason = "attention is not dispatched through transformers' AttentionInterface"
-        raise Refusal(NoMatch("", "", f"{reason} ({_line(e)})")) from e
-    except Exception as e:  # the modeling code cannot build this config
-        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
+    model = _build(small)
     model.eval()
     base_attr = getattr(model, "base_model_prefix", "")
     base = getattr(model, base_attr, None) if base_attr else None
+    if not isinstance(base, nn.Module):  # a prefix naming no child (ERNIE-4.5's "ernie"):
+        holders = [  # the one child holding the decoder stack
+            name
+            for name, child in model.named_children()
+            if any(isinstance(m, nn.ModuleList) for m in child.children())
+        ]
+        if len(holders) == 1:
+            base_attr, base = holders[0], getattr(model, holders[0])
     if not isinstance(base, nn.Module):
         refuse("model_layout", f"no base model at .{base_attr}", type(model).__name__)
     if getattr(config, "is_encoder_decoder", False) or not any(
@@ -263,6 +259,33 @@ def _required(fact):
     if isinstance(fact, NoMatch):
         raise Refusal(fact)
     return fact
+
+
+def _build(small) -> nn.Module:
+    """The causal LM of the shrunk config, with the opaque attention; code that picks its
+    attention class from its own table (``ATTENTION_CLASSES[config._attn_implementation]``,
+    transformers 4.36-4.47 era custom code) gets "eager", its own attention, traced inline."""
+    # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
+    custom = bool(getattr(small, "auto_map", None))
+    try:
+        return transformers.AutoModelForCausalLM.from_config(
+            small, dtype=torch.float32, trust_remote_code=custom
+        )
+    except KeyError as e:
+        if ATTN_IMPLEMENTATION not in str(e):
+            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
+        if not custom:
+            reason = "attention is not dispatched through transformers' AttentionInterface"
+            raise Refusal(NoMatch("", "", f"{reason} ({_line(e)})")) from e
+    except Exception as e:  # the modeling code cannot build this config
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
+    small._attn_implementation = "eager"
+    try:
+        return transformers.AutoModelForCausalLM.from_config(
+            small, dtype=torch.float32, trust_remote_code=True
+        )
+    except Exception as e:
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
 
 
 def _line(e: BaseException) -> str:

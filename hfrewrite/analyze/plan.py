@@ -104,6 +104,11 @@ class AttentionPlan:
     # The attention module's parameter of per-head sink logits (gpt_oss's `sinks`, passed
     # to the attention interface as s_aux), handed to vLLM's Attention(sinks=...)
     sinks: str | None = None
+    # A config without rope_parameters (written for transformers 4.x): (rope_parameters key,
+    # config field) of the rope the replay proved, emitted as get_rope's parameters
+    rope_fields: tuple[tuple[str, str], ...] = ()
+    # The config field holding the longest position the rope table must cover
+    max_position_field: str = "max_position_embeddings"
 
 
 @dataclass(frozen=True)

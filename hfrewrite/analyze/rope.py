@@ -46,18 +46,29 @@ def rope_parameters(config, layer_type: str | None = None) -> dict:
     if per_layer_type(config):
         return dict(params.get(layer_type) or {})
     if not params:  # older custom configs: the fields vLLM standardises from when it loads them
-        theta = next(
-            (getattr(config, f) for f in ("rope_theta", "rotary_emb_base") if hasattr(config, f)), None
+        return {key: getattr(config, field) for key, field in legacy_rope_fields(config)} | (
+            {"rope_type": "default"} if legacy_rope_fields(config) else {}
         )
-        if theta is None:
-            return {}
-        params = {"rope_type": "default", "rope_theta": theta}
-        for name in ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction"):
-            if getattr(config, name, None) is not None:
-                params["partial_rotary_factor"] = getattr(config, name)
-                break
-        return params
     return dict(params)
+
+
+# Where configs written before transformers' rope_parameters keep the rope's base and the
+# rotated fraction of each head (StableLM-epoch's rope_pct, Qwen-1's rotary_emb_base...).
+LEGACY_THETA = ("rope_theta", "rotary_emb_base", "rotary_base")
+LEGACY_PARTIAL = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rope_pct")
+
+
+def legacy_rope_fields(config) -> tuple[tuple[str, str], ...]:
+    """(rope_parameters key, config field) of a config without ``rope_parameters``: its
+    base and, when it has one, its rotated fraction; () for a config that has them."""
+    if getattr(config, "rope_parameters", None):
+        return ()
+    fields = []
+    for key, names in (("rope_theta", LEGACY_THETA), ("partial_rotary_factor", LEGACY_PARTIAL)):
+        found = next((n for n in names if getattr(config, n, None) is not None), None)
+        if found is not None:
+            fields.append((key, found))
+    return tuple(fields) if fields and fields[0][0] == "rope_theta" else ()
 
 
 def _same_layout(xv, yv):

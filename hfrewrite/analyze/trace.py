@@ -470,6 +470,11 @@ def _scopes(node: Node) -> list[str]:
     return [q for q, _ in node.meta.get("nn_module_stack", {}).values()]
 
 
+def scopes(node: Node) -> list[str]:
+    """Qualified names of the modules a node ran in, outermost first."""
+    return _scopes(node)
+
+
 def top_scope(node: Node) -> str | None:
     """The outermost submodule a node ran in, or None at the root."""
     scopes = _scopes(node)

@@ -314,3 +314,16 @@ def flag_block(
         return False
     names = t.root_names(statement.test) - {"None", "True", "False"}
     return bool(names & dropped) and names <= (dropped | constants) - set(states) - {"self"}
+
+
+def raises_only(statement: cst.BaseStatement) -> bool:
+    """``if <check>: raise ...`` (transformers 4.x's shape checks): the traced run passed
+    it; dropping it removes an error path, never changes a value."""
+    return (
+        isinstance(statement, cst.If)
+        and statement.orelse is None
+        and all(
+            isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body)
+            for s in statement.body.body
+        )
+    )
