@@ -73,6 +73,17 @@ def _qkv_per_head_to_blocks(self, weights):
 """
 
 
+_NORMALIZED_HEAD = """\
+def _lm_head_normalized(self, weights):
+    # The source's {head} multiplies by its weight with each row L2-normalised (Baichuan2's
+    # NormHead): the rows are normalised once, here (analysis proved the logits).
+    for name, tensor in weights:
+        if name == "{head}.weight":
+            tensor = torch.nn.functional.normalize(tensor.float(), dim=-1).to(tensor.dtype)
+        yield name, tensor
+"""
+
+
 _FLAT_EXPERTS = """\
 def _experts_one_by_one(self, weights):
     # The checkpoint holds each expert projection as one flat [experts * I, H] tensor
@@ -191,6 +202,18 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
             member = member.visit(_WrapWeights())
             helper = t.stmt(_PER_HEAD.format(attr=att.q.attr, heads=att.heads_field))
+            out.append(helper.with_changes(leading_lines=member.leading_lines))
+        out.append(member)
+    return out
+
+
+def _normalizing_head(body: list[cst.BaseStatement], head: str) -> list[cst.BaseStatement]:
+    """load_weights feeds the checkpoint through the head's row normalisation."""
+    out = []
+    for member in body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
+            member = member.visit(_WrapWeights("_lm_head_normalized"))
+            helper = t.stmt(_NORMALIZED_HEAD.format(head=head))
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
     return out
@@ -350,6 +373,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
+    if plan.lm_head_weight == "l2_normalized":
+        body = _normalizing_head(body, plan.lm_head)
     regrouped = moe is not None and (moe.experts_transposed or moe.experts_interleaved or moe.experts_bias)
     if moe is not None and (moe.flat_experts or regrouped):
         load_at = next(

@@ -118,12 +118,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
 
     def lm_head(call: cst.BaseExpression):
         bias = t.arg(call, 2, "bias")
-        if t.call_name(call) != "nn.Linear":
+        if plan.lm_head_weight:  # the source's own head class: one [vocab, hidden] weight, no bias
+            bias, hidden, vocab = cst.Name("False"), "config.hidden_size", "config.vocab_size"
+        elif t.call_name(call) != "nn.Linear":
             raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
-        hidden, vocab = (
-            t.code(t.arg(call, 0, "in_features")),
-            t.code(t.arg(call, 1, "out_features")),
-        )
+        else:
+            hidden, vocab = (
+                t.code(t.arg(call, 0, "in_features")),
+                t.code(t.arg(call, 1, "out_features")),
+            )
         with_bias = (
             f", bias={t.code(bias) if bias is not None else 'True'}"
             if bias is None or t.code(bias) != "False"

@@ -29,6 +29,7 @@ from hfrewrite.analyze.checkpoint import (
     expert_checkpoint_names,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
+from hfrewrite.analyze.lm_head import head_kind, is_head
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
@@ -107,10 +108,14 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         refuse("model_layout", "decoder layers of several classes", type(base).__name__)
 
     embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
-    head = _one_child(model, "lm_head Linear", lambda m: _is_head(m, small))
+    head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
     run = _example_run(model, base, layers, embed, head)
+    kind = head_kind(getattr(model, head), run.head_input, run.head_output, small)
     final_norm = run.final_norm
-    traces = [_trace_layer(layer, args, kwargs) for layer, (args, kwargs) in zip(layers, run.layer_inputs)]
+    masks = not _windowed(small)  # a causal mask the base model hands its layers is proven by value
+    traces = [
+        _trace_layer(layer, args, kwargs, masks) for layer, (args, kwargs) in zip(layers, run.layer_inputs)
+    ]
     types = getattr(small, "layer_types", None) or [None] * len(traces)
     per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
     decoder = per_layer[0][0]
@@ -183,6 +188,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         layers=layers_attr,
         final_norm=final_norm,
         lm_head=head,
+        lm_head_weight=kind,
         logits_postprocessed=run.logits_postprocessed,
         embeddings_transformed=run.embeddings_transformed,
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
@@ -305,16 +311,14 @@ def _one_child(parent: nn.Module, what: str, test) -> str:
     return names[0]
 
 
-def _is_head(module: nn.Module, config) -> bool:
-    return isinstance(module, nn.Linear) and module.out_features == config.vocab_size
-
-
 @dataclasses.dataclass
 class _ExampleRun:
     layer_inputs: list[tuple[tuple, dict]]  # (args, kwargs) each decoder layer received
     final_norm: str  # the base model's child between the last layer and the lm_head
     logits_postprocessed: bool  # the logits differ from lm_head(hidden): softcap, scale...
     embeddings_transformed: bool  # the first layer does not read the embedding as it is
+    head_input: torch.Tensor | None = None  # what the lm_head read and returned
+    head_output: torch.Tensor | None = None
 
 
 def _example_run(
@@ -379,13 +383,21 @@ def _example_run(
         final_norm=norms[0],
         logits_postprocessed=not same(calls[head][1], logits),
         embeddings_transformed=not same(calls[embed][1], first),
+        head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
+        head_output=calls[head][1],
     )
 
 
-def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict) -> Traced:
+def _windowed(config) -> bool:
+    """Whether the config sets any attention window (a mask over a short example run would
+    look causal without it)."""
+    return any("window" in key and value not in (None, False, 0) for key, value in config.to_dict().items())
+
+
+def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool = False) -> Traced:
     # The tracer is best effort on unknown code: say where it stopped.
     try:
-        traced = trace(layer, args, kwargs)
+        traced = trace(layer, args, kwargs, layer_masks)
     except Exception as e:
         raise Refusal(NoMatch("trace", type(layer).__name__, _line(e))) from e
     fold_manual_attention(traced)  # attention written out by hand, when proven causal

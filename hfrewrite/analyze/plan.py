@@ -341,6 +341,9 @@ class ModelPlan:
     embeddings_transformed: bool = False
     # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
     checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()
+    # The lm_head is a class of the source's holding one weight (analyze/lm_head.py): "plain"
+    # (x @ W.T) or "l2_normalized" (Baichuan2's NormHead: normalised when loaded); "" nn.Linear
+    lm_head_weight: str = ""
     # The config counts multi-token-prediction layers stored after the last decoder layer
     # (DeepSeek-V3, GLM-4.5: ``num_nextn_predict_layers``): load_weights skips them.
     mtp_layers_field: str | None = None

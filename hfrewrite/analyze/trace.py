@@ -148,18 +148,19 @@ def _feeds(starts: list[Node], target: Node) -> bool:
     return False
 
 
-def _causal_mask(mask: Any, length: int) -> bool:
-    """``mask`` is the causal mask of ``length`` queries over as many keys, built from
-    constants alone (no layer input: not a padding mask): boolean ``tril`` or additive
-    0 / very negative, any leading dims of size 1."""
+def _causal_mask(mask: Any, length: int, layer_masks: bool = False) -> bool:
+    """``mask`` is the causal mask of ``length`` queries over as many keys: boolean
+    ``tril`` or additive 0 / very negative, the same for every leading index. Built from
+    constants alone (no layer input: not a padding mask), unless ``layer_masks``: a mask
+    the base model built from the (unpadded) example, for a config with no window, is the
+    causal mask vLLM's calling convention gives each sequence."""
     if isinstance(mask, ValueProxy):
-        if _reads_layer_inputs(mask.node):
+        if _reads_layer_inputs(mask.node) and not layer_masks:
             return False
         mask = mask.value
-    if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length) or mask.numel() != length * length:
+    if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length):
         return False
-    allowed = torch.ones(length, length, dtype=torch.bool).tril()
-    mask = mask.reshape(length, length)
+    allowed = torch.ones(length, length, dtype=torch.bool).tril().expand(*mask.shape[:-2], length, length)
     if mask.dtype == torch.bool:
         return torch.equal(mask, allowed)
     very_negative = mask <= torch.finfo(mask.dtype).min / 2
@@ -256,8 +257,9 @@ def is_leaf(module: nn.Module) -> bool:
 class ValueTracer(Tracer):
     """A Tracer whose proxies carry values; see the module docstring."""
 
-    def __init__(self, args: tuple, kwargs: dict) -> None:
+    def __init__(self, args: tuple, kwargs: dict, layer_masks: bool = False) -> None:
         super().__init__(autowrap_modules=(), param_shapes_constant=False)
+        self.layer_masks = layer_masks  # see _causal_mask
         self.example = (args, kwargs)
         self.placeholders: list[torch.Tensor] = []
         self.returns_tuple: dict[str, bool] = {}  # submodule path -> its forward returned a tuple
@@ -314,7 +316,7 @@ class ValueTracer(Tracer):
         options = {key: p.get(key, default) for key, default in (("dropout_p", 0.0), ("is_causal", False))}
         scale = p.get("scale")
         mask = p.get("attn_mask")
-        if mask is not None and _causal_mask(mask, q.value.shape[-2]):
+        if mask is not None and _causal_mask(mask, q.value.shape[-2], self.layer_masks):
             options["is_causal"], mask = True, None  # the mask spells out what is_causal means
         if (
             mask is not None
@@ -518,13 +520,16 @@ def value(node: Any) -> Any:
     return node.meta["value"] if isinstance(node, Node) else node
 
 
-def trace(module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> Traced:
-    """Trace ``module(*args, **kwargs)``; tensors in args/kwargs become placeholders.
+def trace(
+    module: nn.Module, args: tuple = (), kwargs: dict | None = None, layer_masks: bool = False
+) -> Traced:
+    """Trace ``module(*args, **kwargs)``; tensors in args/kwargs become placeholders;
+    ``layer_masks``: see ``_causal_mask``.
 
     Tensors the forward creates (not parameters or buffers) are stored on ``module`` as
     ``_tensor_constant<N>`` attributes, as ``torch.fx`` does.
     """
-    tracer = ValueTracer(tuple(args), dict(kwargs or {}))
+    tracer = ValueTracer(tuple(args), dict(kwargs or {}), layer_masks)
     with torch.no_grad():
         graph = tracer.trace(module)
     gm = GraphModule(tracer.root, graph, type(module).__name__)
