@@ -188,7 +188,12 @@ class _Slices(cst.CSTTransformer):
 
 
 def rewrite_fused(
-    cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_head: bool = False
+    cls: cst.ClassDef,
+    attr: str,
+    heads: str,
+    kv_heads: str,
+    per_head: bool = False,
+    unpack_lines: tuple[str, ...] = (),
 ) -> cst.ClassDef:
     """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
     name = cls.name.value
@@ -253,7 +258,7 @@ def rewrite_fused(
         ),
         None,
     )
-    if at is None and not per_head:
+    if at is None and not per_head and not unpack_lines:
         return _split_in_one(cls, init, forward, attr)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
@@ -264,8 +269,14 @@ def rewrite_fused(
         forward = _clamped_split(forward, fwd_body, at, at + 1 + split_at, var, attr, arg, name)
         return t.set_method(t.set_method(cls, init), forward)
     slicer = _Slices(var)
-    rest = fwd_body[at + 1 :] if per_head else [s.visit(slicer) for s in fwd_body[at + 1 :]]
-    if per_head:
+    rest = fwd_body[at + 1 :] if per_head or unpack_lines else [s.visit(slicer) for s in fwd_body[at + 1 :]]
+    if unpack_lines and (per_head or sorted(slicer.roles) != ["k", "q", "v"]):
+        rest = (
+            _unchunk(rest, var, name)
+            if _chunked_once(rest, var)
+            else _bind_at_lines(rest, var, unpack_lines, name)
+        )
+    elif per_head:
         rest = _unchunk(rest, var, name)
     elif sorted(slicer.roles) != ["k", "q", "v"]:
         raise HfrewriteError(f"{name}: {NAME}: {var} is not sliced exactly into q, k and v")
@@ -367,6 +378,45 @@ def _innermost_call(node: cst.BaseExpression, func: str) -> cst.Call | None:
     return None
 
 
+def _chunked_once(body: list[cst.BaseStatement], var: str) -> bool:
+    try:
+        _unchunk(body, var, "")
+    except HfrewriteError:
+        return False
+    return True
+
+
+def _bind_at_lines(
+    body: list[cst.BaseStatement], var: str, lines: tuple[str, ...], cls: str
+) -> list[cst.BaseStatement]:
+    """The source's unpacking of ``<var>`` into q, k and v by layout alone (indexing, views,
+    einops), as the analysis proved it: the statement at each role's recorded line binds
+    that role (``query_states = qkv_states[..., :groups, :]`` -> ``query_states = q``);
+    re-layouts of ``<var>`` itself go; any other use of ``<var>`` is refused."""
+    out, bound = [], []
+    wanted = {" ".join(line.split()): role for line, role in zip(lines, "qkv") if line}
+    for s in body:
+        if var not in t.names_used(s):
+            out.append(s)
+            continue
+        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+        target = (
+            small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        )
+        if not isinstance(target, cst.Name):
+            raise HfrewriteError(f"{cls}: {NAME}: {var} is used other than to take q, k and v apart")
+        if target.value == var:
+            continue  # a re-layout of the whole output (a view, an einops rearrange)
+        role = next((r for line, r in wanted.items() if line in " ".join(t.code(s).split())), None)
+        if role is None:
+            raise HfrewriteError(f"{cls}: {NAME}: {target.value} reads {var} where no role's lane is taken")
+        bound.append(role)
+        out.append(s.with_changes(body=[small.with_changes(value=cst.Name(role))]))
+    if sorted(bound) != ["k", "q", "v"]:
+        raise HfrewriteError(f"{cls}: {NAME}: {var} is not taken apart once into q, k and v")
+    return out
+
+
 def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.BaseStatement]:
     """``a, b, c = <var>.chunk(3, ...)`` (or a method of the module splitting ``<var>``) ->
     ``a, b, c = q, k, v``: the analysis proved the
@@ -403,6 +453,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             f"config.{att.heads_field}",
             f"config.{att.kv_heads_field}",
             att.qkv_per_head,
+            att.qkv_unpack_lines,
         )
         module = sites.replace_class(module, att.module_class, cls)
         return PassResult(

@@ -148,7 +148,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = [FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)")]
     if plan.decoder_layer.fused:
         layer = t.find_class(module, plan.decoder_layer.module_class)
-        attention_blocks = _blocks_of_class(layer, plan.attention.module_class)
+        # the analysis's attention child, however __init__ builds it (a class table)
+        attention_blocks = _blocks_of_class(layer, plan.attention.module_class) | {
+            plan.decoder_layer.attention_block
+        }
         layer = t.set_method(
             layer,
             decoder_forward(

@@ -73,6 +73,21 @@ def _qkv_per_head_to_blocks(self, weights):
 """
 
 
+_GROUPED = """\
+def _qkv_per_head_to_blocks(self, weights):
+    # The checkpoint's {attr} groups the rows per kv head ([g0: its query heads, k, v][g1: ...]);
+    # QKVParallelLinear loads [q; k; v]: reorder the rows (analysis proved the layout).
+    kv_heads = self.config.{kv_heads}
+    groups = self.config.{heads} // kv_heads
+    for name, tensor in weights:
+        if name.endswith((".{attr}.weight", ".{attr}.bias")):
+            rows = tensor.reshape(kv_heads, groups + 2, -1, *tensor.shape[1:])
+            q, k, v = rows[:, :groups], rows[:, groups], rows[:, groups + 1]
+            tensor = torch.cat([x.reshape(-1, *tensor.shape[1:]) for x in (q, k, v)])
+        yield name, tensor
+"""
+
+
 _NORMALIZED_HEAD = """\
 def _lm_head_normalized(self, weights):
     # The source's {head} multiplies by its weight with each row L2-normalised (Baichuan2's
@@ -201,7 +216,10 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
             member = member.visit(_WrapWeights())
-            helper = t.stmt(_PER_HEAD.format(attr=att.q.attr, heads=att.heads_field))
+            template = _GROUPED if att.qkv_grouped else _PER_HEAD
+            helper = t.stmt(
+                template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
+            )
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
     return out

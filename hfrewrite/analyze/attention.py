@@ -87,13 +87,13 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     try:
         group = _qkv_group(traced, path)
     except Refusal as no_group:
-        feeders, (q, k, v), fused = fused_qkv(traced, path, scope, args, no_group)
+        feeders, (q, k, v), fused, unpack_lines = fused_qkv(traced, path, scope, args, no_group)
     else:
         feeders = {role: _feeder(traced, path, scope, arg, group, role) for role, arg in args.items()}
         if len(set(feeders.values())) != 3:
             refuse("fuse_qkv", "q, k and v do not come from three different linears")
         q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
-        fused = None
+        fused, unpack_lines = None, ()
     if k.out_features != v.out_features:
         refuse(
             "fuse_qkv",
@@ -218,7 +218,9 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_fields=legacy_rope_fields(config) if rope else (),
         max_position_field=_max_position_field(config),
         fused_qkv=fused is not None,
-        qkv_per_head=fused == "per_head",
+        qkv_per_head=fused in ("per_head", "grouped"),
+        qkv_grouped=fused == "grouped",
+        qkv_unpack_lines=unpack_lines,
         qk_norm_after_rope=norm_after is not None,
         replaced_calls=_replaced_calls(traced, path, scope, feeders, rope_ends if rope else {}, call, o_node),
         direct_sdpa=call.target is causal_sdpa,

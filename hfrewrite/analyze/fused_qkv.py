@@ -4,6 +4,7 @@ interleaved per head (gpt_neox). Used by ``attention.py``."""
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import torch
@@ -11,7 +12,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.dataflow import ancestors, linears_feeding, path_nodes, rope_start
 from hfrewrite.analyze.plan import LinearFact, Refusal, refuse
-from hfrewrite.analyze.trace import Traced, value
+from hfrewrite.analyze.trace import Traced, source_line, value
 
 
 def fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group: Refusal):
@@ -43,7 +44,7 @@ def fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group:
     facts = [
         LinearFact(whole.attr, whole.in_features, b - a, whole.bias) for a, b in (ranges[r] for r in "qkv")
     ]
-    return feeders, facts, "blocks"
+    return feeders, facts, "blocks", ()
 
 
 def _split_part(proj: Node, arg: Node, scope: set[Node]) -> tuple[Node, tuple[int, int]] | None:
@@ -96,41 +97,79 @@ def _per_head_qkv(
     proj: Node,
     whole: LinearFact,
 ):
-    """One Linear whose output interleaves q, k and v per head (gpt_neox's
-    ``query_key_value``: rows [h0: q k v][h1: q k v]...), proven on the values: each
-    role's head-shaped value (before any rope) is its lane of ``view(b, s, heads, 3, d)``.
-    The generated loader reorders the rows into [q; k; v] for ``QKVParallelLinear``."""
+    """One Linear whose output's q, k and v lanes the source takes apart by layout alone
+    (views, indexing, einops), proven on the values: each role's head-shaped value (before
+    any rope) is its lane of the projection in one of the layouts ``_LAYOUTS`` lists.
+    "per_head" and "grouped" are reordered into [q; k; v] when loaded. The source line
+    where each role's own value is first taken is recorded for the rewrite (the statement
+    binding it becomes that role of vLLM's split)."""
     out = value(proj)
-    feeders, facts = {}, []
-    for i, role in enumerate("qkv"):
-        x = rope_start(args[role], proj, scope) or args[role]
-        xv = value(x)
-        if not (
-            torch.is_tensor(xv)
-            and xv.dim() == 4
-            and out.dim() == 3
-            and 3 * xv.shape[1] * xv.shape[3] == out.shape[-1]
+    xs = {role: rope_start(args[role], proj, scope) or args[role] for role in "qkv"}
+    shapes = [value(x).shape if torch.is_tensor(value(x)) else None for x in xs.values()]
+    if out.dim() != 3 or any(s is None or len(s) != 4 for s in shapes):
+        refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
+    heads = {role: _heads_of(value(x), out) for role, x in xs.items()}
+    d = value(xs["q"]).shape[3]
+    if (heads["q"] + 2 * heads["k"]) * d != out.shape[-1] or heads["k"] != heads["v"] or not heads["k"]:
+        refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
+    for kind in _LAYOUTS:
+        lanes = _lanes(out, kind, heads["q"], heads["k"], d)
+        if lanes is not None and all(_on_path(xs[r], proj, scope, lanes[r]) for r in "qkv"):
+            break
+    else:
+        refuse("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
+    forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
+    lines = tuple(_first_line(proj, xs[r], [xs[o] for o in "qkv" if o != r], scope, forward) for r in "qkv")
+    facts = [LinearFact(whole.attr, whole.in_features, heads[r] * d, whole.bias) for r in "qkv"]
+    return {r: proj for r in "qkv"}, facts, kind, lines
+
+
+# How a fused projection's output rows may hold q, k and v (H query heads, K kv heads):
+# "unpacked" [q; k; v] blocks, "per_head" [h: q k v] (H == K), "grouped" per kv head
+# [g: q x H/K, k, v] (InternLM2's wqkv)
+_LAYOUTS = ("unpacked", "per_head", "grouped")
+
+
+def _lanes(out, kind: str, hq: int, hk: int, d: int) -> dict | None:
+    b, s = out.shape[:2]
+    if kind == "unpacked":
+        q, k, v = out.split([hq * d, hk * d, hk * d], dim=-1)
+        return {"q": q.reshape(b, s, hq, d), "k": k.reshape(b, s, hk, d), "v": v.reshape(b, s, hk, d)}
+    if kind == "per_head" and hq != hk:
+        return None
+    groups = hq // hk
+    grouped = out.reshape(b, s, hk, groups + 2, d)
+    return {
+        "q": grouped[..., :groups, :].reshape(b, s, hq, d),
+        "k": grouped[..., groups, :],
+        "v": grouped[..., groups + 1, :],
+    }
+
+
+def _heads_of(x, out) -> int:
+    """The head count of a head-shaped value [b, heads, s, d] or [b, s, heads, d]."""
+    return x.shape[2] if x.shape[1] == out.shape[1] and x.shape[2] != out.shape[1] else x.shape[1]
+
+
+def _on_path(x: Node, proj: Node, scope: set[Node], lane) -> bool:
+    """The lane is a value on the path from the projection to ``x``, in either layout."""
+    for v in (value(n) for n in [*path_nodes(x, proj, scope), x]):
+        if torch.is_tensor(v) and any(
+            v.shape == lv.shape and torch.equal(v, lv) for lv in (lane, lane.transpose(1, 2))
         ):
-            refuse(
-                "fuse_qkv",
-                f"{whole.attr} feeds q, k and v in a layout this analysis does not know",
-            )
-        heads, d = xv.shape[1], xv.shape[3]
-        lane = out.reshape(*out.shape[:2], heads, 3, d)[..., i, :]  # [b, s, heads, d]
-        # the lane is found on the path to the rope (before a per-head norm), in either layout
-        path_values = [value(n) for n in [*path_nodes(x, proj, scope), x]]
-        if not any(
-            torch.is_tensor(v)
-            and any(v.shape == lv.shape and torch.equal(v, lv) for lv in (lane, lane.transpose(1, 2)))
-            for v in path_values
-        ):
-            refuse(
-                "fuse_qkv",
-                f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head",
-            )
-        feeders[role] = proj
-        facts.append(LinearFact(whole.attr, whole.in_features, heads * d, whole.bias))
-    return feeders, facts, "per_head"
+            return True
+    return False
+
+
+def _first_line(proj: Node, x: Node, others: list[Node], scope: set[Node], forward) -> str:
+    """The forward's source line of the first node on the path to ``x`` that no other role's
+    path shares: where the source takes this role's lane."""
+    shared = set().union(*(path_nodes(o, proj, scope) for o in others))
+    order = {n: i for i, n in enumerate(proj.graph.nodes)}
+    own = sorted(
+        (n for n in [*path_nodes(x, proj, scope), x] if n not in shared and n is not proj), key=order.get
+    )
+    return next((line for n in own if (line := source_line(n, forward))), "")
 
 
 def _op(node: object, ops: tuple) -> bool:

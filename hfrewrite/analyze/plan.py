@@ -87,6 +87,11 @@ class AttentionPlan:
     fused_qkv: bool = False
     # ... interleaved per head ([h0: q k v][h1: ...], gpt_neox): reordered when loaded
     qkv_per_head: bool = False
+    # ... grouped per kv head ([g0: its query heads, k, v][g1: ...], InternLM2's wqkv)
+    qkv_grouped: bool = False
+    # The source lines where the forward takes q's, k's and v's own lanes of the fused
+    # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
+    qkv_unpack_lines: tuple[str, ...] = ()
     # The q/k norms follow the rotary embedding (hunyuan) instead of preceding it
     qk_norm_after_rope: bool = False
     # Some layers apply no rope (NoPE): the source's condition on its rope is carried

@@ -17,6 +17,7 @@ modules (class name ending in ``Norm``), activation modules, stacked MoE experts
 from __future__ import annotations
 
 import inspect
+import linecache
 import operator
 import os
 import re
@@ -123,11 +124,13 @@ def before_expansion(expanded: Node, heads: int) -> Node:
 _SHAPE_ONLY = {("call_method", "size"), ("call_method", "dim")}
 
 
-def _reads_layer_inputs(node: Node) -> bool:
+def _reads_layer_inputs(node: Node, but_masks: bool = False) -> bool:
     """Whether ``node``'s value depends on a layer input's values; sizes read off an input
-    (``key.size(1)``; ``.shape`` is concrete, not traced) carry no values and are not followed."""
+    (``key.size(1)``; ``.shape`` is concrete, not traced) carry no values and are not followed.
+    ``but_masks``: inputs other than the first (the hidden states) do not count."""
+    first = next((n for n in node.graph.nodes if n.op == "placeholder"), None)
     for n in ancestors(node, None):
-        if n.op == "placeholder" and n is not node:
+        if n.op == "placeholder" and n is not node and (n is first or not but_masks):
             users = [u for u in n.users if (u.op, u.target) not in _SHAPE_ONLY]
             if _feeds(users, node):
                 return True
@@ -152,10 +155,11 @@ def _causal_mask(mask: Any, length: int, layer_masks: bool = False) -> bool:
     """``mask`` is the causal mask of ``length`` queries over as many keys: boolean
     ``tril`` or additive 0 / very negative, the same for every leading index. Built from
     constants alone (no layer input: not a padding mask), unless ``layer_masks``: a mask
-    the base model built from the (unpadded) example, for a config with no window, is the
-    causal mask vLLM's calling convention gives each sequence."""
+    input the base model built from the (unpadded) example, for a config with no window, is
+    the causal mask vLLM's calling convention gives each sequence (never one that reads the
+    hidden states' values)."""
     if isinstance(mask, ValueProxy):
-        if _reads_layer_inputs(mask.node) and not layer_masks:
+        if _reads_layer_inputs(mask.node, but_masks=layer_masks):
             return False
         mask = mask.value
     if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length):
@@ -279,7 +283,7 @@ class ValueTracer(Tracer):
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> Node:
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
-        node.meta["frames"] = _source_frames()
+        node.meta["frames"], node.meta["lines"] = _source_frames_and_lines()
         if kind == "get_attr":  # also those made for constants, parameters and modules
             with _maybe_revert_all_patches():
                 node.meta["value"] = _get_attr(self.root, target)
@@ -372,6 +376,23 @@ class ValueTracer(Tracer):
 
 
 _NOT_SOURCE = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def _source_frames_and_lines() -> tuple[tuple, dict]:
+    """``_source_frames``, and the line each of those frames was executing (by code object)."""
+    frames, lines, frame = [], {}, sys._getframe(2)
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(_NOT_SOURCE):
+            frames.append(frame.f_code)
+            lines.setdefault(frame.f_code, frame.f_lineno)
+        frame = frame.f_back
+    return tuple(reversed(frames)), lines
+
+
+def source_line(node: Node, code) -> str:
+    """The source line (stripped) function ``code`` was executing when ``node`` was traced."""
+    lineno = node.meta.get("lines", {}).get(code)
+    return linecache.getline(code.co_filename, lineno).strip() if lineno else ""
 
 
 def _source_frames() -> tuple:
