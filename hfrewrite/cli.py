@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hfrewrite import __version__
-from hfrewrite.errors import HfrewriteError
+from hfrewrite.errors import CannotBuild, HfrewriteError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,8 +249,16 @@ def _convert(args: argparse.Namespace) -> int:
         from hfrewrite.progress import step
         from hfrewrite.verify.validate import validate
 
-        with step("validating in vLLM against Hugging Face (tiny random checkpoints)"):
-            validated = validate(resolved, generated, more).line()
+        try:
+            with step("validating in vLLM against Hugging Face (tiny random checkpoints)"):
+                validated = validate(resolved, generated, more).line()
+        except CannotBuild:  # the repository's code builds here but does not run its checkpoint
+            if not resolved.custom_code or generated.isolated is not None:
+                raise
+            resolved = convert.isolated(resolved)
+            generated = convert.generate(resolved)
+            with step("validating in vLLM against Hugging Face (tiny random checkpoints)"):
+                validated = validate(resolved, generated, more).line()
     written = _write(args, resolved, generated)
 
     # Grouped by module class (classes in order of first appearance, rows in pass order).

@@ -83,8 +83,15 @@ def _plan(resolved):
     except CannotBuild:
         if not resolved.custom_code:
             raise
+    resolved = isolated(resolved)
+    return resolved, resolved.isolated.plan
+
+
+def isolated(resolved):
+    """``resolved`` (Hub custom code) resolved and analysed again under the transformers
+    release its repository was written for."""
     again = resolve(resolved.location, resolved.revision, True, isolate=True)
-    return dataclasses.replace(resolved, **_isolated_fields(again)), again.isolated.plan
+    return dataclasses.replace(resolved, **_isolated_fields(again))
 
 
 def _isolated_fields(again) -> dict:

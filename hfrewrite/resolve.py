@@ -235,6 +235,12 @@ def _build_custom(
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=True, revision=revision)
         model_class = get_class_from_dynamic_module(reference, where, revision=revision)
+    except OSError as exc:  # a file the repository lacks: no transformers release helps
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise HfrewriteError(
+            f"{model_id}: the repository's code ({reference}) does not load under transformers "
+            f"{_transformers_version()}: {type(exc).__name__}: {first}"
+        ) from None
     except Exception:  # noqa: BLE001 - foreign code written for another release
         return isolated_resolution(model_id, kind, revision, model_type, data, None)
     source = inspect.getsourcefile(model_class)

@@ -336,6 +336,37 @@ def _registers_auto_class(node: cst.CSTNode) -> bool:
     return m.matches(node, _AUTO_CLASS)
 
 
+def _without_unused_optional_imports(module: cst.Module, names_used) -> cst.Module:
+    """Top-level ``try: import x / except ImportError: ...`` (an optional dependency such as
+    xformers, a warning when it is missing) whose imported names nothing else reads."""
+    body = list(module.body)
+    for node in list(body):
+        if not isinstance(node, cst.Try) or not all(_is_import_line(s) for s in node.body.body):
+            continue
+        bound = set().union(*(_imported(s) for s in node.body.body))
+        rest = set().union(*(names_used(n) for n in body if n is not node))
+        if not bound & rest:
+            body.remove(node)
+    return module.with_changes(body=body)
+
+
+def _is_import_line(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Import | cst.ImportFrom) for s in node.body
+    )
+
+
+def _imported(node: cst.SimpleStatementLine) -> set[str]:
+    names = set()
+    for imp in node.body:
+        if isinstance(imp.names, cst.ImportStar):
+            continue
+        for alias in imp.names:
+            bound = alias.asname.name if alias.asname else alias.name
+            names.add(t.code(bound).split(".")[0])
+    return names
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
     module = module.with_changes(body=[n for n in module.body if not _registers_auto_class(n)])
@@ -362,6 +393,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = module.with_changes(body=body)
         if not (dropped or pruned):
             break  # a fixpoint: nothing left to orphan
+    module = _without_unused_optional_imports(module, names_used)
     body, relative = [], []
     for node in module.body:
         if isinstance(node, cst.SimpleStatementLine):  # `from .a import x; import y` splits

@@ -216,7 +216,9 @@ def rewrite_attention(
     head_dim = "self.head_dim"
     rope_parameters = "config.rope_parameters"
     if att.rope_fields:  # a transformers 4.x config: the fields the replay read, by name
-        entries = ", ".join(f'"{key}": config.{field}' for key, field in att.rope_fields)
+        entries = ", ".join(  # a field of the config, or the source's constant base
+            f'"{key}": {field if field[0].isdigit() else "config." + field}' for key, field in att.rope_fields
+        )
         rope_parameters = '{"rope_type": "default", ' + entries + "}"
     if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
         if "layer_idx" not in {p.name.value for p in init.params.params}:

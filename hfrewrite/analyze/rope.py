@@ -46,9 +46,9 @@ def rope_parameters(config, layer_type: str | None = None) -> dict:
     if per_layer_type(config):
         return dict(params.get(layer_type) or {})
     if not params:  # older custom configs: the fields vLLM standardises from when it loads them
-        return {key: getattr(config, field) for key, field in legacy_rope_fields(config)} | (
-            {"rope_type": "default"} if legacy_rope_fields(config) else {}
-        )
+        fields = legacy_rope_fields(config)
+        values = {key: float(f) if f == DEFAULT_THETA else getattr(config, f) for key, f in fields}
+        return values | ({"rope_type": "default"} if fields else {})
     return dict(params)
 
 
@@ -58,9 +58,13 @@ LEGACY_THETA = ("rope_theta", "rotary_emb_base", "rotary_base")
 LEGACY_PARTIAL = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rope_pct")
 
 
+DEFAULT_THETA = "10000.0"  # a literal, not a field: the base hard-coded where the config has none
+
+
 def legacy_rope_fields(config) -> tuple[tuple[str, str], ...]:
     """(rope_parameters key, config field) of a config without ``rope_parameters``: its
-    base and, when it has one, its rotated fraction; () for a config that has them."""
+    base (``DEFAULT_THETA`` when it names none: the replay proves the source's constant)
+    and, when it has one, its rotated fraction; () for a config that has them."""
     if getattr(config, "rope_parameters", None):
         return ()
     fields = []
@@ -68,7 +72,9 @@ def legacy_rope_fields(config) -> tuple[tuple[str, str], ...]:
         found = next((n for n in names if getattr(config, n, None) is not None), None)
         if found is not None:
             fields.append((key, found))
-    return tuple(fields) if fields and fields[0][0] == "rope_theta" else ()
+    if not fields or fields[0][0] != "rope_theta":  # no base in the config: the source's own
+        fields.insert(0, ("rope_theta", DEFAULT_THETA))  # constant, transformers' and vLLM's default
+    return tuple(fields)
 
 
 def _same_layout(xv, yv):

@@ -53,7 +53,11 @@ def analyze(job: dict) -> dict:
 
 
 def references(job: dict) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from hfrewrite.verify import fixtures
+    from hfrewrite.verify.engine import greedy_without_cache
     from hfrewrite.verify.validate import validation_config
 
     config, _ = _load(job)
@@ -62,7 +66,8 @@ def references(job: dict) -> dict:
         small = validation_config(config if data is None else type(config).from_dict(data))
         prompts = [[t % small.vocab_size for t in p] for p in job["prompts"]]
         ckpt = fixtures.save_random_checkpoint(small, Path(job["out_dir"]) / f"ckpt{i}")
-        tokens, logprobs = greedy_without_cache(ckpt, prompts, job["max_tokens"])
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, trust_remote_code=True).eval()
+        tokens, logprobs = greedy_without_cache(model, prompts, job["max_tokens"])
         saved = type(config).from_pretrained(ckpt)
         out.append(
             {
@@ -75,29 +80,6 @@ def references(job: dict) -> dict:
             }
         )
     return {"references": out}
-
-
-def greedy_without_cache(ckpt: Path, prompts, max_tokens: int):
-    """Greedy tokens and their logprobs by full recompute at each step (``use_cache=False``):
-    the repository's cache code and the release's ``generate`` play no part."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, trust_remote_code=True).eval()
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([list(prompt)])
-            new, lps = [], []
-            for _ in range(max_tokens):
-                logits = model(input_ids=ids, use_cache=False).logits[0, -1].float()
-                token = int(logits.argmax())
-                lps.append(torch.log_softmax(logits, -1)[token].item())
-                new.append(token)
-                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-            tokens.append(new)
-            logprobs.append(lps)
-    return tokens, logprobs
 
 
 def _values(config) -> dict:

@@ -76,6 +76,8 @@ def hf_greedy(
     import torch
 
     model = hf_model(ckpt, dtype)
+    if runs_custom_code(ckpt):  # the repository's own cache code may predate transformers' Cache
+        return greedy_without_cache(model, prompts, max_tokens)
     gen_config = model.generation_config
     gen_config.eos_token_id = None
     gen_config.pad_token_id = 0
@@ -94,6 +96,28 @@ def hf_greedy(
             )
             new = out.sequences[0, ids.shape[1] :].tolist()
             lps = [torch.log_softmax(step[0].float(), -1)[tok].item() for step, tok in zip(out.logits, new)]
+            tokens.append(new)
+            logprobs.append(lps)
+    return tokens, logprobs
+
+
+def greedy_without_cache(model, prompts: Sequence[Sequence[int]], max_tokens: int) -> tuple[Tokens, Logprobs]:
+    """Greedy tokens and their logprobs by full recompute at each step (``use_cache=False``):
+    neither the model's cache code nor ``generate`` plays a part (Hub custom code written
+    for another transformers keeps its own tuple caches)."""
+    import torch
+
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)])
+            new, lps = [], []
+            for _ in range(max_tokens):
+                logits = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+                token = int(logits.argmax())
+                lps.append(torch.log_softmax(logits, -1)[token].item())
+                new.append(token)
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
             tokens.append(new)
             logprobs.append(lps)
     return tokens, logprobs

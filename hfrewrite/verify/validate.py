@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfrewrite.errors import HfrewriteError
+from hfrewrite.errors import CannotBuild, HfrewriteError
 
 WINDOW = 8  # a sliding window shorter than the longest validation prompt (40 tokens)
 
@@ -121,7 +121,15 @@ def validate_each(resolved, generated, named: list[tuple[str, object]]) -> list[
                     f"{_line(exc)} (--no-verify skips the check)"
                 ) from None
             # the reference runs here, from the very classes the analysis traced
-            tokens, logprobs = engine.hf_greedy(ckpt, prompts)
+            try:
+                tokens, logprobs = engine.hf_greedy(ckpt, prompts)
+            except Exception as exc:  # noqa: BLE001  (the model's own code fails on its checkpoint)
+                # Hub custom code: its release's transformers may run it (convert retries there)
+                error = CannotBuild if getattr(resolved, "custom_code", False) else HfrewriteError
+                raise error(
+                    f"{resolved.model_type}: validation: Hugging Face cannot decode the tiny checkpoint "
+                    f"of {what}: {_line(exc)} (--no-verify skips the check)"
+                ) from None
             cases.append(compare.VerifyCase(ckpt, module, prompts=prompts))
             references.append({"tokens": tokens, "logprobs": logprobs})
             records.append(tmp / f"vllm-modules{i}.pt")
