@@ -7,7 +7,8 @@ objects of the repository's classes (they do not exist on the other side):
 * ``analyze``: resolve the repository with its own code, analyse it (``analyze.model``), and
   describe its configuration class for the emitted config shim;
 * ``references``: build the tiny validation checkpoint of each config (the repository's own
-  class saves it) and decode it greedily by full recompute, as the reference vLLM must meet.
+  class saves it) and decode it greedily by full recompute, as the reference vLLM must meet;
+* ``decode``: that greedy decoding of a given checkpoint (``verify CHECKPOINT_DIR``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def references(job: dict) -> dict:
     for i, (what, data) in enumerate(job["configs"]):
         small = validation_config(config if data is None else type(config).from_dict(data))
         prompts = [[t % small.vocab_size for t in p] for p in job["prompts"]]
-        ckpt = fixtures.save_random_checkpoint(small, Path(job["out_dir"]) / f"ckpt{i}")
+        ckpt = fixtures.save_random_checkpoint(small, Path(job["out_dir"]) / f"ckpt{i}", job.get("seed", 0))
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, trust_remote_code=True).eval()
         tokens, logprobs = greedy_without_cache(model, prompts, job["max_tokens"])
         saved = type(config).from_pretrained(ckpt)
@@ -80,6 +81,20 @@ def references(job: dict) -> dict:
             }
         )
     return {"references": out}
+
+
+def decode(job: dict) -> dict:
+    """Greedy tokens and logprobs of a checkpoint the repository's code saved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hfrewrite.verify.engine import greedy_without_cache
+
+    model = AutoModelForCausalLM.from_pretrained(
+        job["ckpt"], dtype=torch.float32, trust_remote_code=True
+    ).eval()
+    tokens, logprobs = greedy_without_cache(model, job["prompts"], job["max_tokens"])
+    return {"tokens": tokens, "logprobs": logprobs}
 
 
 def _values(config) -> dict:
@@ -100,7 +115,7 @@ def _values(config) -> dict:
 def main(job_path: str, out_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     try:
-        result = {"analyze": analyze, "references": references}[job["kind"]](job)
+        result = {"analyze": analyze, "references": references, "decode": decode}[job["kind"]](job)
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         from hfrewrite.errors import HfrewriteError
 

@@ -140,12 +140,34 @@ def _custom_code(ckpt: Path) -> bool:
     return isinstance(config, dict) and bool(config.get("auto_map"))
 
 
+def _analysis_release(text: str) -> str | None:
+    """The transformers release a generated file's Hub custom code was analysed under, when
+    it is not the installed one (the file then carries the repository's config as a shim)."""
+    import transformers
+
+    from hfrewrite.emit.config_shim import shim_classes
+    from hfrewrite.emit.output import parse_header
+
+    record = parse_header(text)
+    if record is None or not shim_classes(text) or record.transformers == transformers.__version__:
+        return None
+    return record.transformers
+
+
+def _isolated_reference(release: str, case) -> dict:
+    from hfrewrite.isolate.client import run_front
+
+    job = {"kind": "decode", "ckpt": str(case.ckpt), "prompts": [list(p) for p in case.prompts]}
+    return run_front(release, {**job, "max_tokens": case.max_tokens})
+
+
 def main(args: Any) -> int:
     from hfrewrite.verify.compare import (
         LOGPROB_TOL,
         VerifyCase,
         first_difference,
         verify_many,
+        verify_many_against_hf,
     )
 
     ckpt = Path(args.model_type)
@@ -176,7 +198,12 @@ def main(args: Any) -> int:
             max_tokens=args.max_tokens,
             dtype=dtype,
         )
-        report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
+        release = _analysis_release(Path(generated).read_text()) if custom else None
+        if release is not None:  # the repository's code runs under the release it was analysed in
+            reference = _isolated_reference(release, case)
+            report = verify_many_against_hf([case], [reference], timeout=600 + 60 * len(prompts))[0]
+        else:
+            report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
     print(f"vLLM instantiated {report.generated_class} from {report.generated_file}")
     if report.errors:
         for side, error in report.errors.items():
