@@ -56,7 +56,12 @@ def test_each_is_a_causal_lm_under_its_release(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(overlay), os.environ.get("PYTHONPATH", "")])}
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
     done = subprocess.run(
-        [sys.executable, str(CHECK), *map(str, repos)], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(CHECK), *map(str, repos)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
