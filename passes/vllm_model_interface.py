@@ -335,6 +335,34 @@ def _head_has_bias(statements: list[cst.BaseStatement]) -> bool:
     return bool(found)
 
 
+def _scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cst.ClassDef:
+    """compute_logits first scales the hidden states as the source's ``self.<lm_head>(<expr>)``
+    does (the analysis proved a constant factor): ``<expr>`` on vLLM's ``hidden_states``."""
+    calls = []
+
+    class _HeadCalls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if t.call_name(call) == f"self.{plan.lm_head}" and len(call.args) == 1:
+                calls.append(call.args[0].value)
+
+    forward.visit(_HeadCalls())
+    roots = t.root_names(calls[0]) - {"self"} if len(calls) == 1 else set()
+    if len(roots) != 1:
+        raise HfrewriteError(f"{plan.architecture}: {NAME}: the lm_head's scaled input is not one expression")
+    expr = cst.Module([]).code_for_node(calls[0].visit(_Rename(roots.pop(), "hidden_states")))
+    logits = t.find_method(tpl, "compute_logits")
+    scale = t.stmts(f"hidden_states = {expr}  # as the source scales the lm_head's input\n")
+    return t.set_method(tpl, t.with_body(logits, [*scale, *logits.body.body]))
+
+
+class _Rename(cst.CSTTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        return updated.with_changes(value=self.new) if updated.value == self.old else updated
+
+
 def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     tpl = template_class(
@@ -375,6 +403,8 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
                 ),
             ),
         )
+    if plan.head_input_scaled:
+        tpl = _scaling_head_input(tpl, t.find_method(cls, "forward"), plan)
     if carried:
         logits = t.find_method(tpl, "compute_logits")
         tpl = t.set_method(

@@ -189,6 +189,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         final_norm=final_norm,
         lm_head=head,
         lm_head_weight=kind,
+        head_input_scaled=run.head_input_scaled,
         logits_postprocessed=run.logits_postprocessed,
         embeddings_transformed=run.embeddings_transformed,
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
@@ -319,6 +320,7 @@ class _ExampleRun:
     embeddings_transformed: bool  # the first layer does not read the embedding as it is
     head_input: torch.Tensor | None = None  # what the lm_head read and returned
     head_output: torch.Tensor | None = None
+    head_input_scaled: bool = False  # the lm_head reads the final norm's output times a constant
 
 
 def _example_run(
@@ -372,6 +374,14 @@ def _example_run(
         for name, _ in children[:-1]
         if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)
     ]
+    scaled = False
+    if not norms:  # MiniCPM: the lm_head reads the final norm's output divided by a constant
+        norms = [
+            name
+            for name, _ in children[:-1]
+            if name in calls and same(calls[name][0], last) and _scaled(calls[name][1], head_in)
+        ]
+        scaled = bool(norms)
     if len(norms) != 1:
         refuse(
             "model_layout",
@@ -384,7 +394,19 @@ def _example_run(
         logits_postprocessed=not same(calls[head][1], logits),
         embeddings_transformed=not same(calls[embed][1], first),
         head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
+        head_input_scaled=scaled,
         head_output=calls[head][1],
+    )
+
+
+def _scaled(a, b) -> bool:
+    """``b`` is ``a`` times one constant other than 1 (checked on every element)."""
+    a, b = (x[0] if isinstance(x, tuple | list) else x for x in (a, b))
+    if not (torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and a.abs().min() > 0):
+        return False
+    ratio = (b / a).flatten()
+    return bool(torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-5)) and not torch.isclose(
+        ratio[0], torch.tensor(1.0, dtype=ratio.dtype)
     )
 
 

@@ -349,6 +349,9 @@ class ModelPlan:
     # The lm_head is a class of the source's holding one weight (analyze/lm_head.py): "plain"
     # (x @ W.T) or "l2_normalized" (Baichuan2's NormHead: normalised when loaded); "" nn.Linear
     lm_head_weight: str = ""
+    # The lm_head reads the final norm's output times a constant (MiniCPM's division by
+    # hidden_size / dim_model_base): the source's argument expression is carried into compute_logits
+    head_input_scaled: bool = False
     # The config counts multi-token-prediction layers stored after the last decoder layer
     # (DeepSeek-V3, GLM-4.5: ``num_nextn_predict_layers``): load_weights skips them.
     mtp_layers_field: str | None = None

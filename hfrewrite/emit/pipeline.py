@@ -27,6 +27,7 @@ from hfrewrite.passes import (
     prune_unused_params,
     row_parallel,
     strip_hf_runtime,
+    taken_branches,
     thread_layer_args,
     type_config_params,
     vllm_attention,
@@ -35,6 +36,7 @@ from hfrewrite.passes import (
 
 # The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
 PASSES: tuple[ModuleType, ...] = (
+    taken_branches,
     carry_decoder_layer,
     fuse_qkv,
     vllm_attention,

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,20 +38,13 @@ CHAT_TEMPLATE = (
 MAX_TOKENS = 12
 
 
-def save_word_tokenizer(ckpt: Path) -> None:
+def save_word_tokenizer(ckpt: Path, size: int = VOCAB) -> None:
     """A word-level tokenizer over the checkpoint's vocabulary, with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"w{i}": i for i in range(VOCAB - 4)}
-    vocab.update(
-        {
-            "user": VOCAB - 4,
-            "assistant": VOCAB - 3,
-            "<unk>": VOCAB - 2,
-            "</s>": VOCAB - 1,
-        }
-    )
+    vocab = {f"w{i}": i for i in range(size - 4)}
+    vocab.update({"user": size - 4, "assistant": size - 3, "<unk>": size - 2, "</s>": size - 1})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
@@ -80,20 +75,16 @@ def served(tmp_path_factory):
     ckpt = make_tiny_checkpoint("llama", root / "ckpt", seed=3)
     save_word_tokenizer(ckpt)
     plugin = root / "plugin"
-    assert (
-        main(
-            [
-                "convert",
-                "--no-verify",
-                "llama",
-                "--plugin",
-                str(plugin),
-                "--plugin-name",
-                PACKAGE,
-            ]
-        )
-        == 0
-    )
+    assert main(["convert", "--no-verify", "llama", "--plugin", str(plugin), "--plugin-name", PACKAGE]) == 0
+    with serving(root, ckpt, plugin) as port:
+        yield {"port": port, "ckpt": ckpt, "log": root / "server.log"}
+
+
+@contextmanager
+def serving(root: Path, ckpt: Path, plugin: Path) -> Iterator[int]:
+    """vLLM's OpenAI-compatible server on 127.0.0.1 for ``ckpt``, with ``plugin`` pip-installed
+    (into a target directory on its PYTHONPATH), as a user runs it: yields its port; its log
+    is ``root/server.log``."""
     site = root / "site"
     subprocess.run(
         [
@@ -154,7 +145,7 @@ def served(tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail(f"the server did not come up:\n{log.read_text()[-3000:]}")
                 time.sleep(1)
-        yield {"port": port, "ckpt": ckpt, "log": log}
+        yield port
     finally:
         server.terminate()
         try:

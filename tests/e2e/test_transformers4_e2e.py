@@ -1,0 +1,58 @@
+"""Hub custom code written for transformers 4.x, in real vLLM: `convert --trust-remote-code`
+analyses each repository under the release it names (the newest 4.x here, from the cache
+`make setup` fills), writes a file that carries the repository's configuration class as a
+config shim, validates it against the repository's own model under that release, and
+`verify CHECKPOINT_DIR` agrees on a second checkpoint the repository's code saved."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hfrewrite.cli import main
+from hfrewrite.isolate.client import run_front
+from hfrewrite.isolate.environment import NEWEST_4X
+from hfrewrite.verify import fixtures
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code" / "transformers4"
+
+pytestmark = pytest.mark.vllm
+
+# family -> (model type, what its file shows of the patterns it needed)
+CONVERTED = {
+    "qwen": ("qwen", "q, k, v = qkv.split("),  # c_attn [q; k; v], rope in [b, s, h, d], tuple cache
+    "stablelm_epoch": ("stablelm_epoch", '"partial_rotary_factor": config.rope_pct'),  # 4.x rope field
+    "internlm2": ("internlm2", "def _qkv_per_head_to_blocks"),  # grouped wqkv, reordered at load
+    "baichuan2": ("baichuan", "def _lm_head_normalized"),  # NormHead, W_pack taken apart by index
+}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_converts_validates_and_verifies_under_its_release(name, tmp_path, capsys):
+    model_type, shows = CONVERTED[name]
+    repo = shutil.copytree(DATA / name, tmp_path / name)
+    out = tmp_path / "out"
+    assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "greedy tokens equal on 4 prompts" in printed, printed
+    text = (out / f"{model_type}.py").read_text()
+    assert f"(Hub custom code, run under transformers {NEWEST_4X})" in text
+    assert "hfrewrite config shim" in text and shows in text
+
+    # a second checkpoint, saved by the repository's own code under its release
+    job = {"kind": "references", "model_id": str(repo), "configs": [["a second checkpoint", None]]}
+    job |= {"prompts": [[1, 2, 3]], "max_tokens": 1, "out_dir": str(tmp_path / "second"), "seed": 1}
+    ckpt = Path(run_front(NEWEST_4X, job)["references"][0]["ckpt"])
+    assert fixtures.runs_custom_code(ckpt)
+    generated = str(out / f"{model_type}.py")
+    assert main(["verify", str(ckpt), "--generated", generated, "--trust-remote-code"]) == 0
+    report = capsys.readouterr().out
+    assert report.strip().endswith("verified"), report
+    assert f"from {Path(generated).resolve()}" in report, report  # the file under test ran
