@@ -206,6 +206,10 @@ class _PruneAttributes(cst.CSTTransformer):
         return updated
 
     def leave_SimpleStatementLine(self, original, updated):
+        buffer = _transient_buffer(updated)
+        if buffer is not None and buffer not in self.read:  # a cache the rewrite no longer reads
+            self.pruned += 1
+            return cst.RemoveFromParent()
         attr = t.self_attr_assigned(updated)
         if attr and attr not in self.read:
             value = t.assigned_value(updated)
@@ -216,13 +220,39 @@ class _PruneAttributes(cst.CSTTransformer):
         return updated
 
 
+_BUFFER = m.SimpleStatementLine(
+    body=[
+        m.Expr(
+            m.Call(
+                func=m.Attribute(value=m.Name("self"), attr=m.Name("register_buffer")),
+                args=[
+                    m.Arg(value=m.SimpleString()),
+                    m.Arg(),
+                    m.Arg(keyword=m.Name("persistent"), value=m.Name("False")),
+                ],
+            )
+        )
+    ]
+)
+
+
+def _transient_buffer(node: cst.CSTNode) -> str | None:
+    """``x`` of ``self.register_buffer("x", value, persistent=False)``: a buffer no checkpoint
+    holds (an inverse-frequency or mask cache), or None."""
+    if not m.matches(node, _BUFFER):
+        return None
+    return node.body[0].value.args[0].value.evaluated_value
+
+
 def _class_reads(cls: cst.ClassDef) -> tuple[set[str], set[str]] | None:
     """(attributes its ``__init__`` assigns, attributes the class reads), None without one."""
     init = t.find_method(cls, "__init__")
     if init is None:
         return None
     assigned = {
-        a for n in t.walk(init) if isinstance(n, cst.SimpleStatementLine) and (a := t.self_attr_assigned(n))
+        a
+        for n in t.walk(init)
+        if isinstance(n, cst.SimpleStatementLine) and (a := t.self_attr_assigned(n) or _transient_buffer(n))
     }
     self_reads, _ = _attribute_reads(cls)
     model_class = "vllm_config" in t.names_used(init.params)

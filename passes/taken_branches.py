@@ -1,9 +1,9 @@
 """Hub custom code: a config switch in a forward, replaced by the branch the traced config took.
 
 Matches, in the forward of each class the analysis found config switches in (Hub custom code
-only), ``if <switch>: A`` / ``if <switch>: A else: B`` whose test is, in the form
-``__init__`` evaluates, one of ``ModelPlan.forward_switches`` (Llama-era
-``if self.config.pretraining_tp > 1:`` around its projections).
+only), ``if <switch>: A`` / ``if <switch>: A else: B`` around the projections the fusing
+passes must find called once, whose test is, in the form ``__init__`` evaluates, one of
+``ModelPlan.forward_switches`` (Llama-era ``if self.config.pretraining_tp > 1:``).
 
 Emits the taken branch's statements in place of the ``if``. ``config_guards`` (later) then
 refuses, in ``__init__``, the configs that would take the other branch: the class no longer
@@ -37,7 +37,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         forward = cls and t.find_method(cls, "forward")
         if forward is None:
             continue
-        chooser = _TakenBranch(known, t.init_exprs(cls))
+        chooser = _TakenBranch(known, t.init_exprs(cls), _projections(ctx.plan))
         new = forward.visit(chooser)
         if chooser.taken:
             module = sites.replace_class(module, name, t.set_method(cls, new))
@@ -47,13 +47,24 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
 
 
+def _projections(plan) -> set[str]:
+    """The attributes of the projections the fusing passes must find called once."""
+    found = {getattr(plan.attention, r).attr for r in "qkvo" if hasattr(plan.attention, r)}
+    if plan.mlp is not None:
+        found |= {f.attr for f in (plan.mlp.gate, plan.mlp.up, plan.mlp.down) if f is not None}
+    return found
+
+
 class _TakenBranch(cst.CSTTransformer):
-    def __init__(self, known: dict[str, bool], init_exprs: dict[str, str]) -> None:
+    def __init__(self, known: dict[str, bool], init_exprs: dict[str, str], projections: set[str]) -> None:
         self.known, self.init_exprs, self.taken = known, init_exprs, []
+        self.projections = projections
 
     def leave_If(self, original: cst.If, updated: cst.If):
         if isinstance(updated.orelse, cst.If):
             return updated  # elif chains: left as written
+        if not t.self_attrs_used(updated) & self.projections:
+            return updated  # a switch the other passes read (renormalize=config.norm_topk_prob)
         try:
             test = t.config_test(t.code(updated.test), self.init_exprs)
         except ValueError:

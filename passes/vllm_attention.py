@@ -144,7 +144,15 @@ def rewrite_attention(
     if not att.rope:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
-        init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
+        builders = _rotary_builders(cls)  # `self._init_rope()`, which only builds it
+        init = t.with_body(
+            init,
+            [
+                s
+                for s in init.body.body
+                if t.self_attr_assigned(s) != "rotary_emb" and t.code(s).strip() not in builders
+            ],
+        )
     assigned = {t.self_attr_assigned(s) for s in init.body.body}
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
@@ -356,6 +364,29 @@ def _sinks_per_rank(init: cst.FunctionDef, attr: str, cls: str) -> cst.FunctionD
     new[0] = new[0].with_changes(leading_lines=body[at[0]].leading_lines)
     body[at[0] : at[0] + 1] = new
     return t.with_body(init, body)
+
+
+def _rotary_builders(cls: cst.ClassDef) -> set[str]:
+    """``self.<method>()`` for each method of ``cls`` whose only effect is assigning
+    ``self.rotary_emb`` (and attributes nothing else reads: StableLM's ``rotary_ndims``):
+    the source's rope set-up, replaced by vLLM's."""
+    found = set()
+    for member in cls.body.body:
+        if not isinstance(member, cst.FunctionDef) or member.name.value in ("__init__", "forward"):
+            continue
+        if len(member.params.params) != 1:
+            continue
+        assigned = {
+            t.self_attr_assigned(n) for n in t.walk(member) if isinstance(n, cst.SimpleStatementLine)
+        } - {None}
+        effects = [
+            n for n in t.walk(member) if isinstance(n, cst.Expr) and not isinstance(n.value, cst.SimpleString)
+        ]
+        others = [m for m in cls.body.body if m is not member]
+        read_elsewhere = set().union(set(), *(t.self_attrs_used(m) for m in others))
+        if "rotary_emb" in assigned and not (assigned - {"rotary_emb"}) & read_elsewhere and not effects:
+            found.add(f"self.{member.name.value}()")
+    return found
 
 
 def _input_as_hidden_states(

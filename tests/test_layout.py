@@ -18,6 +18,7 @@ def test_the_pipeline_diagram_names_every_stage_folder_once_in_order():
     boxes = re.findall(r"^ (hfrewrite/\w+)/", _diagram(), re.MULTILINE)
     assert sorted(b.split("/")[1] for b in boxes) == folders
     assert boxes == [
+        "hfrewrite/isolate",
         "hfrewrite/analyze",
         "hfrewrite/emit",
         "hfrewrite/verify",

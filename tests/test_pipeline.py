@@ -48,6 +48,7 @@ def test_docs_passes_page_is_generated_from_the_docstrings():
 # strip_hf_runtime counts the names the modeling source imports from Transformers internals.
 MATCHES = {
     "llama": {
+        "taken_branches": 0,
         "carry_decoder_layer": 0,  # LlamaDecoderLayer.forward takes `residual`: fused, not carried
         "fuse_qkv": 1,  # LlamaAttention.qkv_proj
         "vllm_attention": 1,  # LlamaAttention
@@ -68,6 +69,7 @@ MATCHES = {
         "type_config_params": 1,  # LlamaMLP(config: LlamaConfig)
     },
     "qwen3_moe": {
+        "taken_branches": 0,
         "carry_decoder_layer": 0,
         "fuse_qkv": 1,  # Qwen3MoeAttention
         "vllm_attention": 1,  # Qwen3MoeAttention
@@ -88,6 +90,7 @@ MATCHES = {
         "type_config_params": 1,  # Qwen3MoeMLP
     },
     "deepseek_v3": {
+        "taken_branches": 0,
         "carry_decoder_layer": 0,
         "fuse_qkv": 0,  # latent attention: mla_attention's
         "vllm_attention": 0,
@@ -108,6 +111,7 @@ MATCHES = {
         "type_config_params": 1,  # DeepseekV3MLP
     },
     "gemma": {
+        "taken_branches": 0,
         "carry_decoder_layer": 0,
         "fuse_qkv": 1,
         "vllm_attention": 1,
@@ -128,6 +132,7 @@ MATCHES = {
         "type_config_params": 1,  # GemmaMLP
     },
     "starcoder2": {
+        "taken_branches": 0,
         "carry_decoder_layer": 1,  # Starcoder2DecoderLayer: LayerNorms kept, forward carried
         "fuse_qkv": 1,
         "vllm_attention": 1,

@@ -33,7 +33,12 @@ from hfrewrite.analyze.dataflow import (
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
-from hfrewrite.analyze.manual_attention import MANUAL_REASON, attends_by_hand
+from hfrewrite.analyze.manual_attention import (
+    MANUAL_REASON,
+    UNRECOGNISED_SOFTMAX_REASON,
+    attends_by_hand,
+    is_softmax,
+)
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import legacy_rope_fields, per_layer_type, prove_rope
 from hfrewrite.analyze.trace import (
@@ -352,8 +357,10 @@ def _attention_call(traced: Traced, path: str) -> Node:
     if not calls:
         if any(is_direct_sdpa(n) for n in traced.nodes_in(path)):
             refuse("vllm_attention", DIRECT_SDPA_REASON)
-        if attends_by_hand(traced.nodes_in(path)):
+        if attends_by_hand(traced.nodes_in(path), traced):
             refuse("vllm_attention", MANUAL_REASON)
+        if any(is_softmax(n) for n in traced.nodes_in(path)):
+            refuse("vllm_attention", UNRECOGNISED_SOFTMAX_REASON)
         refuse(
             "vllm_attention",
             "no call through the attention interface: a linear-attention or "

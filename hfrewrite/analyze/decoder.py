@@ -25,7 +25,12 @@ import operator
 import torch
 from torch.fx import Node
 
-from hfrewrite.analyze.manual_attention import MANUAL_REASON, attends_by_hand
+from hfrewrite.analyze.manual_attention import (
+    MANUAL_REASON,
+    UNRECOGNISED_SOFTMAX_REASON,
+    attends_by_hand,
+    is_softmax,
+)
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
@@ -147,8 +152,10 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
     others = sorted(with_linears - attending - {None})
     if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
         refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
-    if not attending and attends_by_hand(traced.graph.nodes):
+    if not attending and attends_by_hand(traced.graph.nodes, traced):
         refuse("decoder_layer", MANUAL_REASON, cls)
+    if not attending and any(is_softmax(n) for n in traced.graph.nodes):
+        refuse("decoder_layer", UNRECOGNISED_SOFTMAX_REASON, cls)
     if not attending:
         refuse(
             "decoder_layer",

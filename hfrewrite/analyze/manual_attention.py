@@ -30,9 +30,20 @@ MANUAL_REASON = (
 )
 
 
-def attends_by_hand(nodes) -> bool:
+UNRECOGNISED_SOFTMAX_REASON = (
+    "computes a softmax that is not recognised as attention (attention by hand is recognised as "
+    "scores from q @ k^T by matmul, a scale and a mask, then the probabilities @ v by matmul; "
+    "einsum, bmm and position biases such as ALiBi are not)"
+)
+
+
+def attends_by_hand(nodes, traced: Traced | None = None) -> bool:
     """Some node is a softmax with ``q @ k^T`` scores and a ``@ v`` (a fold candidate)."""
-    return any(_is(n, _SOFTMAX) and _operands(n) is not None for n in nodes)
+    return any(_is(n, _SOFTMAX) and _operands(n, traced) is not None for n in nodes)
+
+
+def is_softmax(node) -> bool:
+    return _is(node, _SOFTMAX)
 
 
 def fold_manual_attention(traced: Traced) -> int:

@@ -29,6 +29,7 @@ from hfrewrite.analyze.checkpoint import (
     expert_checkpoint_names,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
+from hfrewrite.analyze.example_run import build_model, example_run, initialise_empty
 from hfrewrite.analyze.lm_head import head_kind, is_head
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
@@ -48,9 +49,8 @@ from hfrewrite.analyze.plan import (
     Refusal,
     refuse,
 )
-from hfrewrite.analyze.shrink import VOCAB, shrink_config
+from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.analyze.trace import (
-    ATTN_IMPLEMENTATION,
     Traced,
     is_norm,
     trace,
@@ -79,8 +79,9 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     analyze/moe_variants.py)."""
     small = shrink_config(config)
     torch.manual_seed(0)
-    model = _build(small)
+    model = build_model(small)
     model.eval()
+    initialise_empty(model)
     base_attr = getattr(model, "base_model_prefix", "")
     base = getattr(model, base_attr, None) if base_attr else None
     if not isinstance(base, nn.Module):  # a prefix naming no child (ERNIE-4.5's "ernie"):
@@ -93,6 +94,20 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
             base_attr, base = holders[0], getattr(model, holders[0])
     if not isinstance(base, nn.Module):
         refuse("model_layout", f"no base model at .{base_attr}", type(model).__name__)
+    nested = [name for name, m in base.named_modules() if isinstance(m, nn.ModuleList) and "." in name]
+    custom = bool(getattr(small, "auto_map", None))  # Hub custom code: a decoder kept deeper
+    if (
+        custom
+        and not getattr(config, "is_encoder_decoder", False)
+        and nested
+        and not any(isinstance(m, nn.ModuleList) for m in base.children())
+    ):
+        refuse(
+            "model_layout",
+            f"the decoder layers sit at {base_attr}.{nested[0]}, deeper than a child of the base "
+            "model (ChatGLM's encoder.layers): this analysis does not follow them there yet",
+            type(base).__name__,
+        )
     if getattr(config, "is_encoder_decoder", False) or not any(
         isinstance(m, nn.ModuleList) for m in base.children()
     ):
@@ -109,7 +124,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
 
     embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
     head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
-    run = _example_run(model, base, layers, embed, head)
+    run = example_run(model, base, layers, embed, head)
     kind = head_kind(getattr(model, head), run.head_input, run.head_output, small)
     final_norm = run.final_norm
     masks = not _windowed(small)  # a causal mask the base model hands its layers is proven by value
@@ -268,33 +283,6 @@ def _required(fact):
     return fact
 
 
-def _build(small) -> nn.Module:
-    """The causal LM of the shrunk config, with the opaque attention; code that picks its
-    attention class from its own table (``ATTENTION_CLASSES[config._attn_implementation]``,
-    transformers 4.36-4.47 era custom code) gets "eager", its own attention, traced inline."""
-    # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
-    custom = bool(getattr(small, "auto_map", None))
-    try:
-        return transformers.AutoModelForCausalLM.from_config(
-            small, dtype=torch.float32, trust_remote_code=custom
-        )
-    except KeyError as e:
-        if ATTN_IMPLEMENTATION not in str(e):
-            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
-        if not custom:
-            reason = "attention is not dispatched through transformers' AttentionInterface"
-            raise Refusal(NoMatch("", "", f"{reason} ({_line(e)})")) from e
-    except Exception as e:  # the modeling code cannot build this config
-        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
-    small._attn_implementation = "eager"
-    try:
-        return transformers.AutoModelForCausalLM.from_config(
-            small, dtype=torch.float32, trust_remote_code=True
-        )
-    except Exception as e:
-        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
-
-
 def _line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
@@ -310,104 +298,6 @@ def _one_child(parent: nn.Module, what: str, test) -> str:
             type(parent).__name__,
         )
     return names[0]
-
-
-@dataclasses.dataclass
-class _ExampleRun:
-    layer_inputs: list[tuple[tuple, dict]]  # (args, kwargs) each decoder layer received
-    final_norm: str  # the base model's child between the last layer and the lm_head
-    logits_postprocessed: bool  # the logits differ from lm_head(hidden): softcap, scale...
-    embeddings_transformed: bool  # the first layer does not read the embedding as it is
-    head_input: torch.Tensor | None = None  # what the lm_head read and returned
-    head_output: torch.Tensor | None = None
-    head_input_scaled: bool = False  # the lm_head reads the final norm's output times a constant
-
-
-def _example_run(
-    model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str, head: str
-) -> _ExampleRun:
-    """Run the model once on ids and read the glue between its parts from the values:
-    what each layer receives, whether the first layer receives the embedding unchanged,
-    which child normalises the last layer's output into the lm_head, and whether the
-    logits are post-processed. The vLLM model interface writes that glue itself and
-    carries the source's statements where the values show there are some."""
-    seen: dict[int, tuple[tuple, dict]] = {}
-    calls: dict[str, tuple] = {}
-
-    def record(store: dict, key, value) -> None:  # hooks must return None
-        store[key] = value  # the last call: a final norm may also run on the embeddings
-
-    hooks = [
-        layer.register_forward_pre_hook(
-            lambda _, args, kwargs, i=i: record(seen, i, (args, kwargs)),
-            with_kwargs=True,
-        )
-        for i, layer in enumerate(layers)
-    ]
-    children = [
-        (name, child) for name, child in base.named_children() if not isinstance(child, nn.ModuleList)
-    ]
-    children.append((head, getattr(model, head)))
-    hooks += [
-        child.register_forward_hook(lambda _, args, out, name=name: record(calls, name, (args, out)))
-        for name, child in children
-    ]
-    hooks.append(layers[-1].register_forward_hook(lambda _, args, out: record(calls, "<last>", (args, out))))
-    ids = torch.arange(10).reshape(2, 5) % VOCAB
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids, use_cache=False).logits
-    except Exception as e:  # a model that cannot run on CPU at all
-        raise Refusal(NoMatch("example run", type(model).__name__, _line(e))) from e
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-    def same(a, b) -> bool:
-        a, b = (x[0] if isinstance(x, (tuple, list)) else x for x in (a, b))
-        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
-
-    first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
-    last, head_in = calls["<last>"][1], calls[head][0]
-    norms = [
-        name
-        for name, _ in children[:-1]
-        if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)
-    ]
-    scaled = False
-    if not norms:  # MiniCPM: the lm_head reads the final norm's output divided by a constant
-        norms = [
-            name
-            for name, _ in children[:-1]
-            if name in calls and same(calls[name][0], last) and _scaled(calls[name][1], head_in)
-        ]
-        scaled = bool(norms)
-    if len(norms) != 1:
-        refuse(
-            "model_layout",
-            "no one child normalises the last layer's output into the lm_head",
-            type(base).__name__,
-        )
-    return _ExampleRun(
-        layer_inputs=[seen[i] for i in range(len(layers))],
-        final_norm=norms[0],
-        logits_postprocessed=not same(calls[head][1], logits),
-        embeddings_transformed=not same(calls[embed][1], first),
-        head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
-        head_input_scaled=scaled,
-        head_output=calls[head][1],
-    )
-
-
-def _scaled(a, b) -> bool:
-    """``b`` is ``a`` times one constant other than 1 (checked on every element)."""
-    a, b = (x[0] if isinstance(x, tuple | list) else x for x in (a, b))
-    if not (torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and a.abs().min() > 0):
-        return False
-    ratio = (b / a).flatten()
-    return bool(torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-5)) and not torch.isclose(
-        ratio[0], torch.tensor(1.0, dtype=ratio.dtype)
-    )
 
 
 def _windowed(config) -> bool:

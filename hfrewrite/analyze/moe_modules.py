@@ -48,7 +48,14 @@ def expert_mlp(block: nn.Module, attr: str, config) -> MlpPlan | NoMatch:
     expert = getattr(block, attr)[0]
     width = next(m for m in expert.modules() if isinstance(m, nn.Linear)).in_features
     generator = torch.Generator().manual_seed(0)
-    plan = analyze_mlp(trace(expert, (torch.randn(5, width, generator=generator),)), "", config)
+    try:
+        traced = trace(expert, (torch.randn(5, width, generator=generator),))
+    except TypeError as e:  # Mixtral 4.36's experts: forward(hidden_states, routing_weights)
+        line = (str(e).strip().splitlines() or [""])[0]
+        return NoMatch(
+            PATTERN, type(expert).__name__, f"an expert's forward takes more than the tokens ({line})"
+        )
+    plan = analyze_mlp(traced, "", config)
     if isinstance(plan, NoMatch):
         return plan
     if plan.gate is None or plan.fused_gate_up or plan.gate.bias or plan.down.bias:

@@ -35,7 +35,7 @@ from torch.fx.proxy import Attribute
 from torch.utils import _pytree as pytree
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from hfrewrite.analyze.dataflow import ancestors
+from hfrewrite.analyze.causal_mask import causal_mask
 from hfrewrite.analyze.plan import LinearFact
 
 ATTN_IMPLEMENTATION = "hfrewrite_opaque"
@@ -119,56 +119,6 @@ def before_expansion(expanded: Node, heads: int) -> Node:
             break
         node = inputs[0]
     return expanded
-
-
-_SHAPE_ONLY = {("call_method", "size"), ("call_method", "dim")}
-
-
-def _reads_layer_inputs(node: Node, but_masks: bool = False) -> bool:
-    """Whether ``node``'s value depends on a layer input's values; sizes read off an input
-    (``key.size(1)``; ``.shape`` is concrete, not traced) carry no values and are not followed.
-    ``but_masks``: inputs other than the first (the hidden states) do not count."""
-    first = next((n for n in node.graph.nodes if n.op == "placeholder"), None)
-    for n in ancestors(node, None):
-        if n.op == "placeholder" and n is not node and (n is first or not but_masks):
-            users = [u for u in n.users if (u.op, u.target) not in _SHAPE_ONLY]
-            if _feeds(users, node):
-                return True
-    return False
-
-
-def _feeds(starts: list[Node], target: Node) -> bool:
-    """Whether ``target`` is reached from ``starts`` along uses, not through shape reads."""
-    seen, todo = set(starts), list(starts)
-    while todo:
-        cur = todo.pop()
-        if cur is target:
-            return True
-        for user in cur.users:
-            if user not in seen and (user.op, user.target) not in _SHAPE_ONLY:
-                seen.add(user)
-                todo.append(user)
-    return False
-
-
-def _causal_mask(mask: Any, length: int, layer_masks: bool = False) -> bool:
-    """``mask`` is the causal mask of ``length`` queries over as many keys: boolean
-    ``tril`` or additive 0 / very negative, the same for every leading index. Built from
-    constants alone (no layer input: not a padding mask), unless ``layer_masks``: a mask
-    input the base model built from the (unpadded) example, for a config with no window, is
-    the causal mask vLLM's calling convention gives each sequence (never one that reads the
-    hidden states' values)."""
-    if isinstance(mask, ValueProxy):
-        if _reads_layer_inputs(mask.node, but_masks=layer_masks):
-            return False
-        mask = mask.value
-    if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length):
-        return False
-    allowed = torch.ones(length, length, dtype=torch.bool).tril().expand(*mask.shape[:-2], length, length)
-    if mask.dtype == torch.bool:
-        return torch.equal(mask, allowed)
-    very_negative = mask <= torch.finfo(mask.dtype).min / 2
-    return mask.is_floating_point() and bool((mask[allowed] == 0).all() and very_negative[~allowed].all())
 
 
 def is_attention_leaf(node: torch.fx.Node) -> bool:
@@ -263,7 +213,7 @@ class ValueTracer(Tracer):
 
     def __init__(self, args: tuple, kwargs: dict, layer_masks: bool = False) -> None:
         super().__init__(autowrap_modules=(), param_shapes_constant=False)
-        self.layer_masks = layer_masks  # see _causal_mask
+        self.layer_masks = layer_masks  # see causal_mask.causal_mask
         self.example = (args, kwargs)
         self.placeholders: list[torch.Tensor] = []
         self.returns_tuple: dict[str, bool] = {}  # submodule path -> its forward returned a tuple
@@ -320,7 +270,7 @@ class ValueTracer(Tracer):
         options = {key: p.get(key, default) for key, default in (("dropout_p", 0.0), ("is_causal", False))}
         scale = p.get("scale")
         mask = p.get("attn_mask")
-        if mask is not None and _causal_mask(mask, q.value.shape[-2], self.layer_masks):
+        if mask is not None and causal_mask(mask, q.value.shape[-2], self.layer_masks):
             options["is_causal"], mask = True, None  # the mask spells out what is_causal means
         if (
             mask is not None
@@ -379,7 +329,9 @@ _NOT_SOURCE = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(
 
 
 def _source_frames_and_lines() -> tuple[tuple, dict]:
-    """``_source_frames``, and the line each of those frames was executing (by code object)."""
+    """Code objects of the Python frames (outermost first) that led to a node, torch's and
+    hfrewrite's own left out (which function of the model's source computed it), and the
+    line each was executing."""
     frames, lines, frame = [], {}, sys._getframe(2)
     while frame is not None:
         if not frame.f_code.co_filename.startswith(_NOT_SOURCE):
@@ -393,17 +345,6 @@ def source_line(node: Node, code) -> str:
     """The source line (stripped) function ``code`` was executing when ``node`` was traced."""
     lineno = node.meta.get("lines", {}).get(code)
     return linecache.getline(code.co_filename, lineno).strip() if lineno else ""
-
-
-def _source_frames() -> tuple:
-    """Code objects of the Python frames (outermost first) that led to a node, torch's and
-    hfrewrite's own left out: which function of the model's source computed it."""
-    frames, frame = [], sys._getframe(2)
-    while frame is not None:
-        if not frame.f_code.co_filename.startswith(_NOT_SOURCE):
-            frames.append(frame.f_code)
-        frame = frame.f_back
-    return tuple(reversed(frames))
 
 
 def called_from(node: Node, caller) -> Any:
@@ -545,7 +486,7 @@ def trace(
     module: nn.Module, args: tuple = (), kwargs: dict | None = None, layer_masks: bool = False
 ) -> Traced:
     """Trace ``module(*args, **kwargs)``; tensors in args/kwargs become placeholders;
-    ``layer_masks``: see ``_causal_mask``.
+    ``layer_masks``: see ``causal_mask.causal_mask``.
 
     Tensors the forward creates (not parameters or buffers) are stored on ``module`` as
     ``_tensor_constant<N>`` attributes, as ``torch.fx`` does.

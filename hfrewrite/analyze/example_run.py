@@ -1,0 +1,157 @@
+"""The model the analysis traces: the shrunk config's causal LM built (``build_model``),
+and the example run that reads the glue between its parts from the values
+(``example_run``): what each decoder layer receives, the final norm, the lm_head's input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import transformers
+from torch import nn
+
+from hfrewrite.analyze.plan import NoMatch, Refusal, refuse
+from hfrewrite.analyze.shrink import VOCAB
+from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def build_model(small) -> nn.Module:
+    """The causal LM of the shrunk config, with the opaque attention; code that picks its
+    attention class from its own table (``ATTENTION_CLASSES[config._attn_implementation]``,
+    transformers 4.36-4.47 era custom code) gets "eager", its own attention, traced inline."""
+    # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
+    custom = bool(getattr(small, "auto_map", None))
+    try:
+        return transformers.AutoModelForCausalLM.from_config(
+            small, dtype=torch.float32, trust_remote_code=custom
+        )
+    except KeyError as e:
+        if ATTN_IMPLEMENTATION not in str(e):
+            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
+        if not custom:
+            reason = "attention is not dispatched through transformers' AttentionInterface"
+            raise Refusal(NoMatch("", "", f"{reason} ({_line(e)})")) from e
+    except Exception as e:  # the modeling code cannot build this config
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
+    small._attn_implementation = "eager"
+    try:
+        return transformers.AutoModelForCausalLM.from_config(
+            small, dtype=torch.float32, trust_remote_code=True
+        )
+    except Exception as e:
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
+
+
+@dataclasses.dataclass
+class ExampleRun:
+    layer_inputs: list[tuple[tuple, dict]]  # (args, kwargs) each decoder layer received
+    final_norm: str  # the base model's child between the last layer and the lm_head
+    logits_postprocessed: bool  # the logits differ from lm_head(hidden): softcap, scale...
+    embeddings_transformed: bool  # the first layer does not read the embedding as it is
+    head_input: torch.Tensor | None = None  # what the lm_head read and returned
+    head_output: torch.Tensor | None = None
+    head_input_scaled: bool = False  # the lm_head reads the final norm's output times a constant
+
+
+def example_run(
+    model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str, head: str
+) -> ExampleRun:
+    """Run the model once on ids and read the glue between its parts from the values:
+    what each layer receives, whether the first layer receives the embedding unchanged,
+    which child normalises the last layer's output into the lm_head, and whether the
+    logits are post-processed. The vLLM model interface writes that glue itself and
+    carries the source's statements where the values show there are some."""
+    seen: dict[int, tuple[tuple, dict]] = {}
+    calls: dict[str, tuple] = {}
+
+    def record(store: dict, key, value) -> None:  # hooks must return None
+        store[key] = value  # the last call: a final norm may also run on the embeddings
+
+    hooks = [
+        layer.register_forward_pre_hook(
+            lambda _, args, kwargs, i=i: record(seen, i, (args, kwargs)),
+            with_kwargs=True,
+        )
+        for i, layer in enumerate(layers)
+    ]
+    children = [
+        (name, child) for name, child in base.named_children() if not isinstance(child, nn.ModuleList)
+    ]
+    children.append((head, getattr(model, head)))
+    hooks += [
+        child.register_forward_hook(lambda _, args, out, name=name: record(calls, name, (args, out)))
+        for name, child in children
+    ]
+    hooks.append(layers[-1].register_forward_hook(lambda _, args, out: record(calls, "<last>", (args, out))))
+    ids = torch.arange(10).reshape(2, 5) % VOCAB
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits
+    except Exception as e:  # a model that cannot run on CPU at all
+        raise Refusal(NoMatch("example run", type(model).__name__, _line(e))) from e
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+    def same(a, b) -> bool:
+        a, b = (x[0] if isinstance(x, (tuple, list)) else x for x in (a, b))
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+
+    first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
+    last, head_in = calls["<last>"][1], calls[head][0]
+    norms = [
+        name
+        for name, _ in children[:-1]
+        if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)
+    ]
+    scaled = False
+    if not norms:  # MiniCPM: the lm_head reads the final norm's output divided by a constant
+        norms = [
+            name
+            for name, _ in children[:-1]
+            if name in calls and same(calls[name][0], last) and _scaled(calls[name][1], head_in)
+        ]
+        scaled = bool(norms)
+    if len(norms) != 1:
+        refuse(
+            "model_layout",
+            "no one child normalises the last layer's output into the lm_head",
+            type(base).__name__,
+        )
+    return ExampleRun(
+        layer_inputs=[seen[i] for i in range(len(layers))],
+        final_norm=norms[0],
+        logits_postprocessed=not same(calls[head][1], logits),
+        embeddings_transformed=not same(calls[embed][1], first),
+        head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
+        head_input_scaled=scaled,
+        head_output=calls[head][1],
+    )
+
+
+def initialise_empty(model: nn.Module) -> None:
+    """Parameters the source leaves uninitialised (``torch.empty`` and an ``_init_weights``
+    that skips them: Baichuan-13B's norms, ChatGLM's ``skip_init``) hold whatever memory held,
+    NaN included: drawn like transformers' defaults instead, so that values can prove things."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and not (torch.isfinite(param).all() and param.abs().max() < 1e4):
+                fresh = torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.02
+                param.copy_(fresh + 1.0 if param.dim() == 1 else fresh)
+
+
+def _scaled(a, b) -> bool:
+    """``b`` is ``a`` times one constant other than 1 (checked on every element)."""
+    a, b = (x[0] if isinstance(x, tuple | list) else x for x in (a, b))
+    if not (torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and a.abs().min() > 0):
+        return False
+    ratio = (b / a).flatten()
+    return bool(torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-5)) and not torch.isclose(
+        ratio[0], torch.tensor(1.0, dtype=ratio.dtype)
+    )
