@@ -144,15 +144,7 @@ def rewrite_attention(
     if not att.rope:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
-        builders = _rotary_builders(cls)  # `self._init_rope()`, which only builds it
-        init = t.with_body(
-            init,
-            [
-                s
-                for s in init.body.body
-                if t.self_attr_assigned(s) != "rotary_emb" and t.code(s).strip() not in builders
-            ],
-        )
+        init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
     assigned = {t.self_attr_assigned(s) for s in init.body.body}
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
@@ -325,7 +317,13 @@ def rewrite_attention(
     ]
     notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
     notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
-    return t.set_method(t.set_method(cls, init), forward), notes
+    cls = t.set_method(t.set_method(cls, init), forward)
+    if "rotary_emb" in att.replaced_calls:  # `self._init_rope()`, which only built the source's
+        builders = _rotary_builders(cls)
+        init = t.find_method(cls, "__init__")
+        kept = [s for s in init.body.body if t.code(s).strip() not in builders]
+        cls = t.set_method(cls, t.with_body(init, kept))
+    return cls, notes
 
 
 # What fuse_qkv carries between the projection and the split: the elementwise ops on the
@@ -385,6 +383,7 @@ def _rotary_builders(cls: cst.ClassDef) -> set[str]:
         others = [m for m in cls.body.body if m is not member]
         read_elsewhere = set().union(set(), *(t.self_attrs_used(m) for m in others))
         if "rotary_emb" in assigned and not (assigned - {"rotary_emb"}) & read_elsewhere and not effects:
+            # the rewritten class still builds vLLM's own rotary_emb after the call
             found.add(f"self.{member.name.value}()")
     return found
 

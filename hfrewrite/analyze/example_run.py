@@ -15,9 +15,10 @@ from hfrewrite.analyze.shrink import VOCAB
 from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
 
 
-def _line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
+    """``"<Type>: <first line>"`` of an exception the model's own code raised."""
     text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def build_model(small) -> nn.Module:
@@ -32,19 +33,19 @@ def build_model(small) -> nn.Module:
         )
     except KeyError as e:
         if ATTN_IMPLEMENTATION not in str(e):
-            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {_line(e)}")) from e
+            raise Refusal(NoMatch("", "", f"cannot build a causal LM: {error_line(e)}")) from e
         if not custom:
             reason = "attention is not dispatched through transformers' AttentionInterface"
-            raise Refusal(NoMatch("", "", f"{reason} ({_line(e)})")) from e
+            raise Refusal(NoMatch("", "", f"{reason} ({error_line(e)})")) from e
     except Exception as e:  # the modeling code cannot build this config
-        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
     small._attn_implementation = "eager"
     try:
         return transformers.AutoModelForCausalLM.from_config(
             small, dtype=torch.float32, trust_remote_code=True
         )
     except Exception as e:
-        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {_line(e)}")) from e
+        raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
 
 
 @dataclasses.dataclass
@@ -93,7 +94,7 @@ def example_run(
         with torch.no_grad():
             logits = model(input_ids=ids, use_cache=False).logits
     except Exception as e:  # a model that cannot run on CPU at all
-        raise Refusal(NoMatch("example run", type(model).__name__, _line(e))) from e
+        raise Refusal(NoMatch("example run", type(model).__name__, error_line(e))) from e
     finally:
         for hook in hooks:
             hook.remove()

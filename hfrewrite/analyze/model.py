@@ -29,7 +29,7 @@ from hfrewrite.analyze.checkpoint import (
     expert_checkpoint_names,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
-from hfrewrite.analyze.example_run import build_model, example_run, initialise_empty
+from hfrewrite.analyze.example_run import build_model, error_line, example_run, initialise_empty
 from hfrewrite.analyze.lm_head import head_kind, is_head
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
@@ -283,11 +283,6 @@ def _required(fact):
     return fact
 
 
-def _line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
 def _one_child(parent: nn.Module, what: str, test) -> str:
     """The name of the one direct child of ``parent`` that passes ``test``."""
     names = [name for name, child in parent.named_children() if test(child)]
@@ -311,7 +306,7 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
     try:
         traced = trace(layer, args, kwargs, layer_masks)
     except Exception as e:
-        raise Refusal(NoMatch("trace", type(layer).__name__, _line(e))) from e
+        raise Refusal(NoMatch("trace", type(layer).__name__, error_line(e))) from e
     fold_manual_attention(traced)  # attention written out by hand, when proven causal
     return traced
 
