@@ -15,6 +15,7 @@ from hfrewrite.emit.local_modules import inline_local_imports
 from hfrewrite.emit.name_clashes import avoid_vllm_names
 from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.pipeline import run_passes
+from hfrewrite.emit.torch_names import torch_nn_as_nn
 from hfrewrite.errors import CannotBuild, HfrewriteError
 from hfrewrite.progress import step
 from hfrewrite.resolve import resolve
@@ -46,6 +47,7 @@ def generate(resolved) -> Generated:
             raise HfrewriteError(f"{resolved.model_id}: {exc}") from None
         _defined_in_file(plan, module, resolved.modeling_path.name)
         module, plan = avoid_vllm_names(module, plan)
+        module = torch_nn_as_nn(module)
     with step(f"rewriting {resolved.modeling_path.name}"):
         result = run_passes(
             module,

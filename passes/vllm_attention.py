@@ -141,7 +141,7 @@ def rewrite_attention(
         finder.kwargs = {"scaling": t.expr("self.head_dim**-0.5")}
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
-    if not att.rope:
+    if not att.rope and att.alibi is None:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
         init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
@@ -244,7 +244,13 @@ def rewrite_attention(
         [
             *t.guards_first(list(init.body.body), first),
             *t.stmts(
-                later + _rope_init(att, head_dim, rope_parameters) + "self.attn = Attention(\n"
+                later
+                + (
+                    _ALIBI_INIT.format(factor=att.alibi)
+                    if att.alibi
+                    else _rope_init(att, head_dim, rope_parameters)
+                )
+                + "self.attn = Attention(\n"
                 "    self.num_heads,\n"
                 f"    {head_dim},\n"
                 f"    {scaling},\n"
@@ -252,7 +258,8 @@ def rewrite_attention(
                 "    cache_config=cache_config,\n"
                 "    quant_config=quant_config,\n"
                 f"{window}"
-                '    prefix=f"{prefix}.attn",\n'
+                + ("    alibi_slopes=alibi_slopes,\n" if att.alibi else "")
+                + '    prefix=f"{prefix}.attn",\n'
                 ")\n"
             ),
         ],
@@ -292,7 +299,7 @@ def rewrite_attention(
         raise HfrewriteError(
             f"{name}: {NAME}: some layers have no rope, but the source's rope is unconditional"
         )
-    tail += "q, k = self.rotary_emb(positions, q, k)\n"
+    tail += "q, k = self.rotary_emb(positions, q, k)\n" if att.alibi is None else ""
     if att.qk_norm_after_rope:
         tail += norms
     tail += (
@@ -403,6 +410,29 @@ def _input_as_hidden_states(
     return list(t.rename_locals(fn, {params[0]: "hidden_states"}).body.body)
 
 
+# ALiBi (analysis: analyze/alibi.py): this rank's heads' slopes, the standard ones times the
+# proven factor; vLLM's Attention adds the bias
+_ALIBI_INIT = """\
+head_start = get_tensor_model_parallel_rank() * self.num_heads
+alibi_slopes = alibi_slopes_of(self.total_num_heads) * {factor}
+alibi_slopes = alibi_slopes[head_start : head_start + self.num_heads].tolist()
+"""
+
+_ALIBI_SLOPES = """\
+def alibi_slopes_of(total_num_heads: int) -> torch.Tensor:
+    # The ALiBi paper's per-head slopes, as BLOOM and Baichuan compute them
+    closest = 2 ** math.floor(math.log2(total_num_heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = torch.pow(torch.tensor(base), torch.arange(1, 1 + closest))
+    if closest != total_num_heads:
+        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        remaining = min(closest, total_num_heads - closest)
+        extra = torch.pow(torch.tensor(extra_base), torch.arange(1, 1 + 2 * remaining, 2))
+        slopes = torch.cat([slopes, extra])
+    return slopes
+"""
+
+
 def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
     """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
     ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads."""
@@ -454,9 +484,19 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         + "; proven by replay)"
     )
     softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
+    if att.alibi:
+        rope = f"ALiBi slopes x {att.alibi} (bias proven by replay)"
     rows = [FusionRow(att.module_class, f"attention interface -> vllm Attention{softcap} + {rope}")]
     rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
+    if att.alibi:
+        imports = ["Attention", "get_tensor_model_parallel_rank"]
+        at = next(
+            i
+            for i, n in enumerate(module.body)
+            if isinstance(n, cst.ClassDef) and n.name.value == att.module_class
+        )
+        module = module.with_changes(body=[*module.body[:at], t.stmt(_ALIBI_SLOPES), *module.body[at:]])
     if att.sinks:
         imports += ["set_weight_attrs", "sharded_weight_loader"]
         rows.append(

@@ -186,7 +186,9 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
     prove_output_layout(call, o_node)
     sinks = _sinks(call, path, num_heads)
-    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS - ({"s_aux"} if sinks else set())):
+    proven = {"s_aux"} if sinks else set()
+    proven |= {"alibi"} if call.target is causal_sdpa else set()  # the fold's own proven fact
+    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS - proven):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
             tensor = torch.is_tensor(passed)
@@ -229,6 +231,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         qk_norm_after_rope=norm_after is not None,
         replaced_calls=_replaced_calls(traced, path, scope, feeders, rope_ends if rope else {}, call, o_node),
         direct_sdpa=call.target is causal_sdpa,
+        alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,
         sinks=sinks,
     )
 

@@ -1,4 +1,5 @@
-"""Attention written out by hand (custom code): ``softmax(q @ k^T * scale + mask) @ v``.
+"""Attention written out by hand (custom code): ``softmax(q @ k^T * scale + mask) @ v``,
+possibly with an ALiBi bias (analyze/alibi.py).
 
 Each softmax over the last dim whose probabilities (through casts) are multiplied with a
 ``v``, and whose scores come from one ``q @ k.transpose(-2, -1)`` (through a scale, a mask,
@@ -16,12 +17,25 @@ import operator
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.alibi import proven_factor
 from hfrewrite.analyze.trace import Traced, before_expansion, causal_sdpa, is_identity_dropout, value
 
 _MATMUL = (torch.matmul, operator.matmul, "matmul")
 _SOFTMAX = (torch.softmax, torch.nn.functional.softmax, "softmax")
 _CASTS = ("to", "float", "type_as", "contiguous")
-_SCORE_STEPS = (operator.add, operator.mul, operator.truediv, torch.add, torch.mul, "masked_fill", *_CASTS)
+# (torch.max / clamp of the scores at a constant floor: the dtype minimum, Baichuan-13B)
+_SCORE_STEPS = (
+    operator.add,
+    operator.mul,
+    operator.truediv,
+    torch.add,
+    torch.mul,
+    "masked_fill",
+    torch.max,
+    torch.maximum,
+    "clamp",
+    *_CASTS,
+)
 
 
 MANUAL_REASON = (
@@ -32,8 +46,9 @@ MANUAL_REASON = (
 
 UNRECOGNISED_SOFTMAX_REASON = (
     "computes a softmax that is not recognised as attention (attention by hand is recognised as "
-    "scores from q @ k^T by matmul, a scale and a mask, then the probabilities @ v by matmul; "
-    "einsum, bmm and position biases such as ALiBi are not)"
+    "[batch, heads, seq, seq] scores from q @ k^T by matmul, a scale, a mask and possibly an ALiBi "
+    "bias, then the probabilities @ v by matmul; scores in a [batch * heads] layout, einsum and "
+    "bmm are not)"
 )
 
 
@@ -54,7 +69,7 @@ def fold_manual_attention(traced: Traced) -> int:
         found = _operands(soft, traced)
         if found is None:
             continue
-        q, k, v, out = found
+        q, k, v, out, qk, scores = found
         heads = value(q).shape[1]
         k, v = before_expansion(k, heads), before_expansion(v, heads)
         if value(k).shape[1] != value(v).shape[1]:
@@ -62,14 +77,24 @@ def fold_manual_attention(traced: Traced) -> int:
         attended, _ = causal_sdpa(None, value(q), value(k), value(v), None)
         want = attended.transpose(1, 2)
         got = value(out)
-        if not (
+        kwargs = {"scaling": None}
+        # ALiBi first: a per-head linear bias (alibi.py), which a saturated softmax can hide
+        expanded = [value(x) for x in found[1:3]]
+        factor = (
+            proven_factor(value(qk), value(scores), value(q), *expanded, got)
+            if torch.is_tensor(got)
+            else None
+        )
+        if factor is not None:
+            kwargs["alibi"] = factor
+        elif not (
             torch.is_tensor(got)
             and got.shape == want.shape
             and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
         ):
             continue
         with graph.inserting_after(out):
-            leaf = graph.call_function(causal_sdpa, (None, q, k, v, None), {"scaling": None})
+            leaf = graph.call_function(causal_sdpa, (None, q, k, v, None), kwargs)
         with graph.inserting_after(leaf):
             first = graph.call_function(operator.getitem, (leaf, 0))
         with graph.inserting_after(first):
@@ -93,8 +118,8 @@ def _is(node: object, targets: tuple) -> bool:
     return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in targets
 
 
-def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, Node, Node, Node] | None:
-    """(q, k, v, output) around a softmax over the last dim, or None."""
+def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | None:
+    """(q, k, v, output, q @ k^T, scores) around a softmax over the last dim, or None."""
     scores = value(soft)
     dim = soft.kwargs.get("dim", soft.args[1] if len(soft.args) > 1 else None)
     if not (torch.is_tensor(scores) and scores.dim() == 4 and dim in (-1, 3)):
@@ -130,7 +155,7 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, Node, Nod
         isinstance(x, Node) and torch.is_tensor(value(x)) and value(x).dim() == 4 for x in operands
     ):
         return None
-    return q, k, v, out
+    return q, k, v, out, node, soft.args[0]
 
 
 def _untransposed(kt: object) -> Node | None:

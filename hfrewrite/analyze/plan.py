@@ -109,6 +109,9 @@ class AttentionPlan:
     # The attention module's parameter of per-head sink logits (gpt_oss's `sinks`, passed
     # to the attention interface as s_aux), handed to vLLM's Attention(sinks=...)
     sinks: str | None = None
+    # ALiBi instead of rope (analyze/alibi.py): the expression of the factor on the standard
+    # slopes ("1.0", or the scale where the bias is added before scaling); None without
+    alibi: str | None = None
     # A config without rope_parameters (written for transformers 4.x): (rope_parameters key,
     # config field) of the rope the replay proved, emitted as get_rope's parameters
     rope_fields: tuple[tuple[str, str], ...] = ()

@@ -82,7 +82,7 @@ def is_direct_sdpa(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in _DIRECT_SDPA
 
 
-def causal_sdpa(module, query, key, value, attention_mask, scaling=None):
+def causal_sdpa(module, query, key, value, attention_mask, scaling=None, alibi=None):
     """The attention leaf for a direct ``scaled_dot_product_attention(q, k, v,
     is_causal=True)`` over queries and keys of one length (no mask, no dropout): causal
     self-attention, what vLLM's ``Attention`` computes. k and v are taken before any GQA
@@ -90,6 +90,11 @@ def causal_sdpa(module, query, key, value, attention_mask, scaling=None):
     ``opaque_attention`` returns, ``([batch, seq, heads, head_dim], None)``, from the same
     arguments (``module`` and ``attention_mask`` are always None)."""
     key, value = _grouped(query, key, value)
+    if alibi is not None:  # with ALiBi's bias (analyze/alibi.py): the factor's expression
+        from hfrewrite.analyze.alibi import FACTORS, with_alibi
+
+        factor = (1.0, query.shape[-1] ** -0.5)[FACTORS.index(alibi)]
+        return with_alibi(query, key, value, factor).transpose(1, 2), None
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
     return out.transpose(1, 2), None
 

@@ -1,0 +1,45 @@
+"""Custom code spelling ``torch.nn.Linear`` where transformers writes ``nn.Linear``: one
+spelling for the passes, which match constructors by name (``from torch import nn`` added
+where the file lacks it)."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+_TORCH_NN = m.Attribute(value=m.Name("torch"), attr=m.Name("nn"))
+_IMPORT_NN = m.SimpleStatementLine(
+    body=[m.ImportFrom(module=m.Name("torch"), names=[m.ImportAlias(name=m.Name("nn"), asname=None)])]
+)
+
+
+class _AsNn(cst.CSTTransformer):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if m.matches(updated, _TORCH_NN):
+            self.count += 1
+            return cst.Name("nn")
+        return updated
+
+    def leave_ImportFrom(self, original, updated):  # `from torch.nn import functional`: as written
+        return original
+
+
+def torch_nn_as_nn(module: cst.Module) -> cst.Module:
+    """``module`` with ``torch.nn.<x>`` written ``nn.<x>``."""
+    visitor = _AsNn()
+    new = module.visit(visitor)
+    if not visitor.count or any(m.matches(n, _IMPORT_NN) for n in new.body):
+        return new
+    body = list(new.body)
+    at = max(
+        (
+            i + 1
+            for i, n in enumerate(body)
+            if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
+        ),
+        default=0,
+    )
+    return new.with_changes(body=[*body[:at], cst.parse_statement("from torch import nn\n"), *body[at:]])
