@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hfrewrite.isolate.client import run_front
-from hfrewrite.isolate.environment import choose_version
+from hfrewrite.isolate.environment import choose_version, ensure_overlay
 from hfrewrite.progress import step
 
 
@@ -28,6 +28,7 @@ def analyze_isolated(
 ) -> IsolatedAnalysis:
     """Resolve and analyse the repository under the transformers release it was written for."""
     version, why = choose_version(data, requested)
+    ensure_overlay(version)  # its own progress line, before the analysis's
     job = {"kind": "analyze", "model_id": model_id, "revision": revision}
     with step(f"building and tracing a shrunk copy under transformers {version} ({why})"):
         result = run_front(version, job)
