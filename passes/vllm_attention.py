@@ -40,7 +40,7 @@ import ast
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.plan import AttentionPlan, MlaPlan
+from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.attention_body import (
     ALLOWED_CALLS,
@@ -59,6 +59,7 @@ from hfrewrite.emit.attention_body import (
     unrecognised,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.position_code import ALIBI_INIT, ALIBI_SLOPES, rope_init, rotary_builders
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -246,9 +247,9 @@ def rewrite_attention(
             *t.stmts(
                 later
                 + (
-                    _ALIBI_INIT.format(factor=att.alibi)
+                    ALIBI_INIT.format(factor=att.alibi)
                     if att.alibi
-                    else _rope_init(att, head_dim, rope_parameters)
+                    else rope_init(att, head_dim, rope_parameters)
                 )
                 + "self.attn = Attention(\n"
                 "    self.num_heads,\n"
@@ -326,7 +327,7 @@ def rewrite_attention(
     notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
     cls = t.set_method(t.set_method(cls, init), forward)
     if "rotary_emb" in att.replaced_calls:  # `self._init_rope()`, which only built the source's
-        builders = _rotary_builders(cls)
+        builders = rotary_builders(cls)
         init = t.find_method(cls, "__init__")
         kept = [s for s in init.body.body if t.code(s).strip() not in builders]
         cls = t.set_method(cls, t.with_body(init, kept))
@@ -371,30 +372,6 @@ def _sinks_per_rank(init: cst.FunctionDef, attr: str, cls: str) -> cst.FunctionD
     return t.with_body(init, body)
 
 
-def _rotary_builders(cls: cst.ClassDef) -> set[str]:
-    """``self.<method>()`` for each method of ``cls`` whose only effect is assigning
-    ``self.rotary_emb`` (and attributes nothing else reads: StableLM's ``rotary_ndims``):
-    the source's rope set-up, replaced by vLLM's."""
-    found = set()
-    for member in cls.body.body:
-        if not isinstance(member, cst.FunctionDef) or member.name.value in ("__init__", "forward"):
-            continue
-        if len(member.params.params) != 1:
-            continue
-        assigned = {
-            t.self_attr_assigned(n) for n in t.walk(member) if isinstance(n, cst.SimpleStatementLine)
-        } - {None}
-        effects = [
-            n for n in t.walk(member) if isinstance(n, cst.Expr) and not isinstance(n.value, cst.SimpleString)
-        ]
-        others = [m for m in cls.body.body if m is not member]
-        read_elsewhere = set().union(set(), *(t.self_attrs_used(m) for m in others))
-        if "rotary_emb" in assigned and not (assigned - {"rotary_emb"}) & read_elsewhere and not effects:
-            # the rewritten class still builds vLLM's own rotary_emb after the call
-            found.add(f"self.{member.name.value}()")
-    return found
-
-
 def _input_as_hidden_states(
     forward: cst.FunctionDef, kept: list[cst.BaseStatement], cls: str
 ) -> list[cst.BaseStatement]:
@@ -408,58 +385,6 @@ def _input_as_hidden_states(
         raise HfrewriteError(f"{cls}: {NAME}: the input {params[0]} and a local hidden_states")
     fn = t.with_body(forward, kept)
     return list(t.rename_locals(fn, {params[0]: "hidden_states"}).body.body)
-
-
-# ALiBi (analysis: analyze/alibi.py): this rank's heads' slopes, the standard ones times the
-# proven factor; vLLM's Attention adds the bias
-_ALIBI_INIT = """\
-head_start = get_tensor_model_parallel_rank() * self.num_heads
-alibi_slopes = alibi_slopes_of(self.total_num_heads) * {factor}
-alibi_slopes = alibi_slopes[head_start : head_start + self.num_heads].tolist()
-"""
-
-_ALIBI_SLOPES = """\
-def alibi_slopes_of(total_num_heads: int) -> torch.Tensor:
-    # The ALiBi paper's per-head slopes, as BLOOM and Baichuan compute them
-    closest = 2 ** math.floor(math.log2(total_num_heads))
-    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
-    slopes = torch.pow(torch.tensor(base), torch.arange(1, 1 + closest))
-    if closest != total_num_heads:
-        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
-        remaining = min(closest, total_num_heads - closest)
-        extra = torch.pow(torch.tensor(extra_base), torch.arange(1, 1 + 2 * remaining, 2))
-        slopes = torch.cat([slopes, extra])
-    return slopes
-"""
-
-
-def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
-    """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
-    ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads."""
-    if not att.rope_reversed:
-        return (
-            "self.rotary_emb = get_rope(\n"
-            f"    {head_dim},\n"
-            f"    max_position=config.{att.max_position_field},\n"
-            f"    rope_parameters={rope_parameters},\n"
-            f"    is_neox_style={att.rope_neox},\n"
-            ")\n"
-        )
-    rotary_dim = (
-        head_dim
-        if att.rotary_dim == att.head_dim
-        else (f'int({head_dim} * {rope_parameters}.get("partial_rotary_factor", 1.0))')
-    )
-    return (
-        "self.rotary_emb = ReversedRotaryEmbedding(\n"
-        f"    {head_dim},\n"
-        f"    rotary_dim={rotary_dim},\n"
-        f"    max_position_embeddings=config.{att.max_position_field},\n"
-        f'    base={rope_parameters}["rope_theta"],\n'
-        f"    is_neox_style={att.rope_neox},\n"
-        "    dtype=torch.get_default_dtype(),\n"
-        ")\n"
-    )
 
 
 def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cst.Module:
@@ -496,7 +421,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             for i, n in enumerate(module.body)
             if isinstance(n, cst.ClassDef) and n.name.value == att.module_class
         )
-        module = module.with_changes(body=[*module.body[:at], t.stmt(_ALIBI_SLOPES), *module.body[at:]])
+        module = module.with_changes(body=[*module.body[:at], t.stmt(ALIBI_SLOPES), *module.body[at:]])
     if att.sinks:
         imports += ["set_weight_attrs", "sharded_weight_loader"]
         rows.append(

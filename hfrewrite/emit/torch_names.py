@@ -26,6 +26,9 @@ class _AsNn(cst.CSTTransformer):
     def leave_ImportFrom(self, original, updated):  # `from torch.nn import functional`: as written
         return original
 
+    def leave_Import(self, original, updated):  # `import torch.nn.functional as F`: as written
+        return original
+
 
 def torch_nn_as_nn(module: cst.Module) -> cst.Module:
     """``module`` with ``torch.nn.<x>`` written ``nn.<x>``."""

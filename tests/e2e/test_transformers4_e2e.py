@@ -26,7 +26,6 @@ CONVERTED = {
     "stablelm_epoch": ("stablelm_epoch", '"partial_rotary_factor": config.rope_pct'),  # 4.x rope field
     "internlm2": ("internlm2", "def _qkv_per_head_to_blocks"),  # grouped wqkv, reordered at load
     "baichuan2": ("baichuan", "def _lm_head_normalized"),  # NormHead, W_pack taken apart by index
-    "baichuan_13b": ("baichuan", "alibi_slopes=alibi_slopes,"),  # ALiBi by hand, NormHead
 }
 
 

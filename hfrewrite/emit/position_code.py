@@ -1,0 +1,86 @@
+"""What the attention rewrite writes for positions: vLLM's rope (``get_rope`` or the
+template's reversed rotary embedding), or ALiBi's slopes; and which of the source's methods
+only built its own rotary module."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite.analyze.plan import AttentionPlan
+from hfrewrite.emit import cst_tools as t
+
+
+def rotary_builders(cls: cst.ClassDef) -> set[str]:
+    """``self.<method>()`` for each method of ``cls`` whose only effect is assigning
+    ``self.rotary_emb`` (and attributes nothing else reads: StableLM's ``rotary_ndims``):
+    the source's rope set-up, replaced by vLLM's."""
+    found = set()
+    for member in cls.body.body:
+        if not isinstance(member, cst.FunctionDef) or member.name.value in ("__init__", "forward"):
+            continue
+        if len(member.params.params) != 1:
+            continue
+        assigned = {
+            t.self_attr_assigned(n) for n in t.walk(member) if isinstance(n, cst.SimpleStatementLine)
+        } - {None}
+        effects = [
+            n for n in t.walk(member) if isinstance(n, cst.Expr) and not isinstance(n.value, cst.SimpleString)
+        ]
+        others = [m for m in cls.body.body if m is not member]
+        read_elsewhere = set().union(set(), *(t.self_attrs_used(m) for m in others))
+        if "rotary_emb" in assigned and not (assigned - {"rotary_emb"}) & read_elsewhere and not effects:
+            # the rewritten class still builds vLLM's own rotary_emb after the call
+            found.add(f"self.{member.name.value}()")
+    return found
+
+
+# ALiBi (analysis: analyze/alibi.py): this rank's heads' slopes, the standard ones times the
+# proven factor; vLLM's Attention adds the bias
+ALIBI_INIT = """\
+head_start = get_tensor_model_parallel_rank() * self.num_heads
+alibi_slopes = alibi_slopes_of(self.total_num_heads) * {factor}
+alibi_slopes = alibi_slopes[head_start : head_start + self.num_heads].tolist()
+"""
+
+ALIBI_SLOPES = """\
+def alibi_slopes_of(total_num_heads: int) -> torch.Tensor:
+    # The ALiBi paper's per-head slopes, as BLOOM and Baichuan compute them
+    closest = 2 ** math.floor(math.log2(total_num_heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = torch.pow(torch.tensor(base), torch.arange(1, 1 + closest))
+    if closest != total_num_heads:
+        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        remaining = min(closest, total_num_heads - closest)
+        extra = torch.pow(torch.tensor(extra_base), torch.arange(1, 1 + 2 * remaining, 2))
+        slopes = torch.cat([slopes, extra])
+    return slopes
+"""
+
+
+def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
+    """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
+    ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads."""
+    if not att.rope_reversed:
+        return (
+            "self.rotary_emb = get_rope(\n"
+            f"    {head_dim},\n"
+            f"    max_position=config.{att.max_position_field},\n"
+            f"    rope_parameters={rope_parameters},\n"
+            f"    is_neox_style={att.rope_neox},\n"
+            ")\n"
+        )
+    rotary_dim = (
+        head_dim
+        if att.rotary_dim == att.head_dim
+        else (f'int({head_dim} * {rope_parameters}.get("partial_rotary_factor", 1.0))')
+    )
+    return (
+        "self.rotary_emb = ReversedRotaryEmbedding(\n"
+        f"    {head_dim},\n"
+        f"    rotary_dim={rotary_dim},\n"
+        f"    max_position_embeddings=config.{att.max_position_field},\n"
+        f'    base={rope_parameters}["rope_theta"],\n'
+        f"    is_neox_style={att.rope_neox},\n"
+        "    dtype=torch.get_default_dtype(),\n"
+        ")\n"
+    )

@@ -1,0 +1,58 @@
+"""taken_branches: in Hub custom code, a config switch around the projections becomes the
+branch the traced config took (config_guards then refuses the configs taking the other)."""
+
+import dataclasses
+from textwrap import dedent
+
+import libcst as cst
+from hfrewrite.passes import taken_branches
+from plans import llama_like
+
+from hfrewrite.emit.pass_api import PassContext
+
+SOURCE = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.norm_topk_prob = config.norm_topk_prob
+
+    def forward(self, x):
+        if self.config.pretraining_tp > 1:
+            slices = self.q_proj.weight.split(4, dim=0)
+            q = torch.cat([F.linear(x, s) for s in slices], dim=-1)
+        else:
+            q = self.q_proj(x)
+        if self.norm_topk_prob:
+            q = q / 2
+        return q
+"""
+
+
+def _run(custom: bool, value: bool = False):
+    plan = dataclasses.replace(
+        llama_like(),
+        forward_switches=(
+            ("LlamaAttention", "config.pretraining_tp > 1", value),
+            ("LlamaAttention", "config.norm_topk_prob", True),
+        ),
+    )
+    ctx = PassContext(plan, "modeling_test.py", custom_code=custom)
+    return taken_branches.run(cst.parse_module(dedent(SOURCE)), ctx)
+
+
+def test_the_traced_branch_around_the_projections_is_kept():
+    out = _run(custom=True).module.code
+    assert "pretraining_tp" not in out and "slices" not in out
+    assert "        q = self.q_proj(x)\n" in out
+    assert "if self.norm_topk_prob:" in out  # a switch around no projection: the other passes' own
+
+
+def test_the_other_value_keeps_the_other_branch():
+    out = _run(custom=True, value=True).module.code
+    assert "slices = self.q_proj.weight.split(4, dim=0)" in out and "q = self.q_proj(x)" not in out
+
+
+def test_transformers_own_models_are_left_as_written():
+    result = _run(custom=False)
+    assert result.module.code == dedent(SOURCE) and result.matches == 0
