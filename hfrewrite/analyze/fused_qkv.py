@@ -5,6 +5,7 @@ interleaved per head (gpt_neox). Used by ``attention.py``."""
 from __future__ import annotations
 
 import inspect
+import linecache
 import operator
 
 import torch
@@ -12,7 +13,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.dataflow import ancestors, linears_feeding, path_nodes, rope_start
 from hfrewrite.analyze.plan import LinearFact, Refusal, refuse
-from hfrewrite.analyze.trace import Traced, source_line, value
+from hfrewrite.analyze.trace import Traced, value
 
 
 def fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group: Refusal):
@@ -170,6 +171,12 @@ def _first_line(proj: Node, x: Node, others: list[Node], scope: set[Node], forwa
         (n for n in [*path_nodes(x, proj, scope), x] if n not in shared and n is not proj), key=order.get
     )
     return next((line for n in own if (line := source_line(n, forward))), "")
+
+
+def source_line(node: Node, code) -> str:
+    """The source line (stripped) function ``code`` was executing when ``node`` was traced."""
+    lineno = node.meta.get("lines", {}).get(code)
+    return linecache.getline(code.co_filename, lineno).strip() if lineno else ""
 
 
 def _op(node: object, ops: tuple) -> bool:

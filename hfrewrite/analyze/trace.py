@@ -17,7 +17,6 @@ modules (class name ending in ``Norm``), activation modules, stacked MoE experts
 from __future__ import annotations
 
 import inspect
-import linecache
 import operator
 import os
 import re
@@ -344,12 +343,6 @@ def _source_frames_and_lines() -> tuple[tuple, dict]:
             lines.setdefault(frame.f_code, frame.f_lineno)
         frame = frame.f_back
     return tuple(reversed(frames)), lines
-
-
-def source_line(node: Node, code) -> str:
-    """The source line (stripped) function ``code`` was executing when ``node`` was traced."""
-    lineno = node.meta.get("lines", {}).get(code)
-    return linecache.getline(code.co_filename, lineno).strip() if lineno else ""
 
 
 def called_from(node: Node, caller) -> Any:
