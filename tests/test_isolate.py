@@ -43,7 +43,7 @@ def test_a_release_the_analysis_cannot_use_is_refused(requested, message):
 
 def test_offline_with_an_empty_cache_names_the_release_and_the_command(tmp_path, monkeypatch):
     monkeypatch.setenv("HFREWRITE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HFREWRITE_OFFLINE", "1")
     with pytest.raises(HfrewriteError) as error:
         ensure_overlay("4.56.2")
     message = str(error.value)
@@ -53,7 +53,7 @@ def test_offline_with_an_empty_cache_names_the_release_and_the_command(tmp_path,
 
 def test_convert_offline_without_the_release_fails_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HFREWRITE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HFREWRITE_OFFLINE", "1")
     repo = shutil.copytree(DATA / "transformers4" / "qwen", tmp_path / "qwen")
     code = main(
         [

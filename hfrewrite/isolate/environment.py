@@ -71,25 +71,24 @@ def choose_version(config_data: dict, requested: str | None) -> tuple[str, str]:
 
 def ensure_overlay(version: str) -> Path:
     """The installed overlay of ``version``, installing it from the package index first if
-    the cache lacks it; offline (``HF_HUB_OFFLINE``/``HFREWRITE_OFFLINE``): one clear error."""
+    the cache lacks it; offline (``HFREWRITE_OFFLINE=1``, or the index unreachable): one
+    clear error naming the release and the command that installs it."""
     target = overlay_dir(version)
     if (target / ".complete").is_file():
         return target
-    if _offline():
-        raise HfrewriteError(
-            f"the analysis needs transformers {version}, which is not in the cache ({target}) and "
-            f"cannot be installed offline: run `hfrewrite setup-analysis {version}` where the package "
-            "index is reachable"
-        )
-    with step(f"installing transformers {version} for the analysis into {target} (once)"):
-        _install(version, target)
-    return target
-
-
-def _offline() -> bool:
-    return any(
-        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HFREWRITE_OFFLINE")
+    offline = (
+        f"the analysis needs transformers {version}, which is not in the cache ({target}) and "
+        f"cannot be installed offline: run `hfrewrite setup-analysis {version}` where the package "
+        "index is reachable"
     )
+    if os.environ.get("HFREWRITE_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise HfrewriteError(offline)
+    try:
+        with step(f"installing transformers {version} for the analysis into {target} (once)"):
+            _install(version, target)
+    except HfrewriteError as exc:
+        raise HfrewriteError(f"{offline} ({exc})") from None
+    return target
 
 
 def _install(version: str, target: Path) -> None:
