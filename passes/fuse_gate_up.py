@@ -240,7 +240,7 @@ def _inline_projections(body: list[cst.BaseStatement], attrs: set[str]) -> list[
             if len(readers) != 1 or uses != 1 or any(name in _assigned(r) for r in rest):
                 continue
             j = readers[0]
-            rest[j] = rest[j].visit(_Replace(name, assign.value))
+            rest[j] = t.replace_names(rest[j], {name: assign.value})
             body = [*body[:i], *rest]
             break
     return body
@@ -254,11 +254,3 @@ def _assigned(statement: cst.BaseStatement) -> set[str]:
         for tgt in small.targets
         for n in t.root_names(tgt.target)
     }
-
-
-class _Replace(cst.CSTTransformer):
-    def __init__(self, name: str, value: cst.BaseExpression) -> None:
-        self.name, self.value = name, value
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self.value if original.value == self.name else updated

@@ -373,7 +373,7 @@ def _without_unused_optional_imports(module: cst.Module, names_used) -> cst.Modu
     for node in list(body):
         if not isinstance(node, cst.Try) or not all(_is_import_line(s) for s in node.body.body):
             continue
-        bound = set().union(*(_imported(s) for s in node.body.body))
+        bound = set().union(*(t.bound_names(s) for s in node.body.body))
         rest = set().union(*(names_used(n) for n in body if n is not node))
         if not bound & rest:
             body.remove(node)
@@ -384,17 +384,6 @@ def _is_import_line(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.SimpleStatementLine) and all(
         isinstance(s, cst.Import | cst.ImportFrom) for s in node.body
     )
-
-
-def _imported(node: cst.SimpleStatementLine) -> set[str]:
-    names = set()
-    for imp in node.body:
-        if isinstance(imp.names, cst.ImportStar):
-            continue
-        for alias in imp.names:
-            bound = alias.asname.name if alias.asname else alias.name
-            names.add(t.code(bound).split(".")[0])
-    return names
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

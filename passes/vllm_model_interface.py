@@ -349,18 +349,10 @@ def _scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cs
     roots = t.root_names(calls[0]) - {"self"} if len(calls) == 1 else set()
     if len(roots) != 1:
         raise HfrewriteError(f"{plan.architecture}: {NAME}: the lm_head's scaled input is not one expression")
-    expr = cst.Module([]).code_for_node(calls[0].visit(_Rename(roots.pop(), "hidden_states")))
+    expr = t.code(t.replace_names(calls[0], {roots.pop(): "hidden_states"}))
     logits = t.find_method(tpl, "compute_logits")
     scale = t.stmts(f"hidden_states = {expr}  # as the source scales the lm_head's input\n")
     return t.set_method(tpl, t.with_body(logits, [*scale, *logits.body.body]))
-
-
-class _Rename(cst.CSTTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        return updated.with_changes(value=self.new) if updated.value == self.old else updated
 
 
 def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:

@@ -181,9 +181,6 @@ def _register_einops_backend() -> None:
     _backends._loaded_backends.setdefault(ValueProxyBackend.framework_name, ValueProxyBackend())
 
 
-_register_einops_backend()
-
-
 def _value_of(arg: Any) -> Any:
     if isinstance(arg, Attribute):
         return getattr(_value_of(arg.root), arg.attr)
@@ -394,7 +391,7 @@ class Traced:
         return [
             n
             for n in self.graph.nodes
-            if n.op not in ("placeholder", "output") and (not path or path in _scopes(n))
+            if n.op not in ("placeholder", "output") and (not path or path in scopes(n))
         ]
 
     def outputs_of(self, path: str) -> list[Node]:
@@ -427,29 +424,24 @@ def relative(target: str, path: str) -> str:
     return target[len(path) + 1 :] if path else target
 
 
-def _scopes(node: Node) -> list[str]:
+def scopes(node: Node) -> list[str]:
     """Qualified names of the modules a node ran in, outermost first."""
     return [q for q, _ in node.meta.get("nn_module_stack", {}).values()]
 
 
-def scopes(node: Node) -> list[str]:
-    """Qualified names of the modules a node ran in, outermost first."""
-    return _scopes(node)
-
-
 def top_scope(node: Node) -> str | None:
     """The outermost submodule a node ran in, or None at the root."""
-    scopes = _scopes(node)
-    return scopes[0] if scopes else None
+    ran_in = scopes(node)
+    return ran_in[0] if ran_in else None
 
 
 def scope_below(node: Node, path: str) -> str | None:
     """The submodule directly inside ``path`` that ``node`` ran in, or None."""
-    scopes = _scopes(node)
-    if path not in scopes:
+    ran_in = scopes(node)
+    if path not in ran_in:
         return None
-    at = scopes.index(path)
-    return scopes[at + 1] if at + 1 < len(scopes) else None
+    at = ran_in.index(path)
+    return ran_in[at + 1] if at + 1 < len(ran_in) else None
 
 
 def past_identity_dropouts(node: Node, traced: Traced, path: str) -> Node:
@@ -457,7 +449,7 @@ def past_identity_dropouts(node: Node, traced: Traced, path: str) -> Node:
     follow it when each returned its input unchanged (inference mode: the identity)."""
     while len(node.users) == 1:
         user = next(iter(node.users))
-        if path not in _scopes(user) or not is_identity_dropout(user, traced):
+        if path not in scopes(user) or not is_identity_dropout(user, traced):
             break
         node = user
     return node
@@ -489,6 +481,7 @@ def trace(
     Tensors the forward creates (not parameters or buffers) are stored on ``module`` as
     ``_tensor_constant<N>`` attributes, as ``torch.fx`` does.
     """
+    _register_einops_backend()  # once per process (setdefault), when tracing starts
     tracer = ValueTracer(tuple(args), dict(kwargs or {}), layer_masks)
     with torch.no_grad():
         graph = tracer.trace(module)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 
 SHIM_NOTE = "hfrewrite config shim"
@@ -29,7 +30,7 @@ def shim_statements(config_path: Path, class_name: str, model_type: str) -> list
         module = cst.parse_module(Path(config_path).read_text(encoding="utf-8"))
     except (OSError, cst.ParserSyntaxError) as exc:
         raise HfrewriteError(f"cannot read the repository's configuration {config_path}: {exc}") from None
-    defined = {name: node for node in module.body for name in _binds(node)}
+    defined = {name: node for node in module.body for name in t.bound_names(node)}
     if class_name not in defined or not isinstance(defined[class_name], cst.ClassDef):
         raise HfrewriteError(f"{Path(config_path).name} does not define {class_name} at its top level")
     needed, todo = set(), [class_name]
@@ -41,7 +42,7 @@ def shim_statements(config_path: Path, class_name: str, model_type: str) -> list
         todo += sorted(_names(defined[name]))
     kept = []
     for node in module.body:
-        names = _binds(node) & needed
+        names = t.bound_names(node) & needed
         if not names:
             continue
         if isinstance(node, cst.SimpleStatementLine) and isinstance(
@@ -52,24 +53,6 @@ def shim_statements(config_path: Path, class_name: str, model_type: str) -> list
             node = _shim_class(node, model_type)
         kept.append(node)
     return kept
-
-
-def _binds(node: cst.CSTNode) -> set[str]:
-    """The names a top-level statement binds."""
-    if isinstance(node, cst.ClassDef | cst.FunctionDef):
-        return {node.name.value}
-    if not isinstance(node, cst.SimpleStatementLine):
-        return set()
-    names = set()
-    for stmt in node.body:
-        if isinstance(stmt, cst.Import | cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar):
-            for alias in stmt.names:
-                bound = alias.asname.name if alias.asname else alias.name
-                names.add(cst.Module([]).code_for_node(bound).split(".")[0])
-        elif isinstance(stmt, cst.Assign | cst.AnnAssign):
-            targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]
-            names |= {t.value for t in targets if isinstance(t, cst.Name)}
-    return names
 
 
 def _names(node: cst.CSTNode) -> set[str]:
@@ -98,7 +81,7 @@ def _shim_class(node: cst.ClassDef, model_type: str) -> cst.ClassDef:
     body = list(node.body.body)
     if body and _is_docstring(body[0]):
         body = body[1:]
-    if "model_type" not in {n for stmt in body for n in _binds(stmt)}:
+    if "model_type" not in {n for stmt in body for n in t.bound_names(stmt)}:
         body.insert(0, cst.parse_statement(f"model_type = {model_type!r}"))
     if "self.rope_scaling" in cst.Module([]).code_for_node(node):
         comment = "# a plain attribute, as under transformers 4 (5 aliases it to rope_parameters)"

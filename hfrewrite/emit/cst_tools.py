@@ -211,13 +211,20 @@ class _RenameLocals(cst.CSTTransformer):
         return updated.with_changes(keyword=original.keyword)  # `f(q=...)` keeps its keyword
 
     def leave_Name(self, original, updated):
-        return updated.with_changes(value=self.mapping.get(updated.value, updated.value))
+        new = self.mapping.get(updated.value, updated.value)
+        return new if isinstance(new, cst.BaseExpression) else updated.with_changes(value=new)
 
 
 def rename_locals(fn: cst.FunctionDef, mapping: dict[str, str]) -> cst.FunctionDef:
     """``fn`` with its local names renamed (``mapping``); attribute names and call keywords
     keep theirs. The caller makes sure they are locals (not parameters, globals or closures)."""
     return fn.with_changes(body=fn.body.visit(_RenameLocals(mapping)))
+
+
+def replace_names(node: cst.CSTNode, mapping: dict[str, str | cst.BaseExpression]) -> cst.CSTNode:
+    """``node`` with each name in ``mapping`` renamed (a string) or replaced (an expression);
+    attribute names and call keywords keep theirs."""
+    return node.visit(_RenameLocals(mapping))
 
 
 def direct_calls(module: cst.Module) -> dict[str, list[cst.Call]]:
@@ -436,19 +443,23 @@ def guarded_divisions(node: cst.CSTNode, divisor) -> list[tuple[str, cst.BaseExp
     return found
 
 
+def bound_names(node: cst.CSTNode) -> set[str]:
+    """The names a top-level statement binds: a class or function, plain assignment targets,
+    what an import binds (``import a.b`` binds ``a``)."""
+    if isinstance(node, cst.ClassDef | cst.FunctionDef):
+        return {node.name.value}
+    if not isinstance(node, cst.SimpleStatementLine):
+        return set()
+    names: set[str] = set()
+    for small in node.body:
+        if isinstance(small, cst.Import | cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            names |= {code(a.asname.name if a.asname else a.name).split(".")[0] for a in small.names}
+        elif isinstance(small, cst.Assign | cst.AnnAssign):
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+            names |= {t.value for t in targets if isinstance(t, cst.Name)}
+    return names
+
+
 def top_level_names(module: cst.Module) -> set[str]:
     """Names a module binds at its top level by assignment or import."""
-    names: set[str] = set()
-    for node in module.body:
-        if not isinstance(node, cst.SimpleStatementLine):
-            continue
-        for small in node.body:
-            if isinstance(small, cst.Assign):
-                names |= {tgt.target.value for tgt in small.targets if isinstance(tgt.target, cst.Name)}
-            elif isinstance(small, cst.Import | cst.ImportFrom) and not isinstance(
-                small.names, cst.ImportStar
-            ):
-                for alias in small.names:
-                    bound = alias.asname.name if alias.asname else alias.name
-                    names.add(code(bound).split(".")[0])
-    return names
+    return set().union(*(bound_names(n) for n in module.body if isinstance(n, cst.SimpleStatementLine)))

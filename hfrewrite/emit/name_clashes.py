@@ -9,6 +9,7 @@ import re
 
 import libcst as cst
 
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.target import VLLM
 
 
@@ -26,15 +27,7 @@ def avoid_vllm_names(module: cst.Module, plan):
         while new in defined or new in VLLM:
             new = f"Source{new}"
         renames[name] = new
-    return module.visit(_Rename(renames)), _renamed(plan, renames)
-
-
-class _Rename(cst.CSTTransformer):
-    def __init__(self, renames: dict[str, str]) -> None:
-        self.renames = renames
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        return updated.with_changes(value=self.renames.get(updated.value, updated.value))
+    return t.replace_names(module, renames), _renamed(plan, renames)
 
 
 def _renamed(value, renames: dict[str, str]):
