@@ -8,7 +8,8 @@ layer built from the config (phi3's ``op_size``).
 Emits the function without that statement.
 
 Preconditions (otherwise the statement stays): a single plain-name target; no call in the
-value (a call may have effects); the name is not declared ``global``/``nonlocal``.
+value (a call may have effects) but of ``PURE_CALLS`` and dtype conversions of their
+results; the name is not declared ``global``/``nonlocal``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
 
 NAME = "drop_dead_locals"
+# Functions that only compute a value from their arguments (a rope table the source built
+# in ``__init__`` for a rotary the rewrite replaced).
+PURE_CALLS = frozenset(
+    {"torch.arange", "torch.tensor", "math.sqrt", "math.log", "float", "int", "min", "max"}
+)
 
 
 def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
@@ -28,7 +34,11 @@ def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
     if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return False
     target = small.targets[0].target
-    return isinstance(target, cst.Name) and reads.get(target.value, 0) == 1 and t.computes_only(small.value)
+    return (
+        isinstance(target, cst.Name)
+        and reads.get(target.value, 0) == 1
+        and t.computes_only(small.value, PURE_CALLS)
+    )
 
 
 def _name_counts(fn: cst.FunctionDef) -> dict[str, int] | None:

@@ -42,7 +42,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.emit.expert_sources import flat_sources, layout, only_init_and_forward, swiglu_guard
+from hfrewrite.emit.expert_sources import (
+    built_with_block_config,
+    flat_sources,
+    layout,
+    only_init_and_forward,
+    stacked_sources,
+    swiglu_guard,
+)
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -172,14 +179,14 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         sizes, act, renormalize, guards = flat_sources(module, built, moe, block_exprs)
         routing = _routing_kwargs(moe, {"router": {}, "block": block_exprs}, name)
     elif moe.carried_router:  # the source's router runs as it is: its own code is the proof
-        sizes, act = _stacked_sources(module, built, moe)
+        sizes, act = stacked_sources(module, built, moe)
         renormalize, guards, routing = (
             None,
             "",
             {"custom_routing_function": "self.route"},
         )
     else:
-        sizes, act = _stacked_sources(module, built, moe)
+        sizes, act = stacked_sources(module, built, moe)
         router_cls = t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
         renormalize, guards = _source_renormalize(router_cls, router, moe, name)
@@ -310,34 +317,6 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     return block, renormalize or "False"
 
 
-def _stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
-    """Sizes and activation, as the source's router and stacked-experts classes assign them."""
-    name = moe.module_class
-    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
-        call = built.get(attr)
-        if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
-            raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
-    router = t.init_exprs(t.find_class(module, moe.router_class))
-    experts = t.init_exprs(t.find_class(module, moe.experts_class))
-    act = experts.get("act_fn", "")
-    if moe.activation == "swigluoai":  # gpt_oss's clamped swiglu: vLLM's activation of that name
-        act = 'ACT2FN["swigluoai"]'
-    if not act.startswith("ACT2FN["):
-        raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
-    # transformers' names first, else the experts' attribute holding the size (by value)
-    by_value = [experts.get(a) if a else None for a in moe.size_attrs or (None,) * 3]
-    sizes = {
-        "num_experts": router.get("num_experts") or experts.get("num_experts") or by_value[0],
-        "top_k": router.get("top_k"),
-        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim") or by_value[1],
-        "intermediate_size": experts.get("intermediate_dim") or by_value[2],
-    }
-    missing = [k for k, v in sizes.items() if not v]
-    if missing:
-        raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
-    return sizes, act[len("ACT2FN[") : -1]
-
-
 def _module_list_sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> tuple[dict, str, str]:
     """Sizes, activation and renormalisation of a block whose router is its own
     ``nn.Linear(H, E)`` and whose experts are ``nn.ModuleList([Expert(config) ...])``,
@@ -361,14 +340,20 @@ def _module_list_sources(module: cst.Module, block: cst.ClassDef, built: dict, m
     if t.call_name(gate) != "nn.Linear":
         raise HfrewriteError(f"{name}: {NAME}: the experts' {mlp.gate.attr} is not nn.Linear(H, I)")
     block_exprs = t.init_exprs(block)
+    # the sizes as the block and its experts compute them (`self.ffn_dim = config...`),
+    # the experts built with the block's own `config`
+    expert_exprs = t.init_exprs(expert_cls) if built_with_block_config(experts, expert_cls, moe) else {}
     sizes = {
-        "num_experts": t.code(t.arg(router, 1, "out_features")),
+        "num_experts": t.resolved_self(t.code(t.arg(router, 1, "out_features")), block_exprs),
         "top_k": block_exprs.get(moe.top_k_attr, ""),
-        "hidden_size": t.code(t.arg(router, 0, "in_features")),
-        "intermediate_size": t.code(t.arg(gate, 1, "out_features")),
+        "hidden_size": t.resolved_self(t.code(t.arg(router, 0, "in_features")), block_exprs),
+        "intermediate_size": t.resolved_self(t.code(t.arg(gate, 1, "out_features")), expert_exprs),
     }
-    if "self." in sizes["top_k"] or not sizes["top_k"]:
-        raise HfrewriteError(f"{name}: {NAME}: self.{moe.top_k_attr} (top_k) is not set from the config")
+    for size, expression in sizes.items():
+        if "self." in expression or not expression:
+            raise HfrewriteError(
+                f"{name}: {NAME}: {size} ({expression or '?'}) is not computed from the config"
+            )
     act = f'"{mlp.activation}"'
     if mlp.act_attr:
         act = code if (code := t.code(expert_init.get(mlp.act_attr))).startswith("ACT2FN[") else ""

@@ -50,8 +50,10 @@ def _replace_assignment(cls: cst.ClassDef, attr: str, build) -> cst.ClassDef:
     raise HfrewriteError(f"{cls.name.value}: {NAME}: self.{attr} is not assigned in __init__")
 
 
-def _tie_target(cls: cst.ClassDef, lm_head: str) -> str | None:
-    """'model.embed_tokens' from `_tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}`."""
+def _tie_target(cls: cst.ClassDef, lm_head: str, input_embeddings: str) -> str | None:
+    """'model.embed_tokens' from `_tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}`;
+    transformers 4.x's list form (`["lm_head.weight"]`) ties the head to the input embeddings
+    (``PreTrainedModel.tie_weights``): ``input_embeddings``."""
     for s in cls.body.body:
         if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], (cst.Assign, cst.AnnAssign)):
             small = s.body[0]
@@ -61,6 +63,10 @@ def _tie_target(cls: cst.ClassDef, lm_head: str) -> str | None:
                     key, value = el.key.evaluated_value, el.value.evaluated_value
                     if key == f"{lm_head}.weight":
                         return value.removesuffix(".weight")
+            if t.dotted(target) == "_tied_weights_keys" and isinstance(small.value, cst.List):
+                keys = [getattr(el.value, "evaluated_value", None) for el in small.value.elements]
+                if f"{lm_head}.weight" in keys:
+                    return input_embeddings
     return None
 
 
@@ -114,7 +120,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         )
 
     causal = t.find_class(module, plan.architecture)
-    tie = _tie_target(causal, head)
+    tie = _tie_target(causal, head, f"{plan.base_model_attr}.{plan.embed_tokens}")
 
     def lm_head(call: cst.BaseExpression):
         bias = t.arg(call, 2, "bias")

@@ -395,8 +395,6 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
                 ),
             ),
         )
-    if plan.head_input_scaled:
-        tpl = _scaling_head_input(tpl, t.find_method(cls, "forward"), plan)
     if carried:
         logits = t.find_method(tpl, "compute_logits")
         tpl = t.set_method(
@@ -424,6 +422,8 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
             ],
         )
         tpl = t.set_method(tpl, logits)
+    if plan.head_input_scaled:  # after the carried post-processing, which rebuilds compute_logits
+        tpl = _scaling_head_input(tpl, t.find_method(cls, "forward"), plan)
     return tpl.with_changes(leading_lines=cls.leading_lines)
 
 

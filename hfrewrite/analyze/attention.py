@@ -274,12 +274,16 @@ def _replaced_calls(
     sources = set(feeders.values())
     outputs = [n for n in traced.graph.nodes if n.op == "output"]
     live = set(ancestors(outputs[0], None)) if outputs else set()
-    forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
+    cls = type(traced.module.get_submodule(path))
+    forward = inspect.unwrap(cls.forward).__code__
+    methods = _own_methods(cls)
     verdicts: dict[str, bool] = {}
     for n in scope:
         if forward not in n.meta.get("frames", ()):
             continue
         helper = called_from(n, forward)
+        while helper in methods:  # the class's own helper (``self._project``): inline_helpers inlines it
+            helper = called_from(n, helper)
         name = helper.co_name if helper is not None else _own_call_name(n)
         if helper is not None and helper.co_name == "forward":  # a submodule's (self.rotary_emb)
             name = _child_called(n, path) or name
@@ -299,6 +303,19 @@ def _replaced_calls(
         if child and "." not in child and child not in ran:
             verdicts.setdefault(child, True)
     return tuple(sorted(name for name, ok in verdicts.items() if ok))
+
+
+def _own_methods(cls: type) -> set:
+    """Code objects of the methods the attention class defines or inherits from classes of
+    the model's source (not ``nn.Module``'s), ``forward`` left out."""
+    found = set()
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torch."):
+            break
+        for name, member in vars(klass).items():
+            if name != "forward" and inspect.isfunction(member):
+                found.add(inspect.unwrap(member).__code__)
+    return found
 
 
 # Config fields of the longest sequence, in the order vLLM reads them for max_model_len

@@ -174,6 +174,10 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
         return NoMatch(PATTERN, cls, f"no one attribute of the block holds top_k ({facts['top_k']})")
     if len(traced.outputs_of(path)) != 1:
         return NoMatch(PATTERN, cls, "the block returns more than one tensor")
+    x = value(root(linears[0].args[0]))
+    output_index = _output_index(block, traced, path, x)
+    if isinstance(output_index, str):
+        return NoMatch(PATTERN, cls, output_index)
     experts = getattr(block, attr)
     plan = MoePlan(
         module_class=cls,
@@ -187,9 +191,9 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
         checkpoint_expert_names=(mlp.gate.attr, mlp.down.attr, mlp.up.attr),
         expert_mlp=mlp,
         top_k_attr=top_k_attr,
+        output_index=output_index,
         **facts,
     )
-    x = value(root(linears[0].args[0]))
     mismatch = _replay(block, plan, x)
     if mismatch:
         other = dataclasses.replace(plan, renormalize=not plan.renormalize)

@@ -48,19 +48,50 @@ def expert_mlp(block: nn.Module, attr: str, config) -> MlpPlan | NoMatch:
     expert = getattr(block, attr)[0]
     width = next(m for m in expert.modules() if isinstance(m, nn.Linear)).in_features
     generator = torch.Generator().manual_seed(0)
+    tokens = torch.randn(5, width, generator=generator)
     try:
-        traced = trace(expert, (torch.randn(5, width, generator=generator),))
-    except TypeError as e:  # Mixtral 4.36's experts: forward(hidden_states, routing_weights)
-        line = (str(e).strip().splitlines() or [""])[0]
-        return NoMatch(
-            PATTERN, type(expert).__name__, f"an expert's forward takes more than the tokens ({line})"
-        )
+        traced = trace(expert, (tokens,))
+    except TypeError:  # Mixtral 4.36's experts: forward(hidden_states, routing_weights)
+        traced = _weighted_expert(expert, tokens, generator)
+        if isinstance(traced, str):
+            return NoMatch(PATTERN, type(expert).__name__, traced)
     plan = analyze_mlp(traced, "", config)
     if isinstance(plan, NoMatch):
         return plan
     if plan.gate is None or plan.fused_gate_up or plan.gate.bias or plan.down.bias:
         return NoMatch(PATTERN, type(expert).__name__, "the experts are not bias-free gate/up/down MLPs")
     return plan
+
+
+def _weighted_expert(expert: nn.Module, tokens: torch.Tensor, generator) -> Traced | str:
+    """The trace of an expert called as ``expert(tokens, routing_weights)`` (Mixtral 4.36),
+    cut before its last step when that step only scales the MLP's output by the weights
+    (``routing_weights * down(...)``), so that what remains is the MLP; or why not. The cut
+    only locates the MLP's facts: the block's replay (``moe._replay``), which multiplies
+    by the routing weights itself, is still the proof."""
+    weights = torch.rand(tokens.shape[0], 1, generator=generator)
+    try:
+        traced = trace(expert, (tokens, weights))
+    except TypeError as e:
+        line = (str(e).strip().splitlines() or [""])[0]
+        return f"an expert's forward takes more than the tokens and their routing weights ({line})"
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in traced.graph.nodes if n.op == "output")
+    scaled = output.args[0]
+    if not (
+        len(placeholders) == 2
+        and isinstance(scaled, Node)
+        and scaled.target in (operator.mul, torch.mul)
+        and len(scaled.args) == 2
+        and placeholders[1] in scaled.args
+        and list(placeholders[1].users) == [scaled]
+        and len(scaled.users) == 1
+    ):
+        return "an expert's forward takes its routing weights other than as a last scaling of its output"
+    mlp_out = next(a for a in scaled.args if a is not placeholders[1])
+    output.args = (mlp_out,)
+    traced.graph.erase_node(scaled)
+    return traced
 
 
 def routed(traced: Traced, path: str) -> tuple[Node, Node] | str:

@@ -36,6 +36,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 
 from hfrewrite.analyze.causal_mask import causal_mask
 from hfrewrite.analyze.plan import LinearFact
+from hfrewrite.analyze.traced_factories import recorded_factories
 
 ATTN_IMPLEMENTATION = "hfrewrite_opaque"
 
@@ -218,6 +219,7 @@ class ValueTracer(Tracer):
         self.example = (args, kwargs)
         self.placeholders: list[torch.Tensor] = []
         self.returns_tuple: dict[str, bool] = {}  # submodule path -> its forward returned a tuple
+        self.evaluating = False  # see traced_factories
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return is_leaf(m)
@@ -291,6 +293,13 @@ class ValueTracer(Tracer):
     def _evaluate(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         args = map_aggregate(args, _value_of)
         kwargs = map_aggregate(kwargs, _value_of)
+        self.evaluating = True
+        try:
+            return self._run(kind, target, args, kwargs)
+        finally:
+            self.evaluating = False
+
+    def _run(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         with _maybe_revert_all_patches():  # run real modules, not the tracing patches
             if kind == "placeholder":
                 return self.placeholders[-1]
@@ -483,7 +492,7 @@ def trace(
     """
     _register_einops_backend()  # once per process (setdefault), when tracing starts
     tracer = ValueTracer(tuple(args), dict(kwargs or {}), layer_masks)
-    with torch.no_grad():
+    with torch.no_grad(), recorded_factories(tracer):
         graph = tracer.trace(module)
     gm = GraphModule(tracer.root, graph, type(module).__name__)
     return Traced(module, gm, tuple(tracer.placeholders), tracer.returns_tuple)

@@ -274,8 +274,18 @@ def computes_only(node: cst.BaseExpression, pure_calls: frozenset[str] = frozens
             isinstance(e.slice, cst.Index) and computes_only(e.slice.value, pure_calls) for e in node.slice
         )
     if isinstance(node, cst.Call):
-        return call_name(node) in pure_calls and all(computes_only(a.value, pure_calls) for a in node.args)
+        # a conversion of a value computed here (`torch.arange(0, d, 2).float()`): never a module's
+        receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+        pure = call_name(node) in pure_calls or (
+            isinstance(receiver, cst.Call)
+            and node.func.attr.value in _CONVERSIONS
+            and computes_only(receiver, pure_calls)
+        )
+        return pure and all(computes_only(a.value, pure_calls) for a in node.args)
     return False
+
+
+_CONVERSIONS = frozenset({"float", "double", "half", "int", "long"})
 
 
 def callable_defs(module: cst.Module) -> dict[str, cst.FunctionDef]:
@@ -410,6 +420,29 @@ def init_exprs(cls: cst.ClassDef) -> dict[str, str]:
         for s in find_method(cls, "__init__").body.body
         if (attr := self_attr_assigned(s))
     }
+
+
+def resolved_self(expression: str, exprs: dict[str, str]) -> str:
+    """``expression`` with each ``self.x`` that ``exprs`` (``init_exprs``) defines replaced,
+    transitively, by its parenthesised expression: ``nn.Linear(self.hidden_dim, ...)``'s
+    ``self.hidden_dim`` -> ``config.hidden_size``."""
+
+    class _Resolve(cst.CSTTransformer):
+        def leave_Attribute(self, original, updated):
+            if m.matches(updated, m.Attribute(value=m.Name("self"))) and updated.attr.value in exprs:
+                value = expr(exprs[updated.attr.value])
+                atomic = isinstance(value, cst.Name | cst.Attribute | cst.Integer | cst.Subscript | cst.Call)
+                return (
+                    value if atomic else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                )
+            return updated
+
+    for _ in range(len(exprs) + 1):
+        again = code(expr(expression).visit(_Resolve()))
+        if again == expression:
+            break
+        expression = again
+    return expression
 
 
 def guarded_divisions(node: cst.CSTNode, divisor) -> list[tuple[str, cst.BaseExpression]]:

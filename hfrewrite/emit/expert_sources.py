@@ -3,7 +3,8 @@
 DbrxExperts(config.ffn_config)`` holding ``mlp.w1``/``v1``/``w2``) the sizes, the activation
 and the renormalisation as the source's classes compute them, each class's ``config``
 parameter replaced by the expression the block passes it; for gpt_oss's experts the layout
-description and the guard on swigluoai's constants."""
+description and the guard on swigluoai's constants; the sizes of transformers' stacked
+experts; whether a ModuleList's experts are built with the block's own config."""
 
 from __future__ import annotations
 
@@ -167,3 +168,44 @@ def only_init_and_forward(block: cst.ClassDef) -> cst.ClassDef:
         if not (isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward"))
     ]
     return block.with_changes(body=block.body.with_changes(body=members))
+
+
+def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
+    """Sizes and activation, as the source's router and stacked-experts classes assign them."""
+    name = moe.module_class
+    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
+        call = built.get(attr)
+        if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
+            raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
+    router = t.init_exprs(t.find_class(module, moe.router_class))
+    experts = t.init_exprs(t.find_class(module, moe.experts_class))
+    act = experts.get("act_fn", "")
+    if moe.activation == "swigluoai":  # gpt_oss's clamped swiglu: vLLM's activation of that name
+        act = 'ACT2FN["swigluoai"]'
+    if not act.startswith("ACT2FN["):
+        raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
+    # transformers' names first, else the experts' attribute holding the size (by value)
+    by_value = [experts.get(a) if a else None for a in moe.size_attrs or (None,) * 3]
+    sizes = {
+        "num_experts": router.get("num_experts") or experts.get("num_experts") or by_value[0],
+        "top_k": router.get("top_k"),
+        "hidden_size": router.get("hidden_dim") or experts.get("hidden_dim") or by_value[1],
+        "intermediate_size": experts.get("intermediate_dim") or by_value[2],
+    }
+    missing = [k for k, v in sizes.items() if not v]
+    if missing:
+        raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
+    return sizes, act[len("ACT2FN[") : -1]
+
+
+def built_with_block_config(experts: cst.BaseExpression, expert_cls: cst.ClassDef, moe) -> bool:
+    """``nn.ModuleList([Expert(config) ...])`` with ``Expert.__init__(self, config)``: the
+    experts' ``config`` is the block's."""
+    calls = [n for n in t.walk(experts) if isinstance(n, cst.Call) and t.call_name(n) == moe.experts_class]
+    params = t.positional_params(t.find_method(expert_cls, "__init__"), is_init=True)
+    return (
+        len(calls) == 1
+        and bool(calls[0].args)
+        and t.code(calls[0].args[0].value) == "config"
+        and params[:1] == ["config"]
+    )

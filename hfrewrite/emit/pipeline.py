@@ -20,6 +20,7 @@ from hfrewrite.passes import (
     fuse_gate_up,
     fuse_qkv,
     fused_residual_norm,
+    inline_helpers,
     load_weights,
     mla_attention,
     moe_interface,
@@ -37,6 +38,7 @@ from hfrewrite.passes import (
 # The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
 PASSES: tuple[ModuleType, ...] = (
     taken_branches,
+    inline_helpers,
     carry_decoder_layer,
     fuse_qkv,
     vllm_attention,

@@ -141,7 +141,7 @@ QWEN_ROUTER_REFUSED = {
                 ),
             )
         ],
-        "not the router's own bias parameter",
+        "the router's bias is not a module parameter",  # torch.ones is traced: a node, no attribute
     ),
     "a parameter other than its own bias": (
         [
