@@ -84,7 +84,7 @@ def _inlined(
     *steps, last = [s for i, s in enumerate(helper.body.body) if not (i == 0 and _is_docstring(s))]
     caller_names = t.names_used(caller)
     assigned = _assigned(helper.body)
-    if (t.names_used(helper.body) - assigned - set(bound) - {"self"}) & _assigned(caller):
+    if (t.root_names(helper.body) - assigned - set(bound) - {"self"}) & _assigned(caller):
         return None  # a module-level name the helper reads is a local of the caller
     taken = caller_names | assigned | set(bound)
     targets = set().union(*(_bound_by(a.target) for a in assign.targets))

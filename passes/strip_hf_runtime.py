@@ -407,7 +407,7 @@ def _without_registrations_of_dropped(module: cst.Module, names_used) -> cst.Mod
         if not (
             isinstance(n, cst.SimpleStatementLine)
             and all(isinstance(s, cst.Expr) for s in n.body)
-            and names_used(n) - bound
+            and t.root_names(n) - bound
         )
     ]
     return module.with_changes(body=body)

@@ -56,3 +56,36 @@ def test_renormalisation_switched_off_is_converted_as_traced(tmp_path, monkeypat
 def test_what_the_fused_experts_would_not_compute_is_refused(tmp_path, monkeypatch, new):
     with pytest.raises(HfrewriteError, match="replaying the plan"):
         _analyze(tmp_path, monkeypatch, LOOP_WEIGHT, new)
+
+
+WEIGHTED_EXPERT = (
+    ("    def forward(self, x):\n        return self.down_proj(", "    def forward(self, x, w):\n        return w * self.down_proj("),
+    (LOOP_WEIGHT, "contrib = expert(flat[token_idx], weights[token_idx, slot, None])"),
+    # the sum buffer built from sizes alone (Mixtral 4.36): traced, so the sum stays in the graph
+    ("out = torch.zeros_like(flat)", "out = torch.zeros(flat.shape, dtype=flat.dtype)"),
+)
+
+
+def _weighted(tmp_path, monkeypatch, expert_forward: str):
+    edits = [(WEIGHTED_EXPERT[0][0], expert_forward), *WEIGHTED_EXPERT[1:]]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = shutil.copytree(DATA / "tinymoe", tmp_path / f"tinymoe_{tmp_path.name}")
+    source = repo / "modeling_tinymoe.py"
+    text = source.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    source.write_text(text)
+    return analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+
+
+def test_experts_that_scale_their_output_by_the_routing_weights_are_proven(tmp_path, monkeypatch):
+    moe = _weighted(tmp_path, monkeypatch, WEIGHTED_EXPERT[0][1]).moe
+    assert moe.expert_mlp.module_class == "TinyMoeExpert" and moe.top_k == 2
+    assert moe.checkpoint_expert_names == ("gate_proj", "down_proj", "up_proj")
+
+
+def test_experts_using_the_routing_weights_otherwise_are_refused(tmp_path, monkeypatch):
+    forward = "    def forward(self, x, w):\n        return self.down_proj(w * "
+    with pytest.raises(HfrewriteError, match="routing weights other than as a last scaling"):
+        _weighted(tmp_path, monkeypatch, forward)

@@ -101,3 +101,30 @@ def test_shape_logic_traces_where_symbolic_trace_fails():
     assert "proj" in targets and "x" in targets
     proj = next(n for n in traced.graph.nodes if n.target == "proj")
     assert value(proj).shape == (2, 3, 8)
+
+
+class _SumIntoZeros(nn.Module):
+    """A buffer built from sizes alone, updated in place, then read: Mixtral 4.36's expert sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        rows, width = x.shape
+        out = torch.zeros((rows, width), dtype=x.dtype)
+        out.index_add_(0, torch.arange(rows), self.proj(x))
+        return out.reshape(rows, 2, 2)
+
+
+def test_a_buffer_built_from_sizes_stays_in_the_graph_through_its_in_place_update():
+    module = _SumIntoZeros()
+    x = torch.randn(3, 4)
+    traced = trace(module, (x,))
+    (output,) = [n for n in traced.graph.nodes if n.op == "output"]
+    result = output.args[0]
+    assert result.op == "call_method" and result.target == "reshape"
+    assert result.args[0].op == "call_function"  # recorded, not baked in as a constant
+    assert result.args[0].target is torch.zeros  # the real factory: the tracing patch is undone
+    with torch.no_grad():
+        assert torch.equal(value(result), module(x))

@@ -26,6 +26,8 @@ CONVERTED = {
     "stablelm_epoch": ("stablelm_epoch", '"partial_rotary_factor": config.rope_pct'),  # 4.x rope field
     "internlm2": ("internlm2", "def _qkv_per_head_to_blocks"),  # grouped wqkv, reordered at load
     "baichuan2": ("baichuan", "def _lm_head_normalized"),  # NormHead, W_pack taken apart by index
+    "minicpm": ("minicpm", "# as the source scales the lm_head's input"),  # projections in a helper
+    "oldmoe_sizes": ("oldmoe_sizes", 'ckpt_names=("w1", "w2", "w3")'),  # experts take routing weights
 }
 
 

@@ -153,3 +153,42 @@ def test_relative_imports_sharing_a_line_are_each_carried():
     after = rewrite(strip_hf_runtime, source, llama_like())
     assert "from transformers.activations import ACT2FN\n" in after
     assert "from transformers import LlamaConfig\n" in after
+
+
+LEGACY_SETUPS = """\
+import torch
+from torch import nn
+from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask
+from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
+from transformers.utils.import_utils import is_torch_fx_available
+
+if is_torch_fx_available():
+    if not is_torch_greater_or_equal_than_1_13:
+        import torch.fx
+
+    _prepare_4d_causal_attention_mask = torch.fx.wrap(_prepare_4d_causal_attention_mask)
+
+ALL_LAYERNORM_LAYERS.append(LlamaRMSNorm)
+ALL_LAYERNORM_LAYERS.append(nn.LayerNorm)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.norm = nn.LayerNorm(4)
+"""
+
+
+def test_setups_and_registrations_of_what_the_file_no_longer_has_go():
+    out = rewrite(strip_hf_runtime, LEGACY_SETUPS, llama_like())
+    assert "is_torch_fx_available()" not in out and "torch.fx.wrap" not in out
+    assert "LlamaRMSNorm" not in out  # the class was replaced: its registration goes too
+    assert "ALL_LAYERNORM_LAYERS.append(nn.LayerNorm)" in out  # names that still exist: kept
+
+
+def test_a_setup_binding_a_name_the_file_reads_stays():
+    source = (
+        LEGACY_SETUPS + "\n    def forward(self, x):\n        return _prepare_4d_causal_attention_mask(x)\n"
+    )
+    out = rewrite(strip_hf_runtime, source, llama_like())
+    assert "_prepare_4d_causal_attention_mask = torch.fx.wrap(" in out
