@@ -281,20 +281,22 @@ def _replaced_calls(
     for n in scope:
         if forward not in n.meta.get("frames", ()):
             continue
-        helper = called_from(n, forward)
-        while helper in methods:  # the class's own helper (``self._project``): inline_helpers inlines it
-            helper = called_from(n, helper)
-        name = helper.co_name if helper is not None else _own_call_name(n)
-        if helper is not None and helper.co_name == "forward":  # a submodule's (self.rotary_emb)
-            name = _child_called(n, path) or name
-        if name is None:
-            continue
-        ok = (
-            n in accounted
-            or not sources & set(ancestors(n, scope))
-            or (n not in live and not str(name).endswith("_"))
-        )
-        verdicts[name] = verdicts.get(name, True) and ok
+        # named as the forward calls it (``self._split_heads``), and, through the class's own
+        # helpers, as their inlined body does (inline_helpers inlines ``self._project``)
+        code, names = forward, []
+        while True:
+            helper = called_from(n, code)
+            name = helper.co_name if helper is not None else _own_call_name(n)
+            if helper is not None and helper.co_name == "forward":  # a submodule's (self.rotary_emb)
+                name = _child_called(n, path) or name
+            names.append(name)
+            if helper not in methods:
+                break
+            code = helper
+        accounted_for = n in accounted or not sources & set(ancestors(n, scope))
+        for name in (x for x in names if x is not None):
+            ok = accounted_for or (n not in live and not str(name).endswith("_"))  # never in place
+            verdicts[name] = verdicts.get(name, True) and ok
     # children called that traced no node at all (a rotary module slicing its cos/sin cache
     # by a length): they computed constants, which reach q and k only through the proven rope
     ran = {relative(q, path).split(".")[0] for n in scope for q in scopes(n) if q.startswith(f"{path}.")}

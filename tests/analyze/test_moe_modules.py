@@ -59,7 +59,10 @@ def test_what_the_fused_experts_would_not_compute_is_refused(tmp_path, monkeypat
 
 
 WEIGHTED_EXPERT = (
-    ("    def forward(self, x):\n        return self.down_proj(", "    def forward(self, x, w):\n        return w * self.down_proj("),
+    (
+        "    def forward(self, x):\n        return self.down_proj(",
+        "    def forward(self, x, w):\n        return w * self.down_proj(",
+    ),
     (LOOP_WEIGHT, "contrib = expert(flat[token_idx], weights[token_idx, slot, None])"),
     # the sum buffer built from sizes alone (Mixtral 4.36): traced, so the sum stays in the graph
     ("out = torch.zeros_like(flat)", "out = torch.zeros(flat.shape, dtype=flat.dtype)"),
