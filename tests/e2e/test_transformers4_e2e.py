@@ -14,7 +14,9 @@ import pytest
 from hfrewrite.cli import main
 from hfrewrite.isolate.client import run_front
 from hfrewrite.isolate.environment import NEWEST_4X
+from hfrewrite.resolve import resolve
 from hfrewrite.verify import fixtures
+from hfrewrite.verify.validate import validation_config
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code" / "transformers4"
 
@@ -58,3 +60,21 @@ def test_converts_validates_and_verifies_under_its_release(name, tmp_path, capsy
     report = capsys.readouterr().out
     assert report.strip().endswith("verified"), report
     assert f"from {Path(generated).resolve()}" in report, report  # the file under test ran
+
+
+def test_baichuan_13b_alibi_converts_in_place_and_verifies(tmp_path, capsys):
+    """Baichuan-13B's remote code builds and runs under the installed transformers: analysed in
+    place (no release, no shim), its ALiBi proven and handed to vLLM's attention."""
+    repo = shutil.copytree(DATA / "baichuan_13b", tmp_path / "baichuan_13b")
+    out = tmp_path / "out"
+    assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
+    assert "greedy tokens equal on 4 prompts" in capsys.readouterr().out
+    generated = out / "baichuan.py"
+    text = generated.read_text()
+    assert "alibi_slopes=" in text and "hfrewrite config shim" not in text
+
+    config = validation_config(resolve(str(repo), trust_remote_code=True).config)
+    ckpt = fixtures.save_random_checkpoint(config, tmp_path / "ckpt", seed=1)
+    assert fixtures.runs_custom_code(ckpt)
+    assert main(["verify", str(ckpt), "--generated", str(generated), "--trust-remote-code"]) == 0
+    assert capsys.readouterr().out.strip().endswith("verified")
