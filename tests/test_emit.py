@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from hfrewrite import __version__
+from hfrewrite.emit import cst_tools
 from hfrewrite.emit import output as emit
 from hfrewrite.errors import HfrewriteError
 
@@ -123,3 +124,13 @@ def test_write_atomic_new_same_and_different(tmp_path):
     assert emit.write_atomic(target, "a = 2\n", force=True) == "written"
     assert target.read_text() == "a = 2\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["llama.py"]  # no temp left
+
+
+def test_resolved_self_follows_init_expressions():
+    t = cst_tools
+    exprs = {"hidden_dim": "config.hidden_size", "ffn": "self.hidden_dim * 4", "n": "config.n"}
+    assert (
+        t.resolved_self("nn.Linear(self.ffn, self.n)", exprs)
+        == "nn.Linear((config.hidden_size * 4), config.n)"
+    )
+    assert t.resolved_self("self.unknown + 1", exprs) == "self.unknown + 1"  # left for the caller to refuse

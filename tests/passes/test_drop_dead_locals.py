@@ -51,3 +51,23 @@ def test_the_local_stays(old, new, why):
     assert BASE.count(old) == 1
     code, matches = dropped(BASE.replace(old, new))
     assert "op_size =" in code and matches == 0, why
+
+
+ROPE_TABLE = "        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))\n"
+
+
+def test_an_unread_rope_table_of_pure_calls_goes():
+    code, matches = dropped(BASE + ROPE_TABLE)
+    assert "inv_freq" not in code and matches == 2
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("torch.arange(0, self.head_dim, 2).float()", "torch.randn(0, self.head_dim, 2).float()"),
+        ("torch.arange(0, self.head_dim, 2).float()", "self.table.float()"),  # converts a module in place
+    ],
+)
+def test_a_table_from_other_calls_stays(old, new):
+    code, _ = dropped(BASE + ROPE_TABLE.replace(old, new))
+    assert "inv_freq =" in code
