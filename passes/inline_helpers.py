@@ -14,7 +14,8 @@ semantics: nothing is proven or replaced here; the later passes prove their site
 
 Preconditions (otherwise the call stays): the helper has no decorators, takes ``self`` and
 plain parameters (no ``*args``, ``**kwargs``, keyword-only ones), ends with its only
-``return``, and defines no functions, lambdas or generators; the call passes no ``*``/``**``;
+``return``, defines no functions, lambdas or generators and names no ``super``/``__class__``;
+the call passes no ``*``/``**``;
 no name the helper reads from the module is assigned in the caller.
 """
 
@@ -78,6 +79,8 @@ def _inlined(
         return None
     if not t.self_attrs_used(helper.body) & projections:
         return None  # nothing a fusing pass looks for (persimmon's _split_heads is theirs)
+    if {"super", "__class__"} & t.root_names(helper.body):
+        return None  # resolved against the class that defines the helper, not the caller's
     bound = _bound(call, helper)
     if bound is None:
         return None

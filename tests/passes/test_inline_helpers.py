@@ -96,3 +96,10 @@ def test_a_helper_reading_a_name_the_caller_assigns_stays():
 def test_star_arguments_keep_the_call():
     source = SOURCE.replace("self._project(hidden_states, cache)", "self._project(*(hidden_states, cache))")
     assert apply(inline_helpers, source, llama_like()).matches == 0
+
+
+def test_a_helper_calling_super_stays():
+    source = SOURCE.replace(
+        "        n = hidden_states.shape[0]\n", "        n = super().__class__ and hidden_states.shape[0]\n"
+    )
+    assert apply(inline_helpers, source, llama_like()).matches == 0
