@@ -96,18 +96,18 @@ def _inlined(
         if m.matches(arg, m.Name(param)) and (param not in assigned or param in targets):
             continue  # the caller's own variable: unchanged, or overwritten by the call anyway
         if param in caller_names:
-            renames[param] = taken_add(taken, param)
+            renames[param] = _fresh(taken, param)
         bindings.append(f"{renames.get(param, param)} = {t.code(arg)}\n")
     for local in sorted(assigned - set(bound) - targets - {"_"}):
         if local in caller_names:
-            renames[local] = taken_add(taken, local)
+            renames[local] = _fresh(taken, local)
     steps = [t.replace_names(s, renames) for s in steps]
     returned = t.replace_names(last.body[0].value, renames)
     out = [*(t.stmts("".join(bindings)) if bindings else []), *steps, *_assign_returned(assign, returned)]
     return [out[0].with_changes(leading_lines=statement.leading_lines), *out[1:]] if out else []
 
 
-def taken_add(taken: set[str], name: str) -> str:
+def _fresh(taken: set[str], name: str) -> str:
     """A fresh name for ``name`` (``name_``, ``name__``...), recorded in ``taken``."""
     fresh = f"{name}_"
     while fresh in taken:
