@@ -174,25 +174,13 @@ def _inlinable(helper: cst.FunctionDef) -> bool:
 
 def _bound(call: cst.Call, helper: cst.FunctionDef) -> dict[str, cst.BaseExpression] | None:
     """Parameter -> argument expression (defaults for those not passed), or None."""
-    params = helper.params.params[1:]
-    names = [p.name.value for p in params]
     bound: dict[str, cst.BaseExpression] = {}
-    positional = [a for a in call.args if a.keyword is None]
-    if len(positional) > len(params):
-        return None
-    for p, a in zip(names, positional):
-        bound[p] = a.value
-    for a in call.args:
-        if a.keyword is not None:
-            if a.keyword.value not in names or a.keyword.value in bound:
-                return None
-            bound[a.keyword.value] = a.value
-    for p in params:
-        if p.name.value not in bound:
-            if not _literal(p.default):  # a default is evaluated where the helper is defined
-                return None
-            bound[p.name.value] = p.default
-    return {p: bound[p] for p in names}
+    for p in helper.params.params[1:]:
+        at = t.bound_arg(call, helper, True, p.name.value)  # True: `self` is not passed
+        if at is None or (at < 0 and not _literal(p.default)):
+            return None  # a default is evaluated where the helper is defined: literals only
+        bound[p.name.value] = call.args[at].value if at >= 0 else p.default
+    return bound
 
 
 def _literal(node: cst.BaseExpression | None) -> bool:

@@ -394,7 +394,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         if not (dropped or pruned):
             break  # a fixpoint: nothing left to orphan
     module = without_unused_setups(module, names_used)
-    module = without_registrations_of_dropped(module, names_used)
+    module = without_registrations_of_dropped(module)
     body, relative = [], []
     for node in module.body:
         if isinstance(node, cst.SimpleStatementLine):  # `from .a import x; import y` splits

@@ -38,7 +38,7 @@ def without_unused_setups(module: cst.Module, names_used) -> cst.Module:
     return module.with_changes(body=body)
 
 
-def without_registrations_of_dropped(module: cst.Module, names_used) -> cst.Module:
+def without_registrations_of_dropped(module: cst.Module) -> cst.Module:
     """Top-level expression statements naming a class or function the rewrite dropped
     (``ALL_LAYERNORM_LAYERS.append(XRMSNorm)``, transformers' own bookkeeping): nothing
     binds that name any more, and vLLM has no use for the registration."""
