@@ -5,6 +5,9 @@ and the example run that reads the glue between its parts from the values
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import transformers
@@ -28,9 +31,10 @@ def build_model(small) -> nn.Module:
     # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
     custom = bool(getattr(small, "auto_map", None))
     try:
-        return transformers.AutoModelForCausalLM.from_config(
-            small, dtype=torch.float32, trust_remote_code=custom
-        )
+        with _empty_is_nan():
+            return transformers.AutoModelForCausalLM.from_config(
+                small, dtype=torch.float32, trust_remote_code=custom
+            )
     except KeyError as e:
         if ATTN_IMPLEMENTATION not in str(e):
             raise Refusal(NoMatch("", "", f"cannot build a causal LM: {error_line(e)}")) from e
@@ -41,11 +45,36 @@ def build_model(small) -> nn.Module:
         raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
     small._attn_implementation = "eager"
     try:
-        return transformers.AutoModelForCausalLM.from_config(
-            small, dtype=torch.float32, trust_remote_code=True
-        )
+        with _empty_is_nan():
+            return transformers.AutoModelForCausalLM.from_config(
+                small, dtype=torch.float32, trust_remote_code=True
+            )
     except Exception as e:
         raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
+
+
+@contextmanager
+def _empty_is_nan() -> Iterator[None]:
+    """``torch.empty`` and ``torch.empty_like`` (``skip_init``'s ``to_empty``) floats hold
+    NaN while the model is built, not whatever memory held (tiny denormals as often as NaN):
+    a parameter no initialiser writes is then always seen by ``initialise_empty``."""
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like")}
+
+    def nan_filled(original):
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            tensor = original(*args, **kwargs)
+            return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+        return call
+
+    for name, original in originals.items():
+        setattr(torch, name, nan_filled(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch, name, original)
 
 
 @dataclasses.dataclass
@@ -137,8 +166,9 @@ def example_run(
 
 def initialise_empty(model: nn.Module) -> None:
     """Parameters the source leaves uninitialised (``torch.empty`` and an ``_init_weights``
-    that skips them: Baichuan-13B's norms, ChatGLM's ``skip_init``) hold whatever memory held,
-    NaN included: drawn like transformers' defaults instead, so that values can prove things."""
+    that skips them: Baichuan-13B's norms, ChatGLM's ``skip_init``) hold NaN (``build_model``
+    fills what memory held with it): drawn like transformers' defaults instead, so that values
+    can prove things."""
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():

@@ -43,9 +43,16 @@ def head_kind(module: nn.Module, x, out, config) -> str:
         refuse("lm_head", "no config.hidden_size gives the head's width", cls)
     w = module.weight.detach().double()
     x = x.detach().double()
-    for kind, weight in ((PLAIN, w), (L2_NORMALIZED, torch.nn.functional.normalize(w, dim=-1))):
-        if torch.is_tensor(out) and torch.allclose(out.double(), x @ weight.T, rtol=1e-4, atol=1e-5):
-            return kind
+    if not (torch.is_tensor(out) and x.abs().max() > 1e-3):  # near-zero inputs prove nothing
+        refuse("lm_head", "the example run's head input is all but zero: its logits prove nothing", cls)
+    candidates = ((PLAIN, w), (L2_NORMALIZED, torch.nn.functional.normalize(w, dim=-1)))
+    kinds = [
+        k for k, weight in candidates if torch.allclose(out.double(), x @ weight.T, rtol=1e-4, atol=1e-5)
+    ]
+    if len(kinds) == 1:
+        return kinds[0]
+    if kinds:
+        refuse("lm_head", "x @ W.T and x @ normalize(W).T agree on the example's weight", cls)
     refuse("lm_head", "its logits are neither x @ W.T nor x @ normalize(W).T (replayed)", cls)
 
 
