@@ -29,6 +29,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.dropped_defaults import bound_to_defaults
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -81,6 +82,9 @@ class _AttentionCall(cst.CSTTransformer):
                 raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are unpacked")
             self.extra |= {r.value for r in rest} - {"_"}  # (attention weights) must go unread
             return updated.with_changes(targets=[cst.AssignTarget(first)], value=self._call(value))
+        if self.returns_tuple and t.call_name(value) == self.func and isinstance(target, cst.Name):
+            # `outputs = self.attn(...)` read as `outputs[0]`, `outputs[1:]`: a one-tuple (no extras)
+            return updated.with_changes(value=cst.Tuple([cst.Element(self._call(value))]))
         return updated
 
     def leave_Subscript(self, original, updated):
@@ -108,10 +112,16 @@ def _count_calls(node: cst.CSTNode, func: str) -> int:
 
 
 def carry_forward(
-    layer: cst.ClassDef, attn: str, attn_first: str, returns_tuple: bool = True, wrapper: bool = False
+    layer: cst.ClassDef,
+    attn: str,
+    attn_first: str,
+    returns_tuple: bool = True,
+    wrapper: bool = False,
+    layer_returns_tuple: bool = False,
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
-    a ``wrapper`` (a module between the layer and its attention) keeps its return type."""
+    a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
+    layer the trace saw return a tuple returns its first element."""
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -121,6 +131,9 @@ def carry_forward(
     }
     if forward.params.star_kwarg is not None:
         dropped.add(forward.params.star_kwarg.name.value)
+    body, defaulted = bound_to_defaults(forward, dropped)
+    dropped -= defaulted
+    forward = forward.with_changes(body=body)
     calls = _count_calls(forward.body, f"self.{attn}")
     if calls != 1:
         raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
@@ -130,7 +143,10 @@ def carry_forward(
         raise HfrewriteError(
             f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
         )
-    body = _without_output_tuple(body, dropped | rewriter.extra)
+    unpacked = _without_output_tuple(body, dropped | rewriter.extra)
+    if unpacked is body and layer_returns_tuple:
+        unpacked = body.visit(_FirstReturned())  # `return outputs` of `(hidden_states, ...)`
+    body = unpacked
     still = sorted(t.root_names(body) & (dropped | rewriter.extra))
     if still:
         raise HfrewriteError(
@@ -147,6 +163,20 @@ def carry_forward(
         whitespace_before_params=sig.whitespace_before_params,
     )
     return t.set_method(layer, forward)
+
+
+class _FirstReturned(cst.CSTTransformer):
+    """``return x`` -> ``return x[0]`` in the forward itself (not in nested functions)."""
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def leave_Return(self, original: cst.Return, updated: cst.Return) -> cst.Return:
+        if updated.value is None:
+            return updated
+        value = updated.value
+        bare = isinstance(value, cst.Name | cst.Attribute | cst.Subscript | cst.Call)
+        return updated.with_changes(value=t.expr(f"{t.code(value)}[0]" if bare else f"({t.code(value)})[0]"))
 
 
 def _without_output_tuple(body: cst.IndentedBlock, dropped: set[str]) -> cst.IndentedBlock:
@@ -217,6 +247,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             _first_param(callee_forward),
             layer.attention_returns_tuple if last else False,  # a wrapper's result is the source's
             wrapper=i > 0,
+            layer_returns_tuple=i == 0 and layer.returns_tuple,
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"

@@ -304,7 +304,32 @@ def _replaced_calls(
         child = relative(called, path) if called.startswith(f"{path}.") else ""
         if child and "." not in child and child not in ran:
             verdicts.setdefault(child, True)
+    for name in _identity_attributes(traced.module.get_submodule(path)):
+        verdicts.setdefault(name, True)
     return tuple(sorted(name for name, ok in verdicts.items() if ok))
+
+
+def _identity_attributes(module) -> list[str]:
+    """Plain functions held as instance attributes that return their arguments unchanged
+    (Falcon-RW's ``self.maybe_rotary = lambda q, k: (q, k)`` when rope is off), replayed on
+    opaque objects: calling them computes nothing."""
+    found = []
+    for name, member in vars(module).items():
+        if not inspect.isfunction(member):
+            continue
+        params = inspect.signature(member).parameters.values()
+        if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+            continue
+        args = [object() for _ in params]
+        try:
+            out = member(*args)
+        except Exception:  # noqa: BLE001, S112 - it does something with its arguments
+            continue
+        if (isinstance(out, tuple) and list(map(id, out)) == list(map(id, args))) or (
+            len(args) == 1 and out is args[0]
+        ):
+            found.append(name)
+    return found
 
 
 def _own_methods(cls: type) -> set:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 from torch.fx import Node
+
+from hfrewrite.analyze.linear_classes import is_linear as computes_linear
 
 if TYPE_CHECKING:  # trace.py reads ancestors() from here
     from hfrewrite.analyze.trace import Traced
@@ -26,7 +27,7 @@ def ancestors(node: Node, scope: set[Node] | None) -> list[Node]:
 
 
 def is_linear(node: Node, traced: Traced) -> bool:
-    return node.op == "call_module" and isinstance(traced.submodule(node), nn.Linear)
+    return node.op == "call_module" and computes_linear(traced.submodule(node))
 
 
 def linears_feeding(node: Node, scope: set[Node], traced: Traced) -> list[Node]:

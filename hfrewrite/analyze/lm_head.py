@@ -12,6 +12,7 @@ import textwrap
 import torch
 from torch import nn
 
+from hfrewrite.analyze.linear_classes import is_linear
 from hfrewrite.analyze.plan import refuse
 
 LINEAR = ""  # nn.Linear itself
@@ -34,7 +35,7 @@ def is_head(module: nn.Module, config) -> bool:
 
 def head_kind(module: nn.Module, x, out, config) -> str:
     """How the head computes its logits, proven on the example run's values."""
-    if isinstance(module, nn.Linear):
+    if is_linear(module):
         return LINEAR
     cls = type(module).__name__
     if _branches_in_init(type(module)):

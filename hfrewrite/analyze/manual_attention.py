@@ -23,6 +23,7 @@ from hfrewrite.analyze.trace import Traced, before_expansion, causal_sdpa, is_id
 _MATMUL = (torch.matmul, operator.matmul, "matmul")
 _SOFTMAX = (torch.softmax, torch.nn.functional.softmax, "softmax")
 _CASTS = ("to", "float", "type_as", "contiguous")
+_RESHAPES = ("view", "reshape", torch.reshape)
 # (torch.max / clamp of the scores at a constant floor: the dtype minimum, Baichuan-13B)
 _SCORE_STEPS = (
     operator.add,
@@ -69,6 +70,8 @@ def fold_manual_attention(traced: Traced) -> int:
         found = _operands(soft, traced)
         if found is None:
             continue
+        if value(found[0]).dim() == 3:  # heads flattened into the batch: [b * heads, s, d]
+            found = _unflattened(graph, found)
         q, k, v, out, qk, scores = found
         heads = value(q).shape[1]
         k, v = before_expansion(k, heads), before_expansion(v, heads)
@@ -101,17 +104,46 @@ def fold_manual_attention(traced: Traced) -> int:
             back = graph.call_method("transpose", (first, 1, 2))
         # the traced values stay the source's (within the tolerance of SDPA's): what
         # follows was computed from them, and layout proofs compare exactly
-        for node, val in ((leaf, (got.transpose(1, 2), None)), (first, got.transpose(1, 2)), (back, got)):
-            node.meta.update(
-                value=val,
-                frames=out.meta.get("frames", ()),
-                nn_module_stack=out.meta.get("nn_module_stack", {}),
-            )
-        out.replace_all_uses_with(back)
+        steps = [(leaf, (got.transpose(1, 2), None)), (first, got.transpose(1, 2)), (back, got)]
+        source_out = out.meta.get("flat_from", out)  # the [b * heads, s, d] matmul, when flat
+        if source_out is not out:
+            with graph.inserting_after(back):
+                flat = graph.call_method("reshape", (back, *value(source_out).shape))
+            steps.append((flat, value(source_out)))
+            back = flat
+        for node, val in steps:
+            _copy_meta(node, source_out, val)
+        source_out.replace_all_uses_with(back)
         folded += 1
     if folded:
         traced.graph_module.recompile()
     return folded
+
+
+def _unflattened(graph, found: tuple) -> tuple:
+    """``found`` of scores computed as ``[b * heads, s, d] @ [b * kv_heads, d, s]`` and viewed
+    as ``[b, heads, s, s]`` (Falcon-RW, BLOOM): q, k, v and the output viewed back as
+    ``[b, heads, s, d]``; the flat output node is kept in the output's ``flat_from``."""
+    q, k, v, out, qk, scores = found
+    batch = value(scores).shape[0]
+    views = []
+    anchor = out
+    for node in (q, k, v, out):
+        flat = value(node)
+        shape = (batch, flat.shape[0] // batch, *flat.shape[1:])
+        with graph.inserting_after(anchor):
+            view = graph.call_method("reshape", (node, *shape))
+        _copy_meta(view, node, flat.reshape(shape))
+        views.append(view)
+        anchor = view
+    views[3].meta["flat_from"] = out
+    return (*views, qk, scores)
+
+
+def _copy_meta(node: Node, like: Node, val) -> None:
+    node.meta.update(
+        value=val, frames=like.meta.get("frames", ()), nn_module_stack=like.meta.get("nn_module_stack", {})
+    )
 
 
 def _is(node: object, targets: tuple) -> bool:
@@ -131,12 +163,18 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     ):
         probs = nxt  # casts, and dropouts that returned their input (inference mode)
     users = list(probs.users)
+    if len(users) == 1 and _flattens_heads(users[0], scores):
+        probs = users[0]  # probabilities viewed as [b * heads, s, s] for a 3-d @ v
+        users = list(probs.users)
     if len(users) != 1 or not _is(users[0], _MATMUL) or users[0].args[0] is not probs:
         return None
     out, v = users[0], users[0].args[1]
-    node = soft.args[0]
+    node, qk_view = soft.args[0], None
     for _ in range(6):  # back over the scale, the mask and casts to q @ k^T
         if _is(node, _MATMUL):
+            break
+        if _is(node, _RESHAPES) and _is(node.args[0], _MATMUL) and _flattens_heads(node.args[0], scores):
+            qk_view, node = node, node.args[0]  # [b * heads, s, s] scores viewed as [b, heads, s, s]
             break
         if not _is(node, _SCORE_STEPS):
             return None
@@ -150,17 +188,32 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
         return None
     q, kt = node.args[:2]
     k = _untransposed(kt)
-    operands = (q, k, v)
-    if k is None or not all(
-        isinstance(x, Node) and torch.is_tensor(value(x)) and value(x).dim() == 4 for x in operands
+    operands = (q, k, v, out)
+    rank = 3 if _is(probs, _RESHAPES) else 4
+    if (rank == 3) != (qk_view is not None) or not all(
+        isinstance(x, Node) and torch.is_tensor(value(x)) and value(x).dim() == rank for x in operands
     ):
         return None
-    return q, k, v, out, node, soft.args[0]
+    batch = scores.shape[0]
+    if rank == 3 and any(value(x).shape[0] % batch for x in operands):
+        return None
+    return q, k, v, out, qk_view or node, soft.args[0]
+
+
+def _flattens_heads(node: object, scores: torch.Tensor) -> bool:
+    """``node``'s value is ``scores``' shape with batch and heads flattened into one dim."""
+    val = value(node) if isinstance(node, Node) else None
+    return (
+        torch.is_tensor(val)
+        and val.dim() == 3
+        and tuple(val.shape) == (scores.shape[0] * scores.shape[1], *scores.shape[2:])
+    )
 
 
 def _untransposed(kt: object) -> Node | None:
     """``k`` of ``k.transpose(-2, -1)`` (any spelling of the last two dims), else None."""
     if not _is(kt, ("transpose", torch.transpose)) or len(kt.args) != 3:
         return None
-    dims = {d % 4 for d in kt.args[1:] if isinstance(d, int)}
-    return kt.args[0] if dims == {2, 3} else None
+    rank = value(kt).dim() if torch.is_tensor(value(kt)) else 4
+    dims = {d % rank for d in kt.args[1:] if isinstance(d, int)}
+    return kt.args[0] if dims == {rank - 2, rank - 1} else None

@@ -30,6 +30,7 @@ from hfrewrite.analyze.checkpoint import (
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import build_model, error_line, example_run, initialise_empty
+from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import head_kind, is_head
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
@@ -82,6 +83,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     model = build_model(small)
     model.eval()
     initialise_empty(model)
+    linear_classes = prove_linear_classes(model)  # before any trace: its linear leaves
     base_attr = getattr(model, "base_model_prefix", "")
     base = getattr(model, base_attr, None) if base_attr else None
     if not isinstance(base, nn.Module):  # a prefix naming no child (ERNIE-4.5's "ernie"):
@@ -221,6 +223,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         declined=declined,
         moe=moe,
         sibling_configs=siblings,
+        linear_classes=linear_classes,
         forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
     )
 

@@ -315,6 +315,9 @@ class DecoderLayerPlan:
     # Classes of the modules a carried layer reaches its attention through (dbrx's
     # DbrxNormAttentionNorm: norms around it), outermost first; each forward is carried too
     attention_wrappers: tuple[str, ...] = ()
+    # The layer's forward returns a tuple whose first element is the hidden states
+    # (transformers 4.x: ``(hidden_states, present, attentions)``)
+    returns_tuple: bool = False
 
     @property
     def fused(self) -> bool:
@@ -369,3 +372,6 @@ class ModelPlan:
     # in the form ``__init__`` evaluates (analyze/branches.py): passes/config_guards.py
     # refuses configs flipping those the emitted class no longer tests
     forward_switches: tuple[tuple[str, str, bool], ...] = ()
+    # The source's nn.Linear subclasses proven to compute nn.Linear's function and built with
+    # its constructor (analyze/linear_classes.py: Falcon-RW's ``Linear``): built as nn.Linear
+    linear_classes: tuple[str, ...] = ()

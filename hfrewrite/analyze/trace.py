@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from hfrewrite.analyze.causal_mask import causal_mask
+from hfrewrite.analyze.linear_classes import is_linear
 from hfrewrite.analyze.plan import LinearFact
 from hfrewrite.analyze.traced_factories import recorded_factories
 
@@ -203,7 +204,7 @@ def is_experts(module: nn.Module) -> bool:
 
 def is_leaf(module: nn.Module) -> bool:
     return (
-        isinstance(module, (nn.Linear, nn.Embedding))
+        isinstance(module, (nn.Linear, nn.Embedding))  # a subclass's own forward: unproven, opaque
         or is_norm(module)
         or is_experts(module)
         or type(module).__module__ in _ACTIVATION_MODULES
@@ -411,11 +412,7 @@ class Traced:
 
     def linears_in(self, path: str) -> list[Node]:
         """``nn.Linear`` call nodes inside ``path``, in graph order."""
-        return [
-            n
-            for n in self.nodes_in(path)
-            if n.op == "call_module" and isinstance(self.submodule(n), nn.Linear)
-        ]
+        return [n for n in self.nodes_in(path) if n.op == "call_module" and is_linear(self.submodule(n))]
 
     def linear_fact(self, node: Node, path: str) -> LinearFact:
         """The facts of a Linear call node, ``attr`` relative to submodule ``path``."""

@@ -72,8 +72,10 @@ def _only(node: cst.SimpleStatementLine, names: set[str]) -> cst.SimpleStatement
 
 
 def _shim_class(node: cst.ClassDef, model_type: str) -> cst.ClassDef:
-    """The class with a note in its docstring and ``rope_scaling`` a plain attribute again
-    (transformers 5 makes it an alias of the standardised ``rope_parameters``)."""
+    """The class with a note in its docstring, transformers 4's ``tie_word_embeddings = True``
+    default as a class attribute (a config.json value still sets it), and ``rope_scaling`` a
+    plain attribute again (transformers 5 makes it an alias of the standardised
+    ``rope_parameters``)."""
     note = cst.parse_statement(
         f'"""{SHIM_NOTE}: the repository\'s configuration class as written,\n'
         f'    registered with vLLM for model type {model_type!r}.\n    """'
@@ -83,6 +85,12 @@ def _shim_class(node: cst.ClassDef, model_type: str) -> cst.ClassDef:
         body = body[1:]
     if "model_type" not in {n for stmt in body for n in t.bound_names(stmt)}:
         body.insert(0, cst.parse_statement(f"model_type = {model_type!r}"))
+    if "tie_word_embeddings" not in {n for stmt in body for n in t.bound_names(stmt)}:
+        comment = "# transformers 4's default, which the repository's checkpoints assume (5 sets none)"
+        tied = cst.parse_statement("tie_word_embeddings = True").with_changes(
+            leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
+        )
+        body.insert(0, tied)
     if "self.rope_scaling" in cst.Module([]).code_for_node(node):
         comment = "# a plain attribute, as under transformers 4 (5 aliases it to rope_parameters)"
         plain = cst.parse_statement("rope_scaling = None").with_changes(

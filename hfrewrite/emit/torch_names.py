@@ -1,6 +1,7 @@
-"""Custom code spelling ``torch.nn.Linear`` where transformers writes ``nn.Linear``: one
-spelling for the passes, which match constructors by name (``from torch import nn`` added
-where the file lacks it)."""
+"""Custom code spelling ``torch.nn.Linear`` where transformers writes ``nn.Linear``, or
+building its own ``nn.Linear`` subclass that the analysis proved computes ``nn.Linear``'s
+function with its constructor: one spelling for the passes, which match constructors by name
+(``from torch import nn`` added where the file lacks it)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,26 @@ class _AsNn(cst.CSTTransformer):
         return original
 
 
-def torch_nn_as_nn(module: cst.Module) -> cst.Module:
-    """``module`` with ``torch.nn.<x>`` written ``nn.<x>``."""
+class _ProvenLinears(cst.CSTTransformer):
+    def __init__(self, classes: set[str]) -> None:
+        self.classes, self.count = classes, 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if m.matches(updated.func, m.Name()) and updated.func.value in self.classes:
+            self.count += 1
+            return updated.with_changes(func=cst.Attribute(cst.Name("nn"), cst.Name("Linear")))
+        return updated
+
+
+def torch_nn_as_nn(module: cst.Module, linear_classes: tuple[str, ...] = ()) -> cst.Module:
+    """``module`` with ``torch.nn.<x>`` written ``nn.<x>``, and each class of
+    ``linear_classes`` (``ModelPlan.linear_classes``) the module defines built as ``nn.Linear``."""
     visitor = _AsNn()
     new = module.visit(visitor)
-    if not visitor.count or any(m.matches(n, _IMPORT_NN) for n in new.body):
+    defined = {n.name.value for n in new.body if isinstance(n, cst.ClassDef)}
+    linears = _ProvenLinears(set(linear_classes) & defined)
+    new = new.visit(linears)
+    if not (visitor.count or linears.count) or any(m.matches(n, _IMPORT_NN) for n in new.body):
         return new
     body = list(new.body)
     at = max(

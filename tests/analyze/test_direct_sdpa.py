@@ -12,7 +12,7 @@ import transformers
 
 from hfrewrite.analyze import model as analysis
 from hfrewrite.errors import HfrewriteError
-from tests.analyze.by_hand import attention_by_hand
+from tests.analyze.by_hand import BY_HAND, BY_HAND_FLAT, attention_by_hand
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 SDPA = "calls torch's scaled_dot_product_attention directly"
@@ -109,3 +109,15 @@ def test_attention_by_hand_that_is_not_causal_sdpa_is_refused(tmp_path, monkeypa
         HfrewriteError, match="SelfAttention: vllm_attention: computes a softmax attention by hand"
     ):
         _by_hand(tmp_path, monkeypatch, old, new)
+
+
+def test_attention_by_hand_over_flattened_heads_is_proven_causal(tmp_path, monkeypatch):
+    """[batch * heads, seq, dim] operands, scores viewed as [batch, heads, seq, seq]."""
+    att = _by_hand(tmp_path, monkeypatch, BY_HAND, BY_HAND_FLAT).attention
+    assert att.direct_sdpa and (att.num_heads, att.num_kv_heads) == (4, 2)
+
+
+def test_attention_by_hand_over_flattened_heads_with_another_scale_is_refused(tmp_path, monkeypatch):
+    flat = BY_HAND_FLAT.replace("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]")
+    with pytest.raises(HfrewriteError, match="computes a softmax attention by hand"):
+        _by_hand(tmp_path, monkeypatch, BY_HAND, flat)

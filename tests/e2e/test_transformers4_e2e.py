@@ -30,6 +30,7 @@ CONVERTED = {
     "baichuan2": ("baichuan", "def _lm_head_normalized"),  # NormHead, W_pack taken apart by index
     "minicpm": ("minicpm", "# as the source scales the lm_head's input"),  # projections in a helper
     "oldmoe_sizes": ("oldmoe_sizes", 'ckpt_names=("w1", "w2", "w3")'),  # experts take routing weights
+    "falcon_rw": ("falcon_rw", "return outputs[0]"),  # [b * h] ALiBi attention, a 4.x tuple layer
 }
 
 

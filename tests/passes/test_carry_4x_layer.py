@@ -1,0 +1,118 @@
+"""A transformers 4.x decoder layer carried into vLLM's calling convention: its flags take
+their defaults (vLLM does not pass them), branches on them reduce to the branch taken, the
+attention's tuple becomes a one-tuple, and the layer's output tuple gives its first element."""
+
+import dataclasses
+
+import libcst as cst
+import pytest
+from harness import rewrite
+from hfrewrite.passes import carry_decoder_layer
+from plans import llama_like
+
+from hfrewrite.analyze.plan import DecoderLayerPlan
+from hfrewrite.emit.dropped_defaults import bound_to_defaults
+
+
+def plan(returns_tuple: bool = True):
+    base = llama_like("RW", "falcon_rw")
+    layer = DecoderLayerPlan(
+        "DecoderLayer", (), attention_block="self_attention", returns_tuple=returns_tuple
+    )
+    return dataclasses.replace(
+        base, decoder_layer=layer, attention=dataclasses.replace(base.attention, module_class="Attention")
+    )
+
+
+ATTENTION = """\
+class Attention(nn.Module):
+    def forward(self, hidden_states, alibi, attention_mask, layer_past=None, use_cache=False):
+        return hidden_states, None
+
+"""
+
+BEFORE = (
+    ATTENTION
+    + """
+class DecoderLayer(nn.Module):
+    def forward(self, hidden_states, alibi, attention_mask, layer_past=None, use_cache=False, output_attentions=False):
+        layernorm_output = self.input_layernorm(hidden_states)
+        residual = hidden_states
+        attn_outputs = self.self_attention(
+            layernorm_output, layer_past=layer_past, attention_mask=attention_mask, alibi=alibi, use_cache=use_cache
+        )
+        attention_output = attn_outputs[0]
+        residual = attention_output + residual
+        outputs = attn_outputs[1:]
+        output = self.mlp(self.post_attention_layernorm(residual)) + residual
+        if use_cache:
+            outputs = (output,) + outputs
+        else:
+            outputs = (output,) + outputs[1:]
+        return outputs  # hidden_states, present, attentions
+"""
+)
+
+AFTER = (
+    ATTENTION
+    + """
+class DecoderLayer(nn.Module):
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        layernorm_output = self.input_layernorm(hidden_states)
+        residual = hidden_states
+        attn_outputs = (self.self_attention(positions=positions, hidden_states=layernorm_output),)
+        attention_output = attn_outputs[0]
+        residual = attention_output + residual
+        outputs = attn_outputs[1:]
+        output = self.mlp(self.post_attention_layernorm(residual)) + residual
+        outputs = (output,) + outputs[1:]
+        return outputs[0]  # hidden_states, present, attentions
+"""
+)
+
+
+def test_4x_layer_is_carried_into_vllms_convention():
+    assert rewrite(carry_decoder_layer, BEFORE, plan()) == AFTER
+
+
+def test_layer_returning_its_tensor_keeps_its_return():
+    source = BEFORE.replace("        return outputs  #", "        return outputs[0]  #")
+    assert "return outputs[0][0]" not in rewrite(carry_decoder_layer, source, plan(returns_tuple=False))
+
+
+def _reduced(src: str, dropped: set[str]) -> tuple[str, set[str]]:
+    fn = cst.parse_module(src).body[0]
+    body, bound = bound_to_defaults(fn, dropped)
+    return cst.Module([fn.with_changes(body=body)]).code, bound
+
+
+@pytest.mark.parametrize(
+    ("src", "want"),
+    [
+        # elif chains: the first literal test that holds decides
+        (
+            (
+                "def f(x, a=False, b=None):\n    if a:\n        x = 1\n    elif b is None:\n        x = 2\n"
+                "    else:\n        x = 3\n    return x\n"
+            ),
+            "def f(x, a=False, b=None):\n    x = 2\n    return x\n",
+        ),
+        # a test not made of literals stays; its literal elif reduces to an else
+        (
+            "def f(x, a=False):\n    if x:\n        x = 1\n    elif not a:\n        x = 2\n    return x\n",
+            "def f(x, a=False):\n    if x:\n        x = 1\n    else:\n        x = 2\n    return x\n",
+        ),
+        # nothing left in a block: pass
+        (
+            "def f(x, a=False):\n    if x:\n        if a:\n            x = 1\n    return x\n",
+            "def f(x, a=False):\n    if x:\n        pass\n    return x\n",
+        ),
+    ],
+)
+def test_flags_take_their_defaults(src, want):
+    assert _reduced(src, {"a", "b"})[0] == want
+
+
+def test_rebound_or_computed_defaults_are_left_alone():
+    src = "def f(x, a=False, c=max(1, 2)):\n    a = a or x\n    if a:\n        x = c\n    return x\n"
+    assert _reduced(src, {"a", "c"}) == (src, set())
