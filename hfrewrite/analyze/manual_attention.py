@@ -20,7 +20,9 @@ from torch.fx import Node
 from hfrewrite.analyze.alibi import proven_factor
 from hfrewrite.analyze.trace import Traced, before_expansion, causal_sdpa, is_identity_dropout, value
 
-_MATMUL = (torch.matmul, operator.matmul, "matmul")
+_MATMUL = (torch.matmul, operator.matmul, "matmul", torch.bmm, "bmm")
+# ``bias.baddbmm(q, k^T, beta=, alpha=)``: BLOOM's ALiBi scores, bias + alpha * q @ k^T
+_BADDBMM = (torch.baddbmm, "baddbmm")
 _SOFTMAX = (torch.softmax, torch.nn.functional.softmax, "softmax")
 _CASTS = ("to", "float", "type_as", "contiguous")
 _RESHAPES = ("view", "reshape", torch.reshape)
@@ -84,7 +86,7 @@ def fold_manual_attention(traced: Traced) -> int:
         # ALiBi first: a per-head linear bias (alibi.py), which a saturated softmax can hide
         expanded = [value(x) for x in found[1:3]]
         factor = (
-            proven_factor(value(qk), value(scores), value(q), *expanded, got)
+            proven_factor(qk, value(scores), value(q), *expanded, got)
             if torch.is_tensor(got)
             else None
         )
@@ -151,7 +153,8 @@ def _is(node: object, targets: tuple) -> bool:
 
 
 def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | None:
-    """(q, k, v, output, q @ k^T, scores) around a softmax over the last dim, or None."""
+    """(q, k, v, output, the value of q @ k^T as ``[b, heads, s, s]``, scores) around a
+    softmax over the last dim, or None."""
     scores = value(soft)
     dim = soft.kwargs.get("dim", soft.args[1] if len(soft.args) > 1 else None)
     if not (torch.is_tensor(scores) and scores.dim() == 4 and dim in (-1, 3)):
@@ -162,7 +165,7 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
         or (traced is not None and is_identity_dropout(nxt, traced))
     ):
         probs = nxt  # casts, and dropouts that returned their input (inference mode)
-    users = list(probs.users)
+    users = [u for u in probs.users if u.op != "output"]  # the weights returned beside: unread
     if len(users) == 1 and _flattens_heads(users[0], scores):
         probs = users[0]  # probabilities viewed as [b * heads, s, s] for a 3-d @ v
         users = list(probs.users)
@@ -173,7 +176,7 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     for _ in range(6):  # back over the scale, the mask and casts to q @ k^T
         if _is(node, _MATMUL):
             break
-        if _is(node, _RESHAPES) and _is(node.args[0], _MATMUL) and _flattens_heads(node.args[0], scores):
+        if _is(node, _RESHAPES) and _is(node.args[0], _MATMUL + _BADDBMM) and _flattens_heads(node.args[0], scores):
             qk_view, node = node, node.args[0]  # [b * heads, s, s] scores viewed as [b, heads, s, s]
             break
         if not _is(node, _SCORE_STEPS):
@@ -186,7 +189,7 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
         node = shaped[0]
     else:
         return None
-    q, kt = node.args[:2]
+    q, kt = _batches(node)
     k = _untransposed(kt)
     operands = (q, k, v, out)
     rank = 3 if _is(probs, _RESHAPES) else 4
@@ -197,7 +200,19 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     batch = scores.shape[0]
     if rank == 3 and any(value(x).shape[0] % batch for x in operands):
         return None
-    return q, k, v, out, qk_view or node, soft.args[0]
+    raw = value(q) @ value(kt)  # q @ k^T, before any scale or bias
+    return q, k, v, out, raw.reshape(scores.shape), soft.args[0]
+
+
+def _batches(node: Node) -> tuple[object, object]:
+    """(q, k^T) of ``q @ k^T``, or of ``bias.baddbmm(q, k^T, ...)``."""
+    if not _is(node, _BADDBMM):
+        return node.args[0], node.args[1]
+    args = node.args[1:]  # the bias comes first, as the method's object or the first argument
+    return (
+        node.kwargs.get("batch1", args[0] if args else None),
+        node.kwargs.get("batch2", args[1] if len(args) > 1 else None),
+    )
 
 
 def _flattens_heads(node: object, scores: torch.Tensor) -> bool:

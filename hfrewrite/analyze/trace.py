@@ -33,6 +33,7 @@ from torch.fx.node import map_aggregate
 from torch.fx.proxy import Attribute
 from torch.utils import _pytree as pytree
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 from hfrewrite.analyze.causal_mask import causal_mask
 from hfrewrite.analyze.linear_classes import is_linear
@@ -66,6 +67,9 @@ def opaque_attention(module, query, key, value, attention_mask, **kwargs):
 
 
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, opaque_attention)
+# Models that compute attention by hand in their own forward (BLOOM) read the mask
+# transformers builds for the implementation: the eager one, as Hugging Face runs them
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, eager_mask)
 
 # Softmax attention computed by torch itself, outside transformers' attention interface
 # (custom code often calls it directly): the leaf ``causal_sdpa`` when the call is proven
