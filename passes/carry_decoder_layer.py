@@ -5,14 +5,20 @@ residual blocks (``DecoderLayerPlan.fused`` false: post or sandwich norms, paral
 attention and MLP, dropouts, config switches such as ``use_parallel_residual``).
 
 Emits the source's own ``forward`` body, so every residual, norm and config branch stays
-as written, with three changes:
+as written, with these changes:
 
 * the signature becomes ``forward(self, positions, hidden_states)``;
 * the attention call becomes ``self.self_attn(positions=positions, hidden_states=x)``,
-  ``x`` being the argument the source binds to the attention forward's first parameter;
+  ``x`` being the argument the source binds to the attention forward's first parameter
+  (plus ``residual=r`` when the attention adds the residual itself: BLOOM);
   vLLM's attention returns one tensor, so ``out, _ = self.self_attn(...)`` becomes
-  ``out = ...`` and ``self.self_attn(...)[0]`` becomes the call (an attention the trace saw
+  ``out = ...``, ``self.self_attn(...)[0]`` becomes the call, and ``outputs =
+  self.self_attn(...)`` (read as ``outputs[0]``) a one-tuple (an attention the trace saw
   return its tensor alone, as custom code's often does, keeps how its result is used);
+* dropped inputs the analysis proved free to take their literal defaults
+  (``DecoderLayerPlan.free_defaults``: ``use_cache``, ``layer_past=None``) are read as those
+  defaults, and the ``if`` statements this makes constant reduce to the branch they take;
+* a layer the trace saw return a tuple (transformers 4.x) returns its first element;
 * nothing else may read the dropped Hugging Face inputs (masks, cache, position ids).
 
 A layer that reaches its attention through wrapper modules (dbrx's ``norm_attn_norm``,
@@ -30,6 +36,7 @@ import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
+from hfrewrite.emit.given_residual import residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -53,9 +60,12 @@ def _bound_first(call: cst.Call, first: str) -> cst.BaseExpression | None:
 class _AttentionCall(cst.CSTTransformer):
     """Rewrites ``self.<attn>(...)`` and how its (tuple) result is taken."""
 
-    def __init__(self, attr: str, first: str, cls: str, returns_tuple: bool) -> None:
+    def __init__(
+        self, attr: str, first: str, cls: str, returns_tuple: bool, residual: tuple | None = None
+    ) -> None:
         self.func, self.first, self.cls = f"self.{attr}", first, cls
         self.returns_tuple = returns_tuple
+        self.residual = residual  # (parameter, the callee's forward): the tensor it adds
         self.count = 0
         self.extra: set[str] = set()
 
@@ -69,8 +79,15 @@ class _AttentionCall(cst.CSTTransformer):
         if x is None:
             raise HfrewriteError(f"{self.cls}: {NAME}: {self.func}(...) passes no hidden states")
         self.count += 1
+        given = ""
+        if self.residual is not None:  # the attention adds this argument to its output
+            param, callee = self.residual
+            at = t.bound_arg(call, callee, True, param)  # a bound method: self left out
+            if at is None or at < 0:
+                raise HfrewriteError(f"{self.cls}: {NAME}: {self.func}(...) passes no {param}")
+            given = f", {param}={t.code(call.args[at].value)}"
         # vLLM's positions under a name of their own until the dropped inputs are checked
-        return t.expr(f"{self.func}(positions={_POSITIONS}, hidden_states={t.code(x)})")
+        return t.expr(f"{self.func}(positions={_POSITIONS}, hidden_states={t.code(x)}{given})")
 
     def leave_Assign(self, original, updated):
         value = updated.value
@@ -82,7 +99,7 @@ class _AttentionCall(cst.CSTTransformer):
                 raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are unpacked")
             self.extra |= {r.value for r in rest} - {"_"}  # (attention weights) must go unread
             return updated.with_changes(targets=[cst.AssignTarget(first)], value=self._call(value))
-        if self.returns_tuple and t.call_name(value) == self.func and isinstance(target, cst.Name):
+        if self.returns_tuple and t.call_name(original.value) == self.func and isinstance(target, cst.Name):
             # `outputs = self.attn(...)` read as `outputs[0]`, `outputs[1:]`: a one-tuple (no extras)
             return updated.with_changes(value=cst.Tuple([cst.Element(self._call(value))]))
         return updated
@@ -118,6 +135,8 @@ def carry_forward(
     returns_tuple: bool = True,
     wrapper: bool = False,
     layer_returns_tuple: bool = False,
+    residual: tuple | None = None,
+    free_defaults: tuple[str, ...] = (),
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
     a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
@@ -131,13 +150,13 @@ def carry_forward(
     }
     if forward.params.star_kwarg is not None:
         dropped.add(forward.params.star_kwarg.name.value)
-    body, defaulted = bound_to_defaults(forward, dropped)
+    body, defaulted = bound_to_defaults(forward, dropped & set(free_defaults))
     dropped -= defaulted
     forward = forward.with_changes(body=body)
     calls = _count_calls(forward.body, f"self.{attn}")
     if calls != 1:
         raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
-    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple)
+    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual)
     body = forward.body.visit(rewriter)
     if rewriter.count != 1:
         raise HfrewriteError(
@@ -166,7 +185,8 @@ def carry_forward(
 
 
 class _FirstReturned(cst.CSTTransformer):
-    """``return x`` -> ``return x[0]`` in the forward itself (not in nested functions)."""
+    """``return x`` -> ``return x[0]``, ``return a, b`` -> ``return a``, in the forward itself
+    (not in nested functions)."""
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False
@@ -175,6 +195,8 @@ class _FirstReturned(cst.CSTTransformer):
         if updated.value is None:
             return updated
         value = updated.value
+        if isinstance(value, cst.Tuple) and value.elements:  # `return hidden_states, weights`
+            return updated.with_changes(value=value.elements[0].value)
         bare = isinstance(value, cst.Name | cst.Attribute | cst.Subscript | cst.Call)
         return updated.with_changes(value=t.expr(f"{t.code(value)}[0]" if bare else f"({t.code(value)})[0]"))
 
@@ -241,6 +263,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     for i, (owner, callee, attr) in enumerate(zip(owners, callees, attrs)):
         last = i == len(owners) - 1
         callee_forward = t.find_method(t.find_class(module, callee), "forward")
+        residual = None
+        if last and plan.attention.adds_residual:
+            param = residual_param(callee_forward, plan.attention.o.attr, callee)
+            residual = (param, callee_forward)
         carried = carry_forward(
             t.find_class(module, owner),
             attr,
@@ -248,6 +274,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             layer.attention_returns_tuple if last else False,  # a wrapper's result is the source's
             wrapper=i > 0,
             layer_returns_tuple=i == 0 and layer.returns_tuple,
+            residual=residual,
+            free_defaults=layer.free_defaults if i == 0 else (),
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"

@@ -1,7 +1,6 @@
-"""Hub custom code: a config switch in a forward, replaced by the branch the traced config took.
+"""A config switch in a forward, replaced by the branch the traced config took.
 
-Matches, in the forward of each class the analysis found config switches in (Hub custom code
-only), ``if <switch>: A`` / ``if <switch>: A else: B`` around the projections the fusing
+Matches, in the forward of each class the analysis found config switches in, ``if <switch>: A`` / ``if <switch>: A else: B`` around the projections the fusing
 passes must find called once, whose test is, in the form ``__init__`` evaluates, one of
 ``ModelPlan.forward_switches`` (Llama-era ``if self.config.pretraining_tp > 1:``).
 
@@ -19,6 +18,7 @@ import ast
 
 import libcst as cst
 
+from hfrewrite.analyze.plan import LinearFact
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 
@@ -26,8 +26,6 @@ NAME = "taken_branches"
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    if not ctx.custom_code:
-        return PassResult(module=module)
     switches: dict[str, dict[str, bool]] = {}
     for cls, test, value in ctx.plan.forward_switches:
         switches.setdefault(cls, {})[ast.dump(ast.parse(test, mode="eval").body)] = value
@@ -49,7 +47,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
 
 def _projections(plan) -> set[str]:
     """The attributes of the projections the fusing passes must find called once."""
-    found = {getattr(plan.attention, r).attr for r in "qkvo" if hasattr(plan.attention, r)}
+    found = {f.attr for r in "qkvo" if isinstance(f := getattr(plan.attention, r, None), LinearFact)}
     if plan.mlp is not None:
         found |= {f.attr for f in (plan.mlp.gate, plan.mlp.up, plan.mlp.down) if f is not None}
     return found

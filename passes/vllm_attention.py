@@ -58,6 +58,7 @@ from hfrewrite.emit.attention_body import (
     state_names,
     unrecognised,
 )
+from hfrewrite.emit.given_residual import projection_at, residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.position_code import ALIBI_INIT, ALIBI_SLOPES, rope_init, rotary_builders
 from hfrewrite.emit.templates_io import template_class
@@ -172,7 +173,11 @@ def rewrite_attention(
     norm_test: cst.BaseExpression | None = None
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
     planned = {a for a in (att.q_norm, att.k_norm) if a}
-    for statement in body[split_at + 1 :]:
+    checked = body[split_at + 1 :]
+    if att.adds_residual:  # what follows the projection adds the given tensor: proven
+        residual = residual_param(forward, att.o.attr, name)
+        checked = body[split_at + 1 : projection_at(body, att.o.attr) + 1]
+    for statement in checked:
         test = config_switch(statement)
         if (conditional := carried_conditional(statement, states)) is not None:
             carried.append(conditional)
@@ -303,14 +308,14 @@ def rewrite_attention(
     tail += "q, k = self.rotary_emb(positions, q, k)\n" if att.alibi is None else ""
     if att.qk_norm_after_rope:
         tail += norms
-    tail += (
-        "attn_output = self.attn(q, k, v)\n"
-        f"attn_output = self.{att.o.attr}(attn_output)\n"
-        "return attn_output\n"
+    tail += f"attn_output = self.attn(q, k, v)\nattn_output = self.{att.o.attr}(attn_output)\n" + (
+        f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n"
     )
     kept = _input_as_hidden_states(forward, body[_projection_at(body, split_at, name) : split_at + 1], name)
+    given = f", {residual}: torch.Tensor" if att.adds_residual else ""
     params = t.stmt(
-        "def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n"
+        f"def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor{given}) -> torch.Tensor:\n"
+        "    pass\n"
     )
     forward = forward.with_changes(
         params=params.params,

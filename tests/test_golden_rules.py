@@ -82,14 +82,28 @@ def _interface_functions(tree: ast.Module) -> set[int]:
     return fixed
 
 
+def _alibi_forwards(tree: ast.Module) -> set[int]:
+    """``forward`` of attention classes built with ALiBi (``alibi_slopes=``): the layer hands
+    them vLLM's ``positions`` like any attention, and ALiBi has no use for them."""
+    return {
+        id(fn)
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef) and "alibi_slopes=" in ast.unparse(cls)
+        for fn in cls.body
+        if isinstance(fn, ast.FunctionDef) and fn.name == "forward"
+    }
+
+
 def test_defines_no_unused_parameter(golden):
     tree = golden[1]
-    fixed = _interface_functions(tree)
+    fixed, alibi = _interface_functions(tree), _alibi_forwards(tree)
     unused = []
     for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and id(n) not in fixed):
         args = fn.args
         params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | (
+            {"positions"} if id(fn) in alibi else set()
+        )
         unused += [
             f"{fn.name}({p}) line {fn.lineno}" for p in params if p not in ("self", "cls") and p not in read
         ]

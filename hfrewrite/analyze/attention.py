@@ -24,6 +24,7 @@ import inspect
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.block_output import adds_given_tensor, hidden_output, read_outputs
 from hfrewrite.analyze.dataflow import (
     ancestors,
     linears_fed_by,
@@ -33,6 +34,7 @@ from hfrewrite.analyze.dataflow import (
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
+from hfrewrite.analyze.identity_attributes import identity_attributes
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
@@ -182,7 +184,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
                 qk_norm_over,
                 role,
             )
-    o_node = _output_projection(traced, path, scope, call)
+    o_node, adds_residual = _output_projection(traced, path, scope, call)
     only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
     prove_output_layout(call, o_node)
     sinks = _sinks(call, path, num_heads)
@@ -233,6 +235,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         direct_sdpa=call.target is causal_sdpa,
         alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,
         sinks=sinks,
+        adds_residual=adds_residual,
     )
 
 
@@ -272,8 +275,8 @@ def _replaced_calls(
         if r not in ends and isinstance(arg, Node):
             accounted |= {*path_nodes(arg, feeders[r], scope), arg}
     sources = set(feeders.values())
-    outputs = [n for n in traced.graph.nodes if n.op == "output"]
-    live = set(ancestors(outputs[0], None)) if outputs else set()
+    hidden = hidden_output(traced)  # what the next layer reads: weights returned beside are dead
+    live = set(ancestors(hidden, None)) if hidden is not None else set()
     cls = type(traced.module.get_submodule(path))
     forward = inspect.unwrap(cls.forward).__code__
     methods = _own_methods(cls)
@@ -293,6 +296,9 @@ def _replaced_calls(
             if helper not in methods:
                 break
             code = helper
+        child = _child_called(n, path) if n.op != "call_module" else None
+        if child is not None and child not in names:
+            names.append(child)  # a child module whose torch code left no frame (nn.Dropout)
         accounted_for = n in accounted or not sources & set(ancestors(n, scope))
         for name in (x for x in names if x is not None):
             ok = accounted_for or (n not in live and not str(name).endswith("_"))  # never in place
@@ -304,32 +310,9 @@ def _replaced_calls(
         child = relative(called, path) if called.startswith(f"{path}.") else ""
         if child and "." not in child and child not in ran:
             verdicts.setdefault(child, True)
-    for name in _identity_attributes(traced.module.get_submodule(path)):
+    for name in identity_attributes(traced.module.get_submodule(path)):
         verdicts.setdefault(name, True)
     return tuple(sorted(name for name, ok in verdicts.items() if ok))
-
-
-def _identity_attributes(module) -> list[str]:
-    """Plain functions held as instance attributes that return their arguments unchanged
-    (Falcon-RW's ``self.maybe_rotary = lambda q, k: (q, k)`` when rope is off), replayed on
-    opaque objects: calling them computes nothing."""
-    found = []
-    for name, member in vars(module).items():
-        if not inspect.isfunction(member):
-            continue
-        params = inspect.signature(member).parameters.values()
-        if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
-            continue
-        args = [object() for _ in params]
-        try:
-            out = member(*args)
-        except Exception:  # noqa: BLE001, S112 - it does something with its arguments
-            continue
-        if (isinstance(out, tuple) and list(map(id, out)) == list(map(id, args))) or (
-            len(args) == 1 and out is args[0]
-        ):
-            found.append(name)
-    return found
 
 
 def _own_methods(cls: type) -> set:
@@ -473,17 +456,24 @@ def _head_norm(
     return relative(norms[0].target, path) if norms else None
 
 
-def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) -> Node:
-    """The one Linear that consumes the attention output and ends the block."""
+def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) -> tuple[Node, bool]:
+    """The one Linear that consumes the attention output and ends the block, and whether the
+    block adds a tensor it was given to that Linear's output (BLOOM's ``dropout_add(out,
+    residual)``: the residual add inside the attention). Outputs the layer's hidden states
+    never read (attention weights returned beside) do not count."""
     consumers = linears_fed_by(call, scope, traced)
     if len(consumers) != 1:
         refuse(
             "vllm_attention",
             f"{_count(len(consumers))} linear consumes the attention output",
         )
-    if traced.outputs_of(path) != [past_identity_dropouts(consumers[0], traced, path)]:
-        refuse("vllm_attention", "the output projection does not end the block")
-    return consumers[0]
+    end = past_identity_dropouts(consumers[0], traced, path)
+    outputs = read_outputs(traced, path)
+    if outputs == [end]:
+        return consumers[0], False
+    if len(outputs) == 1 and adds_given_tensor(outputs[0], end, traced, path):
+        return consumers[0], True
+    refuse("vllm_attention", "the output projection does not end the block")
 
 
 def _count(n: int) -> str:

@@ -85,11 +85,7 @@ def fold_manual_attention(traced: Traced) -> int:
         kwargs = {"scaling": None}
         # ALiBi first: a per-head linear bias (alibi.py), which a saturated softmax can hide
         expanded = [value(x) for x in found[1:3]]
-        factor = (
-            proven_factor(qk, value(scores), value(q), *expanded, got)
-            if torch.is_tensor(got)
-            else None
-        )
+        factor = proven_factor(qk, value(scores), value(q), *expanded, got) if torch.is_tensor(got) else None
         if factor is not None:
             kwargs["alibi"] = factor
         elif not (
@@ -176,7 +172,11 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     for _ in range(6):  # back over the scale, the mask and casts to q @ k^T
         if _is(node, _MATMUL):
             break
-        if _is(node, _RESHAPES) and _is(node.args[0], _MATMUL + _BADDBMM) and _flattens_heads(node.args[0], scores):
+        if (
+            _is(node, _RESHAPES)
+            and _is(node.args[0], _MATMUL + _BADDBMM)
+            and _flattens_heads(node.args[0], scores)
+        ):
             qk_view, node = node, node.args[0]  # [b * heads, s, s] scores viewed as [b, heads, s, s]
             break
         if not _is(node, _SCORE_STEPS):

@@ -139,7 +139,9 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         q_a_norm = _norm_between(traced, scope, q_a, q_b, "the query projections")
         if q_a.args[0] is not x:
             refuse(PATTERN, "the query and latent kv projections read different inputs")
-    o = _output_projection(traced, path, scope, call)
+    o, adds_residual = _output_projection(traced, path, scope, call)
+    if adds_residual:
+        refuse(PATTERN, "the block adds a tensor it is given to its output projection")
     linears = [q_a, q_b, kv_a, kv_b, o]
     extra = set(traced.linears_in(path)) - set(linears)
     if extra:

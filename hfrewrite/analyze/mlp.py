@@ -20,8 +20,10 @@ import operator
 import torch
 from torch import nn
 from torch.fx import Node
+from torch.fx.node import map_arg
 from transformers.activations import ACT2FN
 
+from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
 from hfrewrite.analyze.trace import Traced, past_identity_dropouts, relative, value
 
@@ -54,7 +56,10 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     if repeated:
         return NoMatch(PATTERN, cls, f"{', '.join(repeated)} called more than once")
     ends = {past_identity_dropouts(n, traced, path): n for n in linears}
-    outputs = traced.outputs_of(path)
+    outputs = read_outputs(traced, path)
+    if len(outputs) == 1 and outputs[0] not in ends:  # `down(...) + residual` (BLOOM)
+        given = [end for end in ends if adds_given_tensor(outputs[0], end, traced, path)]
+        outputs = given or outputs
     if len(outputs) != 1 or outputs[0] not in ends:
         return NoMatch(PATTERN, cls, "the block output is not one linear projection")
     down = ends[outputs[0]]
@@ -231,13 +236,22 @@ def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> 
     (up,) = [n for n in linears if n is not down]
     act = down.args[0]
     functional = _functional_activation(act)
-    if not ((_is_act_module_call(act) or functional) and act.args[0] is up):
+    if (_is_act_module_call(act) or functional) and act.args[0] is up:
+        fn = traced.submodule(act) if not functional else lambda t: act.target(t, **act.kwargs)
+    elif (fn := _function_of(traced, up, act)) is not None:  # written out (BLOOM's tanh gelu)
+        x = value(up)
+        half = x.shape[-1] // 2
+        with torch.no_grad():
+            if not torch.allclose(fn(x[..., :half]), value(act)[..., :half], atol=1e-6):
+                return NoMatch(PATTERN, cls, "the activation written out is not elementwise")
+        u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
+        return MlpPlan(cls, None, u, d, "", "the source's own activation")
+    else:
         return NoMatch(
             PATTERN,
             cls,
             f"{relative(down.target, path)} does not read act({relative(up.target, path)}(x))",
         )
-    fn = traced.submodule(act) if not functional else lambda t: act.target(t, **act.kwargs)
     x = value(up)
     half = x.shape[-1] // 2
     with torch.no_grad():
@@ -249,3 +263,42 @@ def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> 
     if functional:  # torch's function, called inline: the source's call stays
         return MlpPlan(cls, None, u, d, "", functional)
     return MlpPlan(cls, None, u, d, relative(act.target, path), type(traced.submodule(act)).__name__)
+
+
+def _function_of(traced: Traced, start: Node, end: Node):
+    """``end`` as a function of ``start`` alone (every node between reads only ``start``,
+    nodes between and constants), replayed node by node; None when it reads anything else."""
+    between, todo, reached = {end}, [end], False
+    while todo:  # back from end, stopping at start
+        for a in todo.pop().all_input_nodes:
+            reached |= a is start
+            if a is not start and a not in between:
+                between.add(a)
+                todo.append(a)
+    if not reached:
+        return None
+    for n in between:
+        if n.op not in ("call_function", "call_method", "get_attr") or (
+            n.op == "get_attr" and n.all_input_nodes
+        ):
+            return None
+        if any(a is not start and a not in between for a in n.all_input_nodes):
+            return None
+    order = [n for n in traced.graph.nodes if n in between]
+
+    def fn(x):
+        env = {start: x}
+        for n in order:
+            if n.op == "get_attr":
+                env[n] = value(n)
+                continue
+            args = map_arg(n.args, env.__getitem__)
+            kwargs = map_arg(n.kwargs, env.__getitem__)
+            env[n] = (
+                n.target(*args, **kwargs)
+                if n.op == "call_function"
+                else getattr(args[0], n.target)(*args[1:], **kwargs)
+            )
+        return env[end]
+
+    return fn

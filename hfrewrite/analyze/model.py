@@ -22,6 +22,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
+from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.branches import forward_switches
 from hfrewrite.analyze.checkpoint import (
     checkpoint_prefix_renames,
@@ -30,6 +31,7 @@ from hfrewrite.analyze.checkpoint import (
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import build_model, error_line, example_run, initialise_empty
+from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import head_kind, is_head
 from hfrewrite.analyze.manual_attention import fold_manual_attention
@@ -55,6 +57,7 @@ from hfrewrite.analyze.trace import (
     Traced,
     is_norm,
     trace,
+    value,
 )
 from hfrewrite.errors import CannotBuild, HfrewriteError
 
@@ -191,6 +194,11 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
             )
     if per_layer[0][4] is not None:  # the layer shape itself was not fusable
         declined += (per_layer[0][4],)
+    if not decoder.fused and (hidden := hidden_output(traces[0])) is not None:
+        args, kwargs = run.layer_inputs[0]  # the carried forward's inputs vLLM leaves at their defaults
+        decoder = dataclasses.replace(
+            decoder, free_defaults=free_defaults(layers[0], args, kwargs, value(hidden))
+        )
 
     return ModelPlan(
         model_type=config.model_type,

@@ -117,6 +117,9 @@ class AttentionPlan:
     rope_fields: tuple[tuple[str, str], ...] = ()
     # The config field holding the longest position the rope table must cover
     max_position_field: str = "max_position_embeddings"
+    # The block returns its output projection plus a tensor it is given (BLOOM, TeleChat:
+    # the layer's residual add inside the attention), proven on the trace
+    adds_residual: bool = False
 
 
 @dataclass(frozen=True)
@@ -318,6 +321,9 @@ class DecoderLayerPlan:
     # The layer's forward returns a tuple whose first element is the hidden states
     # (transformers 4.x: ``(hidden_states, present, attentions)``)
     returns_tuple: bool = False
+    # Parameters of the carried forward with literal defaults that vLLM may leave at them:
+    # not passed by the model, or proven not to change the hidden states (layer_defaults.py)
+    free_defaults: tuple[str, ...] = ()
 
     @property
     def fused(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 from torch import nn
 
-from hfrewrite.analyze.attention import _identity_attributes
+from hfrewrite.analyze.identity_attributes import identity_attributes
 from hfrewrite.analyze.linear_classes import is_linear, prove_linear_classes
 from hfrewrite.emit.torch_names import torch_nn_as_nn
 
@@ -59,4 +59,4 @@ class WithFunctions(nn.Module):
 
 
 def test_identity_functions_are_found_by_replay():
-    assert _identity_attributes(WithFunctions()) == ["maybe_rotary", "passthrough"]
+    assert identity_attributes(WithFunctions()) == ["maybe_rotary", "passthrough"]

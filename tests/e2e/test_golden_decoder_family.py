@@ -90,6 +90,9 @@ CASES: dict[str, tuple[str, dict]] = {
             "attention_multiplier": 0.1,
         },
     ),
+    # ALiBi written by hand over [batch * heads] operands (alibi.baddbmm, bmm), the residual
+    # added inside the attention and the MLP, an embedding LayerNorm, a tanh gelu written out
+    "bloom-alibi-residual-inside": ("bloom", {}),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than
@@ -114,6 +117,9 @@ NATIVE_DIFFERS = {
     # vLLM 0.32's gpt_neox.py does not match transformers 5.19 (tokens differ at step 0)
     "gpt_neox-per-head-qkv-parallel": "gpt_neox",
     "gpt_neox-sequential-residual": "gpt_neox",
+    # vLLM 0.32's bloom.py uses the erf gelu; transformers' BloomGelu is the tanh approximation
+    # (logprobs 3e-4 to 6e-4 apart in float32; the generated file keeps the source's)
+    "bloom-alibi-residual-inside": "erf gelu",
 }
 # Cases vLLM 0.32's own class refuses to load (the generated file runs them).
 NATIVE_REFUSES = {

@@ -12,12 +12,17 @@ from plans import llama_like
 
 from hfrewrite.analyze.plan import DecoderLayerPlan
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
+from hfrewrite.errors import HfrewriteError
 
 
 def plan(returns_tuple: bool = True):
     base = llama_like("RW", "falcon_rw")
     layer = DecoderLayerPlan(
-        "DecoderLayer", (), attention_block="self_attention", returns_tuple=returns_tuple
+        "DecoderLayer",
+        (),
+        attention_block="self_attention",
+        returns_tuple=returns_tuple,
+        free_defaults=("layer_past", "output_attentions", "use_cache"),
     )
     return dataclasses.replace(
         base, decoder_layer=layer, attention=dataclasses.replace(base.attention, module_class="Attention")
@@ -116,3 +121,9 @@ def test_flags_take_their_defaults(src, want):
 def test_rebound_or_computed_defaults_are_left_alone():
     src = "def f(x, a=False, c=max(1, 2)):\n    a = a or x\n    if a:\n        x = c\n    return x\n"
     assert _reduced(src, {"a", "c"}) == (src, set())
+
+
+def test_inputs_not_proven_free_stay_dropped_and_refused():
+    layer = dataclasses.replace(plan().decoder_layer, free_defaults=())
+    with pytest.raises(HfrewriteError, match="reads use_cache"):
+        rewrite(carry_decoder_layer, BEFORE, dataclasses.replace(plan(), decoder_layer=layer))

@@ -1,5 +1,5 @@
-"""taken_branches: in Hub custom code, a config switch around the projections becomes the
-branch the traced config took (config_guards then refuses the configs taking the other)."""
+"""taken_branches: a config switch around the projections becomes the branch the traced
+config took (config_guards then refuses the configs taking the other)."""
 
 import dataclasses
 from textwrap import dedent
@@ -53,6 +53,6 @@ def test_the_other_value_keeps_the_other_branch():
     assert "slices = self.q_proj.weight.split(4, dim=0)" in out and "q = self.q_proj(x)" not in out
 
 
-def test_transformers_own_models_are_left_as_written():
-    result = _run(custom=False)
-    assert result.module.code == dedent(SOURCE) and result.matches == 0
+def test_transformers_own_models_take_the_traced_branch_too():
+    """BLOOM's ``if self.pretraining_tp > 1 and self.slow_but_exact:`` around its projections."""
+    assert _run(custom=False).module.code == _run(custom=True).module.code != dedent(SOURCE)
