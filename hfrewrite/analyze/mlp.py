@@ -57,12 +57,17 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         return NoMatch(PATTERN, cls, f"{', '.join(repeated)} called more than once")
     ends = {past_identity_dropouts(n, traced, path): n for n in linears}
     outputs = read_outputs(traced, path)
+    adds_residual = False
     if len(outputs) == 1 and outputs[0] not in ends:  # `down(...) + residual` (BLOOM)
         given = [end for end in ends if adds_given_tensor(outputs[0], end, traced, path)]
-        outputs = given or outputs
+        outputs, adds_residual = (given, True) if given else (outputs, False)
     if len(outputs) != 1 or outputs[0] not in ends:
         return NoMatch(PATTERN, cls, "the block output is not one linear projection")
     down = ends[outputs[0]]
+    if adds_residual:  # only the ungated rewrite keeps the forward (and its add) as written
+        if len(linears) != 2:
+            return NoMatch(PATTERN, cls, "a gated MLP that adds a tensor it is given to its output")
+        return _ungated(traced, path, cls, linears, down)
     if len(linears) == 2:
         fused = _fused_gate_up(traced, path, cls, linears, down, config)
         return fused if fused is not None else _ungated(traced, path, cls, linears, down)
