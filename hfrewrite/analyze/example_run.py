@@ -26,8 +26,9 @@ def error_line(e: BaseException) -> str:
 
 def build_model(small) -> nn.Module:
     """The causal LM of the shrunk config, with the opaque attention; code that picks its
-    attention class from its own table (``ATTENTION_CLASSES[config._attn_implementation]``,
-    transformers 4.36-4.47 era custom code) gets "eager", its own attention, traced inline."""
+    attention class from its own table (``ATTENTION_CLASSES[config._attn_implementation]``:
+    transformers 4.36-4.47 era custom code, falcon, gptj) gets "eager", its own attention,
+    traced inline (and proven like any attention written by hand)."""
     # auto_map survives only for Hub custom code the user trusted (resolve refuses it otherwise).
     custom = bool(getattr(small, "auto_map", None))
     try:
@@ -38,16 +39,13 @@ def build_model(small) -> nn.Module:
     except KeyError as e:
         if ATTN_IMPLEMENTATION not in str(e):
             raise Refusal(NoMatch("", "", f"cannot build a causal LM: {error_line(e)}")) from e
-        if not custom:
-            reason = "attention is not dispatched through transformers' AttentionInterface"
-            raise Refusal(NoMatch("", "", f"{reason} ({error_line(e)})")) from e
     except Exception as e:  # the modeling code cannot build this config
         raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
     small._attn_implementation = "eager"
     try:
         with _empty_is_nan():
             return transformers.AutoModelForCausalLM.from_config(
-                small, dtype=torch.float32, trust_remote_code=True
+                small, dtype=torch.float32, trust_remote_code=custom
             )
     except Exception as e:
         raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
