@@ -5,9 +5,6 @@ and the example run that reads the glue between its parts from the values
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import transformers
@@ -16,6 +13,7 @@ from torch import nn
 from hfrewrite.analyze.plan import NoMatch, Refusal, refuse
 from hfrewrite.analyze.shrink import VOCAB
 from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
+from hfrewrite.analyze.traced_factories import patched_torch
 
 
 def error_line(e: BaseException) -> str:
@@ -51,28 +49,19 @@ def build_model(small) -> nn.Module:
         raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e
 
 
-@contextmanager
-def _empty_is_nan() -> Iterator[None]:
+def _empty_is_nan():
     """``torch.empty`` and ``torch.empty_like`` (``skip_init``'s ``to_empty``) floats hold
     NaN while the model is built, not whatever memory held (tiny denormals as often as NaN):
     a parameter no initialiser writes is then always seen by ``initialise_empty``."""
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like")}
 
     def nan_filled(original):
-        @functools.wraps(original)
         def call(*args, **kwargs):
             tensor = original(*args, **kwargs)
             return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
 
         return call
 
-    for name, original in originals.items():
-        setattr(torch, name, nan_filled(original))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(torch, name, original)
+    return patched_torch(("empty", "empty_like"), nan_filled)
 
 
 @dataclasses.dataclass

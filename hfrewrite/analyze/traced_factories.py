@@ -20,13 +20,23 @@ FACTORIES = ("zeros", "ones", "empty", "full")
 
 
 @contextmanager
-def recorded_factories(tracer) -> Iterator[None]:
+def patched_torch(names, wrap) -> Iterator[None]:
+    """``torch.<name>`` for each of ``names`` replaced by ``wrap(original)`` inside the block."""
+    originals = {name: getattr(torch, name) for name in names}
+    for name, original in originals.items():
+        setattr(torch, name, functools.wraps(original)(wrap(original)))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch, name, original)
+
+
+def recorded_factories(tracer):
     """``torch.<factory>`` record a node on ``tracer`` while tracing, except while the
     tracer evaluates a node's value (``tracer.evaluating``: real modules run then)."""
-    originals = {name: getattr(torch, name) for name in FACTORIES}
 
     def recording(original):
-        @functools.wraps(original)
         def call(*args, **kwargs):
             if tracer.evaluating:
                 return original(*args, **kwargs)
@@ -34,10 +44,4 @@ def recorded_factories(tracer) -> Iterator[None]:
 
         return call
 
-    for name, original in originals.items():
-        setattr(torch, name, recording(original))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(torch, name, original)
+    return patched_torch(FACTORIES, recording)
