@@ -55,6 +55,7 @@ from hfrewrite.emit.attention_body import (
     guards_rope,
     position_block,
     raises_only,
+    reads_dropped_cache,
     state_names,
     unrecognised,
 )
@@ -169,6 +170,7 @@ def rewrite_attention(
     carried: list[cst.If] = []
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
     kept = forward.params.params[1].name.value if len(forward.params.params) > 1 else ""  # hidden states
+    caches = params - {"self", kept}  # the Hugging Face inputs vLLM does not pass
     rope_test: cst.BaseExpression | None = None
     norm_test: cst.BaseExpression | None = None
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
@@ -190,7 +192,10 @@ def rewrite_attention(
             norm_test = test  # the traced config took it: the plan's norms, under its test
         elif test is not None and guards_rope(statement, allowed, states):
             rope_test = test  # NoPE layers: the source's own condition on its rope
-        elif cache_update(statement, params) or (att.direct_sdpa and attention_branches(statement, allowed)):
+        elif cache_update(statement, params) or (
+            att.direct_sdpa
+            and (attention_branches(statement, allowed) or reads_dropped_cache(statement, caches, allowed))
+        ):
             continue
         elif test is not None and not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
             # A switch the traced config leaves off (cohere's use_qk_norm): what it
@@ -351,7 +356,11 @@ def _projection_at(body: list[cst.BaseStatement], split_at: int, cls: str) -> in
         isinstance(body[at], cst.SimpleStatementLine)
         and t.code(body[at]).lstrip().startswith("qkv, _ = self.")
     ):
-        if unrecognised(body[at], _BEFORE_SPLIT_CALLS):
+        switched = (
+            config_switch(body[at]) is not None and body[at].orelse is None
+        )  # mpt's `if self.clip_qkv:`
+        stmts = body[at].body.body if switched else [body[at]]
+        if any(unrecognised(s, _BEFORE_SPLIT_CALLS) for s in stmts):
             line = " ".join(t.code(body[at]).split())[:80]
             raise HfrewriteError(f"{cls}: {NAME}: between the q/k/v projection and its split: {line}")
         at -= 1

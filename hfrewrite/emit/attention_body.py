@@ -169,10 +169,16 @@ def _tuple_cache_concat(body, caches: set[str]) -> bool:
     return concatenated == 2
 
 
+# Size arithmetic on the operands of attention written by hand (MPT slicing its ALiBi bias to
+# the key length): it reads shapes only, and the scores it shapes are what the analysis proved
+SIZE_CALLS = {"len", "max", "min", "size", "dim", "int"}
+
+
 def attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
     """``if <not a config switch>: ... else: ...`` whose branches only make the calls the
-    plan accounts for: the source picking its causal attention by shapes or cache (prefill
-    traced and proven, decode checked by convert-time validation); vLLM's replaces both."""
+    plan accounts for (shape checks that raise included): the source picking its causal
+    attention by shapes or cache, or shaping the bias it adds (prefill traced and proven,
+    decode checked by convert-time validation); vLLM's replaces both."""
     if not isinstance(statement, cst.If) or t.root_names(statement.test) & _SWITCH_NAMES - {"None"}:
         return False
     branches = [statement.body.body]
@@ -180,7 +186,29 @@ def attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) ->
         branches.append(statement.orelse.body.body)
     elif statement.orelse is not None:
         return False  # elif chains: not this shape
-    return all(not unrecognised(s, allowed_calls) for body in branches for s in body)
+    return all(
+        raises_only(s) or not unrecognised(s, allowed_calls | SIZE_CALLS) for body in branches for s in body
+    )
+
+
+def reads_dropped_cache(statement: cst.BaseStatement, caches: set[str], allowed_calls: set[str]) -> bool:
+    """``n = s if <cache> is None else s + <cache>.get_seq_length()``: lengths read off
+    Hugging Face's cache parameter, which vLLM does not pass (its Attention owns the cache)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or not t.root_names(statement) & caches:
+        return False
+    calls = [
+        n
+        for n in t.walk(statement)
+        if isinstance(n, cst.Call)
+        and not (
+            isinstance(n.func, cst.Attribute)
+            and n.func.attr.value == "get_seq_length"
+            and t.root_names(n.func.value) <= caches
+        )
+    ]
+    return all(
+        not unrecognised(cst.SimpleStatementLine([cst.Expr(c)]), allowed_calls | SIZE_CALLS) for c in calls
+    )
 
 
 def unrecognised(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:

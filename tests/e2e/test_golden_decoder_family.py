@@ -93,6 +93,9 @@ CASES: dict[str, tuple[str, dict]] = {
     # ALiBi written by hand over [batch * heads] operands (alibi.baddbmm, bmm), the residual
     # added inside the attention and the MLP, an embedding LayerNorm, a tanh gelu written out
     "bloom-alibi-residual-inside": ("bloom", {}),
+    # ALiBi bias built by the base model and sliced in the attention, clip_qkv switch carried
+    # between the projection and the split, the residual added inside the MLP
+    "mpt-alibi-clip-qkv": ("mpt", {}),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than
