@@ -1,8 +1,9 @@
 """Vocabulary-parallel input embedding and LM head, with weight tying and pipeline stages.
 
 Matches ``self.embed_tokens = nn.Embedding(V, H, ...)`` in the base model and
-``self.lm_head = nn.Linear(H, V, bias=False)`` in the causal-LM class; the tie target comes
-from the source's ``_tied_weights_keys`` (``{"lm_head.weight": "model.embed_tokens.weight"}``).
+``self.lm_head = nn.Linear(H, V, bias=False)`` in the causal-LM class; the tie target is the
+module whose weight the analysis found the head sharing on a model built with
+``tie_word_embeddings=True`` (``ModelPlan.head_tied_to``), not what ``_tied_weights_keys`` spells.
 
 Emits, as vLLM's ``llama.py`` does::
 
@@ -48,26 +49,6 @@ def _replace_assignment(cls: cst.ClassDef, attr: str, build) -> cst.ClassDef:
             body[i : i + 1] = new
             return t.set_method(cls, t.with_body(init, body))
     raise HfrewriteError(f"{cls.name.value}: {NAME}: self.{attr} is not assigned in __init__")
-
-
-def _tie_target(cls: cst.ClassDef, lm_head: str, input_embeddings: str) -> str | None:
-    """'model.embed_tokens' from `_tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}`;
-    transformers 4.x's list form (`["lm_head.weight"]`) ties the head to the input embeddings
-    (``PreTrainedModel.tie_weights``): ``input_embeddings``."""
-    for s in cls.body.body:
-        if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], (cst.Assign, cst.AnnAssign)):
-            small = s.body[0]
-            target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
-            if t.dotted(target) == "_tied_weights_keys" and isinstance(small.value, cst.Dict):
-                for el in small.value.elements:
-                    key, value = el.key.evaluated_value, el.value.evaluated_value
-                    if key == f"{lm_head}.weight":
-                        return value.removesuffix(".weight")
-            if t.dotted(target) == "_tied_weights_keys" and isinstance(small.value, cst.List):
-                keys = [getattr(el.value, "evaluated_value", None) for el in small.value.elements]
-                if f"{lm_head}.weight" in keys:
-                    return input_embeddings
-    return None
 
 
 def _onto_vocab_parallel(cls: cst.ClassDef) -> cst.ClassDef:
@@ -120,7 +101,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         )
 
     causal = t.find_class(module, plan.architecture)
-    tie = _tie_target(causal, head, f"{plan.base_model_attr}.{plan.embed_tokens}")
+    tie = plan.head_tied_to  # found by identity on a model built tied (analyze/tied_head.py)
 
     def lm_head(call: cst.BaseExpression):
         bias = t.arg(call, 2, "bias")

@@ -53,6 +53,7 @@ from hfrewrite.analyze.plan import (
     refuse,
 )
 from hfrewrite.analyze.shrink import shrink_config
+from hfrewrite.analyze.tied_head import tied_target
 from hfrewrite.analyze.trace import (
     Traced,
     is_norm,
@@ -232,6 +233,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         moe=moe,
         sibling_configs=siblings,
         linear_classes=linear_classes,
+        head_tied_to=tied_target(small, build_model, head),
         forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
     )
 

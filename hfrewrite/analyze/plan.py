@@ -381,3 +381,6 @@ class ModelPlan:
     # The source's nn.Linear subclasses proven to compute nn.Linear's function and built with
     # its constructor (analyze/linear_classes.py: Falcon-RW's ``Linear``): built as nn.Linear
     linear_classes: tuple[str, ...] = ()
+    # The module whose weight the lm_head shares when the config ties them, found by identity
+    # on a model built tied (analyze/tied_head.py); None: the source never ties them
+    head_tied_to: str | None = None

@@ -27,6 +27,7 @@ def llama_like(
         final_norm="norm",
         lm_head="lm_head",
         tie_word_embeddings=False,
+        head_tied_to="model.embed_tokens",  # what the analysis finds for llama, built tied
         decoder_layer=DecoderLayerPlan(
             f"{prefix}DecoderLayer",
             (

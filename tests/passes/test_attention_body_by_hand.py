@@ -35,5 +35,7 @@ def test_other_work_in_the_block_is_not(old, new):
 def test_lengths_read_off_the_dropped_cache():
     line = "query_length = n if past_key_values is None else n + past_key_values.get_seq_length()\n"
     assert reads_dropped_cache(_stmt(line), {"past_key_values"}, ALLOWED)
-    assert not reads_dropped_cache(_stmt(line.replace("get_seq_length", "reset")), {"past_key_values"}, ALLOWED)
+    assert not reads_dropped_cache(
+        _stmt(line.replace("get_seq_length", "reset")), {"past_key_values"}, ALLOWED
+    )
     assert not reads_dropped_cache(_stmt(line), {"layer_past"}, ALLOWED)  # not a dropped input

@@ -104,7 +104,16 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
 
 
 def test_untied_lm_head():
-    assert rewrite(parallel_embedding, BEFORE_UNTIED_LM_HEAD, llama_like()) == AFTER_UNTIED_LM_HEAD
+    """A source whose model never shares the head's weight (found so by the analysis)."""
+    plan = dataclasses.replace(llama_like(), head_tied_to=None)
+    assert rewrite(parallel_embedding, BEFORE_UNTIED_LM_HEAD, plan) == AFTER_UNTIED_LM_HEAD
+
+
+def test_the_tie_is_the_analysis_fact_not_the_spelling():
+    """The tie follows ``head_tied_to`` even where no ``_tied_weights_keys`` is spelled."""
+    assert "self.lm_head.tie_weights(self.model.embed_tokens)" in rewrite(
+        parallel_embedding, BEFORE_UNTIED_LM_HEAD, llama_like()
+    )
 
 
 LM_HEAD_BIAS = """\
