@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _quiet_libraries()
     signal.signal(signal.SIGTERM, _interrupt)  # unwind like Ctrl-C: temporary files are removed
+    signal.signal(signal.SIGINT, _interrupt)
+    _INTERRUPTED.clear()
     try:
         if args.list_passes:
             return _list_passes()
@@ -37,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return args.run(args)
     except HfrewriteError as exc:
+        if _INTERRUPTED:  # the interrupt surfaced through code that reports failures as refusals
+            print("hfrewrite: error: interrupted", file=sys.stderr)
+            return 130
         message = " ".join(str(exc).split())  # always exactly one line
         print(f"hfrewrite: error: {message}", file=sys.stderr)
         return 2
@@ -45,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# Set once Ctrl-C or SIGTERM arrives: torch re-raises an exception raised inside one of its
+# calls as a RuntimeError, which the analysis may report as a refusal; it is still an interrupt
+_INTERRUPTED: set[int] = set()
+
+
 def _interrupt(signum, frame) -> None:
+    _INTERRUPTED.add(signum)
     raise KeyboardInterrupt
 
 

@@ -187,3 +187,24 @@ def test_verify_takes_a_checkpoint_directory(monkeypatch, capsys, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert run(capsys, "verify", tmp_path, "--dtype", "bfloat16")[0] == 0
     assert calls == [(str(tmp_path), "bfloat16", 16)]
+
+
+def test_an_interrupt_reported_as_a_refusal_is_still_an_interrupt(monkeypatch, capsys):
+    """torch re-raises an exception raised inside its calls as a RuntimeError, which the
+    analysis may turn into a refusal: after Ctrl-C or SIGTERM, exit 130, not 2."""
+    import signal
+
+    from hfrewrite import cli
+    from hfrewrite.errors import HfrewriteError
+
+    def interrupted_inside_torch(args):
+        try:
+            cli._interrupt(signal.SIGTERM, None)
+        except KeyboardInterrupt as exc:
+            raise HfrewriteError("llama: trace: RuntimeError: KeyboardInterrupt") from exc
+
+    monkeypatch.setattr(cli, "_convert", interrupted_inside_torch)
+    assert cli.main(["convert", "llama", "-o", "unused"]) == 130
+    assert capsys.readouterr().err == "hfrewrite: error: interrupted\n"
+    monkeypatch.setattr(cli, "_convert", lambda args: (_ for _ in ()).throw(HfrewriteError("refused")))
+    assert cli.main(["convert", "llama", "-o", "unused"]) == 2  # a later run starts clean
