@@ -25,6 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.local_names import names_bound, target_names
 from hfrewrite.emit.pass_api import PassContext, PassResult, Sites
 
 NAME = "inline_helpers"
@@ -86,11 +87,11 @@ def _inlined(
         return None
     *steps, last = [s for i, s in enumerate(helper.body.body) if not (i == 0 and _is_docstring(s))]
     caller_names = t.names_used(caller)
-    assigned = _assigned(helper.body)
-    if (t.root_names(helper.body) - assigned - set(bound) - {"self"}) & _assigned(caller):
+    assigned = names_bound(helper.body)
+    if (t.root_names(helper.body) - assigned - set(bound) - {"self"}) & names_bound(caller):
         return None  # a module-level name the helper reads is a local of the caller
     taken = caller_names | assigned | set(bound)
-    targets = set().union(*(_bound_by(a.target) for a in assign.targets))
+    targets = set().union(*(target_names(a.target) for a in assign.targets))
     renames, bindings = {}, []
     for param, arg in bound.items():
         if m.matches(arg, m.Name(param)) and (param not in assigned or param in targets):
@@ -187,30 +188,6 @@ def _literal(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.BaseNumber | cst.SimpleString) or m.matches(
         node, m.Name("None") | m.Name("True") | m.Name("False")
     )
-
-
-def _assigned(fn: cst.CSTNode) -> set[str]:
-    """Names a function body binds (assignment, augmented or annotated, ``for``, ``with ... as``)."""
-    names: set[str] = set()
-    for n in t.walk(fn):
-        if isinstance(n, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For):
-            names |= _bound_by(n.target)
-        elif isinstance(n, cst.AsName):
-            names |= _bound_by(n.name)
-        elif isinstance(n, cst.Param):
-            names.add(n.name.value)
-    return names
-
-
-def _bound_by(target: cst.BaseExpression) -> set[str]:
-    """The names a target binds: ``a``, ``(a, *b)``; ``x.y`` and ``x[i]`` bind none."""
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, cst.Tuple | cst.List):
-        return set().union(*(_bound_by(e.value) for e in target.elements))
-    if isinstance(target, cst.StarredElement):
-        return _bound_by(target.value)
-    return set()
 
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:

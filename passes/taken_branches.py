@@ -1,6 +1,7 @@
 """A config switch in a forward, replaced by the branch the traced config took.
 
-Matches, in the forward of each class the analysis found config switches in, ``if <switch>: A`` / ``if <switch>: A else: B`` around the projections the fusing
+Matches, in the forward of each class the analysis found config switches in,
+``if <switch>: A`` / ``if <switch>: A else: B`` around the projections the fusing
 passes must find called once, whose test is, in the form ``__init__`` evaluates, one of
 ``ModelPlan.forward_switches`` (Llama-era ``if self.config.pretraining_tp > 1:``).
 

@@ -13,10 +13,22 @@ from hfrewrite.analyze.dataflow import ancestors
 from hfrewrite.analyze.trace import Traced, past_identity_dropouts, value
 
 
+def _layer_result(traced: Traced):
+    """What the traced layer returns: a node, or a tuple of them."""
+    return next(n for n in traced.graph.nodes if n.op == "output").args[0]
+
+
+def returns_tuple(traced: Traced) -> bool:
+    """The layer's forward returned a tuple (transformers 4.x: hidden states first), as a
+    tuple of nodes or as one node computing it (``(x,) + rest``)."""
+    result = _layer_result(traced)
+    return isinstance(result, tuple | list) or isinstance(result.meta.get("value"), tuple | list)
+
+
 def hidden_output(traced: Traced) -> Node | None:
     """The node of the layer's hidden states: its output, or the first element of the tuple
     it returns (weights and caches beside it are not read by the next layer)."""
-    result = next(n for n in traced.graph.nodes if n.op == "output").args[0]
+    result = _layer_result(traced)
     hidden = result[0] if isinstance(result, tuple | list) and result else result
     return hidden if isinstance(hidden, Node) else None
 

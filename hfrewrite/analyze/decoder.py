@@ -25,6 +25,7 @@ import operator
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.block_output import returns_tuple
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
@@ -73,7 +74,7 @@ def analyze_decoder(traced: Traced) -> DecoderLayerPlan | NoMatch:
         )
     if not blocks:
         return NoMatch(PATTERN, cls, "no residual block")
-    return DecoderLayerPlan(cls, tuple(blocks), returns_tuple=_returns_tuple(traced))
+    return DecoderLayerPlan(cls, tuple(blocks), returns_tuple=returns_tuple(traced))
 
 
 def _first_placeholder(traced: Traced) -> Node:
@@ -180,15 +181,8 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
         mlp_block=others[0],
         attention_returns_tuple=traced.returns_tuple.get(path, True),
         attention_wrappers=tuple(wrappers),
-        returns_tuple=_returns_tuple(traced),
+        returns_tuple=returns_tuple(traced),
     )
-
-
-def _returns_tuple(traced: Traced) -> bool:
-    """The layer's forward returned a tuple (transformers 4.x: hidden states first)."""
-    output = next(n for n in traced.graph.nodes if n.op == "output")
-    result = output.args[0]  # a tuple of nodes, or one node computing a tuple (`(x,) + rest`)
-    return isinstance(result, tuple | list) or isinstance(result.meta.get("value"), tuple | list)
 
 
 def _wrapped_attention(traced: Traced, path: str) -> str | None:

@@ -9,9 +9,7 @@ import inspect
 
 
 def identity_attributes(module) -> list[str]:
-    """Plain functions held as instance attributes that return their arguments unchanged
-    (Falcon-RW's ``self.maybe_rotary = lambda q, k: (q, k)`` when rope is off), replayed on
-    opaque objects: calling them computes nothing."""
+    """The names of ``module``'s instance attributes that are such functions."""
     found = []
     for name, member in vars(module).items():
         if not inspect.isfunction(member):

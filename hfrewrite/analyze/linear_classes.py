@@ -3,9 +3,8 @@
 
 The tracer keeps every ``nn.Linear`` subclass opaque (Phi-MoE's router is one), but only a
 proven class counts as a projection the passes may replace. A proven class that also keeps
-``nn.Linear``'s own
-constructor is named in the plan (``ModelPlan.linear_classes``), and the file builds it as
-``nn.Linear`` before the passes replace it like any other projection.
+``nn.Linear``'s own constructor is named in the plan (``ModelPlan.linear_classes``), and the
+file builds it as ``nn.Linear`` before the passes replace it like any other projection.
 """
 
 from __future__ import annotations

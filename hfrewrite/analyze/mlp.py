@@ -241,16 +241,12 @@ def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> 
     (up,) = [n for n in linears if n is not down]
     act = down.args[0]
     functional = _functional_activation(act)
-    if (_is_act_module_call(act) or functional) and act.args[0] is up:
-        fn = traced.submodule(act) if not functional else lambda t: act.target(t, **act.kwargs)
+    module = _is_act_module_call(act) and not functional
+    if (module or functional) and act.args[0] is up:
+        fn = traced.submodule(act) if module else lambda t: act.target(t, **act.kwargs)
+        name = relative(act.target, path) if module else functional
     elif (fn := _function_of(traced, up, act)) is not None:  # written out (BLOOM's tanh gelu)
-        x = value(up)
-        half = x.shape[-1] // 2
-        with torch.no_grad():
-            if not torch.allclose(fn(x[..., :half]), value(act)[..., :half], atol=1e-6):
-                return NoMatch(PATTERN, cls, "the activation written out is not elementwise")
-        u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
-        return MlpPlan(cls, None, u, d, "", "the source's own activation")
+        name = "the activation written out"
     else:
         return NoMatch(
             PATTERN,
@@ -261,13 +257,13 @@ def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> 
     half = x.shape[-1] // 2
     with torch.no_grad():
         elementwise = torch.allclose(fn(x[..., :half]), value(act)[..., :half], atol=1e-6)
-    name = relative(act.target, path) if not functional else functional
     if not elementwise:
         return NoMatch(PATTERN, cls, f"{name} is not elementwise")
     u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
-    if functional:  # torch's function, called inline: the source's call stays
-        return MlpPlan(cls, None, u, d, "", functional)
-    return MlpPlan(cls, None, u, d, relative(act.target, path), type(traced.submodule(act)).__name__)
+    if module:
+        return MlpPlan(cls, None, u, d, name, type(traced.submodule(act)).__name__)
+    # torch's function called inline, or the math written out: the source's code stays
+    return MlpPlan(cls, None, u, d, "", functional or "the source's own activation")
 
 
 def _function_of(traced: Traced, start: Node, end: Node):

@@ -14,6 +14,7 @@ import ast
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.local_names import names_bound
 
 _LITERAL_NODES = (ast.Expression, ast.Constant, ast.UnaryOp, ast.Not, ast.BoolOp, ast.And, ast.Or)
 _LITERAL_NODES += (ast.Compare, ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.Load)
@@ -23,7 +24,7 @@ def bound_to_defaults(fn: cst.FunctionDef, dropped: set[str]) -> tuple[cst.BaseS
     """``fn``'s body with the ``dropped`` parameters that have literal defaults read as
     those defaults and the ``if`` statements this makes constant reduced; the names bound."""
     params = (*fn.params.params, *fn.params.kwonly_params)
-    stored = _stored_names(fn.body)
+    stored = names_bound(fn.body)
     defaults = {
         p.name.value: p.default
         for p in params
@@ -44,19 +45,6 @@ def _literal(node: cst.BaseExpression) -> bool:
     except SyntaxError:
         return False
     return all(isinstance(n, _LITERAL_NODES) for n in ast.walk(tree))
-
-
-def _stored_names(node: cst.CSTNode) -> set[str]:
-    """Names that any statement under ``node`` binds (assignments, loops, ``with ... as``)."""
-    targets = []
-    for n in t.walk(node):
-        if isinstance(n, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For | cst.NamedExpr):
-            targets.append(n.target)
-        elif isinstance(n, cst.AsName):
-            targets.append(n.name)
-    return {n.value for target in targets for n in t.walk(target) if isinstance(n, cst.Name)} | {
-        target.value for target in targets if isinstance(target, cst.Name)
-    }
 
 
 class _ConstantBranches(cst.CSTTransformer):

@@ -26,7 +26,7 @@ def residual_param(forward: cst.FunctionDef, attr: str, cls: str) -> str:
     body = list(forward.body.body)
     at = projection_at(body, attr)
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)} - {"self"}
-    read = sorted(set().union(set(), *(t.root_names(s) for s in body[at + 1 :])) & params) if at >= 0 else []
+    read = sorted(set().union(*(t.root_names(s) for s in body[at + 1 :])) & params) if at >= 0 else []
     if len(read) != 1:
         raise HfrewriteError(
             f"{cls}: the tensor added after self.{attr} is not one parameter of forward (reads {read or 'none'})"
