@@ -21,8 +21,10 @@ A checkpoint-fused projection may pass through elementwise ops before its split 
 
 Preconditions (else the conversion is refused with the reason): the plan found exactly one
 q/k/v group on one input (fx); in the source the three share the input and bias expressions,
-k and v share the head-count expression, each out size is ``heads * head_dim``, and each
-projection is called exactly once in ``forward`` on the same argument.
+k and v share the head-count expression, each out size is ``heads * head_dim`` (or, where the
+source computed the sizes beforehand, the analysis proved which config fields hold the head
+counts: the head size is then the q size over that count), and each projection is called
+exactly once in ``forward`` on the same argument.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import libcst as cst
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.fused_projection import free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -44,8 +47,26 @@ def _linear_parts(stmt: cst.BaseStatement, cls: str, attr: str):
     size_in, size_out = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features")
     bias = t.arg(call, 2, "bias")
     if not (isinstance(size_out, cst.BinaryOperation) and isinstance(size_out.operator, cst.Multiply)):
-        raise HfrewriteError(f"{cls}: {NAME}: self.{attr} out size is not `heads * head_dim`")
+        return size_in, None, size_out, bias  # a size computed elsewhere (ERNIE-4.5's q_hidden_size)
     return size_in, size_out.left, size_out.right, bias
+
+
+def _heads_from_config(init: cst.FunctionDef, parts: dict, roles: tuple, fields, cls: str) -> dict:
+    """``parts`` where the out sizes are not spelled ``heads * head_dim``: the head counts are
+    the config fields the analysis proved hold them, and the head size the q projection's own
+    size expression divided by the head count."""
+    (q, k, v), (heads, kv_heads) = roles, fields
+    params = {p.name.value for p in init.params.params}
+    if not (heads and kv_heads and "config" in params):
+        raise HfrewriteError(
+            f"{cls}: {NAME}: self.{q} out size is not `heads * head_dim`, and no config field "
+            "of __init__ was proven to hold the head counts"
+        )
+    head_dim = cst.Name("head_size")  # bound by rewrite_attention from the q size
+    return {
+        attr: (parts[attr][0], t.expr(f"config.{field}"), head_dim, parts[attr][3])
+        for attr, field in ((q, heads), (k, kv_heads), (v, kv_heads))
+    }
 
 
 class _ReplaceCalls(cst.CSTTransformer):
@@ -64,11 +85,20 @@ class _ReplaceCalls(cst.CSTTransformer):
         return updated
 
 
-def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef:
+def rewrite_attention(
+    cls: cst.ClassDef, q: str, k: str, v: str, head_fields: tuple[str | None, str | None] = (None, None)
+) -> cst.ClassDef:
+    """``head_fields``: the config fields proven to hold the head and kv-head counts."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (q, k, v), NAME)
     forward = t.find_method(cls, "forward")
     parts = {a: _linear_parts(body[where[a]], name, a) for a in (q, k, v)}
+    head_size = ""  # the head size as the q projection's size over the proven head count
+    if any(part[1] is None for part in parts.values()):
+        if "head_size" in t.names_used(init):
+            raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name head_size")
+        head_size = f"head_size = ({t.code(parts[q][2])}) // config.{head_fields[0]}\n"
+        parts = _heads_from_config(init, parts, (q, k, v), head_fields, name)
     (
         (q_in, q_heads, head_dim, q_bias),
         (k_in, k_heads, k_dim, k_bias),
@@ -89,10 +119,11 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     bias = t.code(q_bias) if q_bias is not None else "True"
     # vLLM's attention reads the head size as self.head_dim: bound from the source's own
     # expression where the source keeps it under another name (self.d)
-    assigned = {t.self_attr_assigned(s) for s in body}
+    assigned = {t.self_attr_assigned(s) for s in t.walk(init.body) if isinstance(s, cst.SimpleStatementLine)}
     head_dim_attr = "" if "head_dim" in assigned else f"self.head_dim = {t.code(head_dim)}\n"
     fused = t.stmts(
         "tp_size = get_tensor_model_parallel_world_size()\n"
+        f"{head_size}"
         f"self.total_num_heads = {t.code(q_heads)}\n"
         f"self.total_num_kv_heads = {t.code(k_heads)}\n"
         "# Heads are sharded over tensor-parallel ranks; kv heads are replicated when\n"
@@ -123,7 +154,7 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     init = t.with_body(init, new_body)
 
     replacer = _ReplaceCalls({q: "q", k: "k", v: "v"})
-    forward = _free_qkv_names(forward, name)
+    forward = free_qkv_names(forward, name)
     fwd_body = list(forward.body.body)
     first_use = None
     for i, s in enumerate(fwd_body):
@@ -141,302 +172,6 @@ def rewrite_attention(cls: cst.ClassDef, q: str, k: str, v: str) -> cst.ClassDef
     fwd_body[first_use:first_use] = split
     forward = t.with_body(forward, fwd_body)
     return t.set_method(t.set_method(cls, init), forward)
-
-
-_OURS = ("q", "k", "v", "qkv")
-
-
-def _free_qkv_names(forward: cst.FunctionDef, cls: str) -> cst.FunctionDef:
-    """``forward`` with its own locals named q/k/v/qkv renamed ``<name>_states``, which
-    frees those names for the split (custom code often names its locals so)."""
-    used = t.names_used(forward)
-    clash = sorted(used & set(_OURS))
-    if not clash:
-        return forward
-    params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
-    assigned = {
-        n for s in t.walk(forward.body) if isinstance(s, cst.AssignTarget) for n in t.root_names(s.target)
-    }
-    renamed = {n: f"{n}_states" for n in clash}
-    if set(clash) & params or not set(clash) <= assigned or set(renamed.values()) & used:
-        raise HfrewriteError(f"{cls}: {NAME}: forward already uses the names {'/'.join(clash)}")
-    return t.rename_locals(forward, renamed)
-
-
-class _Slices(cst.CSTTransformer):
-    """``x = <var>[..., :Q]`` / ``[..., Q:Q+K]`` / ``[..., Q+K:]`` -> ``x = q`` / ``k`` / ``v``.
-
-    The analysis proved the projection is laid out [q; k; v] and sliced there; which
-    statement takes which part follows from its slice's open ends."""
-
-    def __init__(self, var: str) -> None:
-        self.var, self.roles = var, []
-
-    def leave_Subscript(self, original, updated):
-        if not (isinstance(updated.value, cst.Name) and updated.value.value == self.var):
-            return updated
-        last = updated.slice[-1].slice
-        if (
-            len(updated.slice) != 2
-            or t.code(updated.slice[0].slice) != "..."
-            or not isinstance(last, cst.Slice)
-        ):
-            return updated
-        role = "q" if last.lower is None else "v" if last.upper is None else "k"
-        self.roles.append(role)
-        return cst.Name(role)
-
-
-def rewrite_fused(
-    cls: cst.ClassDef,
-    attr: str,
-    heads: str,
-    kv_heads: str,
-    per_head: bool = False,
-    unpack_lines: tuple[str, ...] = (),
-) -> cst.ClassDef:
-    """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
-    name = cls.name.value
-    init, body, where = t.init_assignments(cls, (attr,), NAME)
-    call = t.assigned_value(body[where[attr]])
-    if t.call_name(call) != "nn.Linear":
-        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
-    size_in, size_out, bias = (
-        t.arg(call, 0, "in_features"),
-        t.arg(call, 1, "out_features"),
-        t.arg(call, 2, "bias"),
-    )
-    # the head size, where the source names it otherwise: its proven share of the output
-    head_dim = (
-        ""
-        if "head_dim" in {t.self_attr_assigned(s) for s in body}
-        else (
-            f"self.head_dim = ({t.code(size_out)}) // (self.total_num_heads + 2 * self.total_num_kv_heads)\n"
-        )
-    )
-    layout = (
-        "# The checkpoint interleaves q, k and v per head; load_weights reorders them.\n"
-        if per_head
-        else "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n"
-    )
-    fused = t.stmts(
-        "tp_size = get_tensor_model_parallel_world_size()\n"
-        f"self.total_num_heads = {heads}\n"
-        f"self.total_num_kv_heads = {kv_heads}\n"
-        "self.num_heads = self.total_num_heads // tp_size\n"
-        "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
-        f"{head_dim}"
-        "self.q_size = self.num_heads * self.head_dim\n"
-        "self.kv_size = self.num_kv_heads * self.head_dim\n"
-        f"{layout}"
-        f"self.{attr} = QKVParallelLinear(\n"
-        f"    hidden_size={t.code(size_in)},\n"
-        "    head_size=self.head_dim,\n"
-        "    total_num_heads=self.total_num_heads,\n"
-        "    total_num_kv_heads=self.total_num_kv_heads,\n"
-        f"    bias={t.code(bias) if bias is not None else 'True'},\n"
-        "    quant_config=quant_config,\n"
-        f'    prefix=f"{{prefix}}.{attr}",\n'
-        ")\n"
-    )
-    fused[0] = fused[0].with_changes(
-        leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines]
-    )
-    body[where[attr] : where[attr] + 1] = fused
-    init = t.with_body(init, body)
-
-    forward = _free_qkv_names(t.find_method(cls, "forward"), name)
-    fwd_body = list(forward.body.body)
-    at = next(
-        (
-            i
-            for i, s in enumerate(fwd_body)
-            if isinstance(s, cst.SimpleStatementLine)
-            and isinstance(s.body[0], cst.Assign)
-            and isinstance(s.body[0].targets[0].target, cst.Name)
-            and _innermost_call(s.body[0].value, f"self.{attr}") is not None
-        ),
-        None,
-    )
-    if at is None and not per_head and not unpack_lines:
-        return _split_in_one(cls, init, forward, attr)
-    if at is None:
-        raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
-    assign = fwd_body[at].body[0]
-    var = assign.targets[0].target.value
-    arg = t.code(_innermost_call(assign.value, f"self.{attr}").args[0].value)
-    if not per_head and (split_at := _split_of(fwd_body[at + 1 :], var)) is not None:
-        forward = _clamped_split(forward, fwd_body, at, at + 1 + split_at, var, attr, arg, name)
-        return t.set_method(t.set_method(cls, init), forward)
-    slicer = _Slices(var)
-    rest = fwd_body[at + 1 :] if per_head or unpack_lines else [s.visit(slicer) for s in fwd_body[at + 1 :]]
-    if unpack_lines and (per_head or sorted(slicer.roles) != ["k", "q", "v"]):
-        rest = (
-            _unchunk(rest, var, name)
-            if _chunked_once(rest, var)
-            else _bind_at_lines(rest, var, unpack_lines, name)
-        )
-    elif per_head:
-        rest = _unchunk(rest, var, name)
-    elif sorted(slicer.roles) != ["k", "q", "v"]:
-        raise HfrewriteError(f"{name}: {NAME}: {var} is not sliced exactly into q, k and v")
-    if var in t.names_used(cst.Module(rest)):
-        raise HfrewriteError(f"{name}: {NAME}: {var} is used beyond its q/k/v split")
-    split = t.stmts(
-        f"qkv, _ = self.{attr}({arg})\n"
-        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
-    )
-    forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
-    return t.set_method(t.set_method(cls, init), forward)
-
-
-def _split_in_one(
-    cls: cst.ClassDef, init: cst.FunctionDef, forward: cst.FunctionDef, attr: str
-) -> cst.ClassDef:
-    """``a, b, c = self.<attr>(x).split(...)`` (or ``.chunk(3, ...)``), which the analysis
-    proved are q, k and v in that order -> the split of vLLM's layer, then ``a, b, c = q, k, v``."""
-    name = cls.name.value
-    body, found = list(forward.body.body), []
-    for i, s in enumerate(body):
-        receiver = _split_in_three(s)
-        if receiver is not None and t.call_name(receiver) == f"self.{attr}":
-            found.append((i, t.code(receiver.args[0].value), s.body[0]))
-    if len(found) != 1 or attr in t.self_attrs_used(
-        cst.Module(body[: found[0][0]] + body[found[0][0] + 1 :])
-    ):
-        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not called once, split into q, k and v")
-    at, arg, small = found[0]
-    split = t.stmts(
-        f"qkv, _ = self.{attr}({arg})\n"
-        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
-    )
-    renamed = body[at].with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
-    forward = t.with_body(forward, [*body[:at], *split, renamed, *body[at + 1 :]])
-    return t.set_method(t.set_method(cls, init), forward)
-
-
-def _split_in_three(statement: cst.BaseStatement) -> cst.BaseExpression | None:
-    """``x`` of ``a, b, c = x.split(...)`` (or ``.chunk``), else None."""
-    small = (
-        statement.body[0]
-        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-        else None
-    )
-    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
-        return None
-    target, value = small.targets[0].target, small.value
-    if (
-        isinstance(target, cst.Tuple)
-        and len(target.elements) == 3
-        and isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in ("split", "chunk")
-    ):
-        return value.func.value
-    return None
-
-
-def _split_of(body: list[cst.BaseStatement], var: str) -> int | None:
-    """Index of the one ``a, b, c = <var>.split(...)`` (or ``.chunk``) in ``body``, or None."""
-    found = [i for i, s in enumerate(body) if (x := _split_in_three(s)) is not None and t.code(x) == var]
-    return found[0] if len(found) == 1 else None
-
-
-def _clamped_split(
-    forward: cst.FunctionDef,
-    body: list[cst.BaseStatement],
-    at: int,
-    split_at: int,
-    var: str,
-    attr: str,
-    arg: str,
-    cls: str,
-) -> cst.FunctionDef:
-    """``<var> = self.<attr>(x)``, statements on ``<var>`` (dbrx's clip_qkv clamp, which the
-    analysis proved elementwise), ``a, b, c = <var>.split(...)``: the projection and split
-    become vLLM's, the statements between are carried with ``<var>`` named ``qkv``."""
-    between = list(t.rename_locals(t.with_body(forward, body[at + 1 : split_at]), {var: "qkv"}).body.body)
-    rest = body[split_at + 1 :]
-    if var in t.names_used(cst.Module(rest)):
-        raise HfrewriteError(f"{cls}: {NAME}: {var} is used beyond its q/k/v split")
-    split = body[split_at].body[0]
-    new = [
-        *t.stmts(f"qkv, _ = self.{attr}({arg})\n"),
-        *between,
-        *t.stmts("q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"),
-        body[split_at].with_changes(body=[split.with_changes(value=t.expr("q, k, v"))]),
-    ]
-    return t.with_body(forward, [*body[:at], *new, *rest])
-
-
-def _innermost_call(node: cst.BaseExpression, func: str) -> cst.Call | None:
-    """``self.p(x)`` in ``self.p(x)``, ``self.p(x).view(...).transpose(...)``..."""
-    while isinstance(node, cst.Call):
-        if t.call_name(node) == func:
-            return node
-        node = node.func.value if isinstance(node.func, cst.Attribute) else None
-    return None
-
-
-def _chunked_once(body: list[cst.BaseStatement], var: str) -> bool:
-    try:
-        _unchunk(body, var, "")
-    except HfrewriteError:
-        return False
-    return True
-
-
-def _bind_at_lines(
-    body: list[cst.BaseStatement], var: str, lines: tuple[str, ...], cls: str
-) -> list[cst.BaseStatement]:
-    """The source's unpacking of ``<var>`` into q, k and v by layout alone (indexing, views,
-    einops), as the analysis proved it: the statement at each role's recorded line binds
-    that role (``query_states = qkv_states[..., :groups, :]`` -> ``query_states = q``);
-    re-layouts of ``<var>`` itself go; any other use of ``<var>`` is refused."""
-    out, bound = [], []
-    wanted = {" ".join(line.split()): role for line, role in zip(lines, "qkv") if line}
-    for s in body:
-        if var not in t.names_used(s):
-            out.append(s)
-            continue
-        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
-        target = (
-            small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
-        )
-        if not isinstance(target, cst.Name):
-            raise HfrewriteError(f"{cls}: {NAME}: {var} is used other than to take q, k and v apart")
-        if target.value == var:
-            continue  # a re-layout of the whole output (a view, an einops rearrange)
-        role = next((r for line, r in wanted.items() if line in " ".join(t.code(s).split())), None)
-        if role is None:
-            raise HfrewriteError(f"{cls}: {NAME}: {target.value} reads {var} where no role's lane is taken")
-        bound.append(role)
-        out.append(s.with_changes(body=[small.with_changes(value=cst.Name(role))]))
-    if sorted(bound) != ["k", "q", "v"]:
-        raise HfrewriteError(f"{cls}: {NAME}: {var} is not taken apart once into q, k and v")
-    return out
-
-
-def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.BaseStatement]:
-    """``a, b, c = <var>.chunk(3, ...)`` (or a method of the module splitting ``<var>``) ->
-    ``a, b, c = q, k, v``: the analysis proved the
-    per-head lanes 0, 1, 2 are q, k and v, which the loader reorders into [q; k; v]."""
-    out, found = [], 0
-    for s in body:
-        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
-        target = small.targets[0].target if isinstance(small, cst.Assign) else None
-        value = small.value if isinstance(small, cst.Assign) else None
-        splits = isinstance(value, cst.Call) and (  # var.chunk(3, ...) or self._split_heads(var)
-            t.code(value.func) == f"{var}.chunk"
-            or (t.code(value.func).startswith("self.") and [t.code(a.value) for a in value.args] == [var])
-        )
-        if isinstance(target, cst.Tuple) and len(target.elements) == 3 and splits:
-            found += 1
-            s = s.with_changes(body=[small.with_changes(value=t.expr("q, k, v"))])
-        out.append(s)
-    if found != 1:
-        raise HfrewriteError(f"{cls}: {NAME}: {var} is not chunked once into q, k and v")
-    return out
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
@@ -473,7 +208,13 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             ),
             matches=sites.count,
         )
-    cls = rewrite_attention(t.find_class(module, att.module_class), att.q.attr, att.k.attr, att.v.attr)
+    cls = rewrite_attention(
+        t.find_class(module, att.module_class),
+        att.q.attr,
+        att.k.attr,
+        att.v.attr,
+        (att.heads_field, att.kv_heads_field),
+    )
     module = sites.replace_class(module, att.module_class, cls)
     return PassResult(
         module=module,

@@ -23,8 +23,11 @@ Comments above the source's block calls (``# Self Attention``) are kept.
 Without a proven norm (``plan.norm`` None) nothing changes; without fusable blocks (a
 carried layer, ``carry_decoder_layer``) only the norm classes are replaced.
 
-Preconditions: the norm class's ``__init__`` takes ``(size, eps)``; each block and norm of
-the plan is called in the source forward.
+A norm class built from the config alone (``Norm(config)``, ERNIE-4.5) becomes
+``RMSNorm(config.<size>, eps=config.<eps>)`` with the fields the analysis found by value.
+
+Preconditions: the norm class's ``__init__`` takes ``(size, eps)``, or only the config with
+its fields proven; each block and norm of the plan is called in the source forward.
 """
 
 from __future__ import annotations
@@ -111,6 +114,24 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
     )
 
 
+class _FromConfig(cst.CSTTransformer):
+    """``Old(config)`` -> ``New(config.<size>, eps=config.<eps>)``: a norm built from the
+    config alone, whose size and eps the analysis found in these fields."""
+
+    def __init__(self, old: str, new: str, fields: tuple[str, str]) -> None:
+        self.old, self.new, self.fields, self.count = old, new, fields, 0
+
+    def leave_Call(self, original, updated):
+        if t.dotted(updated.func) != self.old:
+            return updated
+        if len(updated.args) != 1:
+            raise HfrewriteError(f"{self.old}: {NAME}: built from the config, called with other arguments")
+        self.count += 1
+        config = t.code(updated.args[0].value)
+        size, eps = self.fields
+        return t.expr(f"{self.new}({config}.{size}, eps={config}.{eps})")
+
+
 def _blocks_of_class(cls: cst.ClassDef, class_name: str) -> set[str]:
     init = t.find_method(cls, "__init__")
     return {
@@ -129,10 +150,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: not an RMSNorm vLLM has")
     norm_init = t.find_method(t.find_class(module, plan.norm.module_class), "__init__")
     params = [p.name.value for p in norm_init.params.params][1:]
-    if params[:2] != ["hidden_size", "eps"] and len(params) != 2:
+    if plan.norm.config_fields:  # built from the config alone: its proven fields
+        renamer = _FromConfig(plan.norm.module_class, vllm_norm, plan.norm.config_fields)
+    elif params[:2] != ["hidden_size", "eps"] and len(params) != 2:
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: __init__ is not (size, eps)")
-
-    renamer = _RenameCalls(plan.norm.module_class, vllm_norm, dict(zip(params[:2], ["hidden_size", "eps"])))
+    else:
+        renamer = _RenameCalls(
+            plan.norm.module_class, vllm_norm, dict(zip(params[:2], ["hidden_size", "eps"]))
+        )
     # only top-level definitions that name the norm class can call it: the rest is not walked
     module = module.with_changes(
         body=[n.visit(renamer) if plan.norm.module_class in t.names_used(n) else n for n in module.body]

@@ -99,6 +99,17 @@ def _lm_head_normalized(self, weights):
 """
 
 
+_TRANSPOSED_HEAD = """\
+def _lm_head_transposed(self, weights):
+    # The source's {head} keeps its weight as [hidden, vocab] when it is not tied, and
+    # multiplies by it untransposed (ERNIE-4.5's LMHead; analysis proved both layouts).
+    for name, tensor in weights:
+        if name == "{head}.weight" and not self.config.tie_word_embeddings:
+            tensor = tensor.t()
+        yield name, tensor
+"""
+
+
 _FLAT_EXPERTS = """\
 def _experts_one_by_one(self, weights):
     # The checkpoint holds each expert projection as one flat [experts * I, H] tensor
@@ -225,13 +236,21 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
     return out
 
 
-def _normalizing_head(body: list[cst.BaseStatement], head: str) -> list[cst.BaseStatement]:
-    """load_weights feeds the checkpoint through the head's row normalisation."""
+# the lm_head kinds (analyze/lm_head.py) whose weight is reshaped while it loads
+_HEAD_HELPERS = {
+    "l2_normalized": ("_lm_head_normalized", _NORMALIZED_HEAD),
+    "transposed_when_untied": ("_lm_head_transposed", _TRANSPOSED_HEAD),
+}
+
+
+def _reshaping_head(body: list[cst.BaseStatement], head: str, kind: str) -> list[cst.BaseStatement]:
+    """load_weights feeds the checkpoint through the head's row normalisation or transpose."""
+    name, template = _HEAD_HELPERS[kind]
     out = []
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
-            member = member.visit(_WrapWeights("_lm_head_normalized"))
-            helper = t.stmt(_NORMALIZED_HEAD.format(head=head))
+            member = member.visit(_WrapWeights(name))
+            helper = t.stmt(template.format(head=head))
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
     return out
@@ -391,8 +410,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
-    if plan.lm_head_weight == "l2_normalized":
-        body = _normalizing_head(body, plan.lm_head)
+    if plan.lm_head_weight in _HEAD_HELPERS:
+        body = _reshaping_head(body, plan.lm_head, plan.lm_head_weight)
     regrouped = moe is not None and (moe.experts_transposed or moe.experts_interleaved or moe.experts_bias)
     if moe is not None and (moe.flat_experts or regrouped):
         load_at = next(

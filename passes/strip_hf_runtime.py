@@ -13,7 +13,9 @@ Matches what is left of the Transformers runtime after the other passes:
 * top-level definitions no longer reachable from the architecture class (rotary helpers,
   ``repeat_kv``, ``eager_attention_forward``, the HF norm and rotary classes, the
   ``PreTrainedModel`` and task-head classes, ``logger``, ``__all__``);
-* private methods nothing calls any more (``_split_heads``, replaced with its use);
+* methods nothing calls any more: private ones (``_split_heads``, replaced with its use),
+  and any but ``forward`` and torch's hooks in the layer classes (ERNIE-4.5's
+  ``rope_attn``/``core_attn``, orphaned by the rewritten forward);
 * ``self.x = ...`` assignments in ``__init__`` whose attribute nothing reads any more
   (``self.is_causal``, ``self.attention_dropout``, ``self.gradient_checkpointing``...).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
+import torch
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.module_setups import without_registrations_of_dropped, without_unused_setups
@@ -319,27 +322,40 @@ def _cross_reads(node: cst.CSTNode) -> set[str]:
     return _attribute_reads(node)[1]
 
 
-def _drop_unused_private_methods(module: cst.Module) -> cst.Module:
-    """Private helpers (``_split_heads``) that no code refers to any more: the rewritten
-    forward replaced their only use. Dunder methods are never dropped."""
+_MODULE_METHODS = frozenset(dir(torch.nn.Module))
+
+
+def _drop_unused_methods(module: cst.Module) -> tuple[cst.Module, int]:
+    """Methods no code refers to any more: private helpers (``_split_heads``) of any class,
+    and any method but ``forward`` of the layer classes (``nn.Module``s not built from
+    ``vllm_config``, which vLLM itself only calls): the rewritten forward replaced their only
+    use (ERNIE-4.5's ``rope_attn``/``core_attn``). Dunder methods are never dropped."""
     used = {n.attr.value for n in t.walk(module) if isinstance(n, cst.Attribute)}
 
-    def unused(member: cst.CSTNode) -> bool:
-        return (
-            isinstance(member, cst.FunctionDef)
-            and member.name.value.startswith("_")
-            and not member.name.value.startswith("__")
-            and member.name.value not in used
+    def layer_class(cls: cst.ClassDef) -> bool:
+        init = t.find_method(cls, "__init__")
+        return any(t.code(b.value) in ("nn.Module", "torch.nn.Module") for b in cls.bases) and not (
+            init is not None and "vllm_config" in t.names_used(init.params)
         )
 
-    return module.with_changes(
-        body=[
-            node.with_changes(body=node.body.with_changes(body=[m for m in node.body.body if not unused(m)]))
-            if isinstance(node, cst.ClassDef)
-            else node
-            for node in module.body
-        ]
-    )
+    def unused(member: cst.CSTNode, layer: bool) -> bool:
+        if not isinstance(member, cst.FunctionDef) or member.decorators:
+            return False
+        name = member.name.value
+        private = name.startswith("_") and not name.startswith("__")
+        # (overrides of nn.Module's own methods, extra_repr, are torch's to call)
+        own = layer and not name.startswith("_")
+        return (private or own) and name not in used and name not in _MODULE_METHODS
+
+    body, dropped = [], 0
+    for node in module.body:
+        if isinstance(node, cst.ClassDef):
+            layer = layer_class(node)
+            members = [m for m in node.body.body if not unused(m, layer)]
+            dropped += len(node.body.body) - len(members)
+            node = node.with_changes(body=node.body.with_changes(body=members)) if dropped else node
+        body.append(node)
+    return module.with_changes(body=body), dropped
 
 
 def _as_pretrained_config(module: cst.Module, configs: list[str], names_used) -> tuple[cst.Module, list[str]]:
@@ -371,14 +387,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = _relative_imports(module)
     module = module.with_changes(body=[n for n in module.body if not _registers_auto_class(n)])
     module = module.visit(_DropHfRuntime(hf_names))
-    module = _drop_unused_private_methods(module)
     names_used, calls_of, reads_of = (
         _PerNode(t.names_used),
         _PerNode(_calls_and_persistence),
         _PerNode(_class_reads),
     )
     cross_reads_of = _PerNode(_cross_reads)
-    for _ in range(3):  # pruning an attribute can orphan a class, which can orphan another attribute
+    for _ in range(4):  # pruning an attribute can orphan a class or method, which can orphan another
+        module, methods = _drop_unused_methods(module)
         keep = _reachable(module, ctx.plan.architecture, names_used)
         body = [n for n in module.body if _defined_name(n) is None or _defined_name(n) in keep]
         dropped = len(body) != len(module.body)
@@ -391,7 +407,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 pruned += count
             body.append(node)
         module = module.with_changes(body=body)
-        if not (dropped or pruned):
+        if not (dropped or pruned or methods):
             break  # a fixpoint: nothing left to orphan
     module = without_unused_setups(module, names_used)
     module = without_registrations_of_dropped(module)

@@ -79,7 +79,7 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
     mixed: set[Node] = set()
     for n in path:  # graph order: inputs first
         if any(
-            a in mixed or (a not in on_path and _tensor(a) and from_layer_inputs(a))
+            a in mixed or (a not in on_path and _tensor(a) and (from_layer_inputs(a) or _counts_positions(a)))
             for a in n.all_input_nodes
         ):
             mixed.add(n)
@@ -97,6 +97,12 @@ def _tensor(node: Node) -> bool:
     """A tensor value: sizes read off a layer input (``bsz, q_len = x.size()``) carry none
     of its values, and a view by them mixes in no position."""
     return torch.is_tensor(node.meta.get("value"))
+
+
+def _counts_positions(node: Node) -> bool:
+    """Computed from an ``arange`` over sizes: the positions 0..seq-1 of a rope table built
+    from the sequence length alone (ERNIE-4.5's remote code), which prove_rope replays."""
+    return any(n.op == "call_function" and n.target is torch.arange for n in ancestors(node, None))
 
 
 def from_layer_inputs(node: Node) -> bool:

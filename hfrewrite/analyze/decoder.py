@@ -90,7 +90,8 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
         and all(isinstance(a, Node) for a in node.args)
     ):
         return f"{node.name} on the residual stream is not `residual + block(...)`"
-    for residual, branch in (node.args, node.args[::-1]):
+    why = None
+    for residual, branch in (node.args, node.args[::-1]):  # either order (ERNIE-4.5: x + residual)
         branch = _past_dropouts(branch, traced)
         post = None
         if (
@@ -123,8 +124,8 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
         ):
             return ResidualBlock(str(norm.target), block, post), _uncast(residual)
         names = ", ".join(a.name for a in reads)
-        return f"{block} does not read only a norm of the residual (it reads {names})"
-    return f"{node.name} adds no submodule output to the residual stream"
+        why = why or f"{block} does not read only a norm of the residual (it reads {names})"
+    return why or f"{node.name} adds no submodule output to the residual stream"
 
 
 def _past_dropouts(node: object, traced: Traced) -> object:

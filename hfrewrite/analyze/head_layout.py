@@ -61,7 +61,7 @@ def prove_head_layout(
 ) -> None:
     """The layout ops between a projection and its head-shaped value (the rope's input,
     or the attention's) are the split vLLM assumes: ``[b, s, heads * d]`` ->
-    ``[b, heads, s, d]``, head after head (through the q/k norm, if any), checked on
+    ``[b, heads, s, d]`` (or ``[b, s, heads, d]``, a rope's input), head after head (through the q/k norm, if any), checked on
     the traced values: a transpose against head_dim has the same shape, not the values."""
     out, got = value(proj), value(head_shaped)
     if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 3):
@@ -77,8 +77,9 @@ def prove_head_layout(
         want = want.reshape(b, s, heads, head_dim)
         if norm is not None and norm_over == "head":
             want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
-        want = want.transpose(1, 2)
-    if got.shape != want.shape or not torch.allclose(got.double(), want.double(), atol=1e-6):
+    # [b, heads, s, d], or [b, s, heads, d] where the rope runs before the transpose (ERNIE-4.5)
+    layouts = (want.transpose(1, 2), want)
+    if not any(got.shape == w.shape and torch.allclose(got.double(), w.double(), atol=1e-6) for w in layouts):
         refuse(
             "vllm_attention",
             f"the {role} path does not split the projection into heads as "

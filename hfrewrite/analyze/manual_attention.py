@@ -79,8 +79,6 @@ def fold_manual_attention(traced: Traced) -> int:
         k, v = before_expansion(k, heads), before_expansion(v, heads)
         if value(k).shape[1] != value(v).shape[1]:
             continue
-        attended, _ = causal_sdpa(None, value(q), value(k), value(v), None)
-        want = attended.transpose(1, 2)
         got = value(out)
         kwargs = {"scaling": None}
         # ALiBi first: a per-head linear bias (alibi.py), which a saturated softmax can hide
@@ -88,12 +86,11 @@ def fold_manual_attention(traced: Traced) -> int:
         factor = proven_factor(qk, value(scores), value(q), *expanded, got) if torch.is_tensor(got) else None
         if factor is not None:
             kwargs["alibi"] = factor
-        elif not (
-            torch.is_tensor(got)
-            and got.shape == want.shape
-            and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-        ):
-            continue
+        else:
+            # the scale may be applied to q before its product (ERNIE-4.5: q / sqrt(head_dim))
+            q = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got)), None)
+            if q is None:
+                continue
         with graph.inserting_after(out):
             leaf = graph.call_function(causal_sdpa, (None, q, k, v, None), kwargs)
         with graph.inserting_after(leaf):
@@ -116,6 +113,23 @@ def fold_manual_attention(traced: Traced) -> int:
     if folded:
         traced.graph_module.recompile()
     return folded
+
+
+def _reproduces(q: Node | None, k: Node, v: Node, got) -> bool:
+    """torch's causal SDPA of ``q``, ``k``, ``v`` at the default scale gives ``got``."""
+    if q is None or not torch.is_tensor(got):
+        return False
+    attended, _ = causal_sdpa(None, value(q), value(k), value(v), None)
+    want = attended.transpose(1, 2)
+    return got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _unscaled(q: Node) -> Node | None:
+    """``x`` of ``q = x / c`` or ``x * c`` with ``c`` a constant number, else None."""
+    if not _is(q, (operator.truediv, operator.mul, torch.div, torch.mul, "div", "mul")) or len(q.args) != 2:
+        return None
+    x, c = q.args
+    return x if isinstance(x, Node) and isinstance(c, int | float) else None
 
 
 def _unflattened(graph, found: tuple) -> tuple:

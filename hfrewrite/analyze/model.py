@@ -15,6 +15,7 @@ absorbs (the sliding window, which the source computes per layer) is kept in
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -33,14 +34,14 @@ from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import build_model, error_line, example_run, initialise_empty
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
-from hfrewrite.analyze.lm_head import head_kind, is_head
+from hfrewrite.analyze.lm_head import TRANSPOSED_WHEN_UNTIED, head_kind, is_head
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.moe_variants import with_other_routings
-from hfrewrite.analyze.norm import analyze_norm
+from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     MlaPlan,
@@ -53,7 +54,7 @@ from hfrewrite.analyze.plan import (
     refuse,
 )
 from hfrewrite.analyze.shrink import shrink_config
-from hfrewrite.analyze.tied_head import tied_target
+from hfrewrite.analyze.tied_head import flipped_tie, tied_target
 from hfrewrite.analyze.trace import (
     Traced,
     is_norm,
@@ -131,7 +132,11 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
     head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
     run = example_run(model, base, layers, embed, head)
-    kind = head_kind(getattr(model, head), run.head_input, run.head_output, small)
+    flipped = flipped_tie(small, build_model)
+    if flipped is not None:
+        initialise_empty(flipped)
+    flipped_head = getattr(flipped, head, None) if flipped is not None else None
+    kind = head_kind(getattr(model, head), run.head_input, run.head_output, small, flipped_head)
     final_norm = run.final_norm
     masks = not _windowed(small)  # a causal mask the base model hands its layers is proven by value
     traces = [
@@ -145,11 +150,16 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     if isinstance(attention, AttentionPlan):
         attention = dataclasses.replace(attention, **_head_fields(small, attention))
     siblings: tuple = ()
+    if kind == TRANSPOSED_WHEN_UNTIED:  # validated both ways
+        other = copy.deepcopy(config)
+        other.tie_word_embeddings = not getattr(config, "tie_word_embeddings", False)
+        siblings += ((f"tie_word_embeddings={other.tie_word_embeddings} (the head's other layout)", other),)
     if branches and isinstance(attention, MlaPlan):
-        attention, more, siblings = with_other_branches(
+        attention, more, branch_configs = with_other_branches(
             config, attention, lambda other: _analyze(other, branches=False).attention
         )
         declined += more
+        siblings += branch_configs
     mlp, moe = (
         _one_kind([f[2] for f in per_layer], MlpPlan),
         _one_kind([f[3] for f in per_layer], MoePlan),
@@ -175,7 +185,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         if isinstance(getattr(attention_module, attr or "", None), nn.Module):
             norm_modules.append(attention_module.get_submodule(attr))
     norm_modules.append(getattr(base, final_norm))
-    norm, why = _one_norm(norm_modules)
+    norm, why = _one_norm(norm_modules, small)
     if norm is None:
         declined += (
             NoMatch(
@@ -233,7 +243,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         moe=moe,
         sibling_configs=siblings,
         linear_classes=linear_classes,
-        head_tied_to=tied_target(small, build_model, head),
+        head_tied_to=tied_target(model if getattr(small, "tie_word_embeddings", False) else flipped, head),
         forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
     )
 
@@ -278,7 +288,7 @@ def _embedding_subclass(module: nn.Embedding) -> str | None:
     return type(module).__name__
 
 
-def _one_norm(modules: list[nn.Module]) -> tuple[NormPlan | None, str]:
+def _one_norm(modules: list[nn.Module], small) -> tuple[NormPlan | None, str]:
     """The one vLLM norm all ``modules`` compute, or None and why not."""
     norms = [analyze_norm(m) for m in modules]
     failed = [n for n in norms if isinstance(n, NoMatch)]
@@ -286,7 +296,12 @@ def _one_norm(modules: list[nn.Module]) -> tuple[NormPlan | None, str]:
         return None, failed[0].reason
     if len(set(norms)) != 1:
         return None, f"norms differ: {sorted({str(n) for n in norms})}"
-    return norms[0], ""
+    fields = {config_fields(m, norms[0].eps, small) for m in modules}
+    if len(fields) != 1 or isinstance(next(iter(fields)), str):
+        return None, next(
+            (f for f in fields if isinstance(f, str)), "norms built from different config fields"
+        )
+    return dataclasses.replace(norms[0], config_fields=next(iter(fields))), ""
 
 
 def _required(fact):

@@ -11,6 +11,7 @@ that the whole formula holds (fail closed: LayerNorm, biases, other formulas do 
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import torch
@@ -60,6 +61,33 @@ def analyze_norm(module: nn.Module) -> NormPlan | NoMatch:
     if offset not in (0.0, 1.0) or not holds:
         return NoMatch("rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)")
     return NormPlan(cls, "rms", eps[0], offset)
+
+
+def config_fields(module: nn.Module, eps: float, config) -> tuple[str, str] | None | str:
+    """For a norm class whose ``__init__`` takes one argument (the config), the config fields
+    equal to its size and to its eps (each the only one); a reason when they are not unique;
+    None for classes taking their sizes."""
+    try:
+        params = list(inspect.signature(type(module).__init__).parameters)[1:]
+    except (TypeError, ValueError):
+        return None
+    if len(params) != 1:
+        return None
+    try:  # the one argument is the config: the class builds from it, to this size
+        built = type(module)(config)
+    except Exception:  # noqa: BLE001 - it is not: another one-argument norm
+        return None
+    if getattr(built, "weight", None) is None or built.weight.shape != module.weight.shape:
+        return None
+    values = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+    size = [k for k, v in values.items() if type(v) is int and v == module.weight.shape[0]]
+    eps_fields = [k for k, v in values.items() if type(v) is float and v == eps]
+    if len(size) != 1 or len(eps_fields) != 1:
+        return (
+            f"{type(module).__name__} is built from the config alone, and no one config field "
+            f"holds its size ({size}) and its eps ({eps_fields})"
+        )
+    return size[0], eps_fields[0]
 
 
 def _is_mean(node: object) -> bool:

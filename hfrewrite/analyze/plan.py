@@ -290,6 +290,9 @@ class NormPlan:
     kind: str  # "rms"
     eps: float
     weight_offset: float  # 0.0 for `weight * x`, 1.0 for `(1 + weight) * x`
+    # A class built from the config alone (ERNIE-4.5's `Norm(config)`): the config fields
+    # holding its size and eps, found by value; `Norm(c)` becomes `RMSNorm(c.size, eps=c.eps)`
+    config_fields: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -359,7 +362,8 @@ class ModelPlan:
     # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
     checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()
     # The lm_head is a class of the source's holding one weight (analyze/lm_head.py): "plain"
-    # (x @ W.T) or "l2_normalized" (Baichuan2's NormHead: normalised when loaded); "" nn.Linear
+    # (x @ W.T), "l2_normalized" (Baichuan2's NormHead: normalised when loaded) or
+    # "transposed_when_untied" (ERNIE-4.5: [hidden, vocab] untied, transposed when loaded); "" nn.Linear
     lm_head_weight: str = ""
     # The lm_head reads the final norm's output times a constant (MiniCPM's division by
     # hidden_size / dim_model_base): the source's argument expression is carried into compute_logits

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-FACTORIES = ("zeros", "ones", "empty", "full")
+FACTORIES = ("zeros", "ones", "empty", "full", "arange")  # arange: positions counted from sizes
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.model import analyze
-from hfrewrite.analyze.norm import analyze_norm
+from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
 from hfrewrite.analyze.trace import opaque_attention, trace
 from hfrewrite.errors import HfrewriteError
@@ -430,6 +430,28 @@ def test_norm_facts():
     assert isinstance(refused, NoMatch) and refused.pattern == "rms_norm"
 
 
+class ConfigNorm(nn.Module):
+    """ERNIE-4.5's RMSNorm, built from the config alone."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(config.hidden_size))
+        self.eps = config.rms_norm_eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_a_norm_built_from_the_config_names_its_fields_by_value():
+    config = transformers.PretrainedConfig(hidden_size=8, rms_norm_eps=1e-5, intermediate_size=16)
+    norm = ConfigNorm(config)
+    assert config_fields(norm, analyze_norm(norm).eps, config) == ("hidden_size", "rms_norm_eps")
+    config.head_dim = 8  # a second field of the norm's size: which one is not known
+    assert "no one config field holds its size" in config_fields(norm, 1e-5, config)
+    sized = transformers.models.llama.modeling_llama.LlamaRMSNorm(8)  # takes its sizes
+    assert config_fields(sized, 1e-6, config) is None
+
+
 class ResidualLayer(nn.Module):
     """`x + mlp(norm(x))`: one pre-norm residual block, the base the layer cases edit."""
 
@@ -460,6 +482,34 @@ def test_residual_blocks_in_either_operand_order_and_through_a_cast(mutate, edit
     mutate(ResidualLayer, "forward", *edits)
     result = decoder_of(ResidualLayer())
     assert result.blocks == (ResidualBlock("norm", "mlp"),), result
+
+
+class AddModule(nn.Module):
+    """ERNIE-4.5's FusedDropoutImpl: ``dropout(x) + y``, the block's output first."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, x, y):
+        return self.dropout(x) + y
+
+
+class TwoBlocksAddedInModules(nn.Module):
+    def __init__(self):
+        super().__init__()
+        rms = transformers.models.llama.modeling_llama.LlamaRMSNorm
+        self.norm1, self.attn, self.add1 = rms(8), nn.Sequential(nn.Linear(8, 8)), AddModule()
+        self.norm2, self.mlp, self.add2 = rms(8), nn.Sequential(nn.Linear(8, 8)), AddModule()
+
+    def forward(self, x):
+        x = self.add1(self.attn(self.norm1(x)), x)
+        return self.add2(self.mlp(self.norm2(x)), x)
+
+
+def test_residual_adds_inside_a_module_are_found_in_either_order():
+    result = decoder_of(TwoBlocksAddedInModules().eval())
+    assert result.blocks == (ResidualBlock("norm1", "attn"), ResidualBlock("norm2", "mlp")), result
 
 
 def test_decoder_post_norm_is_no_match(mutate):

@@ -121,3 +121,53 @@ def test_attention_by_hand_over_flattened_heads_with_another_scale_is_refused(tm
     flat = BY_HAND_FLAT.replace("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]")
     with pytest.raises(HfrewriteError, match="computes a softmax attention by hand"):
         _by_hand(tmp_path, monkeypatch, BY_HAND, flat)
+
+
+# ERNIE-4.5's remote code: q scaled before its product with k, the rope table counted from
+# the sequence length (no positions input) and applied in [batch, seq, heads, dim]
+Q_SCALED_FIRST = BY_HAND.replace(
+    "    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])\n",
+    "    q = q / math.sqrt(q.shape[-1])\n    scores = torch.matmul(q, k.transpose(-2, -1))\n",
+)
+COUNTED = "cos, sin = rope_cos_sin(torch.arange(t)[None], self.head_dim, self.theta, q.dtype)"
+ROPE_PER_TOKEN = (
+    "        q = q * cos + rotate_half(q) * sin\n        k = k * cos + rotate_half(k) * sin\n",
+    (
+        "        q = q.transpose(1, 2)\n        k = k.transpose(1, 2)\n"
+        "        cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)\n"
+        "        q = (q * cos + rotate_half(q) * sin).transpose(1, 2)\n"
+        "        k = (k * cos + rotate_half(k) * sin).transpose(1, 2)\n"
+    ),
+)
+
+
+def _ernie_style(tmp_path, monkeypatch, positions: str = COUNTED, scaled: str = Q_SCALED_FIRST):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = shutil.copytree(DATA / "tinyllama_renamed", tmp_path / f"ernie_style_{tmp_path.name}")
+    source = repo / "modeling_tinyllama_renamed.py"
+    text = attention_by_hand(source.read_text()).replace(BY_HAND, scaled)
+    for old, new in (
+        ("cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, q.dtype)", positions),
+        ROPE_PER_TOKEN,
+    ):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    source.write_text(text)
+    return analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+
+
+def test_rope_counted_from_sizes_and_q_scaled_first_are_proven(tmp_path, monkeypatch):
+    att = _ernie_style(tmp_path, monkeypatch).attention
+    assert att.direct_sdpa and att.rope and att.rope_neox and att.rotary_dim == att.head_dim
+
+
+@pytest.mark.parametrize(
+    ("positions", "scaled"),
+    [
+        (COUNTED.replace("torch.arange(t)", "torch.arange(1, t + 1)"), Q_SCALED_FIRST),  # shifted
+        (COUNTED, Q_SCALED_FIRST.replace("q / math.sqrt(q.shape[-1])", "q / q.shape[-1]")),  # scale
+    ],
+)
+def test_other_counted_positions_or_scales_are_refused(tmp_path, monkeypatch, positions, scaled):
+    with pytest.raises(HfrewriteError, match="rope|softmax attention by hand"):
+        _ernie_style(tmp_path, monkeypatch, positions, scaled)

@@ -6,6 +6,7 @@ config shim, validates it against the repository's own model under that release,
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -31,7 +32,11 @@ CONVERTED = {
     "minicpm": ("minicpm", "# as the source scales the lm_head's input"),  # projections in a helper
     "oldmoe_sizes": ("oldmoe_sizes", 'ckpt_names=("w1", "w2", "w3")'),  # experts take routing weights
     "falcon_rw": ("falcon_rw", "return outputs[0]"),  # [b * h] ALiBi attention, a 4.x tuple layer
+    # head [hidden, vocab] when untied, rope counted from the length, q scaled first, Norm(config)
+    "ernie4_5": ("ernie4_5", "def _lm_head_transposed"),
 }
+# the second checkpoint's config, where it differs from the repository's (json values)
+SECOND = {"ernie4_5": {"tie_word_embeddings": False}}  # the head's other layout
 
 
 @pytest.fixture(autouse=True)
@@ -52,10 +57,15 @@ def test_converts_validates_and_verifies_under_its_release(name, tmp_path, capsy
     assert "hfrewrite config shim" in text and shows in text
 
     # a second checkpoint, saved by the repository's own code under its release
-    job = {"kind": "references", "model_id": str(repo), "configs": [["a second checkpoint", None]]}
+    second = None
+    if name in SECOND:  # (the repository's code is found from name_or_path)
+        second = json.loads((repo / "config.json").read_text()) | SECOND[name] | {"name_or_path": str(repo)}
+    job = {"kind": "references", "model_id": str(repo), "configs": [["a second checkpoint", second]]}
     job |= {"prompts": [[1, 2, 3]], "max_tokens": 1, "out_dir": str(tmp_path / "second"), "seed": 1}
     ckpt = Path(run_front(NEWEST_4X, job)["references"][0]["ckpt"])
     assert fixtures.runs_custom_code(ckpt)
+    saved = json.loads((ckpt / "config.json").read_text())
+    assert all(saved[key] == value for key, value in SECOND.get(name, {}).items()), saved
     generated = str(out / f"{model_type}.py")
     assert main(["verify", str(ckpt), "--generated", generated, "--trust-remote-code"]) == 0
     report = capsys.readouterr().out

@@ -1,5 +1,7 @@
 """fuse_qkv: q/k/v linears -> QKVParallelLinear + split."""
 
+import dataclasses
+
 import pytest
 from harness import rewrite
 from hfrewrite.passes import fuse_qkv
@@ -186,3 +188,76 @@ def test_refuses_a_projection_of_another_class(cls):
     source = BEFORE_LLAMA_ATTENTION.replace("self.k_proj = nn.Linear(", f"self.k_proj = {cls}(")
     with pytest.raises(HfrewriteError, match="is not built with nn.Linear"):
         rewrite(fuse_qkv, source, llama_like())
+
+
+# ERNIE-4.5's remote code: the out sizes computed beforehand, in branches
+BEFORE_SIZES_COMPUTED = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        if config.head_dim is None:
+            self.head_dim = config.hidden_size // config.num_attention_heads
+        else:
+            self.head_dim = config.head_dim
+        q_hidden_size = self.head_dim * config.num_attention_heads
+        kv_hidden_size = self.head_dim * config.num_key_value_heads
+        self.q_proj = nn.Linear(config.hidden_size, q_hidden_size, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, kv_hidden_size, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, kv_hidden_size, bias=False)
+
+    def forward(self, hidden_states):
+        return self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+"""
+
+AFTER_SIZES_COMPUTED = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        if config.head_dim is None:
+            self.head_dim = config.hidden_size // config.num_attention_heads
+        else:
+            self.head_dim = config.head_dim
+        q_hidden_size = self.head_dim * config.num_attention_heads
+        kv_hidden_size = self.head_dim * config.num_key_value_heads
+        tp_size = get_tensor_model_parallel_world_size()
+        head_size = (q_hidden_size) // config.num_attention_heads
+        self.total_num_heads = config.num_attention_heads
+        self.total_num_kv_heads = config.num_key_value_heads
+        # Heads are sharded over tensor-parallel ranks; kv heads are replicated when
+        # there are fewer of them than ranks.
+        self.num_heads = self.total_num_heads // tp_size
+        self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size=config.hidden_size,
+            head_size=head_size,
+            total_num_heads=self.total_num_heads,
+            total_num_kv_heads=self.total_num_kv_heads,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+        )
+
+    def forward(self, hidden_states):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return q, k, v
+"""
+
+
+def _with_head_fields():
+    plan = llama_like()
+    fields = {"heads_field": "num_attention_heads", "kv_heads_field": "num_key_value_heads"}
+    return dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, **fields))
+
+
+def test_sizes_computed_elsewhere_come_from_the_proven_config_fields():
+    """Head counts from the config fields the analysis proved hold them; the head size is
+    the q projection's own size over that count (self.head_dim, set in a branch, is seen)."""
+    assert rewrite(fuse_qkv, BEFORE_SIZES_COMPUTED, _with_head_fields()) == AFTER_SIZES_COMPUTED
+
+
+def test_sizes_computed_elsewhere_without_proven_fields_are_refused():
+    with pytest.raises(HfrewriteError, match="no config field of __init__ was proven"):
+        rewrite(fuse_qkv, BEFORE_SIZES_COMPUTED, llama_like())

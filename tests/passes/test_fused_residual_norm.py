@@ -154,3 +154,24 @@ def test_a_forward_docstring_moves_no_comment():
         '    def forward(self, hidden_states, attention_mask=None, **kwargs):\n        """One decoder layer."""\n',
     )
     assert rewrite(fused_residual_norm, source, llama_like()).lstrip() == AFTER_LLAMA_DECODER_LAYER
+
+
+def test_a_norm_built_from_the_config_gets_its_proven_fields():
+    """ERNIE-4.5's ``Norm(config)``: vLLM's norm built from the fields the analysis found."""
+    import dataclasses
+
+    plan = llama_like()
+    plan = dataclasses.replace(
+        plan, norm=dataclasses.replace(plan.norm, config_fields=("hidden_size", "rms_norm_eps"))
+    )
+    source = BEFORE_LLAMA_DECODER_LAYER.replace(
+        "def __init__(self, hidden_size, eps=1e-6):", "def __init__(self, config):"
+    )
+    source = source.replace(
+        "LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)", "LlamaRMSNorm(config)"
+    )
+    assert rewrite(fused_residual_norm, source, plan).lstrip() == AFTER_LLAMA_DECODER_LAYER
+    with pytest.raises(HfrewriteError, match="built from the config, called with other arguments"):
+        rewrite(
+            fused_residual_norm, source.replace("LlamaRMSNorm(config)", "LlamaRMSNorm(config, 2)", 1), plan
+        )

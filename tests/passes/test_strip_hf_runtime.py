@@ -192,3 +192,57 @@ def test_a_setup_binding_a_name_the_file_reads_stays():
     )
     out = rewrite(strip_hf_runtime, source, llama_like())
     assert "_prepare_4d_causal_attention_mask = torch.fx.wrap(" in out
+
+
+UNUSED_METHODS = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn_func = self.core_attn
+
+    def forward(self, x):
+        return x
+
+    def extra_repr(self):
+        return "kept: torch calls it"
+
+    def rope_attn(self, q):
+        return self.attn_func(q)
+
+    def core_attn(self, q):
+        return self.repeat_kv(q)
+
+    def repeat_kv(self, q):
+        return q
+
+    @property
+    def decorated(self):
+        return 1
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        self.attn = LlamaAttention(vllm_config.model_config.hf_config)
+
+    def forward(self, x):
+        return self.attn(x)
+
+    def get_expert_mapping(self):
+        return []
+"""
+
+
+def test_methods_the_rewritten_forward_left_unused_go():
+    """ERNIE-4.5's rope_attn -> attn_func -> core_attn -> repeat_kv chain goes link by link;
+    torch's hooks (extra_repr), decorated methods and the model class's methods stay."""
+    after = rewrite(strip_hf_runtime, UNUSED_METHODS, llama_like())
+    for gone in ("def rope_attn", "def core_attn", "def repeat_kv", "self.attn_func"):
+        assert gone not in after, gone
+    for kept in (
+        "def extra_repr",
+        "def decorated",
+        "def get_expert_mapping",
+        "def forward(self, x):\n        return x",
+    ):
+        assert kept in after, kept
