@@ -19,7 +19,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt
 
-.PHONY: setup analysis-setup quant-setup demo lint test golden docs fuzz validation-cost hub-configs
+.PHONY: setup analysis-setup quant-setup demo lint test golden coverage docs fuzz validation-cost hub-configs
 
 # The transformers 4.x release Hub custom code written for 4.x is analysed under
 # (docs/custom-code.md); the tests use it offline from the user's cache.
@@ -73,6 +73,12 @@ test: export HFREWRITE_REQUIRE_VLLM = 1
 test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
 test: setup quant-setup lint
 	$(PY) -m pytest -q
+
+# Every causal-LM model type of the installed transformers, converted with --no-verify in
+# parallel (outcomes cached per source tree): docs/coverage.md. tests/e2e/test_coverage.py checks it.
+coverage: export HF_HUB_OFFLINE = 1
+coverage: setup
+	$(PY) -m hfrewrite.coverage --jobs 2 --out docs/coverage.md
 
 golden: setup
 	for t in $(GOLDEN_TYPES); do $(HFR) convert $$t -o golden --force || exit 1; done

@@ -198,8 +198,11 @@ def _build(
             config = AutoConfig.for_model(model_type, **BARE_TYPE_FIELDS.get(model_type, {}))
         else:
             config = CONFIG_MAPPING[model_type].from_dict(data)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise HfrewriteError(f"{model_id}: invalid {model_type} config: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the config class's own validation, any kind
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise HfrewriteError(
+            f"{model_id}: invalid {model_type} config: {type(exc).__name__}: {first}"
+        ) from None
     return ResolvedModel(
         model_id=model_id,
         source_kind=kind,

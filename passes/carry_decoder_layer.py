@@ -264,7 +264,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         last = i == len(owners) - 1
         callee_forward = t.find_method(t.find_class(module, callee), "forward")
         residual = None
-        if last and plan.attention.adds_residual:
+        if last and getattr(plan.attention, "adds_residual", False):  # (MLA never does)
             param = residual_param(callee_forward, plan.attention.o.attr, callee)
             residual = (param, callee_forward)
         carried = carry_forward(

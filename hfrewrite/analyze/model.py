@@ -83,7 +83,18 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     """The plan of ``config``; with ``branches``, the other branches of MLA's query and rope
     and of a router's string switch proven on sibling configs (analyze/mla_variants.py,
     analyze/moe_variants.py)."""
-    small = shrink_config(config)
+    try:
+        small = shrink_config(config)
+    except Exception as exc:  # noqa: BLE001 - the config class refuses an edit: a true reason
+        refuse("config", f"cannot build a shrunk config: {error_line(exc)}", type(config).__name__)
+    if getattr(small, "vocab_size", None) is None:
+        nested = [k for k, v in vars(small).items() if isinstance(v, transformers.PretrainedConfig)]
+        refuse(
+            "model_layout",
+            "the config has no vocab_size: a composite config"
+            + (f" (its parts: {', '.join(nested)})" if nested else ""),
+            type(config).__name__,
+        )
     torch.manual_seed(0)
     model = build_model(small)
     model.eval()
