@@ -79,8 +79,7 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
     mixed: set[Node] = set()
     for n in path:  # graph order: inputs first
         if any(
-            a in mixed or (a not in on_path and _tensor(a) and (from_layer_inputs(a) or _counts_positions(a)))
-            for a in n.all_input_nodes
+            a in mixed or (a not in on_path and _tensor(a) and _position_source(a)) for a in n.all_input_nodes
         ):
             mixed.add(n)
     if arg not in mixed:
@@ -99,14 +98,14 @@ def _tensor(node: Node) -> bool:
     return torch.is_tensor(node.meta.get("value"))
 
 
-def _counts_positions(node: Node) -> bool:
-    """Computed from an ``arange`` over sizes: the positions 0..seq-1 of a rope table built
-    from the sequence length alone (ERNIE-4.5's remote code), which prove_rope replays."""
-    return any(n.op == "call_function" and n.target is torch.arange for n in ancestors(node, None))
-
-
-def from_layer_inputs(node: Node) -> bool:
-    return any(n.op == "placeholder" for n in ancestors(node, None))
+def _position_source(node: Node) -> bool:
+    """Computed from a layer input (positions, a rope table given), or from an ``arange``
+    over sizes: the positions 0..seq-1 of a rope table built from the sequence length alone
+    (ERNIE-4.5's remote code), which prove_rope replays. One walk of its ancestors."""
+    return any(
+        n.op == "placeholder" or (n.op == "call_function" and n.target is torch.arange)
+        for n in ancestors(node, None)
+    )
 
 
 def reaches(source: Node, target: Node, allowed: set[Node]) -> bool:

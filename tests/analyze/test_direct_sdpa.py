@@ -78,14 +78,16 @@ def test_what_is_not_causal_self_attention_is_refused(tmp_path, monkeypatch, nam
         _analyze(tmp_path, monkeypatch, name, old, new)
 
 
-def _by_hand(tmp_path, monkeypatch, old: str = "", new: str = ""):
+def _by_hand(tmp_path, monkeypatch, old: str = "", new: str = "", more: tuple = ()):
+    """The analysis of tinyllama_renamed with attention by hand, ``old`` -> ``new`` and each
+    ``(old, new)`` of ``more`` applied, each found once."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     repo = shutil.copytree(DATA / "tinyllama_renamed", tmp_path / f"byhand_{tmp_path.name}")
     source = repo / "modeling_tinyllama_renamed.py"
     text = attention_by_hand(source.read_text())
-    if old:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
+    for before, after in ((old, new), *more) if old else more:
+        assert text.count(before) == 1, before
+        text = text.replace(before, after)
     source.write_text(text)
     return analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
 
@@ -142,18 +144,8 @@ ROPE_PER_TOKEN = (
 
 
 def _ernie_style(tmp_path, monkeypatch, positions: str = COUNTED, scaled: str = Q_SCALED_FIRST):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    repo = shutil.copytree(DATA / "tinyllama_renamed", tmp_path / f"ernie_style_{tmp_path.name}")
-    source = repo / "modeling_tinyllama_renamed.py"
-    text = attention_by_hand(source.read_text()).replace(BY_HAND, scaled)
-    for old, new in (
-        ("cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, q.dtype)", positions),
-        ROPE_PER_TOKEN,
-    ):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    source.write_text(text)
-    return analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    rope = "cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, q.dtype)"
+    return _by_hand(tmp_path, monkeypatch, BY_HAND, scaled, ((rope, positions), ROPE_PER_TOKEN))
 
 
 def test_rope_counted_from_sizes_and_q_scaled_first_are_proven(tmp_path, monkeypatch):
