@@ -240,9 +240,25 @@ _BUFFER = m.SimpleStatementLine(
 )
 
 
+_BUFFER_ATTR = m.SimpleStatementLine(
+    body=[
+        m.Assign(
+            targets=[m.AssignTarget(m.Attribute(value=m.Name("self")))],
+            value=m.Call(
+                func=m.Attribute(value=m.Name("nn"), attr=m.Name("Buffer")),
+                args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("persistent"), value=m.Name("False"))],
+            ),
+        )
+    ]
+)
+
+
 def _transient_buffer(node: cst.CSTNode) -> str | None:
-    """``x`` of ``self.register_buffer("x", value, persistent=False)``: a buffer no checkpoint
-    holds (an inverse-frequency or mask cache), or None."""
+    """``x`` of ``self.register_buffer("x", value, persistent=False)`` or of
+    ``self.x = nn.Buffer(value, persistent=False)``: a buffer no checkpoint holds (an
+    inverse-frequency or mask cache), or None."""
+    if m.matches(node, _BUFFER_ATTR):
+        return node.body[0].targets[0].target.attr.value
     if not m.matches(node, _BUFFER):
         return None
     return node.body[0].value.args[0].value.evaluated_value

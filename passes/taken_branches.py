@@ -37,11 +37,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         if forward is None:
             continue
         chooser = _TakenBranch(known, t.init_exprs(cls), _projections(ctx.plan))
-        new = forward.visit(chooser)
+        cls = t.set_method(cls, forward.visit(chooser))
+        init = t.find_method(cls, "__init__")
+        if init is not None:  # the projections built in a branch (`if self.is_cross_attention:`)
+            cls = t.set_method(cls, init.visit(chooser))
         if chooser.taken:
-            module = sites.replace_class(module, name, t.set_method(cls, new))
+            module = sites.replace_class(module, name, cls)
             rows += [
-                FusionRow(name, f"config switch `{test}`: the traced branch kept") for test in chooser.taken
+                FusionRow(name, f"config switch `{test}`: the traced branch kept")
+                for test in dict.fromkeys(chooser.taken)
             ]
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
 

@@ -144,7 +144,8 @@ def rewrite_attention(
         finder.kwargs = {"scaling": t.expr("self.head_dim**-0.5")}
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
-    if not att.rope and att.alibi is None:
+    positionless = not att.rope and att.alibi is None
+    if positionless and ctx.plan.position_embedding is None:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
         init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
@@ -259,6 +260,8 @@ def rewrite_attention(
                 + (
                     ALIBI_INIT.format(factor=att.alibi)
                     if att.alibi
+                    else ""
+                    if positionless  # learned positions, added to the embeddings
                     else rope_init(att, head_dim, rope_parameters)
                 )
                 + "self.attn = Attention(\n"
@@ -310,7 +313,7 @@ def rewrite_attention(
         raise HfrewriteError(
             f"{name}: {NAME}: some layers have no rope, but the source's rope is unconditional"
         )
-    tail += "q, k = self.rotary_emb(positions, q, k)\n" if att.alibi is None else ""
+    tail += "q, k = self.rotary_emb(positions, q, k)\n" if not (att.alibi or positionless) else ""
     if att.qk_norm_after_rope:
         tail += norms
     tail += f"attn_output = self.attn(q, k, v)\nattn_output = self.{att.o.attr}(attn_output)\n" + (

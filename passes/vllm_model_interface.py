@@ -169,6 +169,16 @@ def _lookup_expression(forward: cst.FunctionDef | None, embed: str, cls: str) ->
     return values[0].visit(_Ids())
 
 
+def _position_rows(position) -> str:
+    """The statement adding the learned position rows to the looked-up tokens."""
+    if position.module_call:
+        rows = f"self.{position.attr}(positions)"
+    else:  # the source's class computes the positions itself; its table is read directly
+        shifted = f"positions + {position.offset}" if position.offset else "positions"
+        rows = f"self.{position.attr}.weight[{shifted}]"
+    return f"hidden_states = hidden_states + {rows}\n"
+
+
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     plan = ctx.plan
     name = cls.name.value
@@ -185,7 +195,10 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     init = t.find_method(cls, "__init__")
     body: list[cst.BaseStatement] = list(t.find_method(tpl, "__init__").body.body)
     hidden = None
-    glue = _embedding_glue(t.find_method(cls, "forward"), plan.layers, plan.embed_tokens, name)
+    if plan.position_embedding is None:
+        glue = _embedding_glue(t.find_method(cls, "forward"), plan.layers, plan.embed_tokens, name)
+    else:  # proven: the first layer reads the tokens' rows plus the position rows, nothing else
+        glue = t.stmts(_position_rows(plan.position_embedding))
     # nanochat also normalises the embeddings with its final norm: the first rank needs it too
     norm_ranks = "get_pp_group().is_last_rank"
     if f"self.{plan.final_norm}" in {t.dotted(a) for a in m.findall(cst.Module(glue), m.Attribute())}:
@@ -238,12 +251,15 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
             "and no statements before the layer loop say why"
         )
     if glue:  # on the first pipeline rank, after the lookup
+        why = (
+            "The source's own step between the embeddings and the first layer."
+            if plan.position_embedding is None
+            else "Learned absolute positions: each token's row of the position table."
+        )
         head = forward.body.body[0]
         glue[0] = glue[0].with_changes(
             leading_lines=[
-                *t.stmts("# The source's own step between the embeddings and the first layer.\npass\n")[
-                    0
-                ].leading_lines,
+                *t.stmts(f"# {why}\npass\n")[0].leading_lines,
                 *[line for line in glue[0].leading_lines if line.comment],
             ]
         )

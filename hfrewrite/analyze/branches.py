@@ -83,17 +83,58 @@ def config_switches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
     the config expression ``__init__`` assigns it. Tests on anything else (``self.training``,
     a computed attribute) are left out: they are not config switches."""
     assigned = {"config": "config"}
+    params = _init_parameters(type(module))
     for attr, value in init_assignments(type(module)).items():
         names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-        if "config" in names and names <= {"config", "getattr"}:
+        if ("config" in names and names <= {"config", "getattr"}) or (
+            isinstance(value, ast.Name) and value.id in params  # a constructor flag
+        ):
             assigned[attr] = ast.unparse(value)
+    once = _assigned_once(type(module))
+    inits = [  # __init__'s own switches, on attributes it assigns once (their final value)
+        (test, outcome) for test, outcome in config_branches(module, "__init__") if _self_attrs(test) <= once
+    ]
     out = []
-    for test, outcome in config_branches(module):
+    for test, outcome in config_branches(module) + tuple(inits):
         tree = _Substitute(assigned).visit(ast.parse(test, mode="eval"))
         text = ast.unparse(tree)
         if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
             out.append((text, outcome))
     return tuple(out)
+
+
+def _init_parameters(cls: type) -> set[str]:
+    try:
+        return set(inspect.signature(cls.__init__).parameters) - {"self", "config"}
+    except (TypeError, ValueError):
+        return set()
+
+
+def _assigned_once(cls: type) -> set[str]:
+    """The attributes ``cls.__init__`` assigns in exactly one statement."""
+    try:
+        init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    counts: dict[str, int] = {}
+    for node in ast.walk(init):
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
+                    counts[target.attr] = counts.get(target.attr, 0) + 1
+    return {attr for attr, n in counts.items() if n == 1}
+
+
+def _self_attrs(test: str) -> set[str]:
+    return {
+        n.attr
+        for n in ast.walk(ast.parse(test, mode="eval"))
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    }
 
 
 class _Substitute(ast.NodeTransformer):

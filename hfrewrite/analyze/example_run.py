@@ -10,7 +10,8 @@ import torch
 import transformers
 from torch import nn
 
-from hfrewrite.analyze.plan import NoMatch, Refusal, refuse
+from hfrewrite.analyze.plan import NoMatch, PositionEmbeddingPlan, Refusal, refuse
+from hfrewrite.analyze.position_embedding import prove_position_embedding, token_embedding
 from hfrewrite.analyze.shrink import VOCAB
 from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
 from hfrewrite.analyze.traced_factories import patched_torch
@@ -73,13 +74,17 @@ class ExampleRun:
     head_input: torch.Tensor | None = None  # what the lm_head read and returned
     head_output: torch.Tensor | None = None
     head_input_scaled: bool = False  # the lm_head reads the final norm's output times a constant
+    embed: str = ""  # the embedding called on the input ids
+    position: PositionEmbeddingPlan | None = None  # a position table added to its rows
 
 
 def example_run(
-    model: nn.Module, base: nn.Module, layers: list[nn.Module], embed: str, head: str
+    model: nn.Module, base: nn.Module, layers: list[nn.Module], embeds: list[str], head: str
 ) -> ExampleRun:
     """Run the model once on ids and read the glue between its parts from the values:
-    what each layer receives, whether the first layer receives the embedding unchanged,
+    what each layer receives, which of the base model's ``embeds`` looks up the tokens and
+    whether another adds position rows to them, whether the first layer receives the
+    embedding unchanged,
     which child normalises the last layer's output into the lm_head, and whether the
     logits are post-processed. The vLLM model interface writes that glue itself and
     carries the source's statements where the values show there are some."""
@@ -120,6 +125,24 @@ def example_run(
         return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
 
     first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
+    embed = token_embedding(embeds, calls, ids)
+    if embed is None:
+        refuse(
+            "model_layout",
+            f"no one of the embeddings {embeds} is called on the input ids",
+            type(base).__name__,
+        )
+    start, position = calls[embed][1], None
+    if len(embeds) > 2:
+        refuse("model_layout", f"embeddings {embeds}: more than tokens and positions", type(base).__name__)
+    if len(embeds) == 2:
+        other = next(e for e in embeds if e != embed)
+        position = prove_position_embedding(
+            other, getattr(base, other), calls.get(other, (None, None))[1], start, first
+        )
+        if isinstance(position, NoMatch):
+            raise Refusal(position)
+        start = first  # proven: the tokens' rows plus the position rows
     last, head_in = calls["<last>"][1], calls[head][0]
     norms = [
         name
@@ -144,10 +167,12 @@ def example_run(
         layer_inputs=[seen[i] for i in range(len(layers))],
         final_norm=norms[0],
         logits_postprocessed=not same(calls[head][1], logits),
-        embeddings_transformed=not same(calls[embed][1], first),
+        embeddings_transformed=not same(start, first),
         head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
         head_input_scaled=scaled,
         head_output=calls[head][1],
+        embed=embed,
+        position=position,
     )
 
 

@@ -140,9 +140,12 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     if len({type(layer) for layer in layers}) != 1:
         refuse("model_layout", "decoder layers of several classes", type(base).__name__)
 
-    embed = _one_child(base, "Embedding", lambda m: isinstance(m, nn.Embedding))
+    embeds = [name for name, child in base.named_children() if isinstance(child, nn.Embedding)]
+    if not embeds:
+        refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
     head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
-    run = example_run(model, base, layers, embed, head)
+    run = example_run(model, base, layers, embeds, head)
+    embed = run.embed
     flipped = flipped_tie(small, build_model)
     if flipped is not None:
         initialise_empty(flipped)
@@ -254,6 +257,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         moe=moe,
         sibling_configs=siblings,
         linear_classes=linear_classes,
+        position_embedding=run.position,
         head_tied_to=tied_target(model if getattr(small, "tie_word_embeddings", False) else flipped, head),
         forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
     )

@@ -334,6 +334,16 @@ class DecoderLayerPlan:
 
 
 @dataclass(frozen=True)
+class PositionEmbeddingPlan:
+    """A learned absolute position table added to the token embeddings
+    (analyze/position_embedding.py)."""
+
+    attr: str  # the base model's child holding the table (``wpe``)
+    offset: int  # the row of position 0 (OPT and BioGPT keep two in front)
+    module_call: bool  # an ``nn.Embedding`` at offset 0: called as a module on the positions
+
+
+@dataclass(frozen=True)
 class ModelPlan:
     model_type: str
     architecture: str  # the top-level class, e.g. "LlamaForCausalLM"
@@ -388,3 +398,5 @@ class ModelPlan:
     # The module whose weight the lm_head shares when the config ties them, found by identity
     # on a model built tied (analyze/tied_head.py); None: the source never ties them
     head_tied_to: str | None = None
+    # A learned absolute position table whose rows the base model adds to the tokens' embeddings
+    position_embedding: PositionEmbeddingPlan | None = None

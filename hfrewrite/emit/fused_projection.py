@@ -127,7 +127,7 @@ def rewrite_fused(
         ),
         None,
     )
-    if at is None and not per_head and not unpack_lines:
+    if at is None and not per_head and len(set(unpack_lines)) <= 1:  # one statement takes all three
         return _split_in_one(cls, init, forward, attr)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
@@ -168,8 +168,9 @@ def _split_in_one(
     body, found = list(forward.body.body), []
     for i, s in enumerate(body):
         receiver = _split_in_three(s)
-        if receiver is not None and t.call_name(receiver) == f"self.{attr}":
-            found.append((i, t.code(receiver.args[0].value), s.body[0]))
+        call = _innermost_call(receiver, f"self.{attr}") if receiver is not None else None
+        if call is not None:  # (after its own re-layouts: gpt_bigcode's `.unsqueeze(1)`)
+            found.append((i, t.code(call.args[0].value), s.body[0]))
     if len(found) != 1 or attr in t.self_attrs_used(
         cst.Module(body[: found[0][0]] + body[found[0][0] + 1 :])
     ):

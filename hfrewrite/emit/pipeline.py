@@ -52,8 +52,8 @@ PASSES: tuple[ModuleType, ...] = (
     moe_interface,
     thread_layer_args,
     load_weights,
-    config_guards,
     strip_hf_runtime,
+    config_guards,  # after the dead code went: a test only dead code made is no longer made
     prune_unused_params,
     drop_dead_locals,
     type_config_params,

@@ -96,6 +96,9 @@ CASES: dict[str, tuple[str, dict]] = {
     # ALiBi bias built by the base model and sliced in the attention, clip_qkv switch carried
     # between the projection and the split, the residual added inside the MLP
     "mpt-alibi-clip-qkv": ("mpt", {}),
+    # learned absolute position embeddings added to the tokens', multi-query attention fused
+    # in one c_attn (a constructor flag picks its branch in __init__), dropouts after c_proj
+    "gpt_bigcode-learned-positions-mqa": ("gpt_bigcode", {}),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than
@@ -108,6 +111,9 @@ CASES |= {
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
     "cohere-qk-norm-switched-on": ("cohere", {"use_qk_norm": True}),
+    # multi-head gpt_bigcode interleaves q, k and v per head; the MQA file refuses it (the
+    # switch was tested only by attributes the rewrite dropped)
+    "gpt_bigcode-multi-head-refused": ("gpt_bigcode", {"multi_query": False}),
 }
 # Cases where vLLM 0.32's own class does not match Hugging Face: the generated file must
 # match Hugging Face; the test notices when vLLM changes (the exemption then goes).

@@ -246,3 +246,18 @@ def test_methods_the_rewritten_forward_left_unused_go():
         "def forward(self, x):\n        return x",
     ):
         assert kept in after, kept
+
+
+def test_a_transient_buffer_attribute_nothing_reads_goes():
+    """gpt_bigcode's base model keeps a ``[max_positions, max_positions]`` causal mask as
+    ``self.bias = nn.Buffer(..., persistent=False)`` that the template forward never reads
+    (64 MiB at 8192 positions); a persistent one may be in the checkpoint and stays."""
+    source = KEEPS_ASSIGNMENTS_OUTSIDE_INIT.replace(
+        "        self.mlp = nn.Identity()\n",
+        "        self.mlp = nn.Identity()\n"
+        "        self.bias = nn.Buffer(torch.tril(torch.ones((8, 8))), persistent=False)\n"
+        "        self.kept = nn.Buffer(torch.ones(8), persistent=True)\n",
+    )
+    assert rewrite(strip_hf_runtime, source, llama_like()) == source.replace(
+        "        self.unused = config.hidden_size\n", ""
+    ).replace("        self.bias = nn.Buffer(torch.tril(torch.ones((8, 8))), persistent=False)\n", "")

@@ -56,3 +56,42 @@ def test_the_other_value_keeps_the_other_branch():
 def test_transformers_own_models_take_the_traced_branch_too():
     """BLOOM's ``if self.pretraining_tp > 1 and self.slow_but_exact:`` around its projections."""
     assert _run(custom=False).module.code == _run(custom=True).module.code != dedent(SOURCE)
+
+
+INIT_SOURCE = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, is_cross_attention=False):
+        super().__init__()
+        self.is_cross_attention = is_cross_attention
+        if self.is_cross_attention:
+            self.q_proj = nn.Linear(4, 8)
+            self.kv = nn.Linear(4, 8)
+        else:
+            self.q_proj = nn.Linear(4, 24)
+
+    def forward(self, x):
+        if self.is_cross_attention:
+            return self.q_proj(x) + 1
+        return self.q_proj(x)
+"""
+
+
+def test_projections_built_under_a_constructor_flag_take_the_traced_branch_in_init_too():
+    """gpt_bigcode's ``if self.is_cross_attention:`` around ``self.c_attn = ...``: the flag's
+    traced value (in the form ``__init__`` reads it: the parameter) picks the branch in both
+    methods, and the row is reported once."""
+    plan = dataclasses.replace(
+        llama_like(), forward_switches=(("LlamaAttention", "is_cross_attention", False),)
+    )
+    result = taken_branches.run(
+        cst.parse_module(dedent(INIT_SOURCE)), PassContext(plan, "modeling_test.py", custom_code=False)
+    )
+    assert result.module.code == dedent(INIT_SOURCE).replace(
+        "        if self.is_cross_attention:\n"
+        "            self.q_proj = nn.Linear(4, 8)\n"
+        "            self.kv = nn.Linear(4, 8)\n"
+        "        else:\n"
+        "            self.q_proj = nn.Linear(4, 24)\n",
+        "        self.q_proj = nn.Linear(4, 24)\n",
+    ).replace("        if self.is_cross_attention:\n            return self.q_proj(x) + 1\n", "")
+    assert [r.fused for r in result.fused] == ["config switch `is_cross_attention`: the traced branch kept"]
