@@ -47,7 +47,9 @@ def generate(resolved) -> Generated:
             raise HfrewriteError(f"{resolved.model_id}: {exc}") from None
         _defined_in_file(plan, module, resolved.modeling_path.name)
         module, plan = avoid_vllm_names(module, plan)
-        module = torch_nn_as_nn(module, plan.linear_classes)
+        module = torch_nn_as_nn(module, plan.linear_classes, plan.transposed_linear_classes)
+    elif plan.transposed_linear_classes:  # (transformers' GPT-2 family: Conv1D)
+        module = torch_nn_as_nn(module, (), plan.transposed_linear_classes)
     with step(f"rewriting {resolved.modeling_path.name}"):
         result = run_passes(
             module,

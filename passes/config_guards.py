@@ -46,7 +46,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         ]
         if not dropped:
             continue
-        guards = "".join(_guard(name, test, value) for test, value in dropped)
+        refused: dict[str, str] = {}  # one guard per refused condition (`not x` True is `x` False)
+        for test, value in dropped:
+            guard = _guard(name, test, value)
+            refused.setdefault(ast.dump(ast.parse(guard.splitlines()[0][3:-1], mode="eval").body), guard)
+        guards = "".join(refused.values())
         cls = t.set_method(cls, t.with_body(init, t.guards_first(list(init.body.body), guards)))
         module = sites.replace_class(module, name, cls)
         rows += [

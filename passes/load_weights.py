@@ -110,6 +110,32 @@ def _lm_head_transposed(self, weights):
 """
 
 
+_TRANSPOSED_LINEARS = """\
+def _linears_transposed(self, weights):
+    # The checkpoint keeps these projections' weights as [in, out]: the source's {classes}
+    # multiplies by them untransposed (analysis proved it); nn.Linear's are [out, in].
+    for name, tensor in weights:
+        if name.endswith(({suffixes})):
+            tensor = tensor.t()
+        yield name, tensor
+"""
+
+
+def _transposing_linears(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
+    """load_weights feeds the checkpoint through the transposition of the proven
+    ``[in, out]`` projections (GPT-2's Conv1D), before any other reshaping helper."""
+    suffixes = " ".join(f'".{path}.weight",' for path in plan.transposed_linears)
+    classes = ", ".join(plan.transposed_linear_classes)
+    out = []
+    for member in body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
+            member = member.visit(_WrapWeights("_linears_transposed"))
+            helper = t.stmt(_TRANSPOSED_LINEARS.format(classes=classes, suffixes=suffixes))
+            out.append(helper.with_changes(leading_lines=member.leading_lines))
+        out.append(member)
+    return out
+
+
 _FLAT_EXPERTS = """\
 def _experts_one_by_one(self, weights):
     # The checkpoint holds each expert projection as one flat [experts * I, H] tensor
@@ -408,6 +434,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     body = list(cls.body.body)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    if plan.transposed_linears:
+        body = _transposing_linears(body, plan)
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
     if plan.lm_head_weight in _HEAD_HELPERS:

@@ -21,6 +21,7 @@ import libcst as cst
 
 from hfrewrite.analyze.plan import LinearFact
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.attention_body import convention_locals, traced_branch
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 
 NAME = "taken_branches"
@@ -37,9 +38,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         if forward is None:
             continue
         chooser = _TakenBranch(known, t.init_exprs(cls), _projections(ctx.plan))
+        if name == getattr(ctx.plan.attention, "module_class", None):  # the traced call's branch
+            chooser.convention = convention_locals(forward)
+            chooser.ran = set(getattr(ctx.plan.attention, "traced_lines", ()))
         cls = t.set_method(cls, forward.visit(chooser))
+        chooser.convention = set()
         init = t.find_method(cls, "__init__")
         if init is not None:  # the projections built in a branch (`if self.is_cross_attention:`)
+            chooser.bare = {p.name.value for p in (*init.params.params, *init.params.kwonly_params)}
             cls = t.set_method(cls, init.visit(chooser))
         if chooser.taken:
             module = sites.replace_class(module, name, cls)
@@ -58,25 +64,56 @@ def _projections(plan) -> set[str]:
     return found
 
 
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return [*_conjuncts(test.left), *_conjuncts(test.right)]
+    return [test]
+
+
 class _TakenBranch(cst.CSTTransformer):
     def __init__(self, known: dict[str, bool], init_exprs: dict[str, str], projections: set[str]) -> None:
         self.known, self.init_exprs, self.taken = known, init_exprs, []
         self.projections = projections
+        self.convention: set[str] = set()  # the forward's calling-convention names
+        self.ran: set[str] = set()  # the forward's lines the trace ran
+        self.bare: set[str] = set()  # names a switch may read besides self: __init__'s parameters
 
     def leave_If(self, original: cst.If, updated: cst.If):
         if isinstance(updated.orelse, cst.If):
             return updated  # elif chains: left as written
+        if self.convention and self._false_conjunct(updated.test):  # GPT-2's reorder_and_upcast_attn
+            self.taken.append(t.code(updated.test))
+            return (
+                cst.FlattenSentinel([*updated.orelse.body.body]) if updated.orelse else cst.RemoveFromParent()
+            )
         if not t.self_attrs_used(updated) & self.projections:
             return updated  # a switch the other passes read (renormalize=config.norm_topk_prob)
-        try:
-            test = t.config_test(t.code(updated.test), self.init_exprs)
-        except ValueError:
-            return updated
-        value = self.known.get(ast.dump(ast.parse(test, mode="eval").body))
+        if self.convention and (taken := traced_branch(original, self.convention, self.ran)) is not None:
+            self.taken.append(t.code(updated.test))  # the traced call took it: it ran those lines
+            return cst.FlattenSentinel(taken) if taken else cst.RemoveFromParent()
+        if t.root_names(updated.test) - {"self", "None", "True", "False"} - self.bare:
+            return updated  # a forward's local or argument is not a config switch
+        value = self._known(updated.test)
         if value is None:
             return updated
+        test = t.config_test(t.code(updated.test), self.init_exprs)
         self.taken.append(test)
         body = updated.body.body if value else (updated.orelse.body.body if updated.orelse else ())
         if not body:
             return cst.RemoveFromParent()
         return cst.FlattenSentinel([*body])
+
+    def _false_conjunct(self, test: cst.BaseExpression) -> bool:
+        """``a and <switch traced False>``: false whatever ``a`` is."""
+        parts = _conjuncts(test)
+        return len(parts) > 1 and any(
+            not t.root_names(p) - {"self", "None", "True", "False"} and self._known(p) is False for p in parts
+        )
+
+    def _known(self, test: cst.BaseExpression) -> bool | None:
+        """The traced value of a config switch test, None when it is not one."""
+        try:
+            test = t.config_test(t.code(test), self.init_exprs)
+        except ValueError:
+            return None
+        return self.known.get(ast.dump(ast.parse(test, mode="eval").body))

@@ -50,6 +50,7 @@ from hfrewrite.emit.attention_body import (
     cache_update,
     carried_conditional,
     config_switch,
+    convention_locals,
     dead_for_config,
     flag_block,
     guards_rope,
@@ -172,6 +173,7 @@ def rewrite_attention(
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
     kept = forward.params.params[1].name.value if len(forward.params.params) > 1 else ""  # hidden states
     caches = params - {"self", kept}  # the Hugging Face inputs vLLM does not pass
+    convention = convention_locals(forward)  # and what the forward computes from them alone
     rope_test: cst.BaseExpression | None = None
     norm_test: cst.BaseExpression | None = None
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
@@ -206,7 +208,7 @@ def rewrite_attention(
             continue  # a shape check the traced run passed
         elif position_block(statement, params, states, allowed, body[body.index(statement) + 1 :]):
             continue  # the proven rope, under tests of the position inputs vLLM replaces
-        elif flag_block(statement, params - {"self", kept}, constants, states):
+        elif flag_block(statement, (params - {"self", kept}) | convention, constants, states):
             continue  # the traced calling convention's branch: proven by the analysis
         elif dead_for_config(statement, false_switches, t.init_exprs(cls)):
             continue  # never taken on this config: config_guards refuses those that take it

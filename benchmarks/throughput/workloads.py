@@ -75,7 +75,7 @@ def describe(label: str, c: dict[str, Any]) -> str:
         if "n_group" in c:
             text += f" in {c['n_group']} groups, top-{c['topk_group']} groups, sigmoid, {c['n_shared_experts']} shared"
     else:
-        text += f", intermediate {c['intermediate_size']}"
+        text += f", intermediate {c.get('intermediate_size', c.get('n_inner'))}"
     if "kv_lora_rank" in c:
         text += (
             f", MLA (latent {c['kv_lora_rank']} + rope {c['qk_rope_head_dim']}, "
@@ -239,7 +239,18 @@ PHI = ModelSpec(
     label="Phi",
 )
 
-MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3)
+# StarCoder's shape: learned absolute position embeddings, multi-query attention fused in one
+# c_attn, LayerNorms, an ungated gelu MLP (the carried-source layer path).
+GPT_BIGCODE = ModelSpec(
+    key="gpt_bigcode",
+    model_type="gpt_bigcode",
+    config={**_without(_DENSE, "intermediate_size"), "num_key_value_heads": 1, "n_inner": 4096},
+    quick_config={**_without(_SMALL, "intermediate_size"), "num_key_value_heads": 1, "n_inner": 1024},
+    golden="gpt_bigcode.py",
+    label="GPT-BigCode (StarCoder: learned positions, multi-query attention)",
+)
+
+MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {

@@ -55,6 +55,8 @@ from hfrewrite.analyze.plan import (
 )
 from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.analyze.tied_head import flipped_tie, tied_target
+from hfrewrite.analyze.traced_lines import traced_lines
+from hfrewrite.analyze.transposed_linears import swap_transposed_linears
 from hfrewrite.analyze.trace import (
     Traced,
     is_norm,
@@ -99,6 +101,7 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     model = build_model(small)
     model.eval()
     initialise_empty(model)
+    transposed_classes, transposed = swap_transposed_linears(model)  # Conv1D -> nn.Linear
     linear_classes = prove_linear_classes(model)  # before any trace: its linear leaves
     base_attr = getattr(model, "base_model_prefix", "")
     base = getattr(model, base_attr, None) if base_attr else None
@@ -162,7 +165,8 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     declined = _compare_layers(per_layer)
     attention = _rope_layers(per_layer)
     if isinstance(attention, AttentionPlan):
-        attention = dataclasses.replace(attention, **_head_fields(small, attention))
+        lines = traced_lines(traces[0], decoder.attention_block)
+        attention = dataclasses.replace(attention, **_head_fields(small, attention), traced_lines=lines)
     siblings: tuple = ()
     if kind == TRANSPOSED_WHEN_UNTIED:  # validated both ways
         other = copy.deepcopy(config)
@@ -258,6 +262,8 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         sibling_configs=siblings,
         linear_classes=linear_classes,
         position_embedding=run.position,
+        transposed_linear_classes=transposed_classes,
+        transposed_linears=transposed,
         head_tied_to=tied_target(model if getattr(small, "tie_word_embeddings", False) else flipped, head),
         forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
     )

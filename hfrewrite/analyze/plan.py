@@ -92,6 +92,8 @@ class AttentionPlan:
     # The source lines where the forward takes q's, k's and v's own lanes of the fused
     # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
     qkv_unpack_lines: tuple[str, ...] = ()
+    # the forward's source lines where the trace recorded nodes (analyze/traced_lines.py)
+    traced_lines: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # The q/k norms follow the rotary embedding (hunyuan) instead of preceding it
     qk_norm_after_rope: bool = False
     # Some layers apply no rope (NoPE): the source's condition on its rope is carried
@@ -398,5 +400,10 @@ class ModelPlan:
     # The module whose weight the lm_head shares when the config ties them, found by identity
     # on a model built tied (analyze/tied_head.py); None: the source never ties them
     head_tied_to: str | None = None
+    # Classes proven to compute ``x @ weight + bias`` with an ``[in, out]`` weight and built as
+    # ``Cls(out, in)`` (GPT-2's Conv1D, analyze/transposed_linears.py): built as ``nn.Linear(in, out)``
+    transposed_linear_classes: tuple[str, ...] = ()
+    # their modules' paths inside a decoder layer (``attn.c_attn``): weights transposed when loaded
+    transposed_linears: tuple[str, ...] = ()
     # A learned absolute position table whose rows the base model adds to the tokens' embeddings
     position_embedding: PositionEmbeddingPlan | None = None

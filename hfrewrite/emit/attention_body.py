@@ -344,6 +344,50 @@ def flag_block(
     return bool(names & dropped) and names <= (dropped | constants) - set(states) - {"self"}
 
 
+def convention_locals(forward: cst.FunctionDef) -> set[str]:
+    """The forward's parameters vLLM does not pass (all but ``self`` and the hidden states),
+    and the locals computed from them alone (``is_cross_attention = encoder_hidden_states is
+    not None``) or assigned only under a test of them (``is_updated``): values fixed by the
+    traced calling convention, whatever the config."""
+    params = [p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)]
+    dropped = set(params[2:]) | {p.name.value for p in forward.params.kwonly_params}
+    for statement in forward.body.body:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and all(isinstance(x.target, cst.Name) for x in small.targets):
+            reads = t.root_names(small.value) - {"None", "True", "False", "isinstance", "self"}
+            if reads and reads <= dropped:
+                dropped |= {x.target.value for x in small.targets}
+        elif isinstance(statement, cst.If) and _on_convention(statement.test, dropped):
+            dropped |= _assigned_names(statement)
+    return dropped
+
+
+def _on_convention(test: cst.BaseExpression, convention: set[str]) -> bool:
+    names = t.root_names(test) - {"None", "True", "False", "isinstance"}
+    return bool(names) and names <= convention
+
+
+def traced_branch(statement: cst.If, convention: set[str], ran: set[str]) -> list | None:
+    """The statements of the branch of ``if <test on the calling convention>: A else: B``
+    whose own lines (those the other branch lacks) made nodes in the trace, when exactly
+    one did; None otherwise."""
+    if not _on_convention(statement.test, convention) or isinstance(statement.orelse, cst.If):
+        return None
+    other = list(statement.orelse.body.body) if statement.orelse is not None else []
+    lines = [_lines(list(statement.body.body)), _lines(other)]
+    own = [lines[0] - lines[1], lines[1] - lines[0]]
+    hits = [bool(x & ran) for x in own]
+    if hits == [True, False]:
+        return list(statement.body.body)
+    if hits == [False, True] and other:
+        return other
+    return None
+
+
+def _lines(statements: list) -> set[str]:
+    return {" ".join(line.split()) for s in statements for line in t.code(s).splitlines() if line.strip()}
+
+
 def raises_only(statement: cst.BaseStatement) -> bool:
     """``if <check>: raise ...`` (transformers 4.x's shape checks): the traced run passed
     it; dropping it removes an error path, never changes a value."""

@@ -42,15 +42,45 @@ class _ProvenLinears(cst.CSTTransformer):
         return updated
 
 
-def torch_nn_as_nn(module: cst.Module, linear_classes: tuple[str, ...] = ()) -> cst.Module:
-    """``module`` with ``torch.nn.<x>`` written ``nn.<x>``, and each class of
-    ``linear_classes`` (``ModelPlan.linear_classes``) the module defines built as ``nn.Linear``."""
+class _TransposedLinears(cst.CSTTransformer):
+    """``Cls(out, in)`` -> ``nn.Linear(in, out)`` for the proven transposed classes."""
+
+    def __init__(self, classes: set[str]) -> None:
+        self.classes, self.count = classes, 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if (
+            m.matches(updated.func, m.Name())
+            and updated.func.value in self.classes
+            and len(updated.args) == 2
+            and not any(a.keyword or a.star for a in updated.args)
+        ):
+            self.count += 1
+            out, into = updated.args
+            return updated.with_changes(
+                func=cst.Attribute(cst.Name("nn"), cst.Name("Linear")),
+                args=[into.with_changes(comma=out.comma), out.with_changes(comma=into.comma)],
+            )
+        return updated
+
+
+def torch_nn_as_nn(
+    module: cst.Module, linear_classes: tuple[str, ...] = (), transposed: tuple[str, ...] = ()
+) -> cst.Module:
+    """``module`` with ``torch.nn.<x>`` written ``nn.<x>``, each class of ``linear_classes``
+    (``ModelPlan.linear_classes``) the module defines built as ``nn.Linear``, and each of the
+    ``transposed`` classes (``ModelPlan.transposed_linear_classes``: ``Conv1D(out, in)``)
+    built as ``nn.Linear(in, out)``."""
     visitor = _AsNn()
     new = module.visit(visitor)
     defined = {n.name.value for n in new.body if isinstance(n, cst.ClassDef)}
     linears = _ProvenLinears(set(linear_classes) & defined)
     new = new.visit(linears)
-    if not (visitor.count or linears.count) or any(m.matches(n, _IMPORT_NN) for n in new.body):
+    swapped = _TransposedLinears(set(transposed))
+    new = new.visit(swapped)
+    if not (visitor.count or linears.count or swapped.count) or any(
+        m.matches(n, _IMPORT_NN) for n in new.body
+    ):
         return new
     body = list(new.body)
     at = max(
