@@ -31,13 +31,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     switches: dict[str, dict[str, bool]] = {}
     for cls, test, value in ctx.plan.forward_switches:
         switches.setdefault(cls, {})[ast.dump(ast.parse(test, mode="eval").body)] = value
+    if isinstance(getattr(ctx.plan.attention, "traced_lines", None), tuple):  # its convention branches
+        switches.setdefault(ctx.plan.attention.module_class, {})
     sites, rows = Sites(), []
     for name, known in sorted(switches.items()):
         cls = next((n for n in module.body if isinstance(n, cst.ClassDef) and n.name.value == name), None)
         forward = cls and t.find_method(cls, "forward")
         if forward is None:
             continue
-        chooser = _TakenBranch(known, t.init_exprs(cls), _projections(ctx.plan))
+        exprs = t.init_exprs(cls) if t.find_method(cls, "__init__") else {}
+        chooser = _TakenBranch(known, exprs, _projections(ctx.plan))
         if name == getattr(ctx.plan.attention, "module_class", None):  # the traced call's branch
             chooser.convention = convention_locals(forward)
             chooser.ran = set(getattr(ctx.plan.attention, "traced_lines", ()))
@@ -86,18 +89,17 @@ class _TakenBranch(cst.CSTTransformer):
             return (
                 cst.FlattenSentinel([*updated.orelse.body.body]) if updated.orelse else cst.RemoveFromParent()
             )
-        if not t.self_attrs_used(updated) & self.projections:
+        both = self.convention and updated.orelse is not None  # the attention's if/else (GPT-J's rope)
+        if not (t.self_attrs_used(updated) & self.projections or both):
             return updated  # a switch the other passes read (renormalize=config.norm_topk_prob)
-        if self.convention and (taken := traced_branch(original, self.convention, self.ran)) is not None:
+        if self.convention and (value := traced_branch(original, self.convention, self.ran)) is not None:
             self.taken.append(t.code(updated.test))  # the traced call took it: it ran those lines
-            return cst.FlattenSentinel(taken) if taken else cst.RemoveFromParent()
-        if t.root_names(updated.test) - {"self", "None", "True", "False"} - self.bare:
+        elif t.root_names(updated.test) - {"self", "None", "True", "False"} - self.bare:
             return updated  # a forward's local or argument is not a config switch
-        value = self._known(updated.test)
-        if value is None:
+        elif (value := self._known(updated.test)) is None:
             return updated
-        test = t.config_test(t.code(updated.test), self.init_exprs)
-        self.taken.append(test)
+        else:
+            self.taken.append(t.config_test(t.code(updated.test), self.init_exprs))
         body = updated.body.body if value else (updated.orelse.body.body if updated.orelse else ())
         if not body:
             return cst.RemoveFromParent()

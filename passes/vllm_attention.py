@@ -234,6 +234,10 @@ def rewrite_attention(
             f'"{key}": {field if field[0].isdigit() else "config." + field}' for key, field in att.rope_fields
         )
         rope_parameters = '{"rope_type": "default", ' + entries + "}"
+    if att.rotary_dim_field:  # GPT-J: the rotated width in lanes, as a share of the head
+        rope_parameters = (
+            f'{{**{rope_parameters}, "partial_rotary_factor": config.{att.rotary_dim_field} / {head_dim}}}'
+        )
     if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
         if "layer_idx" not in {p.name.value for p in init.params.params}:
             raise HfrewriteError(

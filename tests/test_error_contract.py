@@ -95,14 +95,23 @@ def test_unreachable_hub_fails_fast_and_says_so(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_during_the_analysis_writes_nothing(sig, tmp_path):
     out = tmp_path / "out"
-    proc = convert("llama", "-o", out)
-    time.sleep(4)  # importing torch/transformers, then tracing
-    assert proc.poll() is None, proc.communicate()
+    proc = convert("llama", "-o", out, env={"HFREWRITE_PROGRESS": "1"})
+    started = _read_until(proc, "building and tracing a shrunk copy")  # the analysis is running
     proc.send_signal(sig)
     code, _, err = finish(proc)
     assert code == 130
-    one_error_line(err, "interrupted")
+    shown = (started + err).splitlines()  # the progress line ends "failed", then the one error
+    assert shown[0].endswith("failed") and shown[1:] == ["hfrewrite: error: interrupted"], shown
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def _read_until(proc: subprocess.Popen, text: str, timeout: float = 60) -> str:
+    """stderr of ``proc`` read until ``text`` appears (on any machine speed)."""
+    seen, deadline = "", time.monotonic() + timeout
+    while text not in seen:
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        seen += os.read(proc.stderr.fileno(), 64).decode()
+    return seen
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

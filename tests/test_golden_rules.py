@@ -83,12 +83,15 @@ def _interface_functions(tree: ast.Module) -> set[int]:
 
 
 def _alibi_forwards(tree: ast.Module) -> set[int]:
-    """``forward`` of attention classes built with ALiBi (``alibi_slopes=``): the layer hands
-    them vLLM's ``positions`` like any attention, and ALiBi has no use for them."""
+    """``forward`` of vLLM attention classes without rope: built with ALiBi
+    (``alibi_slopes=``), or for learned absolute positions (added to the embeddings). The
+    layer hands them vLLM's ``positions`` like any attention; they have no use for them."""
     return {
         id(fn)
         for cls in ast.walk(tree)
-        if isinstance(cls, ast.ClassDef) and "alibi_slopes=" in ast.unparse(cls)
+        if isinstance(cls, ast.ClassDef)
+        and "self.attn = Attention(" in (text := ast.unparse(cls))
+        and ("alibi_slopes=" in text or "self.rotary_emb" not in text)
         for fn in cls.body
         if isinstance(fn, ast.FunctionDef) and fn.name == "forward"
     }

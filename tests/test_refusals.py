@@ -19,10 +19,11 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "qwen3_next",
             "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface",
         ),
-        # GPT-2 adds learned position embeddings (a second embedding table).
+        # XGLM's attention is BART's: scores by bmm over [batch * heads] without a causal mask
+        # the analysis can fold.
         (
-            "gpt2",
-            "GPT2Model: model_layout: expected one Embedding child, found ['wte', 'wpe']",
+            "xglm",
+            "XGLMDecoderLayer: decoder_layer: computes a softmax that is not recognised as attention",
         ),
         # BERT is an encoder: no stack of decoder layers under its base model.
         ("bert", "BertModel: model_layout: not a decoder-only causal LM"),

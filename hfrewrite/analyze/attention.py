@@ -34,7 +34,7 @@ from hfrewrite.analyze.dataflow import (
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
-from hfrewrite.analyze.identity_attributes import identity_attributes
+from hfrewrite.analyze.identity_attributes import identity_attributes, identity_dropouts
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
@@ -274,7 +274,7 @@ def _replaced_calls(
     for r, arg in zip("qkv", call.args[1:4]):  # layout only, checked: v's head split too
         if r not in ends and isinstance(arg, Node):
             accounted |= {*path_nodes(arg, feeders[r], scope), arg}
-    accounted |= _identity_dropouts(traced, scope, o_node)
+    accounted |= identity_dropouts(traced, scope, o_node)
     sources = set(feeders.values())
     hidden = hidden_output(traced)  # what the next layer reads: weights returned beside are dead
     live = set(ancestors(hidden, None)) if hidden is not None else set()
@@ -313,23 +313,13 @@ def _replaced_calls(
             verdicts.setdefault(child, True)
     for name in identity_attributes(traced.module.get_submodule(path)):
         verdicts.setdefault(name, True)
+    # own methods the forward names that traced no node (GPT-J's _get_embed_positions, a
+    # buffer repeated by a size): constants, reaching the output only through accounted nodes
+    framed = {code for n in scope for code in n.meta.get("frames", ())}
+    for code in methods - framed:
+        if code.co_name in forward.co_names:
+            verdicts.setdefault(code.co_name, True)
     return tuple(sorted(name for name, ok in verdicts.items() if ok))
-
-
-def _identity_dropouts(traced: Traced, scope: set[Node], o_node: Node) -> set[Node]:
-    """Dropouts traced with ``training=False`` (identities) on the output projection's value,
-    in a chain (gpt_bigcode's ``self.resid_dropout(self.c_proj(x))``)."""
-    found, last = set(), o_node
-    for n in traced.graph.nodes:
-        if (
-            n in scope
-            and n.target is torch.nn.functional.dropout
-            and n.kwargs.get("training", True) is False
-            and n.args[:1] == (last,)
-        ):
-            found.add(n)
-            last = n
-    return found
 
 
 def _own_methods(cls: type) -> set:

@@ -1,11 +1,15 @@
-"""Plain functions a module holds as attributes that compute nothing: they return their
-arguments unchanged (Falcon-RW's ``self.maybe_rotary = lambda q, k: (q, k)`` when its
-config turns rope off). Proven by replay on opaque objects; the attention rewrite may drop
+"""What an attention forward calls that computes nothing: plain functions a module holds as
+attributes that return their arguments unchanged (Falcon-RW's ``self.maybe_rotary = lambda
+q, k: (q, k)`` when its config turns rope off), proven by replay on opaque objects, and
+dropouts traced as identities after the output projection. The attention rewrite may drop
 their calls."""
 
 from __future__ import annotations
 
 import inspect
+
+import torch
+from torch.fx import Node
 
 
 def identity_attributes(module) -> list[str]:
@@ -26,4 +30,20 @@ def identity_attributes(module) -> list[str]:
             len(args) == 1 and out is args[0]
         ):
             found.append(name)
+    return found
+
+
+def identity_dropouts(traced, scope: set[Node], o_node: Node) -> set[Node]:
+    """Dropouts traced with ``training=False`` (identities) on the output projection's value,
+    in a chain (gpt_bigcode's ``self.resid_dropout(self.c_proj(x))``)."""
+    found, last = set(), o_node
+    for n in traced.graph.nodes:
+        if (
+            n in scope
+            and n.target is torch.nn.functional.dropout
+            and n.kwargs.get("training", True) is False
+            and n.args[:1] == (last,)
+        ):
+            found.add(n)
+            last = n
     return found

@@ -53,16 +53,17 @@ from hfrewrite.analyze.plan import (
     Refusal,
     refuse,
 )
+from hfrewrite.analyze.rope import ABSOLUTE_ROTARY_FIELD
 from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.analyze.tied_head import flipped_tie, tied_target
-from hfrewrite.analyze.traced_lines import traced_lines
-from hfrewrite.analyze.transposed_linears import swap_transposed_linears
 from hfrewrite.analyze.trace import (
     Traced,
     is_norm,
     trace,
     value,
 )
+from hfrewrite.analyze.traced_lines import traced_lines
+from hfrewrite.analyze.transposed_linears import swap_transposed_linears
 from hfrewrite.errors import CannotBuild, HfrewriteError
 
 
@@ -166,7 +167,9 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     attention = _rope_layers(per_layer)
     if isinstance(attention, AttentionPlan):
         lines = traced_lines(traces[0], decoder.attention_block)
-        attention = dataclasses.replace(attention, **_head_fields(small, attention), traced_lines=lines)
+        attention = dataclasses.replace(
+            attention, **_head_fields(small, attention), **_rotary_field(small, attention), traced_lines=lines
+        )
     siblings: tuple = ()
     if kind == TRANSPOSED_WHEN_UNTIED:  # validated both ways
         other = copy.deepcopy(config)
@@ -288,6 +291,14 @@ def _head_fields(small, attention: AttentionPlan) -> dict:
         ):
             fields["kv_heads_field"] = "num_attention_heads"
     return fields
+
+
+def _rotary_field(small, attention: AttentionPlan) -> dict:
+    """The config field the proven rotary width came from, when it is GPT-J's absolute one."""
+    width = getattr(small, ABSOLUTE_ROTARY_FIELD, None)
+    if attention.rope and attention.rotary_dim != attention.head_dim and width == attention.rotary_dim:
+        return {"rotary_dim_field": ABSOLUTE_ROTARY_FIELD}
+    return {}
 
 
 def _embedding_subclass(module: nn.Embedding) -> str | None:

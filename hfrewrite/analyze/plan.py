@@ -92,6 +92,9 @@ class AttentionPlan:
     # The source lines where the forward takes q's, k's and v's own lanes of the fused
     # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
     qkv_unpack_lines: tuple[str, ...] = ()
+    # the config field holding the rotated width in lanes (GPT-J's rotary_dim), when the
+    # replay proved that width: the file passes its share of the head to get_rope
+    rotary_dim_field: str | None = None
     # the forward's source lines where the trace recorded nodes (analyze/traced_lines.py)
     traced_lines: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # The q/k norms follow the rotary embedding (hunyuan) instead of preceding it

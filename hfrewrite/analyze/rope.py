@@ -58,6 +58,9 @@ LEGACY_THETA = ("rope_theta", "rotary_emb_base", "rotary_base")
 LEGACY_PARTIAL = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rope_pct")
 
 
+# where GPT-J-era configs keep the rotated width of each head, in lanes
+ABSOLUTE_ROTARY_FIELD = "rotary_dim"
+
 DEFAULT_THETA = "10000.0"  # a literal, not a field: the base hard-coded where the config has none
 
 
@@ -201,6 +204,9 @@ def prove_rope(
     positions = torch.arange(values[0][0].shape[2])
     # the width get_rope(config.rope_parameters) rotates
     rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
+    absolute = getattr(config, ABSOLUTE_ROTARY_FIELD, None)
+    if "partial_rotary_factor" not in params and isinstance(absolute, int) and 0 < absolute < head_dim:
+        rotary_dim = absolute  # GPT-J, CodeGen: the width itself (vLLM's gpt_j.py: its share of a head)
     freq = _inv_freq(config, params, layer_type, rotary_dim)
     if freq is None:
         return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {rotary_dim}"

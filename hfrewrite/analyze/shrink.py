@@ -58,6 +58,11 @@ def shrink_config(
         _set(small, "num_key_value_heads", 1 if kv == 1 else HEADS if kv == heads else 2)
     if head_dim:
         _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
+    rotary = getattr(config, "rotary_dim", None)
+    if isinstance(rotary, int) and heads:  # an absolute rope width (GPT-J, CodeGen): its share kept
+        before = head_dim or config.hidden_size // heads
+        after = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
+        _set(small, "rotary_dim", max(2, 2 * round(rotary * after / before / 2)))
     types = getattr(config, "layer_types", None)
     distinct = list(dict.fromkeys(types)) if types else []
     n = max(2, len(distinct))

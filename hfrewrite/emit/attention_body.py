@@ -351,15 +351,40 @@ def convention_locals(forward: cst.FunctionDef) -> set[str]:
     traced calling convention, whatever the config."""
     params = [p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)]
     dropped = set(params[2:]) | {p.name.value for p in forward.params.kwonly_params}
+    elsewhere: set[str] = set()  # locals also bound by the forward's own computation
     for statement in forward.body.body:
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        if isinstance(small, cst.Assign) and all(isinstance(x.target, cst.Name) for x in small.targets):
+        bound = _bound_names(statement)
+        # it never reads the hidden states or what the forward computed from them
+        pure = not (t.root_names(statement) & (elsewhere | set(params[1:2])))
+        if (
+            pure
+            and isinstance(small, cst.Assign)
+            and all(isinstance(x.target, cst.Name) for x in small.targets)
+        ):
             reads = t.root_names(small.value) - {"None", "True", "False", "isinstance", "self"}
             if reads and reads <= dropped:
-                dropped |= {x.target.value for x in small.targets}
-        elif isinstance(statement, cst.If) and _on_convention(statement.test, dropped):
-            dropped |= _assigned_names(statement)
-    return dropped
+                dropped |= bound
+                continue
+        elif pure and isinstance(statement, cst.If) and _on_convention(statement.test, dropped):
+            dropped |= bound
+            continue
+        elsewhere |= bound
+    return dropped - (elsewhere - set(params))
+
+
+def _bound_names(node: cst.CSTNode) -> set[str]:
+    """Local names ``node`` binds (``a, b = ...``), not attributes or items it assigns."""
+    names: set[str] = set()
+
+    class Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
+            node = target.target
+            targets = [e.value for e in node.elements] if isinstance(node, cst.Tuple) else [node]
+            names.update(x.value for x in targets if isinstance(x, cst.Name))
+
+    node.visit(Targets())
+    return names
 
 
 def _on_convention(test: cst.BaseExpression, convention: set[str]) -> bool:
@@ -367,9 +392,9 @@ def _on_convention(test: cst.BaseExpression, convention: set[str]) -> bool:
     return bool(names) and names <= convention
 
 
-def traced_branch(statement: cst.If, convention: set[str], ran: set[str]) -> list | None:
-    """The statements of the branch of ``if <test on the calling convention>: A else: B``
-    whose own lines (those the other branch lacks) made nodes in the trace, when exactly
+def traced_branch(statement: cst.If, convention: set[str], ran: set[str]) -> bool | None:
+    """Which branch of ``if <test on the calling convention>: A else: B`` the trace ran
+    (True: ``A``): the one whose own lines (those the other lacks) made nodes, when exactly
     one did; None otherwise."""
     if not _on_convention(statement.test, convention) or isinstance(statement.orelse, cst.If):
         return None
@@ -378,9 +403,9 @@ def traced_branch(statement: cst.If, convention: set[str], ran: set[str]) -> lis
     own = [lines[0] - lines[1], lines[1] - lines[0]]
     hits = [bool(x & ran) for x in own]
     if hits == [True, False]:
-        return list(statement.body.body)
+        return True
     if hits == [False, True] and other:
-        return other
+        return False
     return None
 
 

@@ -45,6 +45,10 @@ def make_tiny_checkpoint(model_type: str, out_dir: Path, seed: int = 0, **config
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type, **{**TINY_DEFAULTS, **config_overrides})
+    rotary = getattr(config, "rotary_dim", None)  # GPT-J, CodeGen: a width in lanes (64 by default)
+    if isinstance(rotary, int) and "rotary_dim" not in config_overrides:
+        head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        config.rotary_dim = max(2, head // 8 * 2)  # a quarter of the head, as in GPT-J-6B
     pad = getattr(config, "pad_token_id", None)
     # a real model's pad id, past the tiny vocab
     if isinstance(pad, int) and pad >= config.vocab_size:

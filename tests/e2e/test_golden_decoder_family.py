@@ -106,6 +106,9 @@ CASES: dict[str, tuple[str, dict]] = {
     # divided by the layer number (carried from the source's __init__)
     "gpt2-conv1d-learned-positions": ("gpt2", {}),
     "gpt2-scale-by-inverse-layer-idx": ("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
+    # GPT-J style rope over config.rotary_dim lanes (an absolute width), the cos/sin table
+    # gathered by position from a buffer in a helper method, parallel attention + MLP
+    "gptj-rotary-dim-parallel": ("gptj", {}),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than

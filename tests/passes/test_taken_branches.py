@@ -95,3 +95,32 @@ def test_projections_built_under_a_constructor_flag_take_the_traced_branch_in_in
         "        self.q_proj = nn.Linear(4, 24)\n",
     ).replace("        if self.is_cross_attention:\n            return self.q_proj(x) + 1\n", "")
     assert [r.fused for r in result.fused] == ["config switch `is_cross_attention`: the traced branch kept"]
+
+
+def test_config_guards_refuse_each_condition_once():
+    """GPT-2 sets ``self.is_causal = not is_cross_attention`` and tests ``self.is_cross_attention``:
+    two switches (``is_cross_attention`` False, ``not is_cross_attention`` True) refusing the
+    same condition make one guard, placed before anything is built."""
+    from hfrewrite.passes import config_guards
+
+    source = dedent(
+        """\
+        class LlamaAttention(nn.Module):
+            def __init__(self, config, is_cross_attention=False):
+                super().__init__()
+                self.q_proj = nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.q_proj(x)
+        """
+    )
+    plan = dataclasses.replace(
+        llama_like(),
+        forward_switches=(
+            ("LlamaAttention", "is_cross_attention", False),
+            ("LlamaAttention", "not is_cross_attention", True),
+        ),
+    )
+    out = config_guards.run(cst.parse_module(source), PassContext(plan, "modeling_test.py")).module.code
+    assert out.count("if is_cross_attention:\n") == 1
+    assert out.index("if is_cross_attention:") < out.index("self.q_proj = nn.Linear(4, 4)")
