@@ -479,6 +479,14 @@ class BloomForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "transformer.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("transformer.", "lm_head.")):
+                name = "transformer." + name
+            yield name, tensor
+
     def _qkv_per_head_to_blocks(self, weights):
         # The checkpoint's query_key_value interleaves q, k and v per head ([h0: q k v][h1: ...]);
         # QKVParallelLinear loads [q; k; v]: reorder the rows (analysis proved the layout).
@@ -497,5 +505,6 @@ class BloomForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
         return loader.load_weights(
-            self._qkv_per_head_to_blocks(weights), mapper=self.hf_to_vllm_mapper
+            self._qkv_per_head_to_blocks(self._base_model_names(weights)),
+            mapper=self.hf_to_vllm_mapper,
         )

@@ -411,6 +411,14 @@ class DbrxForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "transformer.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("transformer.", "lm_head.")):
+                name = "transformer." + name
+            yield name, tensor
+
     def _experts_one_by_one(self, weights):
         # The checkpoint holds each expert projection as one flat [experts * I, H] tensor
         # (the down projection transposed); the fused-MoE loader takes one tensor per expert,
@@ -441,7 +449,8 @@ class DbrxForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
         return loader.load_weights(
-            self._experts_one_by_one(weights), mapper=self.hf_to_vllm_mapper
+            self._experts_one_by_one(self._base_model_names(weights)),
+            mapper=self.hf_to_vllm_mapper,
         )
 
     def update_physical_experts_metadata(

@@ -563,6 +563,14 @@ class DeepseekV2ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExpert
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "model.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("model.", "lm_head.")):
+                name = "model." + name
+            yield name, tensor
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
@@ -577,7 +585,7 @@ class DeepseekV2ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExpert
                     k: v for k, v in stacked.items() if v[0] != ".fused_qkv_a_proj"
                 },
             )
-        return loader.load_weights(weights, mapper=mapper)
+        return loader.load_weights(self._base_model_names(weights), mapper=mapper)
 
     def update_physical_experts_metadata(
         self, num_physical_experts: int, num_local_physical_experts: int

@@ -360,6 +360,14 @@ class GPT2LMHeadModel(nn.Module, SupportsLoRA, SupportsPP):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "transformer.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("transformer.", "lm_head.")):
+                name = "transformer." + name
+            yield name, tensor
+
     def _linears_transposed(self, weights):
         # The checkpoint keeps these projections' weights as [in, out]: the source's Conv1D
         # multiplies by them untransposed (analysis proved it); nn.Linear's are [out, in].
@@ -378,7 +386,10 @@ class GPT2LMHeadModel(nn.Module, SupportsLoRA, SupportsPP):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
-        loader = AutoWeightsLoader(self)
+        loader = AutoWeightsLoader(
+            self, ignore_unexpected_suffixes=["attn.bias", "crossattention.bias"]
+        )
         return loader.load_weights(
-            self._linears_transposed(weights), mapper=self.hf_to_vllm_mapper
+            self._linears_transposed(self._base_model_names(weights)),
+            mapper=self.hf_to_vllm_mapper,
         )

@@ -389,6 +389,14 @@ class GptOssForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "model.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("model.", "lm_head.")):
+                name = "model." + name
+            yield name, tensor
+
     def _experts_one_by_one(self, weights):
         # The checkpoint stacks each layer's experts: gate_up_proj [E, H, 2I], down_proj [E, I, H], gate and up interleaved along 2I, with biases.
         # The fused-MoE loader takes one expert's gate, up and down at a time (analysis
@@ -420,7 +428,8 @@ class GptOssForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
         loaded = loader.load_weights(
-            self._experts_one_by_one(weights), mapper=self.hf_to_vllm_mapper
+            self._experts_one_by_one(self._base_model_names(weights)),
+            mapper=self.hf_to_vllm_mapper,
         )
         # vLLM's swigluoai kernels read gate and up interleaved ([g0, u0, g1, u1, ...]), as the
         # checkpoint holds them; the fused-MoE loader stacked this rank's gate and up as halves.

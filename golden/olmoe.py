@@ -394,11 +394,21 @@ class OlmoeForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "model.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("model.", "lm_head.")):
+                name = "model." + name
+            yield name, tensor
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
-        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        return loader.load_weights(
+            self._base_model_names(weights), mapper=self.hf_to_vllm_mapper
+        )
 
     def update_physical_experts_metadata(
         self, num_physical_experts: int, num_local_physical_experts: int

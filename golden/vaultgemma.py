@@ -368,8 +368,18 @@ class VaultGemmaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 logits = logits * self.config.final_logit_softcapping
         return logits
 
+    def _base_model_names(self, weights):
+        # A checkpoint saved from the base model alone names its tensors without "model.";
+        # transformers adds that prefix when it loads one into the causal LM, and so does this.
+        for name, tensor in weights:
+            if not name.startswith(("model.", "lm_head.")):
+                name = "model." + name
+            yield name, tensor
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
         loader = AutoWeightsLoader(self)
-        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        return loader.load_weights(
+            self._base_model_names(weights), mapper=self.hf_to_vllm_mapper
+        )

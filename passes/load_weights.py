@@ -28,6 +28,7 @@ import libcst as cst
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.weight_streams import WrapWeights, base_model_names, transposing_linears
 from hfrewrite.errors import HfrewriteError
 
 NAME = "load_weights"
@@ -108,32 +109,6 @@ def _lm_head_transposed(self, weights):
             tensor = tensor.t()
         yield name, tensor
 """
-
-
-_TRANSPOSED_LINEARS = """\
-def _linears_transposed(self, weights):
-    # The checkpoint keeps these projections' weights as [in, out]: the source's {classes}
-    # multiplies by them untransposed (analysis proved it); nn.Linear's are [out, in].
-    for name, tensor in weights:
-        if name.endswith(({suffixes})):
-            tensor = tensor.t()
-        yield name, tensor
-"""
-
-
-def _transposing_linears(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
-    """load_weights feeds the checkpoint through the transposition of the proven
-    ``[in, out]`` projections (GPT-2's Conv1D), before any other reshaping helper."""
-    suffixes = " ".join(f'".{path}.weight",' for path in plan.transposed_linears)
-    classes = ", ".join(plan.transposed_linear_classes)
-    out = []
-    for member in body:
-        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
-            member = member.visit(_WrapWeights("_linears_transposed"))
-            helper = t.stmt(_TRANSPOSED_LINEARS.format(classes=classes, suffixes=suffixes))
-            out.append(helper.with_changes(leading_lines=member.leading_lines))
-        out.append(member)
-    return out
 
 
 _FLAT_EXPERTS = """\
@@ -252,7 +227,7 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
     out = []
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
-            member = member.visit(_WrapWeights())
+            member = member.visit(WrapWeights())
             template = _GROUPED if att.qkv_grouped else _PER_HEAD
             helper = t.stmt(
                 template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
@@ -275,7 +250,7 @@ def _reshaping_head(body: list[cst.BaseStatement], head: str, kind: str) -> list
     out = []
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
-            member = member.visit(_WrapWeights(name))
+            member = member.visit(WrapWeights(name))
             helper = t.stmt(template.format(head=head))
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
@@ -342,21 +317,6 @@ class _MapperArgument(cst.CSTTransformer):
     def leave_Arg(self, original, updated):
         if updated.keyword is not None and updated.keyword.value == "mapper":
             return updated.with_changes(value=cst.Name("mapper"))
-        return updated
-
-
-class _WrapWeights(cst.CSTTransformer):
-    """``loader.load_weights(weights, ...)`` -> ``loader.load_weights(self.<helper>(weights), ...)``."""
-
-    def __init__(self, helper: str = "_qkv_per_head_to_blocks") -> None:
-        self.helper = helper
-
-    def leave_Call(self, original, updated):
-        if t.code(updated.func) == "loader.load_weights" and updated.args:
-            first = updated.args[0].with_changes(
-                value=t.expr(f"self.{self.helper}({t.code(updated.args[0].value)})")
-            )
-            return updated.with_changes(args=[first, *updated.args[1:]])
         return updated
 
 
@@ -434,8 +394,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     body = list(cls.body.body)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    if plan.base_model_attr in plan.checkpoint_roots and not plan.checkpoint_prefix_renames:
+        body = base_model_names(body, plan)
     if plan.transposed_linears:
-        body = _transposing_linears(body, plan)
+        body = transposing_linears(body, plan)
     if getattr(att, "qkv_per_head", False):
         body = _reorder_per_head_qkv(body, att)
     if plan.lm_head_weight in _HEAD_HELPERS:
@@ -446,7 +408,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
         )
         helper = _flat_experts_helper(module, moe) if moe.flat_experts else _stacked_experts_helper(moe)
-        load = body[load_at].visit(_WrapWeights("_experts_one_by_one"))
+        load = body[load_at].visit(WrapWeights("_experts_one_by_one"))
         if moe.activation == "swigluoai":
             load = _interleaving_after_load(load, moe)
         body[load_at : load_at + 1] = [helper.with_changes(leading_lines=body[load_at].leading_lines), load]

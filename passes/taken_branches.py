@@ -19,7 +19,7 @@ import ast
 
 import libcst as cst
 
-from hfrewrite.analyze.plan import LinearFact
+from hfrewrite.analyze.plan import AttentionPlan, LinearFact, MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.attention_body import convention_locals, traced_branch
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -31,8 +31,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     switches: dict[str, dict[str, bool]] = {}
     for cls, test, value in ctx.plan.forward_switches:
         switches.setdefault(cls, {})[ast.dump(ast.parse(test, mode="eval").body)] = value
-    if isinstance(getattr(ctx.plan.attention, "traced_lines", None), tuple):  # its convention branches
-        switches.setdefault(ctx.plan.attention.module_class, {})
+    if _traced_attention(ctx.plan):  # its calling-convention branches
+        switches.setdefault(_traced_attention(ctx.plan), {})
     sites, rows = Sites(), []
     for name, known in sorted(switches.items()):
         cls = next((n for n in module.body if isinstance(n, cst.ClassDef) and n.name.value == name), None)
@@ -41,13 +41,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             continue
         exprs = t.init_exprs(cls) if t.find_method(cls, "__init__") else {}
         chooser = _TakenBranch(known, exprs, _projections(ctx.plan))
-        if name == getattr(ctx.plan.attention, "module_class", None):  # the traced call's branch
+        if name == _traced_attention(ctx.plan):  # the traced call's branch (not MLA's: both proven)
             chooser.convention = convention_locals(forward)
             chooser.ran = set(getattr(ctx.plan.attention, "traced_lines", ()))
         cls = t.set_method(cls, forward.visit(chooser))
         chooser.convention = set()
         init = t.find_method(cls, "__init__")
-        if init is not None:  # the projections built in a branch (`if self.is_cross_attention:`)
+        mla = isinstance(ctx.plan.attention, MlaPlan) and name == ctx.plan.attention.module_class
+        if init is not None and not mla:  # projections built in a branch (`if self.is_cross_attention:`)
             chooser.bare = {p.name.value for p in (*init.params.params, *init.params.kwonly_params)}
             cls = t.set_method(cls, init.visit(chooser))
         if chooser.taken:
@@ -57,6 +58,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 for test in dict.fromkeys(chooser.taken)
             ]
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
+
+
+def _traced_attention(plan) -> str | None:
+    """The attention class whose forward's branches the trace decides (an AttentionPlan's;
+    MLA keeps both branches of its query, each proven on a config of its own)."""
+    return plan.attention.module_class if isinstance(plan.attention, AttentionPlan) else None
 
 
 def _projections(plan) -> set[str]:

@@ -71,3 +71,18 @@ def checkpoint_prefix_renames(key: str) -> tuple[tuple[str, str], ...]:
             ):
                 renames.append((plain, target))
     return tuple(renames)
+
+
+def unexpected_suffixes(model) -> tuple[str, ...]:
+    """The plain names among transformers' ``_keys_to_ignore_on_load_unexpected`` of the
+    model's class (GPT-2's ``attn.bias``: the causal-mask buffer its old checkpoints hold):
+    load_weights ignores checkpoint tensors ending so when no parameter takes them."""
+    patterns = getattr(type(model), "_keys_to_ignore_on_load_unexpected", None) or ()
+    return tuple(p for p in patterns if isinstance(p, str) and re.fullmatch(r"[\w.]+", p))
+
+
+def checkpoint_roots(model) -> tuple[str, ...]:
+    """The causal LM's children that hold parameters (``transformer``, ``lm_head``): the
+    first name of every tensor of a checkpoint saved from it. A checkpoint saved from the
+    base model alone names its tensors without the base model's (transformers adds it)."""
+    return tuple(name for name, child in model.named_children() if next(child.parameters(), None) is not None)

@@ -28,7 +28,9 @@ from hfrewrite.analyze.branches import forward_switches
 from hfrewrite.analyze.checkpoint import (
     checkpoint_prefix_renames,
     checkpoint_renames,
+    checkpoint_roots,
     expert_checkpoint_names,
+    unexpected_suffixes,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import build_model, error_line, example_run, initialise_empty
@@ -251,6 +253,8 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         embeddings_transformed=run.embeddings_transformed,
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
         + checkpoint_prefix_renames(type(model).__name__),
+        checkpoint_roots=checkpoint_roots(model),
+        checkpoint_unexpected=unexpected_suffixes(model),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         mtp_layers_field=next(
             (f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")),

@@ -376,6 +376,11 @@ class ModelPlan:
     embeddings_transformed: bool = False
     # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
     checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()
+    # the causal LM's children holding parameters (analyze/checkpoint.py): a checkpoint tensor
+    # under none of them was saved from the base model alone, and gets the base model's prefix
+    checkpoint_roots: tuple[str, ...] = ()
+    # transformers' plain unexpected-key names (GPT-2's old ``attn.bias`` buffers): ignored
+    checkpoint_unexpected: tuple[str, ...] = ()
     # The lm_head is a class of the source's holding one weight (analyze/lm_head.py): "plain"
     # (x @ W.T), "l2_normalized" (Baichuan2's NormHead: normalised when loaded) or
     # "transposed_when_untied" (ERNIE-4.5: [hidden, vocab] untied, transposed when loaded); "" nn.Linear

@@ -147,6 +147,8 @@ NATIVE_REFUSES = {
     # vLLM 0.32's gemma2.py always ties the lm_head to the embeddings
     "gemma2-sandwich-softcap-sliding": "There is no module or parameter named 'lm_head'",
     "qwen2-sliding-window-upper-layers": "Sliding window for some but all layers is not supported",
+    # vLLM 0.32's gpt2.py asserts the config does not scale by the layer number
+    "gpt2-scale-by-inverse-layer-idx": "AssertionError",
 }
 
 

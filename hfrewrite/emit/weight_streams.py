@@ -1,0 +1,101 @@
+"""Generator methods load_weights feeds the checkpoint through, and the wrapper that threads
+them into its ``loader.load_weights(...)`` call: base-model checkpoints (names without the
+base model's prefix, tensors transformers declares unexpected) and ``[in, out]`` projection
+weights transposed (GPT-2's Conv1D)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import libcst as cst
+
+from hfrewrite.emit import cst_tools as t
+
+
+def _tuple_items(items: Iterable[str]) -> str:
+    """The inside of a tuple literal of strings, one item with its trailing comma."""
+    quoted = [f'"{item}"' for item in items]
+    return ", ".join(quoted) + ("," if len(quoted) == 1 else "")
+
+
+class WrapWeights(cst.CSTTransformer):
+    """``loader.load_weights(weights, ...)`` -> ``loader.load_weights(self.<helper>(weights), ...)``."""
+
+    def __init__(self, helper: str = "_qkv_per_head_to_blocks") -> None:
+        self.helper = helper
+
+    def leave_Call(self, original, updated):
+        if t.code(updated.func) == "loader.load_weights" and updated.args:
+            first = updated.args[0].with_changes(
+                value=t.expr(f"self.{self.helper}({t.code(updated.args[0].value)})")
+            )
+            return updated.with_changes(args=[first, *updated.args[1:]])
+        return updated
+
+
+_BASE_MODEL_NAMES = """\
+def _base_model_names(self, weights):
+    # A checkpoint saved from the base model alone names its tensors without "{base}.";
+    # transformers adds that prefix when it loads one into the causal LM, and so does this.
+    for name, tensor in weights:
+        if not name.startswith(({roots})):
+            name = "{base}." + name
+        yield name, tensor
+"""
+
+
+def base_model_names(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
+    """load_weights reads checkpoints of the base model alone (GPT-2's, BLOOM's) too,
+    first of all, and ignores the tensors transformers declares unexpected."""
+    roots = _tuple_items(f"{r}." for r in plan.checkpoint_roots)
+    out = []
+    for member in body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
+            member = member.visit(WrapWeights("_base_model_names"))
+            if plan.checkpoint_unexpected:
+                member = member.visit(_IgnoringUnexpected(plan.checkpoint_unexpected))
+            helper = t.stmt(_BASE_MODEL_NAMES.format(base=plan.base_model_attr, roots=roots))
+            out.append(helper.with_changes(leading_lines=member.leading_lines))
+        out.append(member)
+    return out
+
+
+class _IgnoringUnexpected(cst.CSTTransformer):
+    """``AutoWeightsLoader(self)`` -> ``AutoWeightsLoader(self, ignore_unexpected_suffixes=[...])``."""
+
+    def __init__(self, suffixes: tuple[str, ...]) -> None:
+        self.suffixes = suffixes
+
+    def leave_Call(self, original, updated):
+        if t.code(updated.func) == "AutoWeightsLoader" and len(updated.args) == 1:
+            listed = ", ".join(f'"{s}"' for s in self.suffixes)
+            return t.expr(
+                f"AutoWeightsLoader({t.code(updated.args[0].value)}, ignore_unexpected_suffixes=[{listed}])"
+            )
+        return updated
+
+
+_TRANSPOSED_LINEARS = """\
+def _linears_transposed(self, weights):
+    # The checkpoint keeps these projections' weights as [in, out]: the source's {classes}
+    # multiplies by them untransposed (analysis proved it); nn.Linear's are [out, in].
+    for name, tensor in weights:
+        if name.endswith(({suffixes})):
+            tensor = tensor.t()
+        yield name, tensor
+"""
+
+
+def transposing_linears(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
+    """load_weights feeds the checkpoint through the transposition of the proven
+    ``[in, out]`` projections (GPT-2's Conv1D), before any other reshaping helper."""
+    suffixes = _tuple_items(f".{path}.weight" for path in plan.transposed_linears)
+    classes = ", ".join(plan.transposed_linear_classes)
+    out = []
+    for member in body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
+            member = member.visit(WrapWeights("_linears_transposed"))
+            helper = t.stmt(_TRANSPOSED_LINEARS.format(classes=classes, suffixes=suffixes))
+            out.append(helper.with_changes(leading_lines=member.leading_lines))
+        out.append(member)
+    return out
