@@ -15,10 +15,15 @@ _IMPORT_NN = m.SimpleStatementLine(
 
 
 class _AsNn(cst.CSTTransformer):
-    def __init__(self) -> None:
-        self.count = 0
+    def __init__(self, constructors_only: bool = False) -> None:
+        self.count, self.constructors_only = 0, constructors_only
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if self.constructors_only:  # transformers' own files: only what the passes match
+            if m.matches(updated, m.Attribute(value=_TORCH_NN, attr=m.Name("Linear") | m.Name("ModuleList"))):
+                self.count += 1
+                return updated.with_changes(value=cst.Name("nn"))
+            return updated
         if m.matches(updated, _TORCH_NN):
             self.count += 1
             return cst.Name("nn")
@@ -65,13 +70,17 @@ class _TransposedLinears(cst.CSTTransformer):
 
 
 def torch_nn_as_nn(
-    module: cst.Module, linear_classes: tuple[str, ...] = (), transposed: tuple[str, ...] = ()
+    module: cst.Module,
+    linear_classes: tuple[str, ...] = (),
+    transposed: tuple[str, ...] = (),
+    constructors_only: bool = False,
 ) -> cst.Module:
     """``module`` with ``torch.nn.<x>`` written ``nn.<x>``, each class of ``linear_classes``
     (``ModelPlan.linear_classes``) the module defines built as ``nn.Linear``, and each of the
     ``transposed`` classes (``ModelPlan.transposed_linear_classes``: ``Conv1D(out, in)``)
-    built as ``nn.Linear(in, out)``."""
-    visitor = _AsNn()
+    built as ``nn.Linear(in, out)``; ``constructors_only``: of ``torch.nn``, only
+    ``torch.nn.Linear`` (cwm's) is respelled."""
+    visitor = _AsNn(constructors_only)
     new = module.visit(visitor)
     defined = {n.name.value for n in new.body if isinstance(n, cst.ClassDef)}
     linears = _ProvenLinears(set(linear_classes) & defined)

@@ -109,6 +109,15 @@ CASES: dict[str, tuple[str, dict]] = {
     # GPT-J style rope over config.rotary_dim lanes (an absolute width), the cos/sin table
     # gathered by position from a buffer in a helper method, parallel attention + MLP
     "gptj-rotary-dim-parallel": ("gptj", {}),
+    # partial rope (a quarter of the head), LayerNorms; the parallel residual and q/k/v
+    # biases under the source's switches
+    "stablelm-partial-rotary": ("stablelm", {}),
+    "stablelm-parallel-residual-qkv-bias": (
+        "stablelm",
+        {"use_parallel_residual": True, "use_qkv_bias": True},
+    ),
+    # torch.nn.Linear spelled out, llama3 rope scaling, sliding and global layers
+    "cwm-llama3-rope-sliding": ("cwm", {**WINDOW}),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than
@@ -126,6 +135,8 @@ REFUSED_AT_LOAD = {
     "gpt_bigcode-multi-head-refused": ("gpt_bigcode", {"multi_query": False}),
     # GPT-2's eager path with its own upcast attention was never traced
     "gpt2-reorder-and-upcast-refused": ("gpt2", {"reorder_and_upcast_attn": True}),
+    # stablelm's per-head q/k LayerNorms were never traced (off by default)
+    "stablelm-qk-layernorm-refused": ("stablelm", {"qk_layernorm": True}),
 }
 # Cases where vLLM 0.32's own class does not match Hugging Face: the generated file must
 # match Hugging Face; the test notices when vLLM changes (the exemption then goes).
