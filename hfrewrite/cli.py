@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 from hfrewrite import __version__
@@ -66,6 +67,10 @@ def _quiet_libraries() -> None:
     while hfrewrite builds models for tracing, are noise to a user of the CLI."""
     logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # the modeling code's own warnings while it is built and traced (codegen's deprecated
+    # indexing): an error stays the one line the CLI promises
+    for library in ("transformers", "torch"):
+        warnings.filterwarnings("ignore", module=library)
 
 
 class _OneLineErrors(argparse.ArgumentParser):

@@ -202,27 +202,35 @@ def prove_rope(
         if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.shape == yv.shape and xv.dim() == 4):
             return "the rope input and output are not both [batch, heads, seq, head_dim]"
     positions = torch.arange(values[0][0].shape[2])
-    # the width get_rope(config.rope_parameters) rotates
-    rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
+    # the width get_rope(config.rope_parameters) rotates; then GPT-J's rotary_dim lanes (vLLM's
+    # gpt_j.py passes their share of a head), where the config has them and no fraction
+    widths = [int(head_dim * float(params.get("partial_rotary_factor", 1.0)))]
     absolute = getattr(config, ABSOLUTE_ROTARY_FIELD, None)
     if "partial_rotary_factor" not in params and isinstance(absolute, int) and 0 < absolute < head_dim:
-        rotary_dim = absolute  # GPT-J, CodeGen: the width itself (vLLM's gpt_j.py: its share of a head)
+        widths.append(absolute)
+    for rotary_dim in widths:
+        fact = _replayed(config, params, layer_type, rotary_dim, values, positions)
+        if fact is not None:
+            return fact
+    if _inv_freq(config, params, layer_type, widths[0]) is None:
+        return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {widths[0]}"
+    return (
+        f"the replay matches no rope vLLM computes from rope_parameters "
+        f"(neox or GPT-J style, either direction, over rotary dim {' or '.join(map(str, widths))} of {head_dim})"
+    )
+
+
+def _replayed(config, params: dict, layer_type, rotary_dim: int, values, positions) -> RopeFact | None:
+    """The style and direction whose rope over ``rotary_dim`` lanes maps every pair, if any."""
     freq = _inv_freq(config, params, layer_type, rotary_dim)
     if freq is None:
-        return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {rotary_dim}"
+        return None
     default = params.get("rope_type", "default") == "default"
     for reverse in (False, True) if default else (False,):
         for neox in (True, False):
             if all(
-                torch.allclose(
-                    apply_rope(xv, positions, *freq, neox, reverse),
-                    yv.double(),
-                    atol=ATOL,
-                )
+                torch.allclose(apply_rope(xv, positions, *freq, neox, reverse), yv.double(), atol=ATOL)
                 for xv, yv in values
             ):
                 return RopeFact(neox=neox, rotary_dim=rotary_dim, reversed=reverse)
-    return (
-        f"the replay matches no rope vLLM computes from rope_parameters "
-        f"(neox or GPT-J style, either direction, over rotary dim {rotary_dim} of {head_dim})"
-    )
+    return None

@@ -161,6 +161,13 @@ class ValueProxy(Proxy):
     def __bool__(self) -> bool:
         return bool(self.value)
 
+    def __index__(self) -> int:
+        """A size used as an index of a concrete tensor (``self.bias[:, :, :w.size(-2)]``,
+        GPT-Neo's and GPT-1's masks): its value, as branches take theirs."""
+        if isinstance(self.value, int) and not isinstance(self.value, bool):
+            return self.value
+        raise TypeError(f"{self.node.name} is not an integer")
+
     def keys(self):
         return self.value.keys()
 

@@ -160,6 +160,9 @@ NATIVE_REFUSES = {
     "qwen2-sliding-window-upper-layers": "Sliding window for some but all layers is not supported",
     # vLLM 0.32's gpt2.py asserts the config does not scale by the layer number
     "gpt2-scale-by-inverse-layer-idx": "AssertionError",
+    # vLLM 0.32's stablelm.py always builds post_attention_layernorm, which a parallel-residual
+    # checkpoint does not have
+    "stablelm-parallel-residual-qkv-bias": "were not initialized from checkpoint",
 }
 
 
