@@ -36,6 +36,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 from hfrewrite.analyze.causal_mask import causal_mask
+from hfrewrite.analyze.einops_backend import register_einops_backend
 from hfrewrite.analyze.linear_classes import is_linear
 from hfrewrite.analyze.plan import LinearFact
 from hfrewrite.analyze.traced_factories import recorded_factories
@@ -174,24 +175,6 @@ class ValueProxy(Proxy):
     def __setitem__(self, key: Any, item: Any) -> None:
         """Recorded as ``operator.setitem``, and applied to the value."""
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
-
-
-def _register_einops_backend() -> None:
-    """einops (``rearrange``, ``repeat`` in Hub custom code) on traced values: its torch
-    backend's ops (``reshape``, ``permute``...) called on the proxy are recorded like any
-    other; shapes are concrete."""
-    try:
-        from einops import _backends
-    except ImportError:
-        return
-
-    class ValueProxyBackend(_backends.TorchBackend):
-        framework_name = "hfrewrite.analyze.trace"
-
-        def is_appropriate_type(self, tensor) -> bool:
-            return isinstance(tensor, ValueProxy)
-
-    _backends._loaded_backends.setdefault(ValueProxyBackend.framework_name, ValueProxyBackend())
 
 
 def _value_of(arg: Any) -> Any:
@@ -498,7 +481,7 @@ def trace(
     Tensors the forward creates (not parameters or buffers) are stored on ``module`` as
     ``_tensor_constant<N>`` attributes, as ``torch.fx`` does.
     """
-    _register_einops_backend()  # once per process (setdefault), when tracing starts
+    register_einops_backend(ValueProxy)  # once per process (setdefault), when tracing starts
     tracer = ValueTracer(tuple(args), dict(kwargs or {}), layer_masks)
     with torch.no_grad(), recorded_factories(tracer):
         graph = tracer.trace(module)
