@@ -17,7 +17,8 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	helium ministral arcee starcoder2 gemma gemma2 vaultgemma gemma3_text olmo3 olmo \
 	apertus jais2 nemotron phi3 glm phi cohere cohere2 smollm3 hunyuan_v1_dense gpt_neox \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
-	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt gpt_bigcode gpt2 gptj stablelm cwm
+	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt gpt_bigcode gpt2 gptj stablelm cwm \
+	minimax_m2 hy_v3 exaone4 exaone_moe
 
 .PHONY: setup analysis-setup quant-setup demo lint test golden coverage docs fuzz validation-cost hub-configs
 

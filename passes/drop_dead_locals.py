@@ -18,6 +18,7 @@ import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
+from hfrewrite.emit.pure_expressions import computes_only
 
 NAME = "drop_dead_locals"
 # Functions that only compute a value from their arguments (a rope table the source built
@@ -37,7 +38,7 @@ def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
     return (
         isinstance(target, cst.Name)
         and reads.get(target.value, 0) == 1
-        and t.computes_only(small.value, PURE_CALLS)
+        and computes_only(small.value, PURE_CALLS)
     )
 
 

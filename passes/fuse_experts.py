@@ -51,6 +51,7 @@ from hfrewrite.emit.expert_sources import (
     swiglu_guard,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.pure_expressions import computes_only
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -100,13 +101,12 @@ def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
         f'{options}    prefix=f"{{prefix}}.{moe.router}",\n)\n'
     )
     if moe.correction_bias:  # where the checkpoint has it (ernie: in a child, shaped [1, E])
-        *children, _ = moe.correction_bias.split(".")
-        for i in range(len(children)):
-            src += f"self.{moe.router}.{'.'.join(children[: i + 1])} = nn.Module()\n"
+        *owners, _ = moe.correction_bias.split(".")
+        for i in range(1, len(owners)):  # owners[0] is the router
+            src += f"self.{'.'.join(owners[: i + 1])} = nn.Module()\n"
         shape = f"{'1, ' if moe.correction_bias_2d else ''}{sizes['num_experts']}"
         src += (
-            f"self.{moe.router}.{moe.correction_bias} = nn.Parameter(\n"
-            f"    torch.empty({shape}, dtype=torch.float32)\n)\n"
+            f"self.{moe.correction_bias} = nn.Parameter(\n    torch.empty({shape}, dtype=torch.float32)\n)\n"
         )
     return t.stmts(src)
 
@@ -148,10 +148,23 @@ def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[st
         kwargs["apply_routed_scale_to_output"] = "True"
     if moe.correction_bias:
         flat = "[0]" if moe.correction_bias_2d else ""  # a view: it sees the loaded values
-        kwargs["e_score_correction_bias"] = f"self.{moe.router}.{moe.correction_bias}{flat}"
+        kwargs["e_score_correction_bias"] = f"self.{moe.correction_bias}{flat}"
     if moe.router_fp32:
         kwargs["router_logits_dtype"] = "torch.float32"
     return kwargs
+
+
+def _local_size(statement: cst.BaseStatement) -> bool:
+    """``name = <arithmetic on the config>``: a size a kept constructor may read."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    small = statement.body[0]
+    return (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and computes_only(small.value, frozenset())
+    )
 
 
 def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
@@ -217,14 +230,16 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
                     f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
                     "statement the rewrite would drop"
                 )
+            if _local_size(s):  # hy_v3's `shared_intermediate = ...` (drop_dead_locals drops unread ones)
+                new_init.append(s)
+                continue
             if t.code(s).strip() != "super().__init__()":
                 continue
             new_init.append(s)
             new_init.extend(
                 t.stmts(
                     "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;\n"
-                    "# vLLM builds the expert-parallel group only for configs it reads an expert count\n"
-                    "# off (not dbrx's ffn_config.moe_num_experts).\n"
+                    "# the expert-parallel group exists where vLLM reads the config's expert count.\n"
                     "vllm_config = get_current_vllm_config()\n"
                     "parallel_config = vllm_config.parallel_config\n"
                     "self.ep_size = (\n"

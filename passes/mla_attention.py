@@ -124,12 +124,15 @@ _ROPE_PARAMETERS = {
 _ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
 
 
-def _yarn_guard(name: str) -> str:
+def _yarn_guard(name: str, when: str = "") -> str:
     """Refuse the YaRN knobs the replay did not prove (vLLM's deepseek_yarn ignores
-    transformers' ``attention_factor`` and ``truncate=False``)."""
+    transformers' ``attention_factor`` and ``truncate=False``), where ``when`` holds."""
+    knobs = (
+        'config.rope_parameters.get("attention_factor") is not None'
+        ' or not config.rope_parameters.get("truncate", True)'
+    )
     return (
-        'if config.rope_parameters.get("attention_factor") is not None or not config.rope_parameters.get(\n'
-        '    "truncate", True\n):\n'
+        f"if {f'{when} and ({knobs})' if when else knobs}:\n"
         f"    raise NotImplementedError(\"hfrewrite: {name}: vLLM's deepseek_yarn rope has no attention_factor "
         'and always truncates")\n'
     )
@@ -152,11 +155,7 @@ def _rope_guard(plan: MlaPlan, name: str) -> str:
         return out
     if len(kinds) == 1:
         return out + _yarn_guard(name)
-    return (
-        out
-        + 'if config.rope_parameters.get("rope_type", "default") == "yarn":\n'
-        + _indent(_yarn_guard(name))
-    )
+    return out + _yarn_guard(name, 'config.rope_parameters.get("rope_type", "default") == "yarn"')
 
 
 def _rope_parameters(plan: MlaPlan) -> str:

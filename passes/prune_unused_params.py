@@ -24,6 +24,7 @@ from hfrewrite.passes import strip_hf_runtime
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
+from hfrewrite.emit.pure_expressions import computes_only
 
 NAME = "prune_unused_params"
 # Calls of the emitted code that only compute a value (vLLM's layer-index parser).
@@ -47,7 +48,7 @@ def _droppable(fn, is_init, param, calls) -> dict[int, int] | None:
     plan = {}
     for call in calls:
         at = t.bound_arg(call, fn, is_init, param)
-        if at is None or (at >= 0 and not t.computes_only(call.args[at].value, PURE_CALLS)):
+        if at is None or (at >= 0 and not computes_only(call.args[at].value, PURE_CALLS)):
             return None
         plan[id(call)] = at
     return plan

@@ -7,7 +7,8 @@ Matches every class ``__init__`` that, after the earlier passes, reads one of th
 
 Emits keyword parameters ``cache_config: CacheConfig | None = None``,
 ``quant_config: QuantizationConfig | None = None``, ``prefix: str = ""`` on those classes, and
-``cache_config=cache_config, ..., prefix=f"{prefix}.x"`` at each construction site.
+``cache_config=cache_config, ..., prefix=f"{prefix}.x"`` at each construction site (both
+classes of ``self.x = A(...) if cond else B(...)``, hy_v3's dense or sparse MLP).
 
 Preconditions: none beyond the earlier passes; classes whose ``__init__`` defines the names
 itself (the vLLM model interface) are left alone.
@@ -38,6 +39,13 @@ def _assigned_names(fn: cst.FunctionDef) -> set[str]:
     return names
 
 
+def _constructors(value: cst.BaseExpression | None) -> list[cst.Call]:
+    """The calls ``self.x = ...`` builds: one call, or each branch of a conditional."""
+    if isinstance(value, cst.IfExp):
+        return _constructors(value.body) + _constructors(value.orelse)
+    return [value] if isinstance(value, cst.Call) else []
+
+
 def _needs(module: cst.Module) -> dict[str, list[str]]:
     """Class -> which of ARGS its __init__ must accept (fixpoint over construction sites)."""
     inits = {
@@ -52,11 +60,12 @@ def _needs(module: cst.Module) -> dict[str, list[str]]:
         changed = False
         for c, fn in inits.items():
             for s in fn.body.body:
-                callee = t.call_name(t.assigned_value(s)) if t.self_attr_assigned(s) else None
-                extra = {a for a in needs.get(callee, ()) if a not in own[c]} - needs[c]
-                if extra:
-                    needs[c] |= extra | {"prefix"}
-                    changed = True
+                calls = _constructors(t.assigned_value(s)) if t.self_attr_assigned(s) else []
+                for callee in map(t.call_name, calls):
+                    extra = {a for a in needs.get(callee, ()) if a not in own[c]} - needs[c]
+                    if extra:
+                        needs[c] |= extra | {"prefix"}
+                        changed = True
     return {c: [a for a in ARGS if a in n] for c, n in needs.items() if n}
 
 
@@ -90,19 +99,31 @@ class _Thread(cst.CSTTransformer):
         attr = t.self_attr_assigned(updated)
         if not attr or self.fn[-1:] != ["__init__"]:
             return updated
-        call = t.assigned_value(updated)
-        wanted = self.needs.get(t.call_name(call) or "", [])
-        have = {a.keyword.value for a in getattr(call, "args", ()) if a.keyword}
+        value = t.assigned_value(updated)
+        threaded = self._threaded(value, attr)
+        if threaded is value:
+            return updated
+        return updated.with_changes(body=[updated.body[0].with_changes(value=threaded)])
+
+    def _threaded(self, value: cst.BaseExpression, attr: str) -> cst.BaseExpression:
+        if isinstance(value, cst.IfExp):
+            body, orelse = self._threaded(value.body, attr), self._threaded(value.orelse, attr)
+            if body is value.body and orelse is value.orelse:
+                return value
+            return value.with_changes(body=body, orelse=orelse)
+        if not isinstance(value, cst.Call):
+            return value
+        wanted = self.needs.get(t.call_name(value) or "", [])
+        have = {a.keyword.value for a in value.args if a.keyword}
         extra = [a for a in wanted if a not in have]
         if not extra:
-            return updated
+            return value
         values = {"prefix": f'f"{{prefix}}.{attr}"'}
         new_args = [cst.Arg(t.expr(values.get(a, a)), keyword=cst.Name(a)) for a in extra]
-        args = list(call.args)
+        args = list(value.args)
         if args:
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        small = updated.body[0].with_changes(value=call.with_changes(args=[*args, *new_args]))
-        return updated.with_changes(body=[small])
+        return value.with_changes(args=[*args, *new_args])
 
 
 def _class_tables(module: cst.Module, attention: str) -> set[str]:

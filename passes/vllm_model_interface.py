@@ -421,7 +421,7 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
                     *t.stmts(
                         f"logits = self.logits_processor(self.{plan.lm_head}, hidden_states"
                         f"{f', self.{plan.lm_head}.bias' if _head_has_bias(head) else ''})\n"
-                        "if logits is not None:  # the source's post-processing of the logits\n    pass\n"
+                        "# the source's post-processing of the logits\nif logits is not None:\n    pass\n"
                     ),
                     t.stmt("return logits\n"),
                 ],
@@ -429,6 +429,13 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         )
         logits = t.find_method(tpl, "compute_logits")
         guard = logits.body.body[1]
+        inner = carried[0] if len(carried) == 1 else None
+        if isinstance(inner, cst.If) and inner.orelse is None:  # one test: joined to the guard's
+            test = t.code(inner.test)
+            if isinstance(inner.test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)):
+                test = f"({test})"
+            guard = guard.with_changes(test=t.expr(f"logits is not None and {test}"))
+            carried = list(inner.body.body)
         logits = t.with_body(
             logits,
             [

@@ -41,11 +41,27 @@ def test_header_names_source_and_round_trips():
     assert "transformers/models/llama/modeling_llama.py (transformers 5.19.0)" in h
     assert f"hfrewrite {__version__}" in h
     assert "# Regenerate: hfrewrite convert llama -o <dir> --force\n" in h
-    assert (
-        '# hfrewrite-source: {"hfrewrite": "0.1.0", "model": "llama", '
-        '"revision": null, "transformers": "5.19.0"}\n' in h
+    assert (  # the record cut to vLLM's width after a comma, continued at "#     "
+        '# hfrewrite-source: {"hfrewrite": "0.1.0", "model": "llama", "revision": null,\n'
+        '#     "transformers": "5.19.0"}\n' in h
     )
     assert emit.parse_header(h + "\nimport torch\n") == emit.record_for(r)
+    assert max(len(line) for line in h.splitlines()) <= 88
+    assert h.splitlines()[1] == "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project"
+
+
+def test_a_long_record_is_cut_on_several_lines_and_read_back():
+    record = emit.SourceRecord(
+        model="/some/long/directory/with, a comma/and spaces in it/checkpoints/my-model",
+        revision=None,
+        transformers="5.19.0",
+        hfrewrite="0.1.0",
+        trust_remote_code=True,
+        analysis_transformers="4.57.3",
+    )
+    lines = record.to_lines().splitlines()
+    assert len(lines) > 2 and all(line.startswith("#     ") for line in lines[1:])
+    assert emit.parse_header("\n".join(lines) + "\n\nimport torch\n") == record
 
 
 def test_header_with_revision_and_remote_code_round_trips():
@@ -87,7 +103,7 @@ def test_render_drops_unused_imports():
 
 
 def test_render_refuses_code_that_does_not_parse():
-    with pytest.raises(HfrewriteError, match="does not parse before formatting.*line 8: .def f"):
+    with pytest.raises(HfrewriteError, match="does not parse before formatting.*line 10: .def f"):
         emit.render(fake_resolved(), "def f(:\n    pass\n")
 
 

@@ -453,8 +453,11 @@ def _head_norm(
     role: str,
 ) -> str | None:
     """The attribute of the one norm between a projection and the rope, or None."""
+    # (the attention's input itself where no rope follows the norm: exaone4's NoPE layers)
     norms = [
-        n for n in path_nodes(arg, source, scope) if n.op == "call_module" and is_norm(traced.submodule(n))
+        n
+        for n in (*path_nodes(arg, source, scope), *([arg] if rope_in is None else []))
+        if n.op == "call_module" and is_norm(traced.submodule(n))
     ]
     if len(norms) > 1:
         refuse("vllm_attention", f"{len(norms)} norms on the {role} path")

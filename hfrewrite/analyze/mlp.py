@@ -256,7 +256,9 @@ def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> 
     x = value(up)
     half = x.shape[-1] // 2
     with torch.no_grad():
-        elementwise = torch.allclose(fn(x[..., :half]), value(act)[..., :half], atol=1e-6)
+        sliced = fn(x[..., :half])  # a gated function (chunked in two) halves its width
+        want = value(act)[..., :half]
+        elementwise = sliced.shape == want.shape and torch.allclose(sliced, want, atol=1e-6)
     if not elementwise:
         return NoMatch(PATTERN, cls, f"{name} is not elementwise")
     u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)

@@ -45,10 +45,14 @@ from hfrewrite.analyze.moe_modules import (
 )
 from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
+    MULS,
+    PASS_THROUGH,
+    config_attrs,
     root,
     route,
     router_facts,
     scoring_of,
+    skip,
 )
 from hfrewrite.analyze.trace import Traced, is_experts, relative, value
 
@@ -90,7 +94,17 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     if biases not in (set(), {"gate_up_proj_bias", "down_proj_bias"}):
         return NoMatch(PATTERN, cls, f"the experts have biases {sorted(biases)}")
 
-    shared, shared_gate = _shared_expert(traced, path, cls, call)
+    output = call
+    scaled = None if facts.get("carried_router") else _output_scale(traced, path, call)
+    if scaled is not None:  # minimax_m3: the block scales the experts' output
+        output, scale = scaled
+        attrs = config_attrs(block, facts["router"], {"routed_scaling_factor": scale})
+        if facts["routed_scaling_factor"] != 1.0 or isinstance(attrs, str):
+            return NoMatch(
+                PATTERN, cls, attrs if isinstance(attrs, str) else "the routed output is scaled twice"
+            )
+        facts = {**facts, "routed_scaling_factor": scale, "config_attrs": facts["config_attrs"] + attrs}
+    shared, shared_gate = _shared_expert(traced, path, cls, output)
     if isinstance(shared, NoMatch):
         return shared
     if len(traced.outputs_of(path)) != 1:
@@ -299,7 +313,8 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
     if not adds:
         return None, None
     add = adds[0]
-    other = next(a for a in add.args if root(a) is not experts_call and a is not experts_call)
+    # (hy_v3 adds the two in float32: casts are identities in the float32 analysis)
+    other = skip(next(a for a in add.args if root(a) is not experts_call and a is not experts_call))
     gate = None
     if isinstance(other, Node) and other.target in (operator.mul, torch.mul):
         sig = next(
@@ -316,7 +331,7 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
         if not (gate_call.op == "call_module" and isinstance(traced.submodule(gate_call), nn.Linear)):
             return NoMatch(PATTERN, cls, "the shared expert gate is not a Linear"), None
         gate = relative(gate_call.target, path)
-        other = next(a for a in other.args if a is not sig)
+        other = skip(next(a for a in other.args if a is not sig))
     if not (isinstance(other, Node) and other.op == "call_module"):
         return NoMatch(
             PATTERN,
@@ -327,11 +342,22 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
     return shared, gate
 
 
+def _output_scale(traced: Traced, path: str, experts_call: Node) -> tuple[Node, float] | None:
+    """(the product, the constant) when the block multiplies the experts' output by one
+    number before anything else reads it (vLLM's routed scale applied to the output)."""
+    inside = set(traced.nodes_in(path))
+    users = [u for u in _users_through_views(experts_call) if u in inside]
+    if len(users) != 1 or users[0].target not in MULS:
+        return None
+    numbers = [a for a in users[0].args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    return (users[0], float(numbers[0])) if len(numbers) == 1 and len(users[0].args) == 2 else None
+
+
 def _users_through_views(node: Node) -> list[Node]:
     users, todo = [], list(node.users)
     while todo:
         u = todo.pop(0)
-        if u.op == "call_method" and u.target in ("view", "reshape"):
+        if u.op == "call_method" and u.target in ("view", "reshape", *PASS_THROUGH):
             todo.extend(u.users)
         else:
             users.append(u)
@@ -342,8 +368,7 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
     """Reason the plan does not reproduce the block, or None when it does: on the traced
     input, then on a random one, each with a random correction bias when the router has
     one (its zero init would hide where it is added)."""
-    router = block.get_submodule(plan.router)
-    bias = _correction_bias(router, plan)
+    bias = _correction_bias(block, plan)
     saved = None if bias is None else bias.detach().clone()
     generator = torch.Generator().manual_seed(0)
     inputs = (x, torch.randn(x.shape, generator=generator, dtype=x.dtype) * x.std())
@@ -362,9 +387,9 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
     return None
 
 
-def _correction_bias(router: nn.Module, plan: MoePlan) -> torch.Tensor | None:
-    """The router's score-correction bias (a parameter or buffer, maybe in a child), if any."""
-    return dict([*router.named_parameters(), *router.named_buffers()]).get(plan.correction_bias)
+def _correction_bias(block: nn.Module, plan: MoePlan) -> torch.Tensor | None:
+    """The score-correction bias (a parameter or buffer of the block, its router or a child), if any."""
+    return dict([*block.named_parameters(), *block.named_buffers()]).get(plan.correction_bias)
 
 
 def _output_index(block: nn.Module, traced: Traced, path: str, x: torch.Tensor) -> int | None | str:
@@ -417,7 +442,7 @@ def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | N
     else:
         linear = router.get_submodule(plan.router_linear) if plan.router_linear else router
         logits = F.linear(x2, linear.weight, linear.bias if plan.router_bias else None)
-        correction = _correction_bias(router, plan)
+        correction = _correction_bias(block, plan)
         w, idx = route(logits, plan, None if correction is None else correction.reshape(-1))
     w = w.to(x2.dtype)
     out = torch.zeros_like(x2)

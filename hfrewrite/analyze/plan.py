@@ -216,7 +216,9 @@ class MoePlan:
     router_linear: str | None = None  # the router's nn.Linear child holding the weight (hunyuan's "wg")
     router_bias: bool = False  # the router linear has a bias
     router_fp32: bool = False  # the router computes its logits in float32
-    correction_bias: str | None = None  # router attribute added to the scores for the choice only
+    # the block's tensor added to the scores for the choice only: the router's
+    # ("gate.e_score_correction_bias") or the block's own ("e_score_correction_bias")
+    correction_bias: str | None = None
     correction_bias_2d: bool = False  # ... held as [1, E] (ernie's moe_statics), else [E]
     n_group: int | None = None  # grouped top-k: groups, and how many of them are kept
     topk_group: int | None = None

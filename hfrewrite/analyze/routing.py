@@ -27,7 +27,7 @@ from torch.fx import Node
 from hfrewrite.analyze.plan import MoePlan
 from hfrewrite.analyze.trace import Traced, relative, value
 
-_PASS_THROUGH = ("to", "float", "type", "type_as", "contiguous")
+PASS_THROUGH = ("to", "float", "type", "type_as", "contiguous")
 _SCORINGS = {
     F.softmax: "softmax",
     torch.softmax: "softmax",
@@ -37,12 +37,12 @@ _SCORINGS = {
     "sigmoid": "sigmoid",
 }
 _DIVS = (operator.truediv, operator.itruediv, torch.div, "div", "div_")
-_MULS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
+MULS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
 
 
 def skip(node):
     """Step back over dtype casts and copies."""
-    while isinstance(node, Node) and node.op == "call_method" and node.target in _PASS_THROUGH:
+    while isinstance(node, Node) and node.op == "call_method" and node.target in PASS_THROUGH:
         node = node.args[0]
     return node
 
@@ -142,13 +142,15 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     correction, correction_2d = None, False
     for n in tensors:
         t = value(n)
+        name = relative(n.target, path)
+        # the router's own (deepseek's gate.e_score_correction_bias, ernie's in a child of
+        # it), or the block's own, handed to the router (minimax_m2's)
         if not (
             torch.is_tensor(t)
             and t.shape in ((num_experts,), (1, num_experts))
-            and relative(n.target, path).startswith(f"{router}.")
+            and (name.startswith(f"{router}.") or "." not in name)
         ):
-            return f"routing reads {relative(n.target, path)}, which is not a per-expert router bias"
-        name = relative(n.target, path)[len(router) + 1 :]
+            return f"routing reads {name}, which is not a per-expert bias of the router or the block"
         if correction not in (None, name):
             return "routing reads more than one per-expert bias"
         correction, correction_2d = name, t.dim() == 2
@@ -171,7 +173,7 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     scales = [
         a
         for n in nodes
-        if n.target in _MULS
+        if n.target in MULS
         for a in n.args
         if isinstance(a, (int, float)) and not isinstance(a, bool)
     ]
@@ -188,7 +190,7 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     facts = {"n_group": n_group, "topk_group": topk_group}
     if scales:
         facts["routed_scaling_factor"] = scale
-    attrs = _config_attrs(block, router, facts)
+    attrs = config_attrs(block, router, facts)
     if isinstance(attrs, str):
         return attrs
     return {
@@ -213,13 +215,13 @@ def root(node):
     while (
         isinstance(node, Node)
         and node.op == "call_method"
-        and node.target in ("view", "reshape", *_PASS_THROUGH)
+        and node.target in ("view", "reshape", *PASS_THROUGH)
     ):
         node = node.args[0]
     return node
 
 
-def _config_attrs(block: nn.Module, router: str, facts: dict) -> tuple[tuple[str, str], ...] | str:
+def config_attrs(block: nn.Module, router: str, facts: dict) -> tuple[tuple[str, str], ...] | str:
     """Where each routing constant lives: the one attribute of the router (or else of the
     block) holding its value, whose source expression the emitted file keeps."""
     owners = ((f"{router}.", block.get_submodule(router)), ("", block))

@@ -63,12 +63,15 @@ def shrink_config(
         before = head_dim or config.hidden_size // heads
         after = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
         _set(small, "rotary_dim", max(2, 2 * round(rotary * after / before / 2)))
-    types = getattr(config, "layer_types", None)
-    distinct = list(dict.fromkeys(types)) if types else []
-    n = max(2, len(distinct))
+    kinds = {}  # per-layer kind lists (attention, MLP): each kind kept once, in order
+    for field in ("layer_types", "mlp_layer_types"):
+        types = getattr(config, field, None)
+        if isinstance(types, list) and types:
+            kinds[field] = list(dict.fromkeys(types))
+    n = max(2, *map(len, kinds.values())) if kinds else 2
     _set(small, "num_hidden_layers", n)
-    if distinct:
-        _set(small, "layer_types", distinct + distinct[-1:] * (n - len(distinct)))
+    for field, distinct in kinds.items():
+        _set(small, field, distinct + distinct[-1:] * (n - len(distinct)))
     if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
         # MoE models whose config can make some layers dense: trace one of each kind.
         _set(small, "mlp_only_layers", [0])
@@ -90,6 +93,9 @@ def _shrink_routing(config, small) -> None:
     value). Grouped top-k (deepseek_v3, glm4_moe, dots1): 8 experts in 4 groups, 2 kept,
     top-3; a scaling factor of 2.5; renormalisation on; one dense layer, then MoE."""
     if isinstance(getattr(config, "n_group", None), int):
+        for name in ("num_experts", "num_local_experts"):  # exaone_moe's name for them
+            if isinstance(getattr(config, name, None), int) and not hasattr(config, "n_routed_experts"):
+                _set(small, name, 8)
         for name, size in (
             ("n_routed_experts", 8),
             ("n_group", 4),

@@ -256,38 +256,6 @@ def direct_calls(module: cst.Module) -> dict[str, list[cst.Call]]:
     return {name: found for name, found in calls.items() if name not in other}
 
 
-def computes_only(node: cst.BaseExpression, pure_calls: frozenset[str] = frozenset()) -> bool:
-    """``node`` only computes a value: names, attributes, constants, arithmetic, subscripts,
-    tuples, and calls of ``pure_calls``; dropping or skipping it changes nothing else."""
-    if isinstance(node, (cst.Name, cst.BaseNumber, cst.SimpleString)):
-        return True
-    if isinstance(node, cst.Attribute):
-        return computes_only(node.value, pure_calls)
-    if isinstance(node, cst.BinaryOperation):
-        return computes_only(node.left, pure_calls) and computes_only(node.right, pure_calls)
-    if isinstance(node, cst.UnaryOperation):
-        return computes_only(node.expression, pure_calls)
-    if isinstance(node, cst.Tuple):
-        return all(computes_only(e.value, pure_calls) for e in node.elements)
-    if isinstance(node, cst.Subscript):
-        return computes_only(node.value, pure_calls) and all(
-            isinstance(e.slice, cst.Index) and computes_only(e.slice.value, pure_calls) for e in node.slice
-        )
-    if isinstance(node, cst.Call):
-        # a conversion of a value computed here (`torch.arange(0, d, 2).float()`): never a module's
-        receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
-        pure = call_name(node) in pure_calls or (
-            isinstance(receiver, cst.Call)
-            and node.func.attr.value in _CONVERSIONS
-            and computes_only(receiver, pure_calls)
-        )
-        return pure and all(computes_only(a.value, pure_calls) for a in node.args)
-    return False
-
-
-_CONVERSIONS = frozenset({"float", "double", "half", "int", "long"})
-
-
 def callable_defs(module: cst.Module) -> dict[str, cst.FunctionDef]:
     """Top-level functions and class ``__init__``s by the name they are called with."""
     defs: dict[str, cst.FunctionDef] = {}

@@ -52,10 +52,25 @@ def validation_config(config):
 
     small = shrink_config(config)
     small._attn_implementation = "eager"  # transformers' reference attention
+    _one_more_layer(small)
     window = getattr(small, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > WINDOW:
         small.sliding_window = WINDOW
     return small
+
+
+def _one_more_layer(small) -> None:
+    """One more layer like the last: the shrunk config may hold one layer of a kind (one MoE
+    layer after a dense one), and vLLM registers every attention and fused-MoE layer by its
+    prefix, so a file that names two layers alike fails only where there are two."""
+    n = getattr(small, "num_hidden_layers", None)
+    if not isinstance(n, int) or n < 1:
+        return
+    for field in ("layer_types", "mlp_layer_types"):
+        kinds = getattr(small, field, None)
+        if isinstance(kinds, list) and len(kinds) == n:
+            setattr(small, field, [*kinds, kinds[-1]])
+    small.num_hidden_layers = n + 1
 
 
 def validate(resolved, generated, more: tuple[tuple[str, object], ...] = ()) -> Validation:

@@ -557,6 +557,18 @@ def test_shrunk_config_has_one_layer_type_per_layer(types):
     assert len(small.layer_types) == small.num_hidden_layers
 
 
+def test_shrunk_moe_config_keeps_one_layer_of_each_mlp_kind_and_groups_of_experts():
+    """exaone_moe: mlp_layer_types cut with the layers (its config validates the two agree),
+    a dense then a sparse layer; the experts, counted by num_experts, fill 4 groups."""
+    from hfrewrite.analyze.shrink import shrink_config
+
+    small = shrink_config(transformers.AutoConfig.for_model("exaone_moe"))
+    assert small.mlp_layer_types == ["dense", "sparse"] == small.mlp_layer_types[: small.num_hidden_layers]
+    assert len(small.layer_types) == small.num_hidden_layers
+    assert small.num_experts % small.n_group == 0 and small.num_experts // small.n_group >= 2
+    small.validate_layer_type()
+
+
 def test_a_layer_unlike_the_first_is_named(monkeypatch):
     from transformers.models.llama import modeling_llama
 

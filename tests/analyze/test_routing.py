@@ -24,7 +24,7 @@ def test_grouped_sigmoid_routing_facts(model_type):
     moe = moe_plan(model_type)
     assert (moe.scoring, moe.correction_bias, moe.n_group, moe.topk_group) == (
         "sigmoid",
-        "e_score_correction_bias",
+        "gate.e_score_correction_bias",
         4,
         2,
     )
@@ -42,7 +42,7 @@ def test_grouped_sigmoid_routing_facts(model_type):
     assert (moe.shared_expert, moe.shared_expert_gate) == ("shared_experts", None)
     assert moe.grouped
     assert moe.describe_routing() == (
-        "F.linear (float32) -> sigmoid -> + e_score_correction_bias (choice only) "
+        "F.linear (float32) -> sigmoid -> + gate.e_score_correction_bias (choice only) "
         "-> top-2 of 4 groups -> top-3 -> renormalize=True -> x 2.5"
     )
 
@@ -109,21 +109,42 @@ def test_router_mutations_vllm_cannot_express_are_refused(mutate, case):
         moe_plan()
 
 
-def test_a_correction_bias_outside_the_router_is_refused(monkeypatch):
-    monkeypatch.setattr(gm.Glm4MoeMoE, "forward", _block_with_own_bias)
-    with pytest.raises(HfrewriteError, match="routing reads"):
+def test_a_correction_bias_the_block_holds_is_the_blocks(monkeypatch):
+    """minimax_m2, hy_v3: the block holds the bias and hands it to its router."""
+    monkeypatch.setattr(gm.Glm4MoeMoE, "forward", _block_with_own_bias("offset"))
+    moe = moe_plan()
+    assert (moe.correction_bias, moe.n_group, moe.routed_scaling_factor) == ("offset", None, 1.0)
+
+
+def test_a_correction_bias_the_block_adds_to_the_weights_too_is_refused(monkeypatch):
+    monkeypatch.setattr(gm.Glm4MoeMoE, "forward", _block_with_own_bias("offset", in_weights=True))
+    with pytest.raises(HfrewriteError, match="replaying the plan"):
         moe_plan()
 
 
-def _block_with_own_bias(self, hidden_states):
-    """Routing that reads a per-expert tensor the block (not its router) holds."""
-    if not hasattr(self, "offset"):
-        self.register_buffer("offset", torch.zeros(self.gate.num_experts))
-    orig_shape = hidden_states.shape
-    x = hidden_states.view(-1, orig_shape[-1])
-    scores = F.linear(x, self.gate.weight).sigmoid() + self.offset
-    weights, idx = torch.topk(scores, self.gate.top_k, dim=-1)
-    return (self.experts(x, idx, weights) + self.shared_experts(x)).view(*orig_shape)
+def test_a_per_expert_tensor_of_another_child_is_refused(monkeypatch):
+    monkeypatch.setattr(gm.Glm4MoeMoE, "forward", _block_with_own_bias("shared_experts.offset"))
+    with pytest.raises(HfrewriteError, match="routing reads shared_experts.offset"):
+        moe_plan()
+
+
+def _block_with_own_bias(where: str, in_weights: bool = False):
+    """Sigmoid routing whose choice reads a per-expert tensor held at ``where`` (in the
+    block); the weights are the scores (or, ``in_weights``, the biased scores)."""
+
+    def forward(self, hidden_states):
+        owner, name = self.get_submodule(where.rpartition(".")[0]), where.rpartition(".")[2]
+        if not hasattr(owner, name):
+            owner.register_buffer(name, torch.randn(self.gate.num_experts) * 0.1)
+        orig_shape = hidden_states.shape
+        x = hidden_states.view(-1, orig_shape[-1])
+        scores = F.linear(x, self.gate.weight).sigmoid()
+        choice = scores + getattr(owner, name)
+        idx = torch.topk(choice, self.gate.top_k, dim=-1)[1]
+        weights = (choice if in_weights else scores).gather(1, idx)
+        return (self.experts(x, idx, weights) + self.shared_experts(x)).view(*orig_shape)
+
+    return forward
 
 
 # One change each to the source's Qwen3MoeTopKRouter ((method, (old, new)), ...), and the
@@ -186,3 +207,28 @@ def test_qwen_router_mutations_are_refused(mutate, case):
         mutate(qm.Qwen3MoeTopKRouter, method, edit)
     with pytest.raises(HfrewriteError, match=re.escape(reason)):
         moe_plan("qwen3_moe")
+
+
+SCALED_OUTPUT = (
+    "hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)",
+    (
+        "hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)"
+        " * self.gate.routed_scaling_factor"
+    ),
+)
+UNSCALED_WEIGHTS = ("        topk_weights = topk_weights * self.routed_scaling_factor\n", "")
+
+
+def test_the_experts_output_scaled_by_the_block_is_the_routed_scale(mutate):
+    """minimax_m3: the block, not the router, multiplies the experts' output by the factor."""
+    mutate(gm.Glm4MoeTopkRouter, "forward", UNSCALED_WEIGHTS)
+    mutate(gm.Glm4MoeMoE, "forward", SCALED_OUTPUT)
+    moe = moe_plan()
+    assert moe.routed_scaling_factor == 2.5 and moe.shared_expert == "shared_experts"
+    assert dict(moe.config_attrs)["routed_scaling_factor"] == "gate.routed_scaling_factor"
+
+
+def test_an_output_scaled_after_scaled_weights_is_refused(mutate):
+    mutate(gm.Glm4MoeMoE, "forward", SCALED_OUTPUT)
+    with pytest.raises(HfrewriteError, match="the routed output is scaled twice"):
+        moe_plan()

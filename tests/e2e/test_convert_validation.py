@@ -91,3 +91,6 @@ def test_the_validation_checkpoint_keeps_switches_and_shortens_windows():
     assert small.hidden_size < config.hidden_size and small.num_key_value_heads == 1
     assert small.hidden_size // small.num_attention_heads >= 32  # vLLM's CPU attention needs it
     assert small._attn_implementation == "eager"
+    # one layer more than the analysis traced (2): two of each kind where the shrunk config
+    # held one (a MoE layer after a dense one), each registered in vLLM under its own prefix
+    assert small.num_hidden_layers == 3 and len(small.layer_types) == 3

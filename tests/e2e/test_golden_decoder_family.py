@@ -118,6 +118,16 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
     # torch.nn.Linear spelled out, llama3 rope scaling, sliding and global layers
     "cwm-llama3-rope-sliding": ("cwm", {**WINDOW}),
+    # per-head q/k norms after the head split, rope on the sliding layers only (the global
+    # layer's q/k norm feeds the attention directly: NoPE)
+    "exaone4-sliding-rope-global-nope": (
+        "exaone4",
+        {
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "num_hidden_layers": 3,
+        },
+    ),
 }
 CASES |= {
     # sliding window on the upper layers only (max_window_layers), a window shorter than
@@ -137,6 +147,11 @@ REFUSED_AT_LOAD = {
     "gpt2-reorder-and-upcast-refused": ("gpt2", {"reorder_and_upcast_attn": True}),
     # stablelm's per-head q/k LayerNorms were never traced (off by default)
     "stablelm-qk-layernorm-refused": ("stablelm", {"qk_layernorm": True}),
+    # exaone4 with no sliding layer builds its mask on the base model's other branch
+    "exaone4-all-global-refused": (
+        "exaone4",
+        {"sliding_window": None, "layer_types": ["full_attention", "full_attention"]},
+    ),
 }
 # Cases where vLLM 0.32's own class does not match Hugging Face: the generated file must
 # match Hugging Face; the test notices when vLLM changes (the exemption then goes).

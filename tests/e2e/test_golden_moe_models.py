@@ -1,5 +1,6 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
-granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss.
+granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss, minimax_m2,
+hy_v3, exaone_moe.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -125,6 +126,51 @@ CASES: dict[str, tuple[str, dict]] = {
         "gpt_oss",
         {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
     ),
+    # minimax_m2: sigmoid routing with a (random) score-correction bias the block holds and
+    # hands to its router; 3 layers, so two MoE layers register their runners by prefix.
+    # rotary_dim, scoring_func and use_routing_bias are the Hub config's fields vLLM's own
+    # file reads (transformers reads partial_rotary_factor from rotary_dim).
+    "minimax_m2-block-correction-bias": (
+        "minimax_m2",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "rotary_dim": 16,
+            "scoring_func": "sigmoid",
+            "use_routing_bias": True,
+        },
+    ),
+    # hy_v3: the same routing times router_scaling_factor, a shared expert added in float32,
+    # a dense first layer and two MoE layers chosen by `A(...) if ... else B(...)`. The
+    # last three fields are the Hub config's, read by vLLM's own hy_v3.py.
+    "hy_v3-block-correction-bias-dense-first": (
+        "hy_v3",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "first_k_dense_replace": 1,
+            "expert_hidden_dim": 64,
+            "route_norm": True,
+            "qk_norm": True,
+        },
+    ),
+    # exaone_moe: DeepSeek-V3 routing in one group, experts counted by num_experts, a dense
+    # first layer (mlp_layer_types) and exaone4's attention (rope on sliding layers only)
+    "exaone_moe-dense-first-sliding": (
+        "exaone_moe",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "first_k_dense_replace": 1,
+            "sliding_window": 8,
+        },
+    ),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the
 # reference, and the generated file must match it, not vLLM native.
@@ -146,7 +192,10 @@ NATIVE_WRONG = {"phimoe-carried-router"}
 NO_NATIVE = {"dots1-grouped-sigmoid"}  # vLLM 0.32 has no dots1 model file: Hugging Face is the reference
 # vLLM 0.32's own dbrx.py cannot load a dbrx checkpoint (KeyError 'blocks.0.ffn.experts.w13_weight':
 # its load_weights looks the experts up under names the fused-MoE runner no longer gives them).
-NATIVE_FAILS = {"dbrx-clip-qkv"}
+# vLLM 0.32's own minimax_m2.py asks the CPU router for sigmoid scores without grouped top-k,
+# which that router asserts against (AssertionError in cpu_router.py); the generated file
+# takes the grouped path with one group, where the CPU router computes sigmoid routing.
+NATIVE_FAILS = {"dbrx-clip-qkv", "minimax_m2-block-correction-bias"}
 
 
 def restack_experts(ckpt: Path) -> None:

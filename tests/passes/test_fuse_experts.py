@@ -91,8 +91,7 @@ class MoeBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
         # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;
-        # vLLM builds the expert-parallel group only for configs it reads an expert count
-        # off (not dbrx's ffn_config.moe_num_experts).
+        # the expert-parallel group exists where vLLM reads the config's expert count.
         vllm_config = get_current_vllm_config()
         parallel_config = vllm_config.parallel_config
         self.ep_size = (

@@ -74,3 +74,38 @@ def test_leaves_class_without_vllm_layers_unchanged():
         rewrite(thread_layer_args, UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS, llama_like())
         == UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS
     )
+
+
+BEFORE_CHOSEN_CLASS = """\
+class SparseMoe(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.experts = FusedMoEFactory(quant_config=quant_config, prefix=f"{prefix}.experts")
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.down_proj = RowParallelLinear(1, 2, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.mlp = SparseMoe(config) if config.mlp_layer_types[layer_idx] == "sparse" else DenseMLP(config)
+"""
+
+
+def test_both_classes_of_a_conditional_construction_get_the_layer_args():
+    """hy_v3's dense or sparse MLP: each MoE layer's runner is registered by its prefix,
+    so a branch left without one names every layer's runner alike."""
+    after = rewrite(thread_layer_args, BEFORE_CHOSEN_CLASS, llama_like())
+    assert (
+        'self.mlp = SparseMoe(config, quant_config = quant_config, prefix = f"{prefix}.mlp") '
+        'if config.mlp_layer_types[layer_idx] == "sparse" '
+        'else DenseMLP(config, quant_config = quant_config, prefix = f"{prefix}.mlp")'
+    ) in after
+    assert (
+        'def __init__(self, config, layer_idx, quant_config: QuantizationConfig | None = None, prefix: str = ""):'
+        in after
+    )
