@@ -49,9 +49,9 @@ MANUAL_REASON = (
 
 UNRECOGNISED_SOFTMAX_REASON = (
     "computes a softmax that is not recognised as attention (attention by hand is recognised as "
-    "[batch, heads, seq, seq] scores from q @ k^T by matmul, a scale, a mask and possibly an ALiBi "
-    "bias, then the probabilities @ v by matmul; scores in a [batch * heads] layout, einsum and "
-    "bmm are not)"
+    "q @ k^T scores per head (matmul over [batch, heads], or bmm/baddbmm over [batch * heads]), "
+    "a scale, a causal mask and possibly an ALiBi bias, then the probabilities @ v; other forms, "
+    "einsum among them, are not)"
 )
 
 

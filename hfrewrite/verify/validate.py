@@ -59,12 +59,22 @@ def validation_config(config):
     return small
 
 
+# Config fields that make the first layers (or some) unlike the rest: dense before MoE.
+_DENSE_LAYERS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_start_index")
+
+
 def _one_more_layer(small) -> None:
-    """One more layer like the last: the shrunk config may hold one layer of a kind (one MoE
-    layer after a dense one), and vLLM registers every attention and fused-MoE layer by its
-    prefix, so a file that names two layers alike fails only where there are two."""
+    """One more layer like the last where the shrunk config holds one layer of a kind (a MoE
+    layer after a dense one, a global layer after a sliding one): vLLM registers every
+    attention and fused-MoE layer by its prefix, so a file that names two layers alike fails
+    only where there are two. (Configs whose layers are all alike keep two: each layer more
+    widens the random checkpoint's drift from Hugging Face.)"""
     n = getattr(small, "num_hidden_layers", None)
     if not isinstance(n, int) or n < 1:
+        return
+    lists = [getattr(small, f, None) for f in ("layer_types", "mlp_layer_types")]
+    single = any(isinstance(k, list) and any(k.count(x) == 1 for x in k) for k in lists)
+    if not single and not any(getattr(small, f, None) for f in _DENSE_LAYERS):
         return
     for field in ("layer_types", "mlp_layer_types"):
         kinds = getattr(small, field, None)

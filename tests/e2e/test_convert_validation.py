@@ -91,6 +91,15 @@ def test_the_validation_checkpoint_keeps_switches_and_shortens_windows():
     assert small.hidden_size < config.hidden_size and small.num_key_value_heads == 1
     assert small.hidden_size // small.num_attention_heads >= 32  # vLLM's CPU attention needs it
     assert small._attn_implementation == "eager"
-    # one layer more than the analysis traced (2): two of each kind where the shrunk config
-    # held one (a MoE layer after a dense one), each registered in vLLM under its own prefix
-    assert small.num_hidden_layers == 3 and len(small.layer_types) == 3
+    assert small.num_hidden_layers == 2  # its layers are all alike
+
+
+def test_the_validation_checkpoint_has_two_layers_of_each_kind():
+    """One layer more than the analysis traced where it held one of a kind (a MoE layer after
+    a dense one): vLLM registers each layer's attention and MoE runner by its prefix."""
+    from hfrewrite.verify.validate import validation_config
+
+    small = validation_config(resolve("hy_v3").config)
+    assert small.mlp_layer_types == ["dense", "sparse", "sparse"] and small.num_hidden_layers == 3
+    small = validation_config(resolve("glm4_moe").config)  # first_k_dense_replace
+    assert small.num_hidden_layers == 3
