@@ -18,7 +18,7 @@ import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
-from hfrewrite.emit.pure_expressions import computes_only
+from hfrewrite.emit.pure_expressions import computed_local
 
 NAME = "drop_dead_locals"
 # Functions that only compute a value from their arguments (a rope table the source built
@@ -29,17 +29,8 @@ PURE_CALLS = frozenset(
 
 
 def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
-    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-        return False
-    small = statement.body[0]
-    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
-        return False
-    target = small.targets[0].target
-    return (
-        isinstance(target, cst.Name)
-        and reads.get(target.value, 0) == 1
-        and computes_only(small.value, PURE_CALLS)
-    )
+    name = computed_local(statement, PURE_CALLS)
+    return name is not None and reads.get(name, 0) == 1
 
 
 def _name_counts(fn: cst.FunctionDef) -> dict[str, int] | None:

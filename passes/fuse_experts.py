@@ -51,7 +51,7 @@ from hfrewrite.emit.expert_sources import (
     swiglu_guard,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.pure_expressions import computes_only
+from hfrewrite.emit.pure_expressions import computed_local
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -154,19 +154,6 @@ def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[st
     return kwargs
 
 
-def _local_size(statement: cst.BaseStatement) -> bool:
-    """``name = <arithmetic on the config>``: a size a kept constructor may read."""
-    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-        return False
-    small = statement.body[0]
-    return (
-        isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and isinstance(small.targets[0].target, cst.Name)
-        and computes_only(small.value, frozenset())
-    )
-
-
 def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
     """An ``if`` (no ``else``) whose body only assigns ``self.<attr>``."""
     return (
@@ -230,7 +217,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
                     f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
                     "statement the rewrite would drop"
                 )
-            if _local_size(s):  # hy_v3's `shared_intermediate = ...` (drop_dead_locals drops unread ones)
+            if computed_local(s):  # hy_v3's `shared_intermediate = ...` (drop_dead_locals drops unread ones)
                 new_init.append(s)
                 continue
             if t.code(s).strip() != "super().__init__()":

@@ -6,9 +6,10 @@ breaks them at spaces, the way a person would, and changes no value the module c
 
 - a comment on its own line becomes several (a comment after code moves above it first);
 - a line of a triple-quoted docstring continues on the next line at the same indentation;
-- a one-line string literal becomes an implicit concatenation of parts (in parentheses
-  where no bracket holds it already; an f-string is cut only outside its ``{...}``; a part with no placeholder loses the
-  ``f``)), which the formatter then lays out one part per line.
+- a one-line string literal becomes an implicit concatenation of parts, in parentheses
+  where no bracket holds it already, which the formatter then lays out one part per line
+  (an f-string is cut only outside its ``{...}``; a part with no placeholder loses its
+  ``f``).
 
 Pragmas (``# noqa``, ``# type:``), words longer than the line and strings with escapes at a
 cut are left as they are. The result goes through the formatter again.
@@ -87,7 +88,7 @@ def _reflowed_comments(lines: list[str], comments: dict, width: int) -> dict[int
         if carry:
             line = lead + carry + " " + line[len(lead) :].lstrip()
             carry = ""
-        if len(line.rstrip("\r\n")) <= width and row not in edits and line is lines[row]:
+        elif len(line.rstrip("\r\n")) <= width:
             continue
         out = wrapped_text_line(line, width, comment_marker=True)
         nxt = row + 1

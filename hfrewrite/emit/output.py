@@ -6,7 +6,8 @@ Every generated file starts with ``header(...)``; the CLI and ``check`` both use
 dropped, imports sorted with ``vllm`` first-party and nested ``if``s joined (ruff F401, I,
 SIM102), formatted by the pinned ruff at vLLM's width, what ruff leaves long broken
 (emit/line_fit.py), parse-checked. It fails loudly rather than return unformatted text.
-Output depends only on its inputs: no timestamps, no paths of this machine, and ruff runs isolated from any project config, in an empty directory.
+Output depends only on its inputs: no timestamps, no paths of this machine, and ruff runs
+isolated from any project config, in an empty directory.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ RECORD_MORE = "#     "  # the record continued on the next line
 # The formatter settings are fixed here, not read from any pyproject, so the output does not
 # depend on where hfrewrite runs.
 RUFF_SETTINGS = (
-    "line-length=88",
+    f"line-length={WIDTH}",
     "target-version='py310'",
     "lint.isort.known-first-party=['vllm']",
-    "lint.ignore=['F405', 'F403', 'E731', 'B905', 'B007', 'UP032']",
+    "lint.ignore=['F405', 'F403', 'E731', 'B905', 'B007', 'UP032']",  # vLLM's ignores
 )
-# vLLM's ruff rule set (its pyproject.toml), less the rules it ignores
+# vLLM's ruff rule set (its pyproject.toml)
 VLLM_RULES = "E,F,UP,B,ISC,SIM,I,G"
 # vLLM's pre-commit (tools/pre_commit/check_spdx_header.py) wants both lines in every file.
 VLLM_COPYRIGHT = "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project"
@@ -155,12 +156,11 @@ def header(resolved, license_id: str = "Apache-2.0") -> str:
         command=convert_command(record),
         record=record.to_lines(),
     )
-    kept = [line for line in text.splitlines(keepends=True)]
-    return "".join(
-        "".join(wrapped_text_line(line, WIDTH, comment_marker=True))
-        if not line.startswith((SOURCE_TAG, RECORD_MORE))
-        else line
-        for line in kept
+    return "".join(  # the record is cut already (to_lines)
+        line
+        if line.startswith((SOURCE_TAG, RECORD_MORE))
+        else "".join(wrapped_text_line(line, WIDTH, comment_marker=True))
+        for line in text.splitlines(keepends=True)
     )
 
 

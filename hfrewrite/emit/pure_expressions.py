@@ -41,6 +41,19 @@ def computes_only(node: cst.BaseExpression, pure_calls: frozenset[str] = frozens
     return False
 
 
+def computed_local(statement: cst.BaseStatement, pure_calls: frozenset[str] = frozenset()) -> str | None:
+    """The name ``statement`` binds when it is ``name = <value that only computes>``."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return None
+    small = statement.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return None
+    target = small.targets[0].target
+    if isinstance(target, cst.Name) and computes_only(small.value, pure_calls):
+        return target.value
+    return None
+
+
 _CONVERSIONS = frozenset({"float", "double", "half", "int", "long"})
 
 
