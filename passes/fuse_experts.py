@@ -43,10 +43,12 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_sources import (
+    bound_init_exprs,
     built_with_block_config,
     flat_sources,
     layout,
     only_init_and_forward,
+    router_sizes,
     stacked_sources,
     swiglu_guard,
 )
@@ -170,10 +172,9 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     block = t.find_class(module, name)
     init = t.find_method(block, "__init__")
     built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
-    if moe.expert_mlp is not None:  # experts one module each, the router the block's Linear
-        sizes, act, renormalize = _module_list_sources(module, block, built, moe)
-        guards = ""
-        routing = _routing_kwargs(moe, {"router": {}, "block": t.init_exprs(block)}, name)
+    if moe.expert_mlp is not None:  # experts one module each, the router the block's Linear or its own class
+        sizes, act, renormalize, guards, router = _module_list_sources(module, block, built, moe)
+        routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     elif moe.flat_experts:  # experts as flat [E * I, H] parameters (dbrx)
         block_exprs = t.init_exprs(block)
         sizes, act, renormalize, guards = flat_sources(module, built, moe, block_exprs)
@@ -319,20 +320,24 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     return block, renormalize or "False"
 
 
-def _module_list_sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> tuple[dict, str, str]:
-    """Sizes, activation and renormalisation of a block whose router is its own
-    ``nn.Linear(H, E)`` and whose experts are ``nn.ModuleList([Expert(config) ...])``,
-    from the expressions the source builds them with."""
+def _module_list_sources(
+    module: cst.Module, block: cst.ClassDef, built: dict, moe
+) -> tuple[dict, str, str, str, dict]:
+    """Sizes, activation, renormalisation, router guards and the router's ``__init__``
+    expressions of a block whose experts are ``nn.ModuleList([Expert(config, ...) ...])`` and
+    whose router is its own ``nn.Linear(H, E)`` or a router class holding an ``[E, H]``
+    weight (DeepSeek's Hub ``MoEGate(config)``), from the expressions the source builds them with."""
     name, mlp = moe.module_class, moe.expert_mlp
     router = built.get(moe.router)
     experts = built.get(moe.experts)
     makes_expert = experts is not None and any(
         isinstance(n, cst.Call) and t.call_name(n) == moe.experts_class for n in t.walk(experts)
     )
-    if t.call_name(router) != "nn.Linear" or t.call_name(experts) != "nn.ModuleList" or not makes_expert:
+    found_sizes = router_sizes(module, router, moe)
+    if found_sizes is None or t.call_name(experts) != "nn.ModuleList" or not makes_expert:
         raise HfrewriteError(
-            f"{name}: {NAME}: not self.{moe.router} = nn.Linear(H, E) and "
-            f"self.{moe.experts} = nn.ModuleList([{moe.experts_class}(...) ...])"
+            f"{name}: {NAME}: not self.{moe.router} = nn.Linear(H, E) (or {moe.router_class}(config) "
+            f"holding an [E, H] weight) and self.{moe.experts} = nn.ModuleList([{moe.experts_class}(...) ...])"
         )
     expert_cls = t.find_class(module, moe.experts_class)
     expert_init = {
@@ -343,12 +348,15 @@ def _module_list_sources(module: cst.Module, block: cst.ClassDef, built: dict, m
         raise HfrewriteError(f"{name}: {NAME}: the experts' {mlp.gate.attr} is not nn.Linear(H, I)")
     block_exprs = t.init_exprs(block)
     # the sizes as the block and its experts compute them (`self.ffn_dim = config...`),
-    # the experts built with the block's own `config`
-    expert_exprs = t.init_exprs(expert_cls) if built_with_block_config(experts, expert_cls, moe) else {}
+    # the experts built with the block's own `config` (and keywords of the call, bound)
+    expert_exprs = {}
+    if built_with_block_config(experts, expert_cls, moe):
+        expert_exprs = bound_init_exprs(experts, expert_cls, moe.experts_class)
+    (num_experts, hidden), router_exprs = found_sizes
     sizes = {
-        "num_experts": t.resolved_self(t.code(t.arg(router, 1, "out_features")), block_exprs),
+        "num_experts": t.resolved_self(num_experts, router_exprs or block_exprs),
         "top_k": block_exprs.get(moe.top_k_attr, ""),
-        "hidden_size": t.resolved_self(t.code(t.arg(router, 0, "in_features")), block_exprs),
+        "hidden_size": t.resolved_self(hidden, router_exprs or block_exprs),
         "intermediate_size": t.resolved_self(t.code(t.arg(gate, 1, "out_features")), expert_exprs),
     }
     for size, expression in sizes.items():
@@ -362,8 +370,13 @@ def _module_list_sources(module: cst.Module, block: cst.ClassDef, built: dict, m
         if not act:
             raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
         act = act[len("ACT2FN[") : -1]
+    if router_exprs:
+        renormalize, guards = _source_renormalize(
+            t.find_class(module, moe.router_class), router_exprs, moe, name
+        )
+        return sizes, act, renormalize, guards, router_exprs
     renormalize, _ = _source_renormalize(block, block_exprs, moe, name)
-    return sizes, act, renormalize
+    return sizes, act, renormalize, "", {}
 
 
 class _NotReducing(cst.CSTTransformer):

@@ -277,6 +277,8 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
     finder = _FindAttentionCall()
     forward.visit(finder)
+    if plan.scale_attr:  # attention by hand: its scale's attribute, proven by value
+        finder.kwargs = {"scaling": t.expr(f"self.{plan.scale_attr}")}
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
     d = plan.dim

@@ -201,6 +201,12 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         refuse("vllm_attention", "attention dropout is not 0 at inference")
     softcap = value(call.kwargs.get("softcap"))
     scaling = value(call.kwargs.get("scaling"))
+    if call.target is causal_sdpa and scaling is not None and call.meta.get("by_hand"):
+        refuse(
+            "vllm_attention",
+            f"computes a softmax attention by hand at another scale than the default (its "
+            f"scores are scaled by {scaling:.6g}, not head_dim ** -0.5)",
+        )
     if call.target is causal_sdpa and scaling is not None:
         refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
     window = value(call.kwargs.get("sliding_window"))

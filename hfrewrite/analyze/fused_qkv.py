@@ -23,6 +23,21 @@ def fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group:
     are per role, as if the projection were three. Else ``no_group`` is the reason."""
     found = {role: linears_feeding(arg, scope, traced) for role, arg in args.items()}
     linears = {n for nodes in found.values() for n in nodes}
+    q_only = [n for n in found["q"] if n not in found["v"]]
+    q_width = value(args["q"]).shape[1] * value(args["q"]).shape[-1]  # [b, heads, s, d]
+    if (
+        len(linears) == 2
+        and len(found["v"]) == 1
+        and found["v"][0] in found["k"]
+        and len(q_only) == 1
+        and traced.linear_fact(q_only[0], path).out_features == q_width  # q's own projection
+    ):
+        q_attr, kv_attr = (traced.linear_fact(n, path).attr for n in (q_only[0], found["v"][0]))
+        refuse(
+            "fuse_qkv",
+            f"q comes from {q_attr} and k and v from one fused {kv_attr}: a separate q beside a "
+            "fused k/v projection is not rewritten into QKVParallelLinear yet",
+        )
     if len(linears) != 1 or any(len(nodes) != 1 for nodes in found.values()):
         raise no_group
     (proj,) = linears

@@ -34,6 +34,7 @@ _SCORE_STEPS = (
     torch.add,
     torch.mul,
     "masked_fill",
+    torch.masked_fill,
     torch.max,
     torch.maximum,
     "clamp",
@@ -49,10 +50,36 @@ MANUAL_REASON = (
 
 UNRECOGNISED_SOFTMAX_REASON = (
     "computes a softmax that is not recognised as attention (attention by hand is recognised as "
-    "q @ k^T scores per head (matmul over [batch, heads], or bmm/baddbmm over [batch * heads]), "
-    "a scale, a causal mask and possibly an ALiBi bias, then the probabilities @ v; other forms, "
-    "einsum among them, are not)"
+    "q @ k^T scores per head (matmul over [batch, heads], or bmm/baddbmm/einsum over "
+    "[batch * heads]), a scale, a causal mask and possibly an ALiBi bias, then the "
+    "probabilities @ v; other forms are not)"
 )
+
+
+def _is_product(node: object) -> bool:
+    """A batched ``a @ b``: matmul, bmm, or an einsum that spells one (``bik,bkj->bij``)."""
+    return _is(node, _MATMUL) or _einsum_operands(node) is not None
+
+
+def _einsum_operands(node: object) -> tuple[Node, Node] | None:
+    """(a, b) of ``torch.einsum("...ik,...kj->...ij", a, b)`` (any letters, the same batch
+    letters on all three), else None."""
+    if not _is(node, (torch.einsum, "einsum")) or not node.args or not isinstance(node.args[0], str):
+        return None
+    operands = node.args[1:]
+    if len(operands) == 1 and isinstance(operands[0], list | tuple):
+        operands = tuple(operands[0])
+    spec = node.args[0].replace(" ", "")
+    if len(operands) != 2 or spec.count("->") != 1 or spec.count(",") != 1:
+        return None
+    inputs, out = spec.split("->")
+    a, b = inputs.split(",")
+    if len(a) < 2 or len(a) != len(b) or len(a) != len(out) or len(set(a + b)) != len(a) + 1:
+        return None
+    batch, (i, k), (k2, j) = a[:-2], a[-2:], b[-2:]
+    if b[:-2] != batch or k != k2 or out != batch + i + j or len({i, k, j}) != 3:
+        return None
+    return operands[0], operands[1]
 
 
 def attends_by_hand(nodes, traced: Traced | None = None) -> bool:
@@ -88,11 +115,18 @@ def fold_manual_attention(traced: Traced) -> int:
             kwargs["alibi"] = factor
         else:
             # the scale may be applied to q before its product (ERNIE-4.5: q / sqrt(head_dim))
-            q = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got)), None)
-            if q is None:
+            unscaled = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got)), None)
+            # or be another constant multiplying the scores (DeepSeek's softmax_scale with
+            # YaRN's mscale): the leaf carries it, and only MLA accepts one (a named attribute)
+            scale = None if unscaled is not None else _score_scale(soft, qk_view_of(found))
+            if unscaled is None and (scale is None or not _reproduces(q, k, v, got, scale)):
                 continue
+            q = unscaled if unscaled is not None else q
+            if scale is not None:
+                kwargs["scaling"] = scale
         with graph.inserting_after(out):
             leaf = graph.call_function(causal_sdpa, (None, q, k, v, None), kwargs)
+        leaf.meta["by_hand"] = True  # (a scale it carries is refused unless MLA names it)
         with graph.inserting_after(leaf):
             first = graph.call_function(operator.getitem, (leaf, 0))
         with graph.inserting_after(first):
@@ -108,20 +142,47 @@ def fold_manual_attention(traced: Traced) -> int:
             back = flat
         for node, val in steps:
             _copy_meta(node, source_out, val)
-        source_out.replace_all_uses_with(back)
+        # (the per-head view of a flat output keeps reading it: it feeds the leaf)
+        source_out.replace_all_uses_with(back, delete_user_cb=lambda user, out=out: user is not out)
         folded += 1
     if folded:
         traced.graph_module.recompile()
     return folded
 
 
-def _reproduces(q: Node | None, k: Node, v: Node, got) -> bool:
-    """torch's causal SDPA of ``q``, ``k``, ``v`` at the default scale gives ``got``."""
+def _reproduces(q: Node | None, k: Node, v: Node, got, scale: float | None = None) -> bool:
+    """torch's causal SDPA of ``q``, ``k``, ``v`` at ``scale`` (default: the default one)
+    gives ``got``."""
     if q is None or not torch.is_tensor(got):
         return False
-    attended, _ = causal_sdpa(None, value(q), value(k), value(v), None)
+    attended, _ = causal_sdpa(None, value(q), value(k), value(v), None, scaling=scale)
     want = attended.transpose(1, 2)
     return got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def qk_view_of(found: tuple) -> Node:
+    """The scores node of ``found`` (what the softmax's chain starts from)."""
+    return found[5]
+
+
+def _score_scale(soft: Node, scores: Node) -> float | None:
+    """The one constant number the scores are multiplied (or divided) by between ``q @ k^T``
+    and the softmax, else None."""
+    numbers, node = [], scores
+    for _ in range(8):
+        if not isinstance(node, Node) or _is_product(node) or _is(node, _BADDBMM):
+            break
+        consts = [a for a in node.args if isinstance(a, int | float) and not isinstance(a, bool)]
+        if _is(node, (operator.mul, torch.mul)) and len(consts) == 1:
+            numbers.append(float(consts[0]))
+        elif _is(node, (operator.truediv, torch.div)) and len(consts) == 1 and node.args[1] == consts[0]:
+            numbers.append(1.0 / float(consts[0]))
+        shape = value(node).shape if torch.is_tensor(value(node)) else None
+        shaped = [a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == shape]
+        if len(shaped) != 1 and _is(node, _RESHAPES):
+            shaped = node.all_input_nodes[:1]  # flat [b * heads, s, s] scores viewed per head
+        node = shaped[0] if len(shaped) == 1 else None
+    return numbers[0] if len(numbers) == 1 else None
 
 
 def _unscaled(q: Node) -> Node | None:
@@ -179,25 +240,21 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     if len(users) == 1 and _flattens_heads(users[0], scores):
         probs = users[0]  # probabilities viewed as [b * heads, s, s] for a 3-d @ v
         users = list(probs.users)
-    if len(users) != 1 or not _is(users[0], _MATMUL) or users[0].args[0] is not probs:
+    if len(users) != 1 or not _is_product(users[0]) or _batches(users[0])[0] is not probs:
         return None
-    out, v = users[0], users[0].args[1]
-    node, qk_view = soft.args[0], None
-    for _ in range(6):  # back over the scale, the mask and casts to q @ k^T
-        if _is(node, _MATMUL):
+    out, v = users[0], _batches(users[0])[1]
+    node, qk_view, shape = soft.args[0], None, scores.shape
+    for _ in range(8):  # back over the scale, the mask and casts to q @ k^T
+        if _is_product(node) or (qk_view is not None and _is(node, _BADDBMM)):
             break
-        if (
-            _is(node, _RESHAPES)
-            and _is(node.args[0], _MATMUL + _BADDBMM)
-            and _flattens_heads(node.args[0], scores)
-        ):
-            qk_view, node = node, node.args[0]  # [b * heads, s, s] scores viewed as [b, heads, s, s]
-            break
+        if qk_view is None and _is(node, _RESHAPES) and _flattens_heads(node.args[0], scores):
+            # [b * heads, s, s] scores viewed as [b, heads, s, s], maybe scaled before (TeleChat)
+            qk_view, node = node, node.args[0]
+            shape = value(node).shape
+            continue
         if not _is(node, _SCORE_STEPS):
             return None
-        shaped = [
-            a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == scores.shape
-        ]
+        shaped = [a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == shape]
         if len(shaped) != 1:
             return None
         node = shaped[0]
@@ -219,7 +276,9 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
 
 
 def _batches(node: Node) -> tuple[object, object]:
-    """(q, k^T) of ``q @ k^T``, or of ``bias.baddbmm(q, k^T, ...)``."""
+    """(q, k^T) of ``q @ k^T`` (an einsum's included), or of ``bias.baddbmm(q, k^T, ...)``."""
+    if (einsum := _einsum_operands(node)) is not None:
+        return einsum
     if not _is(node, _BADDBMM):
         return node.args[0], node.args[1]
     args = node.args[1:]  # the bias comes first, as the method's object or the first argument

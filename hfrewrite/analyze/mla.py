@@ -32,7 +32,7 @@ from hfrewrite.analyze.branches import config_branches
 from hfrewrite.analyze.dataflow import linears_feeding
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
-from hfrewrite.analyze.trace import Traced, is_norm, relative, value
+from hfrewrite.analyze.trace import Traced, causal_sdpa, is_norm, relative, value
 
 PATTERN = "mla_attention"
 ATOL = 1e-4
@@ -71,15 +71,16 @@ VLLM_MLA_TYPES = frozenset(
 
 
 def is_mla(traced: Traced, path: str) -> bool:
-    """The attention's v comes from one projection that k also comes from and q does not
-    (the expansion of a shared latent): the shape this analysis handles."""
+    """The attention's v comes from one projection that k also comes from and q does not,
+    and that reads another projection (the expansion of a shared latent): the shape this
+    analysis handles. A fused k/v projection of the hidden states (TeleChat) is not MLA."""
     try:
         call = _attention_call(traced, path)
     except Refusal:
         return False
     scope = set(traced.nodes_in(path))
     q, k, v = (linears_feeding(arg, scope, traced) for arg in call.args[1:4])
-    return len(v) == 1 and v[0] in k and v[0] not in q
+    return len(v) == 1 and v[0] in k and v[0] not in q and bool(linears_feeding(v[0].args[0], scope, traced))
 
 
 def analyze_mla(traced: Traced, path: str, config, layer_type: str | None = None) -> MlaPlan | NoMatch:
@@ -94,6 +95,14 @@ def analyze_mla(traced: Traced, path: str, config, layer_type: str | None = None
         return _analyze(traced, path, cls, config, layer_type)
     except Refusal as refusal:  # the attention's own checks (attention.py) refuse as MLA here
         return NoMatch(PATTERN, cls, refusal.no_match.reason)
+
+
+def _scale_attr(attention: nn.Module, scaling: float, cls: str) -> str:
+    """The one float attribute of hand-written attention equal to its proven scale."""
+    holders = [a for a, v in vars(attention).items() if type(v) is float and v == scaling and a[0] != "_"]
+    if len(holders) != 1:
+        refuse(PATTERN, f"{len(holders)} float attributes of {cls} hold its attention scale ({scaling:.6g})")
+    return holders[0]
 
 
 def _one(nodes: list[Node], what: str) -> Node:
@@ -261,6 +270,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         kv_lora_rank=kv_lora,
         q_lora_rank=sizes.get("q_lora_rank"),
         scaling=scaling,
+        scale_attr=_scale_attr(attention, scaling, cls) if call.target is causal_sdpa else None,
         rope_neox=neox,
         rope_kind=rope_kind,
         rope_kinds=(rope_kind,),

@@ -57,6 +57,7 @@ from hfrewrite.analyze.plan import (
 )
 from hfrewrite.analyze.rope import ABSOLUTE_ROTARY_FIELD
 from hfrewrite.analyze.shrink import shrink_config
+from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, tied_target
 from hfrewrite.analyze.trace import (
     Traced,
@@ -371,6 +372,7 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
         traced = trace(layer, args, kwargs, layer_masks)
     except Exception as e:
         raise Refusal(NoMatch("trace", type(layer).__name__, error_line(e))) from e
+    fold_slice_writes(traced)  # q and k written into empty tensors (DeepSeek-V3's Hub code)
     fold_manual_attention(traced)  # attention written out by hand, when proven causal
     return traced
 

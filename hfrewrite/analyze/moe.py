@@ -45,14 +45,14 @@ from hfrewrite.analyze.moe_modules import (
 )
 from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
-    MULS,
-    PASS_THROUGH,
     config_attrs,
+    output_scale,
     root,
     route,
     router_facts,
     scoring_of,
     skip,
+    users_through_views,
 )
 from hfrewrite.analyze.trace import Traced, is_experts, relative, value
 
@@ -95,7 +95,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         return NoMatch(PATTERN, cls, f"the experts have biases {sorted(biases)}")
 
     output = call
-    scaled = None if facts.get("carried_router") else _output_scale(traced, path, call)
+    scaled = None if facts.get("carried_router") else output_scale(traced, path, call)
     if scaled is not None:  # minimax_m3: the block scales the experts' output
         output, scale = scaled
         attrs = config_attrs(block, facts["router"], {"routed_scaling_factor": scale})
@@ -175,11 +175,18 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
     if isinstance(picked, str):
         return NoMatch(PATTERN, cls, picked)
     index, weights = picked
-    linears = [n for n in traced.linears_in(path) if not relative(n.target, path).startswith(f"{attr}.")]
+    shared = _modules_shared_expert(traced, path, cls, attr)
+    if isinstance(shared, NoMatch):
+        return shared
+    others = {attr, shared}
+    linears = [
+        n
+        for n in traced.nodes_in(path)
+        if (n.op == "call_function" and n.target is F.linear)
+        or (n in traced.linears_in(path) and relative(n.target, path).split(".")[0] not in others)
+    ]
     if len(linears) != 1:
-        return NoMatch(
-            PATTERN, cls, "the block holds linears beside its router and experts (a shared expert?)"
-        )
+        return NoMatch(PATTERN, cls, "the block holds linears beside its router, experts and shared expert")
     facts = router_facts(traced, path, block, index, weights, root(linears[0].args[0]))
     if isinstance(facts, str):
         return NoMatch(PATTERN, cls, facts)
@@ -200,7 +207,7 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
         experts_class=type(experts[0]).__name__,
         num_experts=len(experts),
         activation=mlp.activation,
-        shared_expert=None,
+        shared_expert=shared,
         shared_expert_gate=None,
         checkpoint_expert_names=(mlp.gate.attr, mlp.down.attr, mlp.up.attr),
         expert_mlp=mlp,
@@ -214,6 +221,27 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
         if _replay(block, other, x) is None:
             return other
     return NoMatch(PATTERN, cls, mismatch) if mismatch else plan
+
+
+def _modules_shared_expert(traced: Traced, path: str, cls: str, attr: str) -> str | None | NoMatch:
+    """The shared expert a block of expert modules adds to its routed output (DeepSeek's Hub
+    ``y = y + self.shared_experts(identity)``): the direct child called in the block's last
+    add, or None."""
+    outputs = traced.outputs_of(path)
+    if len(outputs) != 1 or outputs[0].target not in (operator.add, torch.add, operator.iadd):
+        return None
+    children = [
+        a
+        for a in map(skip, outputs[0].args)
+        if isinstance(a, Node) and a.op == "call_module" and relative(a.target, path).split(".")[0] != attr
+    ]
+    if len(children) != 1:
+        return None
+    routed_out = next(a for a in outputs[0].args if skip(a) is not children[0])
+    shared, gate = _shared_expert(traced, path, cls, routed_out)
+    if isinstance(shared, NoMatch) or gate is not None:
+        return shared if isinstance(shared, NoMatch) else NoMatch(PATTERN, cls, "a gated shared expert")
+    return shared
 
 
 def _flat_experts(traced: Traced, path: str, block: nn.Module) -> MoePlan | NoMatch | None:
@@ -307,7 +335,7 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
     inside = set(traced.nodes_in(path))
     adds = [
         u
-        for u in _users_through_views(experts_call)
+        for u in users_through_views(experts_call)
         if u in inside and u.target in (operator.add, torch.add, operator.iadd)
     ]
     if not adds:
@@ -340,28 +368,6 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
         ), None
     shared = relative(other.target, path).split(".")[0]
     return shared, gate
-
-
-def _output_scale(traced: Traced, path: str, experts_call: Node) -> tuple[Node, float] | None:
-    """(the product, the constant) when the block multiplies the experts' output by one
-    number before anything else reads it (vLLM's routed scale applied to the output)."""
-    inside = set(traced.nodes_in(path))
-    users = [u for u in _users_through_views(experts_call) if u in inside]
-    if len(users) != 1 or users[0].target not in MULS:
-        return None
-    numbers = [a for a in users[0].args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-    return (users[0], float(numbers[0])) if len(numbers) == 1 and len(users[0].args) == 2 else None
-
-
-def _users_through_views(node: Node) -> list[Node]:
-    users, todo = [], list(node.users)
-    while todo:
-        u = todo.pop(0)
-        if u.op == "call_method" and u.target in ("view", "reshape", *PASS_THROUGH):
-            todo.extend(u.users)
-        else:
-            users.append(u)
-    return users
 
 
 def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:

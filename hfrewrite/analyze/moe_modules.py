@@ -24,7 +24,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.plan import MlpPlan, NoMatch
-from hfrewrite.analyze.trace import Traced, trace
+from hfrewrite.analyze.trace import Traced, trace, value
 
 PATTERN = "fuse_experts"
 
@@ -95,20 +95,52 @@ def _weighted_expert(expert: nn.Module, tokens: torch.Tensor, generator) -> Trac
 
 
 def routed(traced: Traced, path: str) -> tuple[Node, Node] | str:
-    """(expert ids, routing weights): the indices of the block's one top-k, and the values
-    it hands the experts (what its values become before the per-expert loop indexes
-    them), or why not."""
+    """(expert ids, routing weights): the indices of the block's top-k over the experts (the
+    widest, when group top-ks come first: DeepSeek's Hub gate), and the values it hands the
+    experts (the top-k's values, or the scores gathered at its indices, up to what the
+    per-expert loop indexes), or why not."""
     inside = set(traced.nodes_in(path))
     topks = [n for n in inside if n.target is torch.topk or (n.op == "call_method" and n.target == "topk")]
-    if len(topks) != 1:
+    widths = {n: value(n.args[0]).shape[-1] if torch.is_tensor(value(n.args[0])) else 0 for n in topks}
+    widest = [n for n in topks if widths[n] == max(widths.values(), default=0)]
+    if len(widest) != 1 or (len(topks) > 1 and any(value(n.args[0]).dim() > 2 for n in widest)):
         return f"{len(topks)} top-k choices of experts instead of one"
-    picks = {u.args[1]: u for u in topks[0].users if u.target is operator.getitem}
-    if set(picks) != {0, 1}:
+    picks = {u.args[1]: u for u in widest[0].users if u.target is operator.getitem and u.users}
+    gathered = [u for u in picks.get(1, widest[0]).users if _gathers_at(u, picks.get(1))]
+    if 1 not in picks or (0 not in picks and len(gathered) != 1):
         return "the top-k's values and indices are not both used"
-    weights = picks[0]
-    while len(weights.users) == 1 and not _indexes(next(iter(weights.users)), weights):
-        weights = next(iter(weights.users))
+    weights = picks[0] if 0 in picks else gathered[0]
+    # a router module's top-k: its weights are what it returns (DeepSeek's MoEGate)
+    router = [
+        c for c, _ in traced.module.get_submodule(path).named_children() if weights in _nodes(traced, path, c)
+    ]
+    walk = set(_nodes(traced, path, router[0])) if router else inside
+    while (after := _next_weight(weights)) is not None and after in walk:
+        weights = after
     return picks[1], weights
+
+
+def _nodes(traced: Traced, path: str, child: str) -> list[Node]:
+    return traced.nodes_in(f"{path}.{child}" if path else child)
+
+
+def _gathers_at(node: Node, index: Node | None) -> bool:
+    """``scores.gather(1, index)`` (or ``torch.gather``)."""
+    return node.target in ("gather", torch.gather) and len(node.args) == 3 and node.args[2] is index
+
+
+def _next_weight(node: Node) -> Node | None:
+    """The one next step of the routing weights before the experts' loop indexes them:
+    the only user, or the only one of the same shape beside reductions of it (the sum a
+    renormalisation divides by)."""
+    users = list(node.users)
+    if any(_indexes(u, node) or "value" not in u.meta for u in users):
+        return None
+    if len(users) == 1:
+        return users[0]
+    shape = value(node).shape if torch.is_tensor(value(node)) else None
+    same = [u for u in users if torch.is_tensor(value(u)) and value(u).shape == shape]
+    return same[0] if shape is not None and len(same) == 1 else None
 
 
 def _indexes(node: Node, source: Node) -> bool:

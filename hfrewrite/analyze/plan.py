@@ -169,6 +169,9 @@ class MlaPlan:
     # branch, and the forward's config test choosing the low-rank one with its value then
     q_other: str | None = None
     q_switch: tuple[str, bool] | None = None
+    # Attention written out by hand (no attention_interface call to read ``scaling=`` from):
+    # the attention module's attribute holding the proven scale (DeepSeek's softmax_scale)
+    scale_attr: str | None = None
 
     def dim(self, name: str) -> str:
         return dict(self.dims)[name]

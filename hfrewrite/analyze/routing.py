@@ -266,3 +266,25 @@ def route(logits: torch.Tensor, facts: MoePlan, correction: torch.Tensor | None)
     if facts.renormalize:
         w = w / w.sum(dim=-1, keepdim=True)
     return w * facts.routed_scaling_factor, idx
+
+
+def output_scale(traced: Traced, path: str, experts_call: Node) -> tuple[Node, float] | None:
+    """(the product, the constant) when the block multiplies the experts' output by one
+    number before anything else reads it (vLLM's routed scale applied to the output)."""
+    inside = set(traced.nodes_in(path))
+    users = [u for u in users_through_views(experts_call) if u in inside]
+    if len(users) != 1 or users[0].target not in MULS:
+        return None
+    numbers = [a for a in users[0].args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    return (users[0], float(numbers[0])) if len(numbers) == 1 and len(users[0].args) == 2 else None
+
+
+def users_through_views(node: Node) -> list[Node]:
+    users, todo = [], list(node.users)
+    while todo:
+        u = todo.pop(0)
+        if u.op == "call_method" and u.target in ("view", "reshape", *PASS_THROUGH):
+            todo.extend(u.users)
+        else:
+            users.append(u)
+    return users

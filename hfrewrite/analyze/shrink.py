@@ -171,6 +171,8 @@ def _shrink_mla(config, small) -> None:
         _set(small, "qk_head_dim", sizes["qk_rope_head_dim"] + sizes["qk_nope_head_dim"])
     if hasattr(config, "head_dim"):
         _set(small, "head_dim", sizes["qk_rope_head_dim"])
+    if getattr(small, "max_position_embeddings", None) in sizes.values():  # a tiny config's 512
+        _set(small, "max_position_embeddings", 4096)
 
 
 def _set(config, name: str, value) -> None:

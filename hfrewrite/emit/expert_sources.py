@@ -209,3 +209,56 @@ def built_with_block_config(experts: cst.BaseExpression, expert_cls: cst.ClassDe
         and t.code(calls[0].args[0].value) == "config"
         and params[:1] == ["config"]
     )
+
+
+def bound_init_exprs(
+    experts: cst.BaseExpression, expert_cls: cst.ClassDef, experts_class: str
+) -> dict[str, str]:
+    """``init_exprs`` of the expert class, each of its ``__init__`` parameters (``config``
+    aside) replaced by what the block's one call binds to it, or by its default:
+    ``DeepseekV3MLP(config, intermediate_size=config.moe_intermediate_size)`` makes
+    ``self.intermediate_size = config.intermediate_size if intermediate_size is None else
+    intermediate_size`` read the call's expression."""
+    call = next(n for n in t.walk(experts) if isinstance(n, cst.Call) and t.call_name(n) == experts_class)
+    init = t.find_method(expert_cls, "__init__")
+    bound = {}
+    for param in init.params.params[1:]:
+        name = param.name.value
+        at = t.bound_arg(call, init, True, name)
+        if at is None or (at == -1 and param.default is None):
+            return {}
+        if name != "config":
+            bound[name] = call.args[at].value if at != -1 else param.default
+
+    class _Bind(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.names: set[int] = set()  # attribute names (`.x` of `a.x`) are not parameters
+
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            self.names.add(id(node.attr))
+
+        def leave_Name(self, original, updated):
+            return updated if id(original) in self.names else bound.get(updated.value, updated)
+
+    return {attr: t.code(t.expr(code).visit(_Bind())) for attr, code in t.init_exprs(expert_cls).items()}
+
+
+def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
+    """((E, H) expressions, the router class's ``__init__`` expressions) of ``nn.Linear(H, E)``
+    (no class: ``{}``) or of ``Router(config)`` whose ``self.weight = nn.Parameter(
+    torch.empty((E, H)))``; else None."""
+    if t.call_name(router) == "nn.Linear":
+        return (t.code(t.arg(router, 1, "out_features")), t.code(t.arg(router, 0, "in_features"))), {}
+    if t.call_name(router) != moe.router_class or not router.args or t.code(router.args[0].value) != "config":
+        return None
+    exprs = t.init_exprs(t.find_class(module, moe.router_class))
+    empty = [
+        n
+        for n in t.walk(t.expr(exprs.get("weight", "None")))
+        if isinstance(n, cst.Call) and t.call_name(n) in ("torch.empty", "torch.zeros", "torch.randn")
+    ]
+    if len(empty) != 1:
+        return None
+    dims = empty[0].args[0].value.elements if isinstance(empty[0].args[0].value, cst.Tuple) else empty[0].args
+    dims = [d.value for d in dims]
+    return ((t.code(dims[0]), t.code(dims[1])), exprs) if len(dims) == 2 else None

@@ -43,8 +43,8 @@ PASSES: tuple[ModuleType, ...] = (
     fuse_qkv,
     vllm_attention,
     mla_attention,
+    fuse_experts,  # before fuse_gate_up: it reads the experts' class as the source has it
     fuse_gate_up,
-    fuse_experts,
     row_parallel,
     fused_residual_norm,
     parallel_embedding,
