@@ -118,7 +118,7 @@ def fold_manual_attention(traced: Traced) -> int:
             unscaled = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got)), None)
             # or be another constant multiplying the scores (DeepSeek's softmax_scale with
             # YaRN's mscale): the leaf carries it, and only MLA accepts one (a named attribute)
-            scale = None if unscaled is not None else _score_scale(soft, qk_view_of(found))
+            scale = None if unscaled is not None else _score_scale(soft)
             if unscaled is None and (scale is None or not _reproduces(q, k, v, got, scale)):
                 continue
             q = unscaled if unscaled is not None else q
@@ -160,28 +160,16 @@ def _reproduces(q: Node | None, k: Node, v: Node, got, scale: float | None = Non
     return got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def qk_view_of(found: tuple) -> Node:
-    """The scores node of ``found`` (what the softmax's chain starts from)."""
-    return found[5]
-
-
-def _score_scale(soft: Node, scores: Node) -> float | None:
+def _score_scale(soft: Node) -> float | None:
     """The one constant number the scores are multiplied (or divided) by between ``q @ k^T``
     and the softmax, else None."""
-    numbers, node = [], scores
-    for _ in range(8):
-        if not isinstance(node, Node) or _is_product(node) or _is(node, _BADDBMM):
-            break
+    numbers = []
+    for node in _score_steps(soft)[0]:  # (the fold's candidates walked it before)
         consts = [a for a in node.args if isinstance(a, int | float) and not isinstance(a, bool)]
         if _is(node, (operator.mul, torch.mul)) and len(consts) == 1:
             numbers.append(float(consts[0]))
         elif _is(node, (operator.truediv, torch.div)) and len(consts) == 1 and node.args[1] == consts[0]:
             numbers.append(1.0 / float(consts[0]))
-        shape = value(node).shape if torch.is_tensor(value(node)) else None
-        shaped = [a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == shape]
-        if len(shaped) != 1 and _is(node, _RESHAPES):
-            shaped = node.all_input_nodes[:1]  # flat [b * heads, s, s] scores viewed per head
-        node = shaped[0] if len(shaped) == 1 else None
     return numbers[0] if len(numbers) == 1 else None
 
 
@@ -223,6 +211,30 @@ def _is(node: object, targets: tuple) -> bool:
     return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in targets
 
 
+def _score_steps(soft: Node) -> tuple[list[Node], Node, Node | None] | None:
+    """Back from the softmax over the scale, the mask and casts to ``q @ k^T``: (the steps,
+    the product, the view of flat ``[b * heads, s, s]`` scores as ``[b, heads, s, s]`` or
+    None), or None when a step is not one of those."""
+    scores = value(soft)
+    node, qk_view, shape, steps = soft.args[0], None, scores.shape, []
+    for _ in range(8):
+        if _is_product(node) or (qk_view is not None and _is(node, _BADDBMM)):
+            return steps, node, qk_view
+        if qk_view is None and _is(node, _RESHAPES) and _flattens_heads(node.args[0], scores):
+            # flat scores viewed per head, maybe scaled before the view (TeleChat)
+            qk_view, node = node, node.args[0]
+            shape = value(node).shape
+            continue
+        if not _is(node, _SCORE_STEPS):
+            return None
+        shaped = [a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == shape]
+        if len(shaped) != 1:
+            return None
+        steps.append(node)
+        node = shaped[0]
+    return None
+
+
 def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | None:
     """(q, k, v, output, the value of q @ k^T as ``[b, heads, s, s]``, scores) around a
     softmax over the last dim, or None."""
@@ -243,23 +255,10 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     if len(users) != 1 or not _is_product(users[0]) or _batches(users[0])[0] is not probs:
         return None
     out, v = users[0], _batches(users[0])[1]
-    node, qk_view, shape = soft.args[0], None, scores.shape
-    for _ in range(8):  # back over the scale, the mask and casts to q @ k^T
-        if _is_product(node) or (qk_view is not None and _is(node, _BADDBMM)):
-            break
-        if qk_view is None and _is(node, _RESHAPES) and _flattens_heads(node.args[0], scores):
-            # [b * heads, s, s] scores viewed as [b, heads, s, s], maybe scaled before (TeleChat)
-            qk_view, node = node, node.args[0]
-            shape = value(node).shape
-            continue
-        if not _is(node, _SCORE_STEPS):
-            return None
-        shaped = [a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == shape]
-        if len(shaped) != 1:
-            return None
-        node = shaped[0]
-    else:
+    walked = _score_steps(soft)
+    if walked is None:
         return None
+    _, node, qk_view = walked
     q, kt = _batches(node)
     k = _untransposed(kt)
     operands = (q, k, v, out)

@@ -178,12 +178,12 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
     shared = _modules_shared_expert(traced, path, cls, attr)
     if isinstance(shared, NoMatch):
         return shared
-    others = {attr, shared}
+    modules = set(traced.linears_in(path))  # the router's, as nn.Linear or F.linear
     linears = [
         n
         for n in traced.nodes_in(path)
         if (n.op == "call_function" and n.target is F.linear)
-        or (n in traced.linears_in(path) and relative(n.target, path).split(".")[0] not in others)
+        or (n in modules and relative(n.target, path).split(".")[0] not in (attr, shared))
     ]
     if len(linears) != 1:
         return NoMatch(PATTERN, cls, "the block holds linears beside its router, experts and shared expert")

@@ -280,6 +280,7 @@ def output_scale(traced: Traced, path: str, experts_call: Node) -> tuple[Node, f
 
 
 def users_through_views(node: Node) -> list[Node]:
+    """The users of ``node``, past views, reshapes and casts."""
     users, todo = [], list(node.users)
     while todo:
         u = todo.pop(0)
