@@ -18,16 +18,22 @@ NAME = "fuse_experts"
 
 
 class _Substitute(cst.CSTTransformer):
-    def __init__(self, name: str, expr: cst.BaseExpression) -> None:
-        self.name, self.expr = name, expr
+    """Names replaced by expressions (a call's arguments for its parameters); attribute
+    names (the ``x`` of ``a.x``) are not names."""
+
+    def __init__(self, bound: dict[str, cst.BaseExpression]) -> None:
+        self.bound, self.attrs = bound, set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.attrs.add(id(node.attr))
 
     def leave_Name(self, original, updated):
-        return self.expr if updated.value == self.name else updated
+        return updated if id(original) in self.attrs else self.bound.get(updated.value, updated)
 
 
-def _bound(expr: str, param: str, arg: cst.BaseExpression) -> str:
-    """``expr`` of a class built with ``param`` bound to ``arg``."""
-    return t.code(t.expr(expr).visit(_Substitute(param, arg)))
+def _bound(expr: str, bound: dict[str, cst.BaseExpression]) -> str:
+    """``expr`` of a class built with its parameters bound to these arguments."""
+    return t.code(t.expr(expr).visit(_Substitute(bound)))
 
 
 def _built_with_config(module: cst.Module, call: cst.BaseExpression | None, cls: str, where: str):
@@ -53,7 +59,7 @@ def flat_sources(module: cst.Module, built: dict, moe, block_exprs: dict[str, st
             raise HfrewriteError(
                 f"{name}: {NAME}: {moe.experts_class}.{attr} ({size}) is not set from its config"
             )
-        sizes[size] = _bound(expr, param, arg)
+        sizes[size] = _bound(expr, {param: arg})
     sizes = {"num_experts": sizes["num_experts"], "top_k": block_exprs.get(moe.top_k_attr, ""), **sizes}
     if not sizes["top_k"] or "self." in sizes["top_k"]:
         raise HfrewriteError(f"{name}: {NAME}: self.{moe.top_k_attr} (top_k) is not set from the config")
@@ -101,7 +107,7 @@ def _activation(module: cst.Module, experts_cls: cst.ClassDef, param: str, arg, 
         raise HfrewriteError(
             f"{moe.module_class}: {NAME}: the experts' activation is not set from the config"
         )
-    return t.code(key.visit(_Substitute(holder_param, arg)))
+    return t.code(key.visit(_Substitute({holder_param: arg})))
 
 
 def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> tuple[str, str]:
@@ -230,17 +236,7 @@ def bound_init_exprs(
         if name != "config":
             bound[name] = call.args[at].value if at != -1 else param.default
 
-    class _Bind(cst.CSTTransformer):
-        def __init__(self) -> None:
-            self.names: set[int] = set()  # attribute names (`.x` of `a.x`) are not parameters
-
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            self.names.add(id(node.attr))
-
-        def leave_Name(self, original, updated):
-            return updated if id(original) in self.names else bound.get(updated.value, updated)
-
-    return {attr: t.code(t.expr(code).visit(_Bind())) for attr, code in t.init_exprs(expert_cls).items()}
+    return {attr: _bound(code, bound) for attr, code in t.init_exprs(expert_cls).items()}
 
 
 def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
