@@ -269,7 +269,6 @@ def isolated_resolution(
 ) -> ResolvedModel:
     """Hub custom code resolved and analysed under a transformers 4.x overlay; its config
     here is the repository's values on transformers' base class."""
-    from transformers import PretrainedConfig
 
     from hfrewrite.isolate.analysis import analyze_isolated
 
@@ -280,7 +279,7 @@ def isolated_resolution(
         source_kind=kind,
         revision=revision,
         model_type=model_type,
-        config=PretrainedConfig.from_dict(isolated.config_data),
+        config=_base_config(isolated.config_data),
         modeling_path=isolated.modeling_path,
         modeling_module=isolated.modeling_module,
         transformers_version=isolated.version,
@@ -290,6 +289,19 @@ def isolated_resolution(
         isolated=isolated,
         location=str(Path(where).resolve()) if kind == "dir" else where,
     )
+
+
+def _base_config(data: dict):
+    """The repository's values on transformers' base config class. ``rope_scaling`` is set
+    last: transformers 5 reads it with the other fields (a YaRN config's positions) at hand."""
+    from transformers import PretrainedConfig
+
+    data = dict(data)
+    rope_scaling = data.pop("rope_scaling", None)
+    config = PretrainedConfig.from_dict(data)
+    if rope_scaling is not None:
+        config.rope_scaling = rope_scaling
+    return config
 
 
 def _transformers_root() -> Path:

@@ -47,10 +47,10 @@ from hfrewrite.emit.expert_sources import (
     built_with_block_config,
     flat_sources,
     layout,
-    only_init_and_forward,
     router_sizes,
     stacked_sources,
     swiglu_guard,
+    taken_init_branches,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.pure_expressions import computed_local
@@ -170,7 +170,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     moe = ctx.plan.moe
     name = moe.module_class
     block = t.find_class(module, name)
-    init = t.find_method(block, "__init__")
+    init, init_guards = taken_init_branches(t.find_method(block, "__init__"), moe)
     built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
     if moe.expert_mlp is not None:  # experts one module each, the router the block's Linear or its own class
         sizes, act, renormalize, guards, router = _module_list_sources(module, block, built, moe)
@@ -297,11 +297,10 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     )
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
     forward = t.with_body(forward, t.stmts(body))
-    new_init = t.guards_first(new_init, guards)
+    new_init = t.guards_first(new_init, init_guards + guards)
     block = t.set_method(block, t.with_body(init, new_init))
     block = t.set_method(block, forward)
-    if moe.flat_experts:  # the runner routes: the block's own routing method goes (dbrx)
-        block = only_init_and_forward(block)
+    block = t.without_unused_methods(block)  # the runner routes: dbrx's routing method, moe_infer go
     if moe.carried_router:
         w, ids = moe.carried_router
         block = t.set_method(

@@ -22,6 +22,7 @@ Preconditions: the attention call passes ``scaling=`` (carried as the softmax sc
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 from hfrewrite.passes.vllm_attention import _FindAttentionCall
 
 from hfrewrite.analyze.plan import MlaPlan
@@ -284,12 +285,19 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     d = plan.dim
     replaced = {a for a in (plan.q_a, plan.q_b, plan.q_other, plan.kv_a, plan.kv_b, plan.o) if a}
     body, at, guarded = [], None, []
+    made = {"mla_attn", "rotary_emb", "fused_qkv_a_proj", "num_local_heads"}
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
-        if attr in {"mla_attn", "rotary_emb", "fused_qkv_a_proj", "num_local_heads"}:
+        if attr in made:
             raise HfrewriteError(f"{name}: {NAME}: self.{attr} already exists")
         if attr in replaced:
             at = len(body) if at is None else at
+            continue
+        if isinstance(s, cst.If) and _assigned_in(s) & replaced:  # `if self.q_lora_rank is None:` ...
+            at = len(body) if at is None else at
+            if (s := _without_assignments(s, replaced)) is None:
+                continue
+        if _only_rebuilds(s, cls, made):  # `self._init_rope()`: the source's rope, replaced
             continue
         if attr in plan.none_attrs:
             guarded.append(attr)
@@ -298,6 +306,7 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         raise HfrewriteError(f"{name}: {NAME}: the projections are not assigned in __init__")
     try:
         switches = t.branch_guards(plan.config_branches, t.init_exprs(cls), name, "forward")
+        switches += t.branch_guards(plan.init_branches, t.init_exprs(cls), name, "__init__")
         query_switch = plan.q_switch and t.config_test(plan.q_switch[0], t.init_exprs(cls))
     except ValueError as e:
         raise HfrewriteError(
@@ -326,20 +335,58 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
             }
         ),
     )
-    # helpers of the source's forward (expand_kv) go with it
-    used = t.self_attrs_used(t.find_method(cls, "__init__")) | t.self_attrs_used(
-        t.find_method(cls, "forward")
-    )
-    members = [
-        s
-        for s in cls.body.body
-        if not (
-            isinstance(s, cst.FunctionDef)
-            and s.name.value not in ("__init__", "forward")
-            and s.name.value not in used
+    return t.without_unused_methods(cls)  # helpers of the source's forward (expand_kv) go with it
+
+
+def _assigned_in(node: cst.CSTNode) -> set[str]:
+    """The ``self.<attr>`` assigned anywhere in ``node``."""
+    return {
+        a for s in t.walk(node) if isinstance(s, cst.SimpleStatementLine) and (a := t.self_attr_assigned(s))
+    }
+
+
+def _without_assignments(statement: cst.If, attrs: set[str]) -> cst.BaseStatement | None:
+    """An ``if``/``else`` of ``__init__`` without its assignments of ``attrs`` (the projections
+    the rewrite builds itself): a branch left empty goes, its test negated when the other
+    branch stays; None when nothing stays."""
+
+    def kept(block) -> list[cst.BaseStatement]:
+        return [s for s in block.body if t.self_attr_assigned(s) not in attrs] if block else []
+
+    body, orelse = kept(statement.body), kept(statement.orelse.body if statement.orelse else None)
+    if any(isinstance(s, cst.BaseCompoundStatement) for s in body + orelse) or isinstance(
+        statement.orelse, cst.If
+    ):
+        raise HfrewriteError(f"{NAME}: the projections are built under nested branches")
+    if not body and not orelse:
+        return None
+    if not body:
+        negated = t.expr(f"not ({t.code(statement.test)})")
+        return statement.with_changes(
+            test=negated, body=statement.body.with_changes(body=orelse), orelse=None
         )
-    ]
-    return cls.with_changes(body=cls.body.with_changes(body=members))
+    orelse_block = (
+        statement.orelse.with_changes(body=statement.orelse.body.with_changes(body=orelse))
+        if orelse
+        else None
+    )
+    return statement.with_changes(body=statement.body.with_changes(body=body), orelse=orelse_block)
+
+
+def _only_rebuilds(statement: cst.BaseStatement, cls: cst.ClassDef, attrs: set[str]) -> bool:
+    """``self.<method>()`` where the method's only effect on the module is assigning
+    attributes the rewrite assigns itself (the source's ``_init_rope`` building its rope)."""
+    if not m.matches(
+        statement,
+        m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=m.Name("self")), args=[]))]),
+    ):
+        return False
+    method = t.find_method(cls, statement.body[0].value.func.attr.value)
+    if method is None:
+        return False
+    assigned = _assigned_in(method)
+    calls_self = m.findall(method, m.Call(func=m.Attribute(value=m.Name("self"))))
+    return bool(assigned) and assigned <= attrs and not calls_self
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

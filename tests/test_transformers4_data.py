@@ -26,6 +26,7 @@ def test_the_families():
         "baichuan2",
         "baichuan_13b",
         "chatglm",
+        "deepseek",
         "ernie4_5",
         "falcon_rw",
         "internlm2",

@@ -149,6 +149,54 @@ class _Substitute(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+def helper_branches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
+    """``config_branches`` of the methods ``__init__`` calls as ``self.<method>()``
+    (DeepSeek's Hub ``_init_rope``: ``if self.config.rope_scaling is None:``)."""
+    try:
+        init = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
+    helpers = [
+        node.value.func.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and not node.value.args
+        and isinstance(node.value.func, ast.Attribute)
+        and isinstance(node.value.func.value, ast.Name)
+        and node.value.func.value.id == "self"
+    ]
+    return tuple(b for name in dict.fromkeys(helpers) for b in config_branches(module, name))
+
+
+# what a switch in ``__init__`` may read besides its ``config`` parameter
+_INIT_NAMES = {"config", "hasattr", "getattr", "None", "True", "False"}
+
+
+def init_switches(module: nn.Module, config) -> tuple[tuple[str, bool], ...]:
+    """(test source, value on ``config``) for each ``if`` of the module's ``__init__`` whose
+    test reads only its ``config`` parameter and constants (DeepSeek's Hub MoE:
+    ``if hasattr(config, "ep_size") and config.ep_size > 1:`` builds the experts either way)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+        if "config" not in names or names - _INIT_NAMES:
+            continue
+        code = compile(ast.Expression(node.test), "<switch>", "eval")
+        scope = {"__builtins__": {}, "hasattr": hasattr, "getattr": getattr}
+        try:
+            found.append((ast.unparse(node.test), bool(eval(code, scope, {"config": config}))))
+        except (AttributeError, TypeError, ValueError, KeyError):
+            continue  # a test the config cannot answer: not decided here
+    return tuple(found)
+
+
 def causal_switch(module: nn.Module) -> tuple[tuple[str, bool], ...]:
     """transformers' attention interface reads ``module.is_causal``: when ``__init__`` sets it
     from the config (gemma's ``not config.use_bidirectional_attention``), that expression is a

@@ -28,7 +28,7 @@ from hfrewrite.analyze.attention import (
     _attention_call,
     _output_projection,
 )
-from hfrewrite.analyze.branches import config_branches
+from hfrewrite.analyze.branches import config_branches, helper_branches
 from hfrewrite.analyze.dataflow import linears_feeding
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
@@ -276,6 +276,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_kinds=(rope_kind,),
         dims=tuple(dims),
         config_branches=config_branches(attention),
+        init_branches=helper_branches(attention),
         none_attrs=tuple(
             sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))
         ),

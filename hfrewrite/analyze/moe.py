@@ -31,7 +31,7 @@ from torch import nn
 from torch.fx import Node
 from transformers.activations import ACT2FN
 
-from hfrewrite.analyze.branches import config_branches
+from hfrewrite.analyze.branches import config_branches, init_switches
 from hfrewrite.analyze.moe_modules import (
     expert_list,
     expert_mlp,
@@ -209,6 +209,7 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
         activation=mlp.activation,
         shared_expert=shared,
         shared_expert_gate=None,
+        init_switches=init_switches(block, config),
         checkpoint_expert_names=(mlp.gate.attr, mlp.down.attr, mlp.up.attr),
         expert_mlp=mlp,
         top_k_attr=top_k_attr,

@@ -172,6 +172,9 @@ class MlaPlan:
     # Attention written out by hand (no attention_interface call to read ``scaling=`` from):
     # the attention module's attribute holding the proven scale (DeepSeek's softmax_scale)
     scale_attr: str | None = None
+    # Config switches of the helpers ``__init__`` calls (``self._init_rope()``), which the
+    # rewrite drops with what they build: the file refuses configs flipping them
+    init_branches: tuple[tuple[str, bool], ...] = ()
 
     def dim(self, name: str) -> str:
         return dict(self.dims)[name]
@@ -231,6 +234,9 @@ class MoePlan:
     # Each `if` test in the router's forward and what it gave on the traced config, e.g.
     # (('self.topk_method == "greedy"', True),): only the traced branch is proven
     router_branches: tuple[tuple[str, bool], ...] = ()
+    # Config switches of the block's ``__init__`` (``if config.ep_size > 1:``) and their value
+    # on the traced config: the rewrite keeps the branch taken and refuses the others
+    init_switches: tuple[tuple[str, bool], ...] = ()
     # Routing the rules above do not express, run by the source's own router module and
     # handed to the fused experts as a custom routing function: the positions of
     # (weights, expert ids) in what the router returns. ``scoring`` is then "carried".

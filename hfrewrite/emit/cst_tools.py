@@ -320,6 +320,20 @@ def self_attrs_used(node: cst.CSTNode) -> set[str]:
     return visitor.attrs
 
 
+def without_unused_methods(cls: cst.ClassDef) -> cst.ClassDef:
+    """``cls`` without the methods that ``__init__``, ``forward`` and the methods they call
+    no longer reach through ``self.<name>`` (helpers of a rewritten forward)."""
+    methods = {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+    kept, todo = set(), ["__init__", "forward"]
+    while todo:
+        name = todo.pop()
+        if name in methods and name not in kept:
+            kept.add(name)
+            todo.extend(self_attrs_used(methods[name]))
+    members = [s for s in cls.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value not in kept)]
+    return cls.with_changes(body=cls.body.with_changes(body=members))
+
+
 def branch_guards(branches, init_exprs: dict[str, str], cls: str, what: str, skip: str | None = None) -> str:
     """Statements refusing configs on which a config switch takes another branch than the
     traced one: each ``(test, outcome)`` with ``self.<attr>`` replaced by the expression

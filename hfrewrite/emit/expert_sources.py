@@ -8,6 +8,8 @@ experts; whether a ModuleList's experts are built with the block's own config.""
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -166,16 +168,6 @@ def swiglu_guard(module: cst.Module, moe) -> str:
     )
 
 
-def only_init_and_forward(block: cst.ClassDef) -> cst.ClassDef:
-    """``block`` without its other methods (dbrx's routing method, which the runner replaces)."""
-    members = [
-        s
-        for s in block.body.body
-        if not (isinstance(s, cst.FunctionDef) and s.name.value not in ("__init__", "forward"))
-    ]
-    return block.with_changes(body=block.body.with_changes(body=members))
-
-
 def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
     """Sizes and activation, as the source's router and stacked-experts classes assign them."""
     name = moe.module_class
@@ -258,3 +250,23 @@ def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
     dims = empty[0].args[0].value.elements if isinstance(empty[0].args[0].value, cst.Tuple) else empty[0].args
     dims = [d.value for d in dims]
     return ((t.code(dims[0]), t.code(dims[1])), exprs) if len(dims) == 2 else None
+
+
+def taken_init_branches(init: cst.FunctionDef, moe) -> tuple[cst.FunctionDef, str]:
+    """``__init__`` with each ``if`` on a config switch of ``moe.init_switches`` replaced by
+    the branch the traced config took, and the guards refusing configs that take another."""
+    known = {ast.dump(ast.parse(test, mode="eval").body): (test, value) for test, value in moe.init_switches}
+    taken = []
+
+    class _Taken(cst.CSTTransformer):
+        def leave_If(self, original: cst.If, updated: cst.If):
+            found = known.get(ast.dump(ast.parse(t.code(updated.test), mode="eval").body))
+            if found is None or isinstance(updated.orelse, cst.If):
+                return updated
+            taken.append(found)
+            orelse = updated.orelse.body.body if updated.orelse else ()
+            body = updated.body.body if found[1] else orelse
+            return cst.FlattenSentinel([*body]) if body else cst.RemoveFromParent()
+
+    init = init.visit(_Taken())
+    return init, t.branch_guards(taken, {}, moe.module_class, "__init__")

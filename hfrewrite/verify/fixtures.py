@@ -78,7 +78,23 @@ def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
     model.config.architectures = [type(model).__name__]
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
+    if remote:
+        _copy_custom_code(model, out_dir)
     return out_dir
+
+
+def _copy_custom_code(model: Any, out_dir: Path) -> None:
+    """The repository's code beside the weights where ``save_pretrained`` left it out:
+    transformers 4.57 registers custom code for saving only when no library class has the
+    config class's name (DeepSeek-V3's Hub ``DeepseekV3Config`` has one)."""
+    import inspect
+    import shutil
+
+    for cls in (type(model), type(model.config)):
+        source = Path(inspect.getfile(cls))
+        for py in sorted(source.parent.glob("*.py")):
+            if py.name != "__init__.py" and not (out_dir / py.name).exists():
+                shutil.copy(py, out_dir / py.name)
 
 
 def runs_custom_code(ckpt: Path) -> bool:

@@ -34,6 +34,14 @@ CONVERTED = {
     "falcon_rw": ("falcon_rw", "return outputs[0]"),  # [b * h] ALiBi attention, a 4.x tuple layer
     # head [hidden, vocab] when untied, rope counted from the length, q scaled first, Norm(config)
     "ernie4_5": ("ernie4_5", "def _lm_head_transposed"),
+    # MLA by hand (q, k written into empty tensors, softmax_scale), a gate class with grouped
+    # top-k over sorted-token experts, a shared expert, experts built under `if ep_size > 1`
+    "deepseek": ("deepseek_v3", "scale=self.softmax_scale"),
+}
+# what else a family's file must show: DeepSeek's rope helper dropped, its switch a guard
+# (a YaRN checkpoint is refused at load)
+ALSO_SHOWS = {
+    "deepseek": "        if config.rope_scaling is not None:\n            raise NotImplementedError("
 }
 # the second checkpoint's config, where it differs from the repository's (json values)
 SECOND = {"ernie4_5": {"tie_word_embeddings": False}}  # the head's other layout
@@ -55,7 +63,7 @@ def test_converts_validates_and_verifies_under_its_release(name, tmp_path, capsy
     text = (out / f"{model_type}.py").read_text()
     header = " ".join(line.lstrip("# ") for line in text.splitlines()[:10])  # cut to 88 columns
     assert f"(Hub custom code, run under transformers {NEWEST_4X})" in header
-    assert "hfrewrite config shim" in text and shows in text
+    assert "hfrewrite config shim" in text and shows in text and ALSO_SHOWS.get(name, "") in text
 
     # a second checkpoint, saved by the repository's own code under its release
     second = None
