@@ -86,15 +86,21 @@ class _ReplaceCalls(cst.CSTTransformer):
 
 
 def rewrite_attention(
-    cls: cst.ClassDef, q: str, k: str, v: str, head_fields: tuple[str | None, str | None] = (None, None)
+    cls: cst.ClassDef,
+    q: str,
+    k: str,
+    v: str,
+    head_fields: tuple[str | None, str | None] = (None, None),
 ) -> cst.ClassDef:
-    """``head_fields``: the config fields proven to hold the head and kv-head counts."""
+    """``head_fields``: the config fields proven to hold the head and kv-head counts; ``k``
+    may be ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together,
+    so the head counts come from those fields."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (q, k, v), NAME)
     forward = t.find_method(cls, "forward")
     parts = {a: _linear_parts(body[where[a]], name, a) for a in (q, k, v)}
     head_size = ""  # the head size as the q projection's size over the proven head count
-    if any(part[1] is None for part in parts.values()):
+    if k == v or any(part[1] is None for part in parts.values()):
         if "head_size" in t.names_used(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name head_size")
         head_size = f"head_size = ({t.code(parts[q][2])}) // config.{head_fields[0]}\n"
@@ -216,13 +222,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         (att.heads_field, att.kv_heads_field),
     )
     module = sites.replace_class(module, att.module_class, cls)
+    kv_layout = {"blocks": "[k; v]", "per_head": "k and v per kv head"}.get(att.kv_fused or "")
     return PassResult(
         module=module,
         imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),
         fused=(
             FusionRow(
                 att.module_class,
-                f"{att.q.attr}+{att.k.attr}+{att.v.attr} -> QKVParallelLinear",
+                f"{att.q.attr} + {att.k.attr} ({kv_layout} in the checkpoint, split at load) -> QKVParallelLinear"
+                if kv_layout
+                else f"{att.q.attr}+{att.k.attr}+{att.v.attr} -> QKVParallelLinear",
             ),
         ),
         matches=sites.count,

@@ -89,6 +89,28 @@ def _qkv_per_head_to_blocks(self, weights):
 """
 
 
+_KV_SPLIT = """\
+def _kv_split(self, weights):
+    # The checkpoint's {attr} holds k and v {layout}; QKVParallelLinear loads them as
+    # two shards: split the rows into {attr}_k and {attr}_v (analysis proved the layout).
+    kv_heads = self.config.{kv_heads}
+    for name, tensor in weights:
+        if name.endswith((".{attr}.weight", ".{attr}.bias")):
+            stem, kind = name.rsplit(".", 1)
+            rows = tensor.reshape({rows}, -1, *tensor.shape[1:])
+            for i, role in enumerate(("k", "v")):
+                yield f"{{stem}}_{{role}}.{{kind}}", rows[{pick}].reshape(-1, *tensor.shape[1:])
+        else:
+            yield name, tensor
+"""
+
+# how _kv_split takes the rows apart, per layout of the checkpoint's k/v projection
+_KV_ROWS = {
+    "blocks": ("([k; v])", "2, kv_heads", "i"),
+    "per_head": ("per kv head ([h0: k v][h1: ...])", "kv_heads, 2", ":, i"),
+}
+
+
 _NORMALIZED_HEAD = """\
 def _lm_head_normalized(self, weights):
     # The source's {head} multiplies by its weight with each row L2-normalised (Baichuan2's
@@ -223,15 +245,21 @@ def _flat_experts_helper(module: cst.Module, moe) -> cst.FunctionDef:
 
 
 def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseStatement]:
-    """load_weights feeds the checkpoint through the row reordering."""
+    """load_weights feeds the checkpoint through the row reordering (or the k/v split)."""
     out = []
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
-            member = member.visit(WrapWeights())
-            template = _GROUPED if att.qkv_grouped else _PER_HEAD
-            helper = t.stmt(
-                template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
-            )
+            if att.kv_fused:
+                layout, rows, pick = _KV_ROWS[att.kv_fused]
+                member = member.visit(WrapWeights("_kv_split"))
+                source = _KV_SPLIT.format(
+                    attr=att.k.attr, layout=layout, rows=rows, pick=pick, kv_heads=att.kv_heads_field
+                )
+            else:
+                member = member.visit(WrapWeights())
+                template = _GROUPED if att.qkv_grouped else _PER_HEAD
+                source = template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
+            helper = t.stmt(source)
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
     return out
@@ -330,6 +358,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 (att.q_a, f".{att.q_a}", "0"),
                 (att.kv_a, f".{att.kv_a}", "1"),
             ]
+    elif att.kv_fused:  # split into {kv}_k and {kv}_v by _kv_split
+        stacks["qkv_proj"] = [
+            (att.q.attr, f".{att.q.attr}", '"q"'),
+            (att.k.attr, f".{att.k.attr}_k", '"k"'),
+            (att.k.attr, f".{att.k.attr}_v", '"v"'),
+        ]
     elif not att.fused_qkv:
         stacks["qkv_proj"] = [
             (att.q.attr, f".{att.q.attr}", '"q"'),
@@ -398,7 +432,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         body = base_model_names(body, plan)
     if plan.transposed_linears:
         body = transposing_linears(body, plan)
-    if getattr(att, "qkv_per_head", False):
+    if getattr(att, "qkv_per_head", False) or getattr(att, "kv_fused", None):
         body = _reorder_per_head_qkv(body, att)
     if plan.lm_head_weight in _HEAD_HELPERS:
         body = _reshaping_head(body, plan.lm_head, plan.lm_head_weight)

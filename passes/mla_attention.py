@@ -125,6 +125,15 @@ _ROPE_PARAMETERS = {
 _ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
 
 
+# A transformers 4.x config keeps a scaled rope's parameters in rope_scaling, its type
+# under "type": they join the base transformers 5 standardises into rope_parameters.
+_LEGACY_ROPE = (
+    '# This transformers 4.x config keeps a scaled rope in rope_scaling (its type under "type").\n'
+    "rope_parameters = {**config.rope_parameters, **(config.rope_scaling or {})}\n"
+    'rope_parameters["rope_type"] = rope_parameters.pop("type", rope_parameters["rope_type"])\n'
+)
+
+
 def _yarn_guard(name: str, when: str = "") -> str:
     """Refuse the YaRN knobs the replay did not prove (vLLM's deepseek_yarn ignores
     transformers' ``attention_factor`` and ``truncate=False``), where ``when`` holds."""
@@ -323,8 +332,14 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n"
         + _linears(plan, d, query_switch)
     )
-    body += t.stmts(guards + _attention(plan, d, scaling))
-    body = t.guards_first(body, switches + _rope_guard(plan, name))
+    attention, rope_guard = _attention(plan, d, scaling), _rope_guard(plan, name)
+    if plan.rope_source == "rope_scaling":  # a 4.x config: its parameters gathered first
+        if "rope_parameters" in t.names_used(init):
+            raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name rope_parameters")
+        attention = attention.replace("config.rope_parameters", "rope_parameters")
+        rope_guard = _LEGACY_ROPE + rope_guard.replace("config.rope_parameters", "rope_parameters")
+    body += t.stmts(guards + attention)
+    body = t.guards_first(body, switches + rope_guard)
     cls = t.set_method(cls, t.with_body(init, body))
     cls = t.set_method(
         cls,

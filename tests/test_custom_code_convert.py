@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hfrewrite.cli import main
+from tests.analyze.kv_fused import q_beside_kv
 
 DATA = Path(__file__).resolve().parent / "data" / "custom_code"
 
@@ -170,4 +171,37 @@ def test_a_name_on_both_sides_of_a_local_import_is_refused(tmp_path, capsys):
     repo = _split_repo(tmp_path, "from .layers import GeluMLP", clash)
     code, err = run(capsys, repo, "--trust-remote-code", "-o", tmp_path / "out")
     assert code == 2 and "rotate_half is defined both in the modeling file and in layers.py" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("layout", "rows"), [("per_head", "kv_heads, 2"), ("blocks", "2, kv_heads")])
+def test_a_q_beside_one_k_v_linear_loads_into_qkv_proj_split_by_its_proven_layout(
+    layout, rows, tmp_path, capsys
+):
+    # (a name of its own: transformers keeps a repository's modules by its folder's name)
+    repo = shutil.copytree(DATA / "fusedqkv_postnorm", tmp_path / f"q_kv_{layout}")
+    source = repo / "modeling_fusedqkv_postnorm.py"
+    source.write_text(q_beside_kv(source.read_text(), layout))
+    code, err = run(capsys, repo, "--trust-remote-code", "-o", tmp_path / "out")
+    assert code == 0, err
+    text = (tmp_path / "out" / "fusedqkv_postnorm.py").read_text()
+    for line in (
+        "self.qkv_proj = QKVParallelLinear(",
+        '".wq": (".qkv_proj", "q"),',
+        '".wkv_k": (".qkv_proj", "k"),',
+        '".wkv_v": (".qkv_proj", "v"),',
+        f"rows = tensor.reshape({rows}, -1, *tensor.shape[1:])",
+        "self._kv_split(self._base_model_names(weights)),",
+    ):
+        assert line in text, line
+    assert "self.wkv" not in text and "self.wq(" not in text
+
+
+def test_k_and_v_of_one_linear_in_another_order_are_refused(tmp_path, capsys):
+    repo = shutil.copytree(DATA / "fusedqkv_postnorm", tmp_path / "v_k_blocks")
+    source = repo / "modeling_fusedqkv_postnorm.py"
+    swapped = q_beside_kv(source.read_text(), "blocks").replace("k, v = self.wkv(x)", "v, k = self.wkv(x)")
+    source.write_text(swapped)
+    code, err = run(capsys, repo, "--trust-remote-code", "-o", tmp_path / "out")
+    assert code == 2 and "wkv feeds k and v neither as [k; v] nor per kv head" in err, err
     assert not (tmp_path / "out").exists()

@@ -32,12 +32,7 @@ def fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group:
         and len(q_only) == 1
         and traced.linear_fact(q_only[0], path).out_features == q_width  # q's own projection
     ):
-        q_attr, kv_attr = (traced.linear_fact(n, path).attr for n in (q_only[0], found["v"][0]))
-        refuse(
-            "fuse_qkv",
-            f"q comes from {q_attr} and k and v from one fused {kv_attr}: a separate q beside a "
-            "fused k/v projection is not rewritten into QKVParallelLinear yet",
-        )
+        return _q_beside_kv(traced, path, scope, args, q_only[0], found["v"][0])
     if len(linears) != 1 or any(len(nodes) != 1 for nodes in found.values()):
         raise no_group
     (proj,) = linears
@@ -138,6 +133,29 @@ def _per_head_qkv(
     lines = tuple(_first_line(proj, xs[r], [xs[o] for o in "qkv" if o != r], scope, forward) for r in "qkv")
     facts = [LinearFact(whole.attr, whole.in_features, heads[r] * d, whole.bias) for r in "qkv"]
     return {r: proj for r in "qkv"}, facts, kind, lines
+
+
+def _q_beside_kv(traced: Traced, path: str, scope: set[Node], args: dict, q_proj: Node, kv_proj: Node):
+    """A q projection of its own beside one Linear holding k and v (TeleChat's ``query`` and
+    ``key_value``): k and v are lanes of its output, as ``[k; v]`` blocks ("kv_blocks") or per
+    kv head ``[h: k, v]`` ("kv_per_head"), proven on the values. Facts are per role."""
+    out, d = value(kv_proj), value(args["q"]).shape[-1]
+    kv = traced.linear_fact(kv_proj, path)
+    xs = {role: rope_start(args[role], kv_proj, scope) or args[role] for role in "kv"}
+    if out.dim() == 3 and out.shape[-1] % (2 * d) == 0:
+        hk, (b, s) = out.shape[-1] // (2 * d), out.shape[:2]
+        blocks = [x.reshape(b, s, hk, d) for x in out.split(hk * d, dim=-1)]
+        per_head = out.reshape(b, s, hk, 2, d).unbind(-2)
+        for kind, lanes in (("kv_blocks", blocks), ("kv_per_head", per_head)):
+            if all(_on_path(xs[r], kv_proj, scope, lane) for r, lane in zip("kv", lanes)):
+                part = LinearFact(kv.attr, kv.in_features, hk * d, kv.bias)
+                return (
+                    {"q": q_proj, "k": kv_proj, "v": kv_proj},
+                    [traced.linear_fact(q_proj, path), part, part],
+                    kind,
+                    (),
+                )
+    refuse("fuse_qkv", f"{kv.attr} feeds k and v neither as [k; v] nor per kv head")
 
 
 # How a fused projection's output rows may hold q, k and v (H query heads, K kv heads):

@@ -69,16 +69,21 @@ def prove_head_layout(
             "vllm_attention",
             f"the {role} projection's output is not [batch, seq, features]",
         )
-    b, s, _ = out.shape
-    want = out
-    with torch.no_grad():
-        if norm is not None and norm_over == "all_heads":
-            want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
-        want = want.reshape(b, s, heads, head_dim)
-        if norm is not None and norm_over == "head":
-            want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
-    # [b, heads, s, d], or [b, s, heads, d] where the rope runs before the transpose (ERNIE-4.5)
-    layouts = (want.transpose(1, 2), want)
+    layouts = []
+    # the projection read [b, s, features], or [s, b, features] (TeleChat transposes first)
+    for rows in (out, out.transpose(0, 1)):
+        b, s, _ = rows.shape
+        want = rows
+        with torch.no_grad():
+            if norm is not None and norm_over == "all_heads":
+                want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+            want = want.reshape(b, s, heads, head_dim)
+            if norm is not None and norm_over == "head":
+                want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+        # [b, heads, s, d], or [b, s, heads, d] where the rope runs before the transpose
+        # (ERNIE-4.5), or batch and heads merged: [b * heads, s, d], [s, b * heads, d] (TeleChat)
+        merged = want.transpose(1, 2).reshape(b * heads, s, head_dim)
+        layouts += [want.transpose(1, 2), want, merged, merged.transpose(0, 1)]
     if not any(got.shape == w.shape and torch.allclose(got.double(), w.double(), atol=1e-6) for w in layouts):
         refuse(
             "vllm_attention",

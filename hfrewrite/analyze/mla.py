@@ -193,6 +193,10 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     scaling = float(qk_head**-0.5 if scaling is None else scaling)
 
     params = rope_parameters(config, layer_type)
+    legacy = getattr(config, "rope_parameters", None) is None and hasattr(config, "rope_scaling")
+    if legacy and config.rope_scaling:  # a transformers 4.x config: the rope type under "type"
+        scaled = dict(config.rope_scaling)
+        params = {**params, **scaled, "rope_type": scaled.pop("rope_type", scaled.pop("type", "default"))}
     rope_type = params.get("rope_type", "default")
     if rope_type == "yarn":  # vLLM's deepseek_v2.py maps it to its deepseek_yarn rope
         rope_kind, freq = "deepseek_yarn", deepseek_yarn(params, rope)
@@ -222,13 +226,19 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     fns = {r: traced.submodule(n) for r, n in roles.items() if n is not None}
     got = value(o)
     for neox in (True, False):
-        want = mla_reference(value(x), fns, heads, nope, rope, v_head, kv_lora, scaling, freq, neox)
+        qkv = mla_qkv(value(x), fns, heads, nope, rope, v_head, kv_lora, freq, neox)
+        want = mla_output(*qkv, fns["o"], scaling, value(x).dtype)
         if want.shape == got.shape and torch.allclose(want, got, atol=ATOL, rtol=1e-4):
             break
     else:
         refuse(
             PATTERN,
             "the replay of vLLM's MLA (either rope style) does not reproduce the module",
+        )
+    if not _same_scores(value(q_arg), value(k_arg), *qkv[:2]):
+        refuse(
+            PATTERN,
+            f"the source's q.k scores are not those of the {rope_kind} rope (replayed before the softmax)",
         )
 
     sizes = {
@@ -274,6 +284,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_neox=neox,
         rope_kind=rope_kind,
         rope_kinds=(rope_kind,),
+        rope_source="rope_scaling" if legacy else "rope_parameters",
         dims=tuple(dims),
         config_branches=config_branches(attention),
         init_branches=helper_branches(attention),
@@ -283,7 +294,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     )
 
 
-def mla_reference(
+def mla_qkv(
     x: torch.Tensor,
     fns: dict[str, nn.Module],
     heads: int,
@@ -291,12 +302,12 @@ def mla_reference(
     rope: int,
     v_head: int,
     kv_lora: int,
-    scaling: float,
     freq: tuple,
     neox: bool,
-) -> torch.Tensor:
-    """What the emitted file computes, on ``x`` [batch, seq, hidden]: vLLM's MLA math with
-    the module's own projections and norms, positions 0..seq-1, causal attention."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v [batch, heads, seq, dim] (float64) as the emitted file computes them from
+    ``x`` [batch, seq, hidden]: vLLM's MLA math with the module's own projections and norms,
+    positions 0..seq-1."""
     batch, seq, _ = x.shape
     with torch.no_grad():
         q = fns["q_b"](fns["q_a_norm"](fns["q_a"](x))) if "q_a" in fns else fns["q_b"](x)
@@ -309,7 +320,26 @@ def mla_reference(
         k_pe = apply_rope(k_pe[:, None], positions, *freq, neox).expand(batch, heads, seq, rope)
         q = torch.cat([q[..., :nope].double(), q_pe], dim=-1)
         k = torch.cat([k_nope.double(), k_pe], dim=-1)
+        return q, k, v.double()
+
+
+def mla_output(q, k, v, o: nn.Module, scaling: float, dtype) -> torch.Tensor:
+    """Causal attention over ``q``, ``k``, ``v`` [batch, heads, seq, dim], through ``o``."""
+    batch, _, seq, _ = v.shape
+    with torch.no_grad():
         scores = (q @ k.transpose(-1, -2)) * scaling
         scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
-        out = (scores.softmax(-1) @ v.double()).transpose(1, 2).reshape(batch, seq, heads * v_head)
-        return fns["o"](out.to(x.dtype))
+        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, -1)
+        return o(out.to(dtype))
+
+
+def _same_scores(q_src, k_src, q, k) -> bool:
+    """The attention call's q.k scores equal the replay's: the rope checked where tiny random
+    weights do not wash it out in the softmax (a YaRN table and the default one differ by
+    little at the example's few positions). Lane order may differ (a de-interleaved rope)."""
+    if not (torch.is_tensor(q_src) and torch.is_tensor(k_src) and q_src.shape == q.shape):
+        return False
+    k_src = k_src.expand_as(k) if k_src.shape != k.shape else k_src
+    got = q_src.double() @ k_src.double().transpose(-1, -2)
+    want = q @ k.transpose(-1, -2)
+    return torch.allclose(got, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()))

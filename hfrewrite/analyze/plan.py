@@ -89,6 +89,9 @@ class AttentionPlan:
     qkv_per_head: bool = False
     # ... grouped per kv head ([g0: its query heads, k, v][g1: ...], InternLM2's wqkv)
     qkv_grouped: bool = False
+    # q has its own projection and one Linear holds k and v (TeleChat's key_value), laid out
+    # "blocks" ([k; v]) or "per_head" ([h0: k v][h1: ...]): split into k and v when loaded
+    kv_fused: str | None = None
     # The source lines where the forward takes q's, k's and v's own lanes of the fused
     # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
     qkv_unpack_lines: tuple[str, ...] = ()
@@ -175,6 +178,9 @@ class MlaPlan:
     # Config switches of the helpers ``__init__`` calls (``self._init_rope()``), which the
     # rewrite drops with what they build: the file refuses configs flipping them
     init_branches: tuple[tuple[str, bool], ...] = ()
+    # Where the config keeps the rope's parameters: transformers 5's rope_parameters, or a
+    # 4.x config's rope_scaling (its rope type under "type"; the base beside it)
+    rope_source: str = "rope_parameters"
 
     def dim(self, name: str) -> str:
         return dict(self.dims)[name]

@@ -95,6 +95,24 @@ def _same_layout(xv, yv):
     return xv, yv
 
 
+def _as_4d(xv, yv, seq_first: bool):
+    """A rope input of three dims (batch merged with heads) in its attention input's
+    [batch, heads, seq, head_dim] layout: ``seq_first``: it is [seq, batch * heads, head_dim]
+    (TeleChat), else [batch * heads, seq, head_dim]."""
+    if (
+        torch.is_tensor(xv)
+        and torch.is_tensor(yv)
+        and (xv.dim(), yv.dim()) == (3, 4)
+        and xv.numel() == yv.numel()
+    ):
+        return (xv.transpose(0, 1) if seq_first else xv).reshape(yv.shape), yv
+    return xv, yv
+
+
+def _both_4d(xv, yv) -> bool:
+    return torch.is_tensor(xv) and torch.is_tensor(yv) and xv.shape == yv.shape and xv.dim() == 4
+
+
 def per_layer_type(config) -> bool:
     params = getattr(config, "rope_parameters", None) or {}
     return "rope_theta" not in params and any(isinstance(v, dict) for v in params.values())
@@ -197,27 +215,58 @@ def prove_rope(
     params = rope_parameters(config, layer_type)
     if not params:
         return f"no rope_parameters in the config for layer type {layer_type!r}"
-    values = [_same_layout(value(x), value(y)) for x, y in pairs]
-    for xv, yv in values:
-        if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.shape == yv.shape and xv.dim() == 4):
-            return "the rope input and output are not both [batch, heads, seq, head_dim]"
-    positions = torch.arange(values[0][0].shape[2])
     # the width get_rope(config.rope_parameters) rotates; then GPT-J's rotary_dim lanes (vLLM's
     # gpt_j.py passes their share of a head), where the config has them and no fraction
     widths = [int(head_dim * float(params.get("partial_rotary_factor", 1.0)))]
     absolute = getattr(config, ABSOLUTE_ROTARY_FIELD, None)
     if "partial_rotary_factor" not in params and isinstance(absolute, int) and 0 < absolute < head_dim:
         widths.append(absolute)
-    for rotary_dim in widths:
-        fact = _replayed(config, params, layer_type, rotary_dim, values, positions)
-        if fact is not None:
-            return fact
+    shaped = False
+    for seq_first in (False, True):  # [heads, seq, head_dim], or TeleChat's [seq, heads, head_dim]
+        values = [_same_layout(*_as_4d(value(x), value(y), seq_first)) for x, y in pairs]
+        if seq_first and not any(value(x).dim() == 3 for x, _ in pairs if torch.is_tensor(value(x))):
+            break
+        if not all(_both_4d(xv, yv) for xv, yv in values):
+            continue
+        shaped, positions = True, torch.arange(values[0][0].shape[2])
+        for rotary_dim in widths:
+            fact = _replayed(config, params, layer_type, rotary_dim, values, positions)
+            if fact is not None:
+                return fact
+    if not shaped:
+        return "the rope input and output are not both [batch, heads, seq, head_dim]"
+    if (base := _source_base(values, widths[0])) is not None:
+        return (
+            f"the source turns q and k by a default rope of base {base:.0f}, not "
+            f"{float(params.get('rope_theta', 10000.0)):.6g} (the config's rope_theta, or the default): a base "
+            "the source computes (from the head size or the length: an NTK alpha) is not proven for other configs"
+        )
     if _inv_freq(config, params, layer_type, widths[0]) is None:
         return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {widths[0]}"
     return (
         f"the replay matches no rope vLLM computes from rope_parameters "
         f"(neox or GPT-J style, either direction, over rotary dim {' or '.join(map(str, widths))} of {head_dim})"
     )
+
+
+def _source_base(values, rotary_dim: int) -> float | None:
+    """The base of the default neox rope that maps every pair, read off the angle the second
+    position turns the second lane pair by, where the replay at that base proves it."""
+    xv, yv = (v.double()[..., 1, :rotary_dim] for v in values[0])  # position 1
+    half = rotary_dim // 2
+    x1, x2, y1, y2 = xv[..., 1], xv[..., half + 1], yv[..., 1], yv[..., half + 1]
+    angle = torch.atan2(x1 * y2 - x2 * y1, x1 * y1 + x2 * y2).median().item()
+    if not 0 < angle < 1:
+        return None
+    base = angle ** (-rotary_dim / 2)
+    inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    positions = torch.arange(values[0][0].shape[2])
+    if all(
+        torch.allclose(apply_rope(xv, positions, inv_freq, 1.0, True), yv.double(), atol=ATOL)
+        for xv, yv in values
+    ):
+        return base
+    return None
 
 
 def _replayed(config, params: dict, layer_type, rotary_dim: int, values, positions) -> RopeFact | None:

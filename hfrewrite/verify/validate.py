@@ -139,7 +139,8 @@ def validate_each(resolved, generated, named: list[tuple[str, object]]) -> list[
             config = validation_config(config)
             prompts = [[t % config.vocab_size for t in p] for p in fixtures.DEFAULT_PROMPTS]
             try:
-                ckpt = fixtures.save_random_checkpoint(config, tmp / f"ckpt{i}")
+                # (named after this run: transformers keeps a checkpoint's own code by its folder's name)
+                ckpt = fixtures.save_random_checkpoint(config, tmp / f"{tmp.name}-ckpt{i}")
             except Exception as exc:  # noqa: BLE001  (the modeling code cannot build it)
                 raise HfrewriteError(
                     f"{resolved.model_type}: validation: cannot build a tiny checkpoint of {what}: "

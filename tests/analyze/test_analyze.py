@@ -543,9 +543,12 @@ class SplitKvAttention(nn.Module):
         return self.o_proj(out.reshape(batch, seq, -1))
 
 
-def test_q_and_a_fused_kv_projection_are_no_qkv_group():
-    result = attention_of(SplitKvAttention())
-    assert isinstance(result, NoMatch) and result.pattern == "fuse_qkv", result
+def test_q_beside_a_fused_kv_projection_is_proven_with_its_row_layout():
+    plan = attention_of(SplitKvAttention())
+    assert not isinstance(plan, NoMatch), plan.reason
+    assert (plan.fused_qkv, plan.kv_fused) == (False, "blocks")
+    assert (plan.q.attr, plan.q.out_features) == ("q_proj", 64)
+    assert plan.k == plan.v and (plan.k.attr, plan.k.out_features) == ("kv_proj", 64)
 
 
 @pytest.mark.parametrize("types", [["full_attention"] * 6, ["sliding_attention", "full_attention"] * 3])

@@ -8,6 +8,8 @@ names: an interleaving ``rotate_half`` is proven GPT-J style, a sign-flipped one
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import transformers
@@ -41,8 +43,8 @@ def rotate_half_lossy(x):  # looks like rotate_half, loses the first half
     return torch.cat((-x2, x2), dim=-1)
 
 
-def tables(interleaved: bool):
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+def tables(interleaved: bool, base: float = 10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
     freqs = torch.arange(SEQ).float()[:, None] * inv_freq[None, :]
     emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[None], emb.sin()[None]  # [1, seq, head_dim]
@@ -86,6 +88,40 @@ def test_interleaving_rotate_half_is_proven_gptj_style():
 def test_sign_flipped_rotate_half_is_proven_reversed():
     plan = attention_plan(rotate_half_flipped, interleaved_tables=False)
     assert (plan.rope, plan.rope_neox, plan.rope_reversed) == (True, True, True)
+
+
+def test_a_rope_of_a_base_the_source_computes_is_refused_with_that_base():
+    # TeleChat's NTK alpha: the base is 10000 * alpha ** (d / (d - 2)), from the head size
+    x = torch.randn(1, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    base = 10000.0 * 3 ** (HEAD_DIM / (HEAD_DIM - 2))
+    plan = analyze_attention(trace(RopeAttention(rotate_half_neox), (x, *tables(False, base))), "", CONFIG)
+    assert isinstance(plan, NoMatch)
+    found = re.search(r"a default rope of base (\d+), not 10000 \(the config's rope_theta", plan.reason)
+    assert found and abs(float(found[1]) / base - 1) < 1e-3, plan.reason
+
+
+class SeqFirstRopeAttention(RopeAttention):
+    """TeleChat's layout: the rope turns [seq, batch * heads, head_dim] operands."""
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k, v = (
+            p(x).transpose(0, 1).view(s, b, HEADS, HEAD_DIM).reshape(s, b * HEADS, HEAD_DIM)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        cos, sin = cos.transpose(0, 1), sin.transpose(0, 1)  # [seq, 1, head_dim]
+        q = q * cos + self.rotate(q) * sin
+        k = k * cos + self.rotate(k) * sin
+        q, k, v = (y.reshape(s, b, HEADS, HEAD_DIM).permute(1, 2, 0, 3) for y in (q, k, v))
+        out, _ = opaque_attention(self, q, k, v, None, scaling=HEAD_DIM**-0.5)
+        return self.o_proj(out.reshape(b, s, -1))
+
+
+def test_a_rope_over_seq_first_merged_heads_is_proven():
+    x = torch.randn(2, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    plan = analyze_attention(trace(SeqFirstRopeAttention(rotate_half_neox), (x, *tables(False))), "", CONFIG)
+    assert not isinstance(plan, NoMatch), plan.reason
+    assert (plan.rope, plan.rope_neox, plan.rotary_dim) == (True, True, HEAD_DIM)
 
 
 def test_reversed_rope_is_refused_for_scaled_rope_types():

@@ -5,6 +5,7 @@ attention are refused, never converted wrong."""
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as dm
 
@@ -183,6 +184,40 @@ def test_yarn_is_proven_as_vllms_deepseek_yarn_and_other_ropes_are_guarded():
         in golden
     )
     assert '{**config.rope_parameters, "rope_type": "deepseek_yarn"}' in golden
+
+
+def test_the_scores_tell_a_yarn_table_from_the_default_one():
+    # At the example's 5 positions the two tables differ in the slow lanes only, by little:
+    # DeepSeek's Hub code with R1's YaRN passed the output replay with the default table
+    # (validation caught it). The q.k scores before the softmax tell them apart.
+    from torch import nn
+
+    from hfrewrite.analyze.mla import _same_scores, mla_qkv
+    from hfrewrite.analyze.rope import _inv_freq, deepseek_yarn
+
+    torch.manual_seed(0)
+    hidden, heads, nope, rope, v_head, lora = 128, 4, 32, 32, 32, 64
+
+    def linear(n_in, n_out):
+        layer = nn.Linear(n_in, n_out, bias=False)
+        nn.init.normal_(layer.weight, std=0.02)  # transformers' initializer_range
+        return layer
+
+    fns = {
+        "q_b": linear(hidden, heads * (nope + rope)),
+        "kv_a": linear(hidden, lora + rope),
+        "kv_a_norm": nn.RMSNorm(lora),
+        "kv_b": linear(lora, heads * (nope + v_head)),
+        "o": linear(heads * v_head, hidden),
+    }
+    params = {"rope_theta": 1e4, "factor": 40, "original_max_position_embeddings": 4096}
+    tables = {"yarn": deepseek_yarn(params, rope), "default": _inv_freq(None, params, None, rope)}
+    x = torch.randn(2, 5, hidden)
+    qkv = {
+        kind: mla_qkv(x, fns, heads, nope, rope, v_head, lora, freq, False) for kind, freq in tables.items()
+    }
+    assert _same_scores(*qkv["yarn"][:2], *qkv["yarn"][:2])
+    assert not _same_scores(*qkv["yarn"][:2], *qkv["default"][:2])
 
 
 def test_mla_rope_types_vllm_deepseek_does_not_map_are_refused():

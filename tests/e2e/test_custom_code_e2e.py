@@ -3,7 +3,8 @@ against the repository's own model (tiny random weights, vLLM loading the reposi
 config class with trust_remote_code), and `verify CHECKPOINT_DIR` agrees on another
 checkpoint saved by the repository's code. The four test repositories: attention through
 transformers' interface, an SDPA helper, a fused Wqkv with a constant causal mask and
-post-norms, per-expert MoE modules dispatched by a Python loop."""
+post-norms (also taken apart into q and one k/v Linear, TeleChat-style, in either row
+layout), per-expert MoE modules dispatched by a Python loop."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hfrewrite.resolve import resolve
 from hfrewrite.verify import fixtures
 from hfrewrite.verify.validate import validation_config
 from tests.analyze.by_hand import attention_by_hand
+from tests.analyze.kv_fused import q_beside_kv
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 
@@ -29,20 +31,25 @@ def _offline(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("name", "by_hand"),
+    ("name", "variant"),
     [
-        ("interface_llama", False),
-        ("tinyllama_renamed", False),
-        ("tinyllama_renamed", True),  # its attention written out by hand (matmul, softmax)
-        ("fusedqkv_postnorm", False),
-        ("tinymoe", False),
+        ("interface_llama", None),
+        ("tinyllama_renamed", None),
+        ("tinyllama_renamed", "by_hand"),  # its attention written out by hand (matmul, softmax)
+        ("fusedqkv_postnorm", None),
+        ("fusedqkv_postnorm", "per_head"),  # q apart, k and v in one Linear per kv head
+        ("fusedqkv_postnorm", "blocks"),  # ... as [k; v]
+        ("tinymoe", None),
     ],
 )
-def test_custom_code_converts_validates_and_verifies(name, by_hand, tmp_path, capsys):
-    repo = shutil.copytree(DATA / name, tmp_path / name)
-    if by_hand:
-        source = repo / f"modeling_{name}.py"
+def test_custom_code_converts_validates_and_verifies(name, variant, tmp_path, capsys):
+    # (a folder name per variant: transformers keeps a repository's modules by that name)
+    repo = shutil.copytree(DATA / name, tmp_path / (f"{name}_{variant}" if variant else name))
+    source = repo / f"modeling_{name}.py"
+    if variant == "by_hand":
         source.write_text(attention_by_hand(source.read_text()))
+    elif variant is not None:
+        source.write_text(q_beside_kv(source.read_text(), variant))
     out = tmp_path / "out"
     assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
     printed = capsys.readouterr().out

@@ -37,11 +37,25 @@ CONVERTED = {
     # MLA by hand (q, k written into empty tensors, softmax_scale), a gate class with grouped
     # top-k over sorted-token experts, a shared expert, experts built under `if ep_size > 1`
     "deepseek": ("deepseek_v3", "scale=self.softmax_scale"),
+    # ... with DeepSeek-R1's released YaRN (a 4.x rope_scaling): vLLM's deepseek_yarn rope
+    "deepseek_r1_yarn": ("deepseek_v3", '"rope_type": "deepseek_yarn"}'),
 }
+# variants: (the repository, its config.json's values changed)
+R1_YARN = {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
+VARIANTS = {"deepseek_r1_yarn": ("deepseek", {"rope_scaling": R1_YARN, "max_position_embeddings": 163840})}
 # what else a family's file must show: DeepSeek's rope helper dropped, its switch a guard
 # (a YaRN checkpoint is refused at load)
 ALSO_SHOWS = {
-    "deepseek": "        if config.rope_scaling is not None:\n            raise NotImplementedError("
+    "deepseek": "        if config.rope_scaling is not None:\n            raise NotImplementedError(",
+    "deepseek_r1_yarn": "        if config.rope_scaling is None:\n            raise NotImplementedError(",
 }
 # the second checkpoint's config, where it differs from the repository's (json values)
 SECOND = {"ernie4_5": {"tie_word_embeddings": False}}  # the head's other layout
@@ -55,7 +69,11 @@ def _offline(monkeypatch):
 @pytest.mark.parametrize("name", sorted(CONVERTED))
 def test_converts_validates_and_verifies_under_its_release(name, tmp_path, capsys):
     model_type, shows = CONVERTED[name]
-    repo = shutil.copytree(DATA / name, tmp_path / name)
+    source, edits = VARIANTS.get(name, (name, {}))
+    repo = shutil.copytree(DATA / source, tmp_path / name)
+    if edits:
+        config = json.loads((repo / "config.json").read_text()) | edits
+        (repo / "config.json").write_text(json.dumps(config, indent=2))
     out = tmp_path / "out"
     assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
