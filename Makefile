@@ -1,6 +1,6 @@
 # hfrewrite: setup, demo, tests and goldens. Everything runs from .venv.
 #
-#   make demo     set up, convert llama to demo-out/llama.py, show its head
+#   make demo     set up, convert llama to demo-out/llama.py, show its attention class
 #   make test     set up, lint, run the test suite (real vLLM on CPU included)
 #   make lint     ruff check + ruff format --check with the pinned ruff (part of make test)
 #   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
@@ -57,8 +57,9 @@ $(QUANT_STAMP): tests/quant-requirements.txt
 demo: setup
 	$(HFR) convert llama -o demo-out --force
 	@echo
-	@echo '--- demo-out/llama.py (first 60 lines) ---'
-	@sed -n 1,60p demo-out/llama.py
+	@echo '--- demo-out/llama.py: its attention, as the rewrite left it ---'
+	@sed -n '/^class LlamaAttention/,/^class LlamaDecoderLayer/p' demo-out/llama.py | sed '$$d'
+	@echo '--- the whole file: demo-out/llama.py ---'
 
 # The pinned ruff and the project's config (pyproject.toml [tool.ruff]); golden/ is excluded
 # there: `hfrewrite check golden/` and tests/test_golden_rules.py own the generated files.

@@ -245,10 +245,14 @@ def _convert(args: argparse.Namespace) -> int:
         _check_destination(args.output_dir or Path("out"), "-o")
     if args.analysis_transformers is not None and not args.trust_remote_code:
         raise HfrewriteError("--analysis-transformers analyses Hub custom code: it needs --trust-remote-code")
-    resolved = relative_to_file(
-        resolve(args.model, args.revision, args.trust_remote_code, args.analysis_transformers),
-        _destination(args),
-    )
+    from hfrewrite.progress import step
+
+    with step(f"resolving {args.model}"):  # (loads transformers: the first seconds)
+        resolved = relative_to_file(
+            resolve(args.model, args.revision, args.trust_remote_code, args.analysis_transformers),
+            _destination(args),
+        )
+    _refuse_a_file_in_the_way(args, resolved)
     more = ()  # released configs the file must serve too (before the slow part)
     if args.configs is not None:
         if args.no_verify:
@@ -256,13 +260,13 @@ def _convert(args: argparse.Namespace) -> int:
         from hfrewrite.config_matrix import load_configs
 
         more = load_configs(args.configs, resolved.model_type)
-    from hfrewrite import convert  # after resolve: bad input fails before torch loads
+    with step("loading torch"):
+        from hfrewrite import convert  # after resolve: bad input fails before torch loads
 
     generated = convert.generate(resolved)
     if args.no_verify:
         validated = "not validated (--no-verify)"
     else:
-        from hfrewrite.progress import step
         from hfrewrite.verify.validate import validate
 
         try:
@@ -292,6 +296,27 @@ def _convert(args: argparse.Namespace) -> int:
     print(validated)
     print("\n".join(written))
     return 0
+
+
+def _refuse_a_file_in_the_way(args: argparse.Namespace, resolved) -> None:
+    """Before the slow part: the -o target exists, and the file about to be written would
+    differ from it for sure (not hfrewrite's, or generated from another model), without
+    --force. (A file hfrewrite generated from this model is compared once regenerated.)"""
+    if args.force or args.vllm_tree is not None or args.plugin is not None:
+        return
+    out = (args.output_dir or Path("out")) / f"{resolved.model_type}.py"
+    if not out.is_file():
+        return
+    from hfrewrite.emit.output import parse_header, record_for
+
+    record = parse_header(out.read_text(errors="replace"))
+    if record is None:
+        raise HfrewriteError(f"{out} exists and is not a file hfrewrite wrote; use --force to overwrite it")
+    if record.model != record_for(resolved).model:
+        raise HfrewriteError(
+            f"{out} exists, generated from {record.model}, not {record_for(resolved).model}; "
+            "use --force to overwrite it"
+        )
 
 
 def _destination(args: argparse.Namespace) -> Path:

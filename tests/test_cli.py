@@ -62,15 +62,31 @@ def test_convert_writes_and_prints_table(tmp_path, capsys):
     assert "LlamaMLP      fuse_gate_up  gate and up read different inputs" in out
 
 
-def test_convert_refuses_to_clobber_without_force(tmp_path, capsys):
+def test_convert_refuses_to_clobber_without_force(tmp_path, capsys, monkeypatch):
     target = tmp_path / "llama.py"
     target.write_text("hand written\n")
+    # refused before the analysis: a file hfrewrite did not write is in the way
+    monkeypatch.setattr(convert, "generate", lambda resolved: pytest.fail("analysed"))
     code, out, err = run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path)
     assert code == 2 and out == ""
-    assert err == f"hfrewrite: error: {target} exists and differs; use --force to overwrite it\n"
+    assert (
+        err
+        == f"hfrewrite: error: {target} exists and is not a file hfrewrite wrote; use --force to overwrite it\n"
+    )
     assert target.read_text() == "hand written\n"
+    monkeypatch.setattr(convert, "generate", fake_generate)
     assert run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path, "--force")[0] == 0
     assert emit.parse_header(target.read_text()) is not None
+    # one generated from another model: refused before the analysis too
+    target.rename(tmp_path / "qwen3.py")
+    monkeypatch.setattr(convert, "generate", lambda resolved: pytest.fail("analysed"))
+    code, _, err = run(capsys, "convert", "--no-verify", "qwen3", "-o", tmp_path)
+    assert code == 2 and "qwen3.py exists, generated from llama, not qwen3; use --force" in err
+    # one hfrewrite generated from this model, but with other text: known once regenerated
+    (tmp_path / "llama.py").write_text((tmp_path / "qwen3.py").read_text() + "# edited\n")
+    monkeypatch.setattr(convert, "generate", fake_generate)
+    code, _, err = run(capsys, "convert", "--no-verify", "llama", "-o", tmp_path)
+    assert code == 2 and "llama.py exists and differs; use --force to overwrite it" in err
 
 
 def bad_dir_missing(tmp_path):

@@ -100,8 +100,10 @@ def test_interrupt_during_the_analysis_writes_nothing(sig, tmp_path):
     proc.send_signal(sig)
     code, _, err = finish(proc)
     assert code == 130
-    shown = (started + err).splitlines()  # the progress line ends "failed", then the one error
-    assert shown[0].endswith("failed") and shown[1:] == ["hfrewrite: error: interrupted"], shown
+    shown = (started + err).splitlines()  # the steps before it done, its line "failed", the one error
+    assert all(" ... done (" in line for line in shown[:-2]), shown
+    assert shown[-2].endswith("failed") and shown[-1] == "hfrewrite: error: interrupted", shown
+    assert shown[-2].startswith("hfrewrite: building and tracing a shrunk copy"), shown
     assert not out.exists() or list(out.iterdir()) == []
 
 

@@ -20,6 +20,8 @@ def test_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     assert code == 0 and "LlamaAttention     q_proj+k_proj+v_proj -> QKVParallelLinear" in out
     lines = err.splitlines()
     assert [line.split(" ...")[0] for line in lines] == [
+        "hfrewrite: resolving llama",  # the first line comes before transformers loads
+        "hfrewrite: loading torch",
         "hfrewrite: building and tracing a shrunk copy, proving replacements",
         "hfrewrite: rewriting modeling_llama.py",
         "hfrewrite: formatting",

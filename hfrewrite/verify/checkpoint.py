@@ -162,6 +162,7 @@ def _isolated_reference(release: str, case) -> dict:
 
 
 def main(args: Any) -> int:
+    from hfrewrite.progress import step
     from hfrewrite.verify.compare import (
         LOGPROB_TOL,
         VerifyCase,
@@ -186,7 +187,8 @@ def main(args: Any) -> int:
             from hfrewrite import convert
             from hfrewrite.resolve import resolve
 
-            result = convert.generate(resolve(str(ckpt), None, bool(custom)))
+            with step(f"converting {ckpt}"):
+                result = convert.generate(resolve(str(ckpt), None, bool(custom)))
             generated = Path(tmp) / result.filename
             generated.write_text(result.text)
         elif not Path(generated).is_file():
@@ -200,10 +202,15 @@ def main(args: Any) -> int:
         )
         release = _analysis_release(Path(generated).read_text()) if custom else None
         if release is not None:  # the repository's code runs under the release it was analysed in
-            reference = _isolated_reference(release, case)
-            report = verify_many_against_hf([case], [reference], timeout=600 + 60 * len(prompts))[0]
+            with step(f"decoding {len(prompts)} prompts in Hugging Face (transformers {release})"):
+                reference = _isolated_reference(release, case)
+            with step(f"decoding them in vLLM with {Path(generated).name}"):
+                report = verify_many_against_hf([case], [reference], timeout=600 + 60 * len(prompts))[0]
         else:
-            report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
+            with step(
+                f"decoding {len(prompts)} prompts in Hugging Face and in vLLM with {Path(generated).name}"
+            ):
+                report = verify_many([case], timeout=600 + 60 * len(prompts), native=False)[0]
     print(f"vLLM instantiated {report.generated_class} from {report.generated_file}")
     if report.errors:
         for side, error in report.errors.items():

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hfrewrite.progress import step
 from hfrewrite.verify.compare import VerifyCase, verify_many
 from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
@@ -32,7 +33,8 @@ def main(args: Any) -> int:
             from hfrewrite import convert
             from hfrewrite.resolve import resolve
 
-            result = convert.generate(resolve(args.model_type))
+            with step(f"converting {args.model_type}"):
+                result = convert.generate(resolve(args.model_type))
             generated = tmp / result.filename
             generated.write_text(result.text)
         elif not Path(generated).is_file():
@@ -46,7 +48,10 @@ def main(args: Any) -> int:
                     f"{args.model_type}: cannot build a tiny checkpoint: " + str(exc).split(". ")[0][:200]
                 ) from None
             cases.append(VerifyCase(ckpt, Path(generated).resolve()))
-        reports = verify_many(cases)
+        with step(
+            f"decoding in Hugging Face, vLLM's own file and {Path(generated).name} ({len(cases)} checkpoints)"
+        ):
+            reports = verify_many(cases)
     for name, report in zip(CLI_VARIANTS, reports):
         print(f"[{name}] {report.summary()}\n")
     print("verified" if all(r.ok for r in reports) else "FAILED")
