@@ -2,6 +2,7 @@
 #
 #   make demo     set up, convert llama to demo-out/llama.py, show its attention class
 #   make test     set up, lint, run the test suite (real vLLM on CPU included)
+#   make test-fast  the analysis, pass and command tests only (the edit loop, ~3 minutes)
 #   make lint     ruff check + ruff format --check with the pinned ruff (part of make test)
 #   make golden   regenerate golden/ (`hfrewrite check golden/` is what the tests run)
 #   make hub-configs  each golden on the released configs of its type (docs/hub-configs.md)
@@ -20,7 +21,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt gpt_bigcode gpt2 gptj stablelm cwm \
 	minimax_m2 hy_v3 exaone4 exaone_moe
 
-.PHONY: setup analysis-setup quant-setup demo lint test golden coverage docs fuzz validation-cost hub-configs
+.PHONY: setup analysis-setup quant-setup demo lint test test-fast golden coverage docs fuzz validation-cost hub-configs
 
 # The transformers 4.x release Hub custom code written for 4.x is analysed under
 # (docs/custom-code.md); the tests use it offline from the user's cache.
@@ -75,6 +76,12 @@ test: export HFREWRITE_REQUIRE_VLLM = 1
 test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
 test: setup quant-setup lint
 	$(PY) -m pytest -q
+
+# The edit loop: the analysis, pass and command tests, without vLLM engines (about 3 minutes
+# on 2 cores); `make test` stays the gate.
+test-fast: export HF_HUB_OFFLINE = 1
+test-fast: setup
+	$(PY) -m pytest -q -m "not vllm" tests/analyze tests/passes $(wildcard tests/test_*.py)
 
 # Every causal-LM model type of the installed transformers, converted with --no-verify in
 # parallel (outcomes cached per source tree): docs/coverage.md. tests/e2e/test_coverage.py checks it.

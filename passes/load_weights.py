@@ -24,6 +24,7 @@ Preconditions: the causal-LM class has ``load_weights`` reading ``self.hf_to_vll
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
@@ -244,6 +245,17 @@ def _flat_experts_helper(module: cst.Module, moe) -> cst.FunctionDef:
     return t.stmt(_FLAT_EXPERTS.format(flat=flat, num_experts=f"self.{count}", experts=moe.experts))
 
 
+def _class_attrs(cls: cst.ClassDef) -> set[str]:
+    """The names a class body assigns."""
+    return {
+        target.target.value
+        for s in cls.body.body
+        if m.matches(s, m.SimpleStatementLine(body=[m.Assign()]))
+        for target in s.body[0].targets
+        if isinstance(target.target, cst.Name)
+    }
+
+
 def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseStatement]:
     """load_weights feeds the checkpoint through the row reordering (or the k/v split)."""
     out = []
@@ -350,6 +362,8 @@ class _MapperArgument(cst.CSTTransformer):
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
+    if "packed_modules_mapping" in _class_attrs(t.find_class(module, plan.architecture)):
+        return PassResult(module=module)  # (its own output)
     att, mlp, moe = plan.attention, plan.mlp, plan.moe
     stacks = {}  # checkpoint-fused projections load as they are: nothing to stack
     if isinstance(att, MlaPlan):

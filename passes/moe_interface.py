@@ -15,6 +15,7 @@ residual block; the causal LM holds the base model under the plan's attribute.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -40,10 +41,14 @@ def _expert_groups(module: cst.Module, block: str) -> str:
     return "1"
 
 
+def _declares_moe(causal: cst.ClassDef) -> bool:
+    return any(m.matches(base.value, m.Name("MixtureOfExperts")) for base in causal.bases)
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     """The causal LM declares vLLM's ``MixtureOfExperts`` with its EPLB bookkeeping."""
     plan, moe = ctx.plan, ctx.plan.moe
-    if moe is None:
+    if moe is None or _declares_moe(t.find_class(module, plan.architecture)):  # (its own output)
         return PassResult(module=module)
     mlp_attr = plan.decoder_layer.mlp_block
     tpl = template_class(

@@ -4,7 +4,7 @@ projections, ungated MLPs, and source helpers re-imported (before/after pairs, r
 import dataclasses
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import (
     carry_decoder_layer,
     fuse_gate_up,
@@ -75,7 +75,7 @@ class Gemma2DecoderLayer(nn.Module):
 
 
 def test_sandwich_layer_is_carried_as_written():
-    assert rewrite(carry_decoder_layer, BEFORE_SANDWICH_LAYER, carried_plan()) == AFTER_SANDWICH_LAYER
+    assert_rewrites(carry_decoder_layer, BEFORE_SANDWICH_LAYER, AFTER_SANDWICH_LAYER, carried_plan())
 
 
 def test_attention_input_is_found_by_keyword_in_any_order():
@@ -83,7 +83,7 @@ def test_attention_input_is_found_by_keyword_in_any_order():
         "            hidden_states=hidden_states,\n            position_embeddings=position_embeddings,\n",
         "            position_embeddings=position_embeddings,\n            hidden_states=hidden_states,\n",
     )
-    assert rewrite(carry_decoder_layer, source, carried_plan()) == AFTER_SANDWICH_LAYER
+    assert_rewrites(carry_decoder_layer, source, AFTER_SANDWICH_LAYER, carried_plan())
 
 
 def test_attention_result_bound_twice_is_refused():
@@ -98,7 +98,7 @@ def test_attention_result_bound_twice_is_refused():
 
 def test_fused_layer_is_not_touched():
     plan = dataclasses.replace(carried_plan(), decoder_layer=llama_like().decoder_layer)
-    assert rewrite(carry_decoder_layer, BEFORE_SANDWICH_LAYER, plan) == BEFORE_SANDWICH_LAYER
+    assert_rewrites(carry_decoder_layer, BEFORE_SANDWICH_LAYER, BEFORE_SANDWICH_LAYER, plan)
 
 
 PARALLEL_LAYER_POSITIONAL = (
@@ -278,7 +278,7 @@ def test_checkpoint_fused_gate_up():
         fused_gate_up=True,
     )
     plan = dataclasses.replace(llama_like("Phi3", "phi3"), mlp=mlp)
-    assert rewrite(fuse_gate_up, BEFORE_FUSED_GATE_UP, plan) == AFTER_FUSED_GATE_UP
+    assert_rewrites(fuse_gate_up, BEFORE_FUSED_GATE_UP, AFTER_FUSED_GATE_UP, plan)
 
 
 BEFORE_UNGATED_MLP = """\
@@ -320,7 +320,7 @@ def test_ungated_mlp_is_column_then_row_parallel_with_the_source_activation():
     assert "return self.down_proj(self.act_fn(self.up_proj(x)[0]))[0]" in out
     assert "self.act_fn = ACT2FN[config.hidden_act]" in out
     # fuse_gate_up leaves an ungated MLP alone
-    assert rewrite(fuse_gate_up, BEFORE_UNGATED_MLP, ungated_plan()) == BEFORE_UNGATED_MLP
+    assert_rewrites(fuse_gate_up, BEFORE_UNGATED_MLP, BEFORE_UNGATED_MLP, ungated_plan())
 
 
 def test_helpers_the_carried_source_uses_are_imported_absolutely():
@@ -362,7 +362,7 @@ def test_hidden_states_under_another_name():
 def test_a_layer_without_kwargs_is_carried():
     source = BEFORE_SANDWICH_LAYER.replace(", position_ids=None, **kwargs):", ", position_ids=None):")
     source = source.replace("            **kwargs,\n", "")
-    assert rewrite(carry_decoder_layer, source, carried_plan()) == AFTER_SANDWICH_LAYER
+    assert_rewrites(carry_decoder_layer, source, AFTER_SANDWICH_LAYER, carried_plan())
 
 
 def test_reading_the_dropped_kwargs_is_refused():

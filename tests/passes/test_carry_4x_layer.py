@@ -6,7 +6,7 @@ import dataclasses
 
 import libcst as cst
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import carry_decoder_layer
 from plans import llama_like
 
@@ -77,7 +77,7 @@ class DecoderLayer(nn.Module):
 
 
 def test_4x_layer_is_carried_into_vllms_convention():
-    assert rewrite(carry_decoder_layer, BEFORE, plan()) == AFTER
+    assert_rewrites(carry_decoder_layer, BEFORE, AFTER, plan())
 
 
 def test_layer_returning_its_tensor_keeps_its_return():

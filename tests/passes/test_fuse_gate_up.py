@@ -1,7 +1,7 @@
 """fuse_gate_up: act(gate(x)) * up(x) -> MergedColumnParallelLinear + *AndMul."""
 
 import pytest
-from harness import apply, rewrite
+from harness import apply, assert_rewrites, rewrite
 from hfrewrite.passes import fuse_gate_up
 from plans import llama_like
 
@@ -43,7 +43,7 @@ class LlamaMLP(nn.Module):
 
 
 def test_llama_mlp():
-    assert rewrite(fuse_gate_up, BEFORE_LLAMA_MLP, llama_like()) == AFTER_LLAMA_MLP
+    assert_rewrites(fuse_gate_up, BEFORE_LLAMA_MLP, AFTER_LLAMA_MLP, llama_like())
 
 
 BEFORE_UP_TIMES_ACT_ORDER = """\
@@ -82,7 +82,7 @@ class LlamaMLP(nn.Module):
 
 
 def test_up_times_act_order():
-    assert rewrite(fuse_gate_up, BEFORE_UP_TIMES_ACT_ORDER, llama_like()) == AFTER_UP_TIMES_ACT_ORDER
+    assert_rewrites(fuse_gate_up, BEFORE_UP_TIMES_ACT_ORDER, AFTER_UP_TIMES_ACT_ORDER, llama_like())
 
 
 BEFORE_OTHER_CLASS_UNTOUCHED = """\
@@ -131,7 +131,7 @@ class VisionMLP(nn.Module):
 
 
 def test_other_class_untouched():
-    assert rewrite(fuse_gate_up, BEFORE_OTHER_CLASS_UNTOUCHED, llama_like()) == AFTER_OTHER_CLASS_UNTOUCHED
+    assert_rewrites(fuse_gate_up, BEFORE_OTHER_CLASS_UNTOUCHED, AFTER_OTHER_CLASS_UNTOUCHED, llama_like())
 
 
 NOT_ACT2FN = """\

@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import fuse_qkv
 from plans import llama_like
 
@@ -60,7 +60,7 @@ class LlamaAttention(nn.Module):
 
 
 def test_llama_attention():
-    assert rewrite(fuse_qkv, BEFORE_LLAMA_ATTENTION, llama_like()) == AFTER_LLAMA_ATTENTION
+    assert_rewrites(fuse_qkv, BEFORE_LLAMA_ATTENTION, AFTER_LLAMA_ATTENTION, llama_like())
 
 
 REFUSED_DIFFERENT_BIAS = """\
@@ -255,7 +255,7 @@ def _with_head_fields():
 def test_sizes_computed_elsewhere_come_from_the_proven_config_fields():
     """Head counts from the config fields the analysis proved hold them; the head size is
     the q projection's own size over that count (self.head_dim, set in a branch, is seen)."""
-    assert rewrite(fuse_qkv, BEFORE_SIZES_COMPUTED, _with_head_fields()) == AFTER_SIZES_COMPUTED
+    assert_rewrites(fuse_qkv, BEFORE_SIZES_COMPUTED, AFTER_SIZES_COMPUTED, _with_head_fields())
 
 
 def test_sizes_computed_elsewhere_without_proven_fields_are_refused():

@@ -1,7 +1,7 @@
 """load_weights: HF checkpoint names mapped onto the fused shards."""
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import load_weights
 from plans import llama_like
 
@@ -37,7 +37,7 @@ class LlamaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
 
 def test_llama_causal_lm():
-    assert rewrite(load_weights, BEFORE_LLAMA_CAUSAL_LM, llama_like()) == AFTER_LLAMA_CAUSAL_LM
+    assert_rewrites(load_weights, BEFORE_LLAMA_CAUSAL_LM, AFTER_LLAMA_CAUSAL_LM, llama_like())
 
 
 REFUSED_NO_MAPPER_USE = """\

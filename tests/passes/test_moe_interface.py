@@ -1,6 +1,6 @@
 """moe_interface: vLLM's MixtureOfExperts on the causal LM of a MoE model."""
 
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import moe_interface
 from plans import llama_like, qwen_moe
 
@@ -58,12 +58,12 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsLoRA, SupportsPP, MixtureOfExperts)
 
 
 def test_qwen3_moe_causal_lm():
-    assert rewrite(moe_interface, BEFORE_QWEN3_MOE_CAUSAL_LM, qwen_moe()) == AFTER_QWEN3_MOE_CAUSAL_LM
+    assert_rewrites(moe_interface, BEFORE_QWEN3_MOE_CAUSAL_LM, AFTER_QWEN3_MOE_CAUSAL_LM, qwen_moe())
 
 
 def test_dense_model_is_left_alone():
     dense = BEFORE_QWEN3_MOE_CAUSAL_LM.replace("Qwen3Moe", "Llama")
-    assert rewrite(moe_interface, dense, llama_like()) == dense
+    assert_rewrites(moe_interface, dense, dense, llama_like())
 
 
 def test_expert_groups_are_the_count_the_block_hands_its_runner():

@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import parallel_embedding
 from plans import llama_like
 
@@ -58,7 +58,7 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
 
 
 def test_tied_lm_head():
-    assert rewrite(parallel_embedding, BEFORE_TIED_LM_HEAD, llama_like()) == AFTER_TIED_LM_HEAD
+    assert_rewrites(parallel_embedding, BEFORE_TIED_LM_HEAD, AFTER_TIED_LM_HEAD, llama_like())
 
 
 BEFORE_UNTIED_LM_HEAD = """\
@@ -106,7 +106,7 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
 def test_untied_lm_head():
     """A source whose model never shares the head's weight (found so by the analysis)."""
     plan = dataclasses.replace(llama_like(), head_tied_to=None)
-    assert rewrite(parallel_embedding, BEFORE_UNTIED_LM_HEAD, plan) == AFTER_UNTIED_LM_HEAD
+    assert_rewrites(parallel_embedding, BEFORE_UNTIED_LM_HEAD, AFTER_UNTIED_LM_HEAD, plan)
 
 
 def test_the_tie_is_the_analysis_fact_not_the_spelling():

@@ -1,6 +1,6 @@
 """strip_hf_runtime: Transformers runtime removed by reachability."""
 
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import strip_hf_runtime
 from plans import llama_like
 
@@ -73,7 +73,7 @@ class LlamaForCausalLM(nn.Module):
 
 
 def test_hf_runtime_removed():
-    assert rewrite(strip_hf_runtime, BEFORE_HF_RUNTIME_REMOVED, llama_like()) == AFTER_HF_RUNTIME_REMOVED
+    assert_rewrites(strip_hf_runtime, BEFORE_HF_RUNTIME_REMOVED, AFTER_HF_RUNTIME_REMOVED, llama_like())
 
 
 UNCHANGED_CLEAN_MODULE = """\
@@ -90,7 +90,7 @@ class LlamaForCausalLM(nn.Module):
 
 
 def test_leaves_clean_module_unchanged():
-    assert rewrite(strip_hf_runtime, UNCHANGED_CLEAN_MODULE, llama_like()) == UNCHANGED_CLEAN_MODULE
+    assert_rewrites(strip_hf_runtime, UNCHANGED_CLEAN_MODULE, UNCHANGED_CLEAN_MODULE, llama_like())
 
 
 KEEPS_ASSIGNMENTS_OUTSIDE_INIT = """\
@@ -142,7 +142,7 @@ def test_a_class_that_also_names_nn_module_gets_it_once():
         "class LlamaDecoderLayer(GradientCheckpointingLayer):",
         "class LlamaDecoderLayer(GradientCheckpointingLayer, nn.Module):",
     )
-    assert rewrite(strip_hf_runtime, source, llama_like()) == AFTER_HF_RUNTIME_REMOVED
+    assert_rewrites(strip_hf_runtime, source, AFTER_HF_RUNTIME_REMOVED, llama_like())
 
 
 def test_relative_imports_sharing_a_line_are_each_carried():

@@ -1,6 +1,6 @@
 """thread_layer_args: cache_config / quant_config / prefix threaded through layer classes."""
 
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import thread_layer_args
 from plans import llama_like
 
@@ -58,7 +58,7 @@ class Helper(nn.Module):
 
 
 def test_layer_classes():
-    assert rewrite(thread_layer_args, BEFORE_LAYER_CLASSES, llama_like()) == AFTER_LAYER_CLASSES
+    assert_rewrites(thread_layer_args, BEFORE_LAYER_CLASSES, AFTER_LAYER_CLASSES, llama_like())
 
 
 UNCHANGED_CLASS_WITHOUT_VLLM_LAYERS = """\
