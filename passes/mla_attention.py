@@ -334,7 +334,7 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     )
     attention, rope_guard = _attention(plan, d, scaling), _rope_guard(plan, name)
     if plan.rope_source == "rope_scaling":  # a 4.x config: its parameters gathered first
-        if "rope_parameters" in t.names_used(init):
+        if "rope_parameters" in t.plain_names(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name rope_parameters")
         attention = attention.replace("config.rope_parameters", "rope_parameters")
         rope_guard = _LEGACY_ROPE + rope_guard.replace("config.rope_parameters", "rope_parameters")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hfrewrite.emit.output import parse_header
 
 HFREWRITE = Path(sys.executable).parent / "hfrewrite"
@@ -35,6 +37,7 @@ def test_local_dir_with_another_architecture_name(tmp_path):
     assert body(text) == body((GOLDEN / "llama.py").read_text())
 
 
+@pytest.mark.slow
 def test_relative_directory_is_recorded_from_the_file_so_check_works_anywhere(tmp_path):
     """A path typed relative to the working directory is recorded relative to the
     generated file's directory: `check` then finds the model from any working directory,

@@ -5,10 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 
 
+@pytest.mark.slow
 def test_convert_is_byte_identical_across_hash_seeds(tmp_path):
     outputs = []
     for seed in ("0", "4242"):

@@ -197,6 +197,14 @@ def names_used(node: cst.CSTNode) -> set[str]:
     return {n.value for n in walk(node) if isinstance(n, cst.Name)}
 
 
+def plain_names(node: cst.CSTNode) -> set[str]:
+    """The names below ``node`` used as variables: not attribute names (``x.name``) nor
+    keywords (``f(name=...)``)."""
+    skip = {id(n.attr) for n in walk(node) if isinstance(n, cst.Attribute)}
+    skip |= {id(n.keyword) for n in walk(node) if isinstance(n, cst.Arg) and n.keyword is not None}
+    return {n.value for n in walk(node) if isinstance(n, cst.Name) and id(n) not in skip}
+
+
 class _RenameLocals(cst.CSTTransformer):
     def __init__(self, mapping: dict[str, str]) -> None:
         self.mapping = mapping

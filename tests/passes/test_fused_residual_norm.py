@@ -1,7 +1,7 @@
 """fused_residual_norm: vLLM RMSNorm with the residual add fused in."""
 
 import pytest
-from harness import apply, assert_rewrites, rewrite
+from harness import apply, rewrite
 from hfrewrite.passes import fused_residual_norm
 from plans import llama_like
 
