@@ -231,7 +231,9 @@ class DeepseekV3Attention(nn.Module):
         self.qk_nope_head_dim = config.qk_nope_head_dim
         self.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
         # Multi-head latent attention as vLLM's deepseek_v2.py lays it out.
-        self.num_local_heads = self.num_heads // get_tensor_model_parallel_world_size()
+        tp_size = get_tensor_model_parallel_world_size()
+        assert self.num_heads % tp_size == 0
+        self.num_local_heads = self.num_heads // tp_size
         if config.q_lora_rank is None:
             self.kv_a_proj_with_mqa = ReplicatedLinear(
                 self.hidden_size,

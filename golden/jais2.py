@@ -109,6 +109,11 @@ class Jais2Attention(nn.Module):
         self.total_num_kv_heads = config.num_key_value_heads
         # Heads are sharded over tensor-parallel ranks; kv heads are replicated when
         # there are fewer of them than ranks.
+        assert self.total_num_heads % tp_size == 0
+        if self.total_num_kv_heads >= tp_size:
+            assert self.total_num_kv_heads % tp_size == 0
+        else:
+            assert tp_size % self.total_num_kv_heads == 0
         self.num_heads = self.total_num_heads // tp_size
         self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
         self.q_size = self.num_heads * self.head_dim

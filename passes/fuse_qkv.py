@@ -33,7 +33,7 @@ import libcst as cst
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.emit.fused_projection import free_qkv_names, rewrite_fused
+from hfrewrite.emit.fused_projection import HEAD_SHARDING, free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -132,10 +132,7 @@ def rewrite_attention(
         f"{head_size}"
         f"self.total_num_heads = {t.code(q_heads)}\n"
         f"self.total_num_kv_heads = {t.code(k_heads)}\n"
-        "# Heads are sharded over tensor-parallel ranks; kv heads are replicated when\n"
-        "# there are fewer of them than ranks.\n"
-        "self.num_heads = self.total_num_heads // tp_size\n"
-        "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
+        f"{HEAD_SHARDING}"
         f"{head_dim_attr}"
         f"self.q_size = self.num_heads * {t.code(head_dim)}\n"
         f"self.kv_size = self.num_kv_heads * {t.code(head_dim)}\n"

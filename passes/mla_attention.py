@@ -89,7 +89,11 @@ def _indent(code: str) -> str:
 def _linears(plan: MlaPlan, d, switch: str | None) -> str:
     """The vLLM projections, as vLLM's deepseek_v2.py lays them out; ``switch``: the
     ``__init__`` form of the test choosing the query when both are proven."""
-    out = f"self.num_local_heads = self.{d('num_heads')} // get_tensor_model_parallel_world_size()\n"
+    out = (
+        "tp_size = get_tensor_model_parallel_world_size()\n"
+        f"assert self.{d('num_heads')} % tp_size == 0\n"
+        f"self.num_local_heads = self.{d('num_heads')} // tp_size\n"
+    )
     if switch is not None:
         out += _branches(
             switch,
@@ -333,6 +337,8 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         + _linears(plan, d, query_switch)
     )
     attention, rope_guard = _attention(plan, d, scaling), _rope_guard(plan, name)
+    if "tp_size" in t.plain_names(init):
+        raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name tp_size")
     if plan.rope_source == "rope_scaling":  # a 4.x config: its parameters gathered first
         if "rope_parameters" in t.plain_names(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name rope_parameters")

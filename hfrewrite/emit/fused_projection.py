@@ -14,6 +14,20 @@ NAME = "fuse_qkv"
 
 _OURS = ("q", "k", "v", "qkv")
 
+# The tensor-parallel head bookkeeping of vLLM's llama.py, after self.total_num_heads and
+# self.total_num_kv_heads are bound (tp_size too).
+HEAD_SHARDING = (
+    "# Heads are sharded over tensor-parallel ranks; kv heads are replicated when\n"
+    "# there are fewer of them than ranks.\n"
+    "assert self.total_num_heads % tp_size == 0\n"
+    "if self.total_num_kv_heads >= tp_size:\n"
+    "    assert self.total_num_kv_heads % tp_size == 0\n"
+    "else:\n"
+    "    assert tp_size % self.total_num_kv_heads == 0\n"
+    "self.num_heads = self.total_num_heads // tp_size\n"
+    "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
+)
+
 
 def free_qkv_names(forward: cst.FunctionDef, cls: str) -> cst.FunctionDef:
     """``forward`` with its own locals named q/k/v/qkv renamed ``<name>_states``, which
@@ -92,8 +106,7 @@ def rewrite_fused(
         "tp_size = get_tensor_model_parallel_world_size()\n"
         f"self.total_num_heads = {heads}\n"
         f"self.total_num_kv_heads = {kv_heads}\n"
-        "self.num_heads = self.total_num_heads // tp_size\n"
-        "self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)\n"
+        f"{HEAD_SHARDING}"
         f"{head_dim}"
         "self.q_size = self.num_heads * self.head_dim\n"
         "self.kv_size = self.num_kv_heads * self.head_dim\n"
