@@ -234,27 +234,6 @@ class CohereDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor
     ) -> torch.Tensor:
-        """
-        Args:
-            hidden_states (`torch.FloatTensor`): input to the layer of shape `(batch,
-            seq_len, embed_dim)` attention_mask (`torch.FloatTensor`, *optional*):
-                attention mask of size `(batch_size, sequence_length)` if flash
-                attention is used or `(batch_size, 1, query_sequence_length,
-                key_sequence_length)` if default attention is used.
-            past_key_values (`Cache`, *optional*): cached past key and value projection
-            states output_attentions (`bool`, *optional*):
-                Whether or not to return the attentions tensors of all attention layers.
-                See `attentions` under returned tensors for more detail.
-            use_cache (`bool`, *optional*):
-                If set to `True`, `past_key_values` key value states are returned and
-                can be used to speed up decoding
-                (see `past_key_values`).
-            position_embeddings (`tuple[torch.FloatTensor, torch.FloatTensor]`,
-            *optional*):
-                Tuple containing the cosine and sine positional embeddings of shape
-                `(batch_size, seq_len, head_dim)`, with `head_dim` being the embedding
-                dimension of each attention head.
-        """
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
 

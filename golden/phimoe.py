@@ -211,12 +211,6 @@ def sparsemixer(
     construct a modified back-propagation to give a mathematically sound gradient
     estimation for expert routing.
 
-    Args:
-        scores (torch.Tensor): Input scores tensor.
-        jitter_eps (float): Jitter epsilon for numerical stability.
-        training (bool): Flag indicating if the model is in training mode.
-        top_k (int): Number of top experts to select.
-
     Returns:
         tuple[torch.Tensor, torch.Tensor]: Multiplier and selected experts tensors.
     """

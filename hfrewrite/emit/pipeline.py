@@ -27,6 +27,7 @@ from hfrewrite.passes import (
     parallel_embedding,
     prune_unused_params,
     row_parallel,
+    stale_docstrings,
     strip_hf_runtime,
     taken_branches,
     thread_layer_args,
@@ -56,6 +57,7 @@ PASSES: tuple[ModuleType, ...] = (
     config_guards,  # after the dead code went: a test only dead code made is no longer made
     prune_unused_params,
     drop_dead_locals,
+    stale_docstrings,  # after the parameters went
     type_config_params,
 )
 
