@@ -67,6 +67,7 @@ MATCHES = {
         "strip_hf_runtime": 25,
         "prune_unused_params": 2,  # layer_idx of LlamaAttention and LlamaDecoderLayer
         "drop_dead_locals": 0,  # no unread computed local
+        "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # LlamaMLP(config: LlamaConfig)
     },
     "qwen3_moe": {
@@ -89,6 +90,7 @@ MATCHES = {
         "strip_hf_runtime": 29,
         "prune_unused_params": 1,  # Qwen3MoeAttention's layer_idx
         "drop_dead_locals": 0,  # no unread computed local
+        "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # Qwen3MoeMLP
     },
     "deepseek_v3": {
@@ -111,6 +113,7 @@ MATCHES = {
         "strip_hf_runtime": 26,
         "prune_unused_params": 1,  # DeepseekV3Attention's layer_idx
         "drop_dead_locals": 0,  # no unread computed local
+        "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # DeepseekV3MLP
     },
     "gemma": {
@@ -133,6 +136,7 @@ MATCHES = {
         "strip_hf_runtime": 24,
         "prune_unused_params": 3,  # padding_idx of the embedding, layer_idx of attention and layer
         "drop_dead_locals": 0,  # no unread computed local
+        "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # GemmaMLP
     },
     "starcoder2": {
@@ -155,6 +159,7 @@ MATCHES = {
         "strip_hf_runtime": 25,
         "prune_unused_params": 2,  # layer_idx of attention and layer
         "drop_dead_locals": 0,  # no unread computed local
+        "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 0,  # the source annotates its configs
     },
 }

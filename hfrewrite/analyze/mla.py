@@ -196,7 +196,8 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     legacy = getattr(config, "rope_parameters", None) is None and hasattr(config, "rope_scaling")
     if legacy and config.rope_scaling:  # a transformers 4.x config: the rope type under "type"
         scaled = dict(config.rope_scaling)
-        params = {**params, **scaled, "rope_type": scaled.pop("rope_type", scaled.pop("type", "default"))}
+        kind = scaled.pop("rope_type", None) or scaled.pop("type", "default")
+        params = {**params, **scaled, "rope_type": kind}
     rope_type = params.get("rope_type", "default")
     if rope_type == "yarn":  # vLLM's deepseek_v2.py maps it to its deepseek_yarn rope
         rope_kind, freq = "deepseek_yarn", deepseek_yarn(params, rope)

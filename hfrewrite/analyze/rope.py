@@ -252,6 +252,8 @@ def prove_rope(
 def _source_base(values, rotary_dim: int) -> float | None:
     """The base of the default neox rope that maps every pair, read off the angle the second
     position turns the second lane pair by, where the replay at that base proves it."""
+    if values[0][0].shape[2] < 2 or rotary_dim < 4:
+        return None
     xv, yv = (v.double()[..., 1, :rotary_dim] for v in values[0])  # position 1
     half = rotary_dim // 2
     x1, x2, y1, y2 = xv[..., 1], xv[..., half + 1], yv[..., 1], yv[..., half + 1]
