@@ -3,7 +3,7 @@
 import pytest
 from hfrewrite.passes import drop_dead_locals
 
-from tests.passes.harness import apply
+from tests.passes.harness import apply, assert_rewrites
 from tests.passes.plans import llama_like
 
 BASE = """
@@ -22,9 +22,17 @@ def dropped(source: str) -> tuple[str, int]:
 
 
 def test_an_unread_computed_size_goes():
-    code, matches = dropped(BASE)
-    assert "op_size" not in code and matches == 1
-    assert "self.o_proj = RowParallelLinear" in code
+    assert dropped(BASE)[1] == 1  # one site
+    assert_rewrites(drop_dead_locals, BASE.lstrip(), AFTER, llama_like())
+
+
+AFTER = """\
+class Phi3Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.o_proj = RowParallelLinear(config.hidden_size, config.hidden_size)
+"""
 
 
 @pytest.mark.parametrize(

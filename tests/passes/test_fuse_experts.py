@@ -1,7 +1,7 @@
 """fuse_experts: router + expert loop -> GateLinear + FusedMoEFactory."""
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import fuse_experts
 from plans import qwen_moe
 
@@ -140,13 +140,11 @@ class MoeBlock(nn.Module):
 
 
 def test_renormalisation_condition_from_source():
-    assert (
-        rewrite(
-            fuse_experts,
-            BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE,
-            qwen_moe(shared=True),
-        )
-        == AFTER_RENORMALISATION_CONDITION_FROM_SOURCE
+    assert_rewrites(
+        fuse_experts,
+        BEFORE_RENORMALISATION_CONDITION_FROM_SOURCE,
+        AFTER_RENORMALISATION_CONDITION_FROM_SOURCE,
+        qwen_moe(shared=True),
     )
 
 

@@ -1,7 +1,7 @@
 """row_parallel: output projections -> RowParallelLinear, tuple results unpacked."""
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import row_parallel
 from plans import llama_like
 
@@ -61,9 +61,8 @@ class LlamaMLP(nn.Module):
 
 
 def test_assignment_and_nested_call():
-    assert (
-        rewrite(row_parallel, BEFORE_ASSIGNMENT_AND_NESTED_CALL, llama_like())
-        == AFTER_ASSIGNMENT_AND_NESTED_CALL
+    assert_rewrites(
+        row_parallel, BEFORE_ASSIGNMENT_AND_NESTED_CALL, AFTER_ASSIGNMENT_AND_NESTED_CALL, llama_like()
     )
 
 

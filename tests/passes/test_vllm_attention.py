@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import vllm_attention
 from plans import llama_like
 
@@ -75,9 +75,8 @@ class LlamaAttention(nn.Module):
 
 
 def test_sliding_window_carried_over():
-    assert (
-        rewrite(vllm_attention, BEFORE_SLIDING_WINDOW_CARRIED_OVER, llama_like())
-        == AFTER_SLIDING_WINDOW_CARRIED_OVER
+    assert_rewrites(
+        vllm_attention, BEFORE_SLIDING_WINDOW_CARRIED_OVER, AFTER_SLIDING_WINDOW_CARRIED_OVER, llama_like()
     )
 
 
@@ -153,9 +152,11 @@ class LlamaAttention(nn.Module):
 
 
 def test_clip_qkv_conditional_carried_over():
-    assert (
-        rewrite(vllm_attention, BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER, llama_like())
-        == AFTER_CLIP_QKV_CONDITIONAL_CARRIED_OVER
+    assert_rewrites(
+        vllm_attention,
+        BEFORE_CLIP_QKV_CONDITIONAL_CARRIED_OVER,
+        AFTER_CLIP_QKV_CONDITIONAL_CARRIED_OVER,
+        llama_like(),
     )
 
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from harness import rewrite
+from harness import assert_rewrites, rewrite
 from hfrewrite.passes import vllm_model_interface
 from plans import llama_like
 
@@ -127,9 +127,8 @@ class LlamaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
 
 def test_llama_model_and_causal_lm():
-    assert (
-        rewrite(vllm_model_interface, BEFORE_LLAMA_MODEL_AND_CAUSAL_LM, llama_like())
-        == AFTER_LLAMA_MODEL_AND_CAUSAL_LM
+    assert_rewrites(
+        vllm_model_interface, BEFORE_LLAMA_MODEL_AND_CAUSAL_LM, AFTER_LLAMA_MODEL_AND_CAUSAL_LM, llama_like()
     )
 
 
