@@ -50,12 +50,17 @@ def convert_one(model_type: str) -> dict:
         contextlib.redirect_stderr(err),
         contextlib.redirect_stdout(out),
     ):
+        # main() turns SIGTERM into KeyboardInterrupt; the pool ends its workers with SIGTERM
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             rc = main(["convert", model_type, "--no-verify", "-o", tmp])
         except SystemExit as exc:
             rc = exc.code if isinstance(exc.code, int) else 1
         except Exception as exc:  # noqa: BLE001 - what escapes is the finding: a traceback
             rc, err = None, io.StringIO(f"Traceback: {type(exc).__name__}: {exc}".splitlines()[0])
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
     seconds = round(time.monotonic() - start, 1)
     if rc == 0:
