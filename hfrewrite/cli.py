@@ -309,13 +309,12 @@ def _refuse_a_file_in_the_way(args: argparse.Namespace, resolved) -> None:
         return
     from hfrewrite.emit.output import parse_header, record_for
 
-    record = parse_header(out.read_text(errors="replace"))
+    record, model = parse_header(out.read_text(errors="replace")), record_for(resolved).model
     if record is None:
         raise HfrewriteError(f"{out} exists and is not a file hfrewrite wrote; use --force to overwrite it")
-    if record.model != record_for(resolved).model:
+    if record.model != model:
         raise HfrewriteError(
-            f"{out} exists, generated from {record.model}, not {record_for(resolved).model}; "
-            "use --force to overwrite it"
+            f"{out} exists, generated from {record.model}, not {model}; use --force to overwrite it"
         )
 
 

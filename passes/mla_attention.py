@@ -123,14 +123,15 @@ def _linears(plan: MlaPlan, d, switch: str | None) -> str:
 # What get_rope is given, per proven rope: a "yarn" config runs as vLLM's deepseek_yarn (YaRN
 # with the ratio of the two mscale factors on cos/sin, which transformers computes for it).
 _ROPE_PARAMETERS = {
-    "default": "config.rope_parameters",
-    "deepseek_yarn": '{**config.rope_parameters, "rope_type": "deepseek_yarn"}',
+    "default": "{p}",
+    "deepseek_yarn": '{{**{p}, "rope_type": "deepseek_yarn"}}',
 }
 _ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
 
 
 # A transformers 4.x config keeps a scaled rope's parameters in rope_scaling, its type
-# under "type": they join the base transformers 5 standardises into rope_parameters.
+# under "type": they join the base transformers 5 standardises into rope_parameters, and
+# the rope's code reads that local.
 _LEGACY_ROPE = (
     '# This transformers 4.x config keeps a scaled rope in rope_scaling (its type under "type").\n'
     "rope_parameters = {**config.rope_parameters, **(config.rope_scaling or {})}\n"
@@ -138,13 +139,16 @@ _LEGACY_ROPE = (
 )
 
 
-def _yarn_guard(name: str, when: str = "") -> str:
+def _params(plan: MlaPlan) -> str:
+    """The expression holding the rope parameters in ``__init__``."""
+    return "rope_parameters" if plan.rope_source == "rope_scaling" else "config.rope_parameters"
+
+
+def _yarn_guard(name: str, p: str, when: str = "") -> str:
     """Refuse the YaRN knobs the replay did not prove (vLLM's deepseek_yarn ignores
-    transformers' ``attention_factor`` and ``truncate=False``), where ``when`` holds."""
-    knobs = (
-        'config.rope_parameters.get("attention_factor") is not None'
-        ' or not config.rope_parameters.get("truncate", True)'
-    )
+    transformers' ``attention_factor`` and ``truncate=False``), where ``when`` holds;
+    ``p``: the rope parameters."""
+    knobs = f'{p}.get("attention_factor") is not None or not {p}.get("truncate", True)'
     return (
         f"if {f'{when} and ({knobs})' if when else knobs}:\n"
         f"    raise NotImplementedError(\"hfrewrite: {name}: vLLM's deepseek_yarn rope has no attention_factor "
@@ -154,10 +158,10 @@ def _yarn_guard(name: str, when: str = "") -> str:
 
 def _rope_guard(plan: MlaPlan, name: str) -> str:
     """Refuse the rope types the replay did not prove; with both proven, the YaRN knobs."""
-    kinds = plan.rope_kinds or (plan.rope_kind,)
+    kinds, p = plan.rope_kinds or (plan.rope_kind,), _params(plan)
     proven = " or ".join(repr(_ROPE_TYPES[k]) for k in kinds)
     names = tuple(_ROPE_TYPES[k] for k in kinds)
-    test = 'config.rope_parameters.get("rope_type", "default") ' + (
+    test = f'{p}.get("rope_type", "default") ' + (
         f'!= "{names[0]}"' if len(names) == 1 else f"not in {names!r}".replace("'", '"')
     )
     out = (
@@ -168,20 +172,20 @@ def _rope_guard(plan: MlaPlan, name: str) -> str:
     if "deepseek_yarn" not in kinds:
         return out
     if len(kinds) == 1:
-        return out + _yarn_guard(name)
-    return out + _yarn_guard(name, 'config.rope_parameters.get("rope_type", "default") == "yarn"')
+        return out + _yarn_guard(name, p)
+    return out + _yarn_guard(name, p, f'{p}.get("rope_type", "default") == "yarn"')
 
 
 def _rope_parameters(plan: MlaPlan) -> str:
     """What ``get_rope`` is given: with both ropes proven, a "yarn" config as vLLM's
     deepseek_yarn, any other as it is."""
-    kinds = plan.rope_kinds or (plan.rope_kind,)
+    kinds, p = plan.rope_kinds or (plan.rope_kind,), _params(plan)
     if len(kinds) == 1:
-        return _ROPE_PARAMETERS[kinds[0]]
+        return _ROPE_PARAMETERS[kinds[0]].format(p=p)
     return (
-        '{**config.rope_parameters, "rope_type": "deepseek_yarn"}\n'
-        '        if config.rope_parameters.get("rope_type", "default") == "yarn"\n'
-        "        else config.rope_parameters"
+        f'{{**{p}, "rope_type": "deepseek_yarn"}}\n'
+        f'        if {p}.get("rope_type", "default") == "yarn"\n'
+        f"        else {p}"
     )
 
 
@@ -197,7 +201,7 @@ def _attention(plan: MlaPlan, d, scaling: str) -> str:
         + (
             "# vLLM's deepseek_yarn rope computes on [tokens, heads, rope]; the default one on\n"
             "# contiguous [tokens, heads * rope] (its CPU kernel misreads 3-D views).\n"
-            'self.rope_per_head = config.rope_parameters.get("rope_type", "default") == "yarn"\n'
+            f'self.rope_per_head = {_params(plan)}.get("rope_type", "default") == "yarn"\n'
             if len(plan.rope_kinds) > 1
             else ""
         )
@@ -342,8 +346,7 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     if plan.rope_source == "rope_scaling":  # a 4.x config: its parameters gathered first
         if "rope_parameters" in t.plain_names(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name rope_parameters")
-        attention = attention.replace("config.rope_parameters", "rope_parameters")
-        rope_guard = _LEGACY_ROPE + rope_guard.replace("config.rope_parameters", "rope_parameters")
+        rope_guard = _LEGACY_ROPE + rope_guard
     body += t.stmts(guards + attention)
     body = t.guards_first(body, switches + rope_guard)
     cls = t.set_method(cls, t.with_body(init, body))

@@ -15,12 +15,20 @@ import textwrap
 from torch import nn
 
 
+def method_tree(cls: type, method: str) -> ast.Module | None:
+    """The parsed source of ``cls.<method>``; None where Python keeps none (a builtin, a
+    class defined in a REPL)."""
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method))))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
 def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[str, bool], ...]:
     """(test source, value on the traced module) for each config switch of ``method``; an
     ``elif`` after a branch taken is unreachable and left out."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(type(module), method))))
-    except (OSError, TypeError, SyntaxError):
+    tree = method_tree(type(module), method)
+    if tree is None:
         return ()
     found, unreachable = [], set()
     for node in ast.walk(tree):
@@ -62,9 +70,8 @@ def _false_operands(test: ast.expr, module: nn.Module) -> list[str]:
 
 def init_assignments(cls: type) -> dict[str, ast.expr]:
     """``self.<attr> = <value>`` statements of ``cls.__init__``: {attr: value} (last wins)."""
-    try:
-        init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
-    except (OSError, TypeError, SyntaxError):
+    init = method_tree(cls, "__init__")
+    if init is None:
         return {}
     return {
         target.attr: node.value
@@ -112,9 +119,8 @@ def _init_parameters(cls: type) -> set[str]:
 
 def _assigned_once(cls: type) -> set[str]:
     """The attributes ``cls.__init__`` assigns in exactly one statement."""
-    try:
-        init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
-    except (OSError, TypeError, SyntaxError):
+    init = method_tree(cls, "__init__")
+    if init is None:
         return set()
     counts: dict[str, int] = {}
     for node in ast.walk(init):
@@ -152,9 +158,8 @@ class _Substitute(ast.NodeTransformer):
 def helper_branches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
     """``config_branches`` of the methods ``__init__`` calls as ``self.<method>()``
     (DeepSeek's Hub ``_init_rope``: ``if self.config.rope_scaling is None:``)."""
-    try:
-        init = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
-    except (OSError, TypeError, SyntaxError):
+    init = method_tree(type(module), "__init__")
+    if init is None:
         return ()
     helpers = [
         node.value.func.attr
@@ -177,9 +182,8 @@ def init_switches(module: nn.Module, config) -> tuple[tuple[str, bool], ...]:
     """(test source, value on ``config``) for each ``if`` of the module's ``__init__`` whose
     test reads only its ``config`` parameter and constants (DeepSeek's Hub MoE:
     ``if hasattr(config, "ep_size") and config.ep_size > 1:`` builds the experts either way)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
-    except (OSError, TypeError, SyntaxError):
+    tree = method_tree(type(module), "__init__")
+    if tree is None:
         return ()
     found = []
     for node in ast.walk(tree):
@@ -201,9 +205,8 @@ def causal_switch(module: nn.Module) -> tuple[tuple[str, bool], ...]:
     """transformers' attention interface reads ``module.is_causal``: when ``__init__`` sets it
     from the config (gemma's ``not config.use_bidirectional_attention``), that expression is a
     config switch whose traced value is the module's."""
-    try:
-        init = ast.parse(textwrap.dedent(inspect.getsource(type(module).__init__)))
-    except (OSError, TypeError, SyntaxError):
+    init = method_tree(type(module), "__init__")
+    if init is None:
         return ()
     for node in ast.walk(init):
         if (

@@ -17,13 +17,11 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
-import inspect
-import textwrap
 from collections.abc import Callable
 
 from torch import nn
 
-from hfrewrite.analyze.branches import init_assignments
+from hfrewrite.analyze.branches import init_assignments, method_tree
 from hfrewrite.analyze.plan import MoePlan, NoMatch, Refusal
 
 PATTERN = "fused_moe"
@@ -97,9 +95,8 @@ def _string_switch(router: nn.Module, plan: MoePlan):
     """(attribute, config field, traced string, other strings, {string: config fields its
     branch reads}) of the router forward's one ``self.<attr> == "<string>"`` chain on a
     config field; None when there is none (or more than one)."""
-    try:
-        forward = ast.parse(textwrap.dedent(inspect.getsource(type(router).forward)))
-    except (OSError, TypeError, SyntaxError):
+    forward = method_tree(type(router), "forward")
+    if forward is None:
         return None
     fields = _config_fields(type(router))
     chains: dict[str, dict[str, ast.If]] = {}

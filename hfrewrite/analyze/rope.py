@@ -221,11 +221,10 @@ def prove_rope(
     absolute = getattr(config, ABSOLUTE_ROTARY_FIELD, None)
     if "partial_rotary_factor" not in params and isinstance(absolute, int) and 0 < absolute < head_dim:
         widths.append(absolute)
+    merged = any(torch.is_tensor(value(x)) and value(x).dim() == 3 for x, _ in pairs)  # batch * heads
     shaped = False
-    for seq_first in (False, True):  # [heads, seq, head_dim], or TeleChat's [seq, heads, head_dim]
+    for seq_first in (False, True) if merged else (False,):  # TeleChat's [seq, batch * heads, d]
         values = [_same_layout(*_as_4d(value(x), value(y), seq_first)) for x, y in pairs]
-        if seq_first and not any(value(x).dim() == 3 for x, _ in pairs if torch.is_tensor(value(x))):
-            break
         if not all(_both_4d(xv, yv) for xv, yv in values):
             continue
         shaped, positions = True, torch.arange(values[0][0].shape[2])

@@ -49,7 +49,8 @@ def main(args: Any) -> int:
                 ) from None
             cases.append(VerifyCase(ckpt, Path(generated).resolve()))
         with step(
-            f"decoding in Hugging Face, vLLM's own file and {Path(generated).name} ({len(cases)} checkpoints)"
+            f"decoding {len(cases)} checkpoints in Hugging Face and in vLLM ({Path(generated).name}, "
+            "and vLLM's own file where it has one)"
         ):
             reports = verify_many(cases)
     for name, report in zip(CLI_VARIANTS, reports):
