@@ -38,8 +38,9 @@ agrees with the plan.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
-import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_sources import (
@@ -54,42 +55,11 @@ from hfrewrite.emit.expert_sources import (
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.pure_expressions import computed_local
+from hfrewrite.emit.router_sources import routing_kwargs, source_renormalize
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_experts"
-
-
-def _is_sum(node: cst.BaseExpression) -> bool:
-    """``x.sum(...)``, possibly inside parentheses or further calls' receivers."""
-    return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name("sum")))))
-
-
-def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str | None:
-    """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None.
-    The divisor may be a name assigned from a sum (`denominator = w.sum(...) + eps`)."""
-    forward = t.find_method(router, "forward")
-    sums = {
-        t.code(target.target)
-        for a in m.findall(forward, m.Assign())
-        for target in a.targets
-        if isinstance(target.target, cst.Name) and _is_sum(a.value)
-    }
-
-    def _is_sum_or_name(node: cst.BaseExpression) -> bool:
-        return _is_sum(node) or (isinstance(node, cst.Name) and node.value in sums)
-
-    found = [condition for condition, _ in t.guarded_divisions(forward, _is_sum_or_name)]
-    if len(found) > 1:
-        raise HfrewriteError(f"{name}: {NAME}: the router renormalises more than once")
-    if not found:
-        return None
-    condition = found[0]
-    for attr, expr in attrs.items():  # `self.norm_topk_prob` -> `config.norm_topk_prob`
-        condition = condition.replace(f"self.{attr}", expr)
-    if "self." in condition:
-        raise HfrewriteError(f"{name}: {NAME}: renormalisation depends on {condition}")
-    return condition
 
 
 def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
@@ -113,49 +83,6 @@ def _gate(moe, sizes: dict[str, str]) -> list[cst.BaseStatement]:
     return t.stmts(src)
 
 
-def _routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[str, str]:
-    """FusedMoEFactory's routing options beyond softmax top-k. Each constant is the source's
-    expression for the attribute analysis found holding its value (`self.num_group =
-    config.n_group` -> `config.n_group`); ``where`` holds the router's and the block's
-    ``__init__`` assignments."""
-    if not moe.grouped:
-        return {}
-    exprs = {}
-    for fact, path in moe.config_attrs:
-        owner, attr = ("router", path.split(".", 1)[1]) if "." in path else ("block", path)
-        expr = where[owner].get(attr)
-        if expr is None or "self." in expr:
-            raise HfrewriteError(
-                f"{name}: {NAME}: the {fact} ({path}) is not set from the config in __init__"
-            )
-        exprs[fact] = expr
-    kwargs = {
-        "use_grouped_topk": "True",
-        "num_expert_group": exprs.get("n_group", "1"),
-        "topk_group": exprs.get("topk_group", "1"),
-    }
-    if moe.grouped_when:  # grouped on one branch of the router's switch, one group on the others
-        try:
-            when = t.config_test(moe.grouped_when, where["router"])
-        except ValueError as e:
-            raise HfrewriteError(
-                f"{name}: {NAME}: the router switches on {e}, which no config field sets"
-            ) from e
-        for kwarg in ("num_expert_group", "topk_group"):
-            kwargs[kwarg] = f"({kwargs[kwarg]} if {when} else 1)"
-    if moe.scoring != "softmax":
-        kwargs["scoring_func"] = f'"{moe.scoring}"'
-    if moe.routed_scaling_factor != 1.0:
-        kwargs["routed_scaling_factor"] = exprs["routed_scaling_factor"]
-        kwargs["apply_routed_scale_to_output"] = "True"
-    if moe.correction_bias:
-        flat = "[0]" if moe.correction_bias_2d else ""  # a view: it sees the loaded values
-        kwargs["e_score_correction_bias"] = f"self.{moe.correction_bias}{flat}"
-    if moe.router_fp32:
-        kwargs["router_logits_dtype"] = "torch.float32"
-    return kwargs
-
-
 def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
     """An ``if`` (no ``else``) whose body only assigns ``self.<attr>``."""
     return (
@@ -165,20 +92,28 @@ def _builds_only(statement: cst.BaseStatement, attr: str) -> bool:
     )
 
 
-def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
-    """The rewritten block and the emitted renormalisation expression."""
-    moe = ctx.plan.moe
+@dataclass(frozen=True)
+class _Sources:
+    """What the emitted ``FusedMoEFactory`` call takes from the source's classes."""
+
+    sizes: dict[str, str]  # FusedMoEFactory's size keywords -> the source's expressions
+    act: str
+    renormalize: str | None  # the source's condition; None when it does not renormalise
+    guards: str  # statements refusing the configs the trace did not prove
+    routing: dict[str, str]  # FusedMoEFactory's routing keywords beyond softmax top-k
+
+
+def _sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> _Sources:
+    """The sizes, activation, renormalisation, guards and routing options, read from the
+    classes that build the block's router and experts."""
     name = moe.module_class
-    block = t.find_class(module, name)
-    init, init_guards = taken_init_branches(t.find_method(block, "__init__"), moe)
-    built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
     if moe.expert_mlp is not None:  # experts one module each, the router the block's Linear or its own class
         sizes, act, renormalize, guards, router = _module_list_sources(module, block, built, moe)
-        routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
+        routing = routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
     elif moe.flat_experts:  # experts as flat [E * I, H] parameters (dbrx)
         block_exprs = t.init_exprs(block)
         sizes, act, renormalize, guards = flat_sources(module, built, moe, block_exprs)
-        routing = _routing_kwargs(moe, {"router": {}, "block": block_exprs}, name)
+        routing = routing_kwargs(moe, {"router": {}, "block": block_exprs}, name)
     elif moe.carried_router:  # the source's router runs as it is: its own code is the proof
         sizes, act = stacked_sources(module, built, moe)
         renormalize, guards, routing = (
@@ -190,18 +125,25 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         sizes, act = stacked_sources(module, built, moe)
         router_cls = t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
-        renormalize, guards = _source_renormalize(router_cls, router, moe, name)
+        renormalize, guards = source_renormalize(router_cls, router, moe, name)
         guards += swiglu_guard(module, moe)
-        routing = _routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
-    ckpt = moe.checkpoint_expert_names
-    ckpt_arg = (
-        ""
-        if ckpt == ("gate_proj", "down_proj", "up_proj")
-        else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
-    )
+        routing = routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
+    return _Sources(sizes, act, renormalize, guards, routing)
 
+
+@dataclass(frozen=True)
+class _Init:
+    """The runner's ``__init__`` statements but the experts', and where those were built."""
+
+    body: list[cst.BaseStatement]
+    experts_at: cst.BaseStatement | None  # the source's `self.<experts> = ...`
+    optional_shared: bool  # the shared expert is built under an `if` (None otherwise)
+
+
+def _rebuilt_init(init: cst.FunctionDef, moe, sizes: dict[str, str]) -> _Init:
+    """``__init__``'s statements with the gate as GateLinear, the shared expert and its gate
+    kept for the runner, and the source's other attributes dropped."""
     gate = [] if moe.carried_router else _gate(moe, sizes)
-    handoff = {} if moe.carried_router else {"gate": f"self.{moe.router}"}
     new_init: list[cst.BaseStatement] = []
     experts_at = None
     optional_shared = False
@@ -213,33 +155,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             optional_shared = True
             continue
         if attr is None:
-            if isinstance(s, cst.BaseCompoundStatement):
-                raise HfrewriteError(
-                    f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
-                    "statement the rewrite would drop"
-                )
-            if computed_local(s):  # hy_v3's `shared_intermediate = ...` (drop_dead_locals drops unread ones)
-                new_init.append(s)
-                continue
-            if t.code(s).strip() != "super().__init__()":
-                continue
-            new_init.append(s)
-            new_init.extend(
-                t.stmts(
-                    "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;\n"
-                    "# the expert-parallel group exists where vLLM reads the config's expert count.\n"
-                    "vllm_config = get_current_vllm_config()\n"
-                    "parallel_config = vllm_config.parallel_config\n"
-                    "self.ep_size = (\n"
-                    "    get_ep_group().device_group.size() if vllm_config.model_config.get_num_experts() else 1\n"
-                    ")\n"
-                    f"self.n_routed_experts = {sizes['num_experts']}\n"
-                    "self.n_logical_experts = self.n_routed_experts\n"
-                    "self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts\n"
-                    "self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts\n"
-                    "self.n_local_physical_experts = self.n_physical_experts // self.ep_size\n"
-                )
-            )
+            new_init.extend(_kept_unassigning(s, moe.module_class, sizes))
             continue
         elif attr == moe.router and moe.carried_router:
             new = s
@@ -249,13 +165,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
             experts_at = s  # built last: the runner takes the gate and the shared expert built before it
             continue
         elif attr == moe.shared_expert_gate:
-            call = t.assigned_value(s)
-            bias = t.arg(call, 2, "bias")
-            new = t.stmt(
-                f"self.{attr} = ReplicatedLinear(\n    {t.code(t.arg(call, 0, 'in_features'))},\n"
-                f"    {t.code(t.arg(call, 1, 'out_features'))},\n    bias={t.code(bias) if bias else 'True'},\n"
-                f'    quant_config=None,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
-            )
+            new = _replicated_gate(s, attr)
         elif attr == moe.shared_expert:
             new = s.visit(_NotReducing(moe.shared_expert))
         else:
@@ -263,29 +173,90 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         new = new if isinstance(new, list) else [new]
         new_init.append(new[0].with_changes(leading_lines=s.leading_lines))
         new_init.extend(new[1:])
+    return _Init(new_init, experts_at, optional_shared)
+
+
+def _kept_unassigning(s: cst.BaseStatement, name: str, sizes: dict[str, str]) -> list[cst.BaseStatement]:
+    """What the runner's ``__init__`` keeps of a statement assigning no attribute: computed
+    locals, and ``super().__init__()`` followed by the expert-parallel setup."""
+    if isinstance(s, cst.BaseCompoundStatement):
+        raise HfrewriteError(
+            f"{name}: {NAME}: __init__ builds under a `{t.code(s).split()[0]}` "
+            "statement the rewrite would drop"
+        )
+    if computed_local(s):  # hy_v3's `shared_intermediate = ...` (drop_dead_locals drops unread ones)
+        return [s]
+    if t.code(s).strip() != "super().__init__()":
+        return []
+    return [
+        s,
+        *t.stmts(
+            "# Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;\n"
+            "# the expert-parallel group exists where vLLM reads the config's expert count.\n"
+            "vllm_config = get_current_vllm_config()\n"
+            "parallel_config = vllm_config.parallel_config\n"
+            "self.ep_size = (\n"
+            "    get_ep_group().device_group.size() if vllm_config.model_config.get_num_experts() else 1\n"
+            ")\n"
+            f"self.n_routed_experts = {sizes['num_experts']}\n"
+            "self.n_logical_experts = self.n_routed_experts\n"
+            "self.n_redundant_experts = parallel_config.eplb_config.num_redundant_experts\n"
+            "self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts\n"
+            "self.n_local_physical_experts = self.n_physical_experts // self.ep_size\n"
+        ),
+    ]
+
+
+def _replicated_gate(s: cst.BaseStatement, attr: str) -> cst.BaseStatement:
+    """The shared expert's ``nn.Linear`` gate as vLLM's ``ReplicatedLinear``."""
+    call = t.assigned_value(s)
+    bias = t.arg(call, 2, "bias")
+    return t.stmt(
+        f"self.{attr} = ReplicatedLinear(\n    {t.code(t.arg(call, 0, 'in_features'))},\n"
+        f"    {t.code(t.arg(call, 1, 'out_features'))},\n    bias={t.code(bias) if bias else 'True'},\n"
+        f'    quant_config=None,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
+    )
+
+
+def _handoff(moe, optional_shared: bool) -> dict[str, str]:
+    """What the runner takes from the block: the gate it applies, the shared expert it adds."""
+    handoff = {} if moe.carried_router else {"gate": f"self.{moe.router}"}
     if moe.shared_expert:
         shared = f"self.{moe.shared_expert}"
         if moe.shared_expert_gate:
             gated = f"GatedSharedExpert({shared}, self.{moe.shared_expert_gate})"
             shared = f"{gated} if {shared} is not None else None" if optional_shared else gated
         handoff["shared_experts"] = shared
-    new_init.append(
-        t.stmt(
-            f"self.{moe.experts} = FusedMoEFactory(\n"
-            + "".join(f"    {k}={v},\n" for k, v in handoff.items())
-            + "".join(f"    {k}={v},\n" for k, v in sizes.items())
-            + f"    renormalize={renormalize or 'False'},\n"
-            + "".join(f"    {k}={v},\n" for k, v in routing.items())
-            + ("    has_bias=True,\n" if moe.experts_bias else "")
-            + "    enable_eplb=parallel_config.enable_eplb,\n"
-            "    num_redundant_experts=self.n_redundant_experts,\n"
-            f"    activation={act},\n"
-            "    quant_config=quant_config,\n"
-            f'    prefix=f"{{prefix}}.{moe.experts}",\n'
-            f"{ckpt_arg})\n"
-        ).with_changes(leading_lines=experts_at.leading_lines)
+    return handoff
+
+
+def _fused_experts(moe, sources: _Sources, handoff: dict[str, str]) -> cst.BaseStatement:
+    """``self.<experts> = FusedMoEFactory(...)``, naming the checkpoint's expert weights
+    where they are not vLLM's default names."""
+    ckpt = moe.checkpoint_expert_names
+    ckpt_arg = (
+        ""
+        if ckpt == ("gate_proj", "down_proj", "up_proj")
+        else f"    ckpt_names={ckpt!r},\n".replace("'", '"')
+    )
+    return t.stmt(
+        f"self.{moe.experts} = FusedMoEFactory(\n"
+        + "".join(f"    {k}={v},\n" for k, v in handoff.items())
+        + "".join(f"    {k}={v},\n" for k, v in sources.sizes.items())
+        + f"    renormalize={sources.renormalize or 'False'},\n"
+        + "".join(f"    {k}={v},\n" for k, v in sources.routing.items())
+        + ("    has_bias=True,\n" if moe.experts_bias else "")
+        + "    enable_eplb=parallel_config.enable_eplb,\n"
+        "    num_redundant_experts=self.n_redundant_experts,\n"
+        f"    activation={sources.act},\n"
+        "    quant_config=quant_config,\n"
+        f'    prefix=f"{{prefix}}.{moe.experts}",\n'
+        f"{ckpt_arg})\n"
     )
 
+
+def _forward(moe) -> cst.FunctionDef:
+    """The block's forward: vLLM's MoE runner on the flattened tokens."""
     steps = ["runs self.route" if moe.carried_router else "applies the gate"]
     steps += ["adds the shared expert"] if moe.shared_expert else []
     comment = f"# vLLM's MoE runner {' and '.join(steps)}"
@@ -296,27 +267,42 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
         "return final_hidden_states.view(orig_shape)\n"
     )
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
-    forward = t.with_body(forward, t.stmts(body))
-    new_init = t.guards_first(new_init, init_guards + guards)
+    return t.with_body(forward, t.stmts(body))
+
+
+def _route_method(moe) -> cst.FunctionDef:
+    """``route``, the fused experts' custom routing function: the source's router as it is."""
+    w, ids = moe.carried_router
+    return t.stmt(
+        "def route(\n    self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool\n"
+        ") -> tuple[torch.Tensor, torch.Tensor]:\n"
+        '    """The fused experts\' routing: the source\'s router, run as it is."""\n'
+        f"    routing = self.{moe.router}(hidden_states)\n"
+        f"    if routing[{ids}].shape[-1] != topk:\n"
+        f'        raise ValueError(f"{moe.router_class} chose {{routing[{ids}].shape[-1]}} experts per token, "\n'
+        f'                         f"the fused experts take {{topk}}")\n'
+        f"    return routing[{w}], routing[{ids}]\n"
+    )
+
+
+def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
+    """The rewritten block and the emitted renormalisation expression."""
+    moe = ctx.plan.moe
+    name = moe.module_class
+    block = t.find_class(module, name)
+    init, init_guards = taken_init_branches(t.find_method(block, "__init__"), moe)
+    built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
+    sources = _sources(module, block, built, moe)
+    rebuilt = _rebuilt_init(init, moe, sources.sizes)
+    experts = _fused_experts(moe, sources, _handoff(moe, rebuilt.optional_shared))
+    new_init = [*rebuilt.body, experts.with_changes(leading_lines=rebuilt.experts_at.leading_lines)]
+    new_init = t.guards_first(new_init, init_guards + sources.guards)
     block = t.set_method(block, t.with_body(init, new_init))
-    block = t.set_method(block, forward)
+    block = t.set_method(block, _forward(moe))
     block = t.without_unused_methods(block)  # the runner routes: dbrx's routing method, moe_infer go
     if moe.carried_router:
-        w, ids = moe.carried_router
-        block = t.set_method(
-            block,
-            t.stmt(
-                "def route(\n    self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool\n"
-                ") -> tuple[torch.Tensor, torch.Tensor]:\n"
-                '    """The fused experts\' routing: the source\'s router, run as it is."""\n'
-                f"    routing = self.{moe.router}(hidden_states)\n"
-                f"    if routing[{ids}].shape[-1] != topk:\n"
-                f'        raise ValueError(f"{moe.router_class} chose {{routing[{ids}].shape[-1]}} experts per token, "\n'
-                f'                         f"the fused experts take {{topk}}")\n'
-                f"    return routing[{w}], routing[{ids}]\n"
-            ),
-        )
-    return block, renormalize or "False"
+        block = t.set_method(block, _route_method(moe))
+    return block, sources.renormalize or "False"
 
 
 def _module_list_sources(
@@ -370,11 +356,11 @@ def _module_list_sources(
             raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
         act = act[len("ACT2FN[") : -1]
     if router_exprs:
-        renormalize, guards = _source_renormalize(
+        renormalize, guards = source_renormalize(
             t.find_class(module, moe.router_class), router_exprs, moe, name
         )
         return sizes, act, renormalize, guards, router_exprs
-    renormalize, _ = _source_renormalize(block, block_exprs, moe, name)
+    renormalize, _ = source_renormalize(block, block_exprs, moe, name)
     return sizes, act, renormalize, "", {}
 
 
@@ -402,39 +388,6 @@ def _insert_before(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Modu
     at = next(i for i, n in enumerate(body) if isinstance(n, cst.ClassDef) and n.name.value == name)
     body.insert(at, new.with_changes(leading_lines=body[at].leading_lines))
     return module.with_changes(body=body)
-
-
-def _source_renormalize(
-    router_cls: cst.ClassDef, router: dict[str, str], moe, name: str
-) -> tuple[str | None, str]:
-    """The source's renormalisation condition, checked against the trace, and the guards
-    that refuse configs flipping the router's other branches."""
-    renormalize = _renormalize(router_cls, router, name)
-    router_forward = t.find_method(router_cls, "forward")
-    if renormalize is None and moe.renormalize and not m.findall(router_forward, m.If() | m.IfExp()):
-        renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
-    if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):
-        raise HfrewriteError(f"{name}: {NAME}: the source's renormalisation disagrees with the trace")
-    try:
-        guards = t.branch_guards(moe.router_branches, router, name, "router", skip=renormalize)
-        guards += _switch_guard(moe, router, name)
-    except ValueError as e:
-        raise HfrewriteError(f"{name}: {NAME}: the router branches on {e}, which no config field sets") from e
-    return renormalize, guards
-
-
-def _switch_guard(moe, router: dict[str, str], name: str) -> str:
-    """Refuse the strings of the router's switch no trace proved."""
-    if moe.router_switch is None:
-        return ""
-    attr, values = moe.router_switch
-    expr = t.config_test(attr, router)
-    proven = "(" + ", ".join(f'"{v}"' for v in values) + ")"
-    return (
-        f"if {expr} not in {proven}:\n"
-        f'    raise NotImplementedError("hfrewrite: {name} was converted for {expr} in {proven.replace(chr(34), chr(39))}: '
-        'its router takes another branch here")\n'
-    )
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:

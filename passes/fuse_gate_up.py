@@ -77,15 +77,46 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str
     name = cls.name.value
     init, body, where = t.init_assignments(cls, tuple(a for a in (gate, up, act) if a), NAME)
     forward = t.find_method(cls, "forward")
+    act_attr = act or _ACT_FN  # where the fused activation lives
     if not act:
-        if _ACT_FN in {t.self_attr_assigned(s) for s in body} | t.self_attrs_used(forward):
-            raise HfrewriteError(f"{name}: {NAME}: self.{_ACT_FN} already exists")
-        body = [*body, t.stmt(f'self.{_ACT_FN} = get_act_and_mul_fn("{activation}")\n')]
+        body = _with_act_fn(name, body, forward, activation)
         where[_ACT_FN] = len(body) - 1
-        act, a = _ACT_FN, None
-    else:
-        a = t.assigned_value(body[where[act]])
+    act_expr = t.assigned_value(body[where[act]]) if act else None
     g, u = (t.assigned_value(body[where[x]]) for x in (gate, up))
+    merged = _merged_linear(name, gate, up, g, u).with_changes(leading_lines=body[where[gate]].leading_lines)
+    act_key = _act_key(act_expr, activation)
+    new_body = []
+    for i, s in enumerate(body):
+        if i == where[gate]:
+            new_body.append(merged)
+        elif i == where[act_attr]:
+            new_body.append(
+                t.stmt(f"self.{act_attr} = get_act_and_mul_fn({act_key})\n").with_changes(
+                    leading_lines=s.leading_lines
+                )
+            )
+        elif i != where[up]:
+            new_body.append(s)
+    init = t.with_body(init, new_body)
+    forward = _fused_forward(name, forward, gate, up, act if act_expr is not None else "")
+    return t.set_method(t.set_method(cls, init), forward)
+
+
+def _with_act_fn(
+    name: str, body: list[cst.BaseStatement], forward: cst.FunctionDef, activation: str
+) -> list[cst.BaseStatement]:
+    """``__init__``'s ``body`` with ``self.act_fn`` built for torch's ``activation`` function,
+    which forward calls itself."""
+    if _ACT_FN in {t.self_attr_assigned(s) for s in body} | t.self_attrs_used(forward):
+        raise HfrewriteError(f"{name}: {NAME}: self.{_ACT_FN} already exists")
+    return [*body, t.stmt(f'self.{_ACT_FN} = get_act_and_mul_fn("{activation}")\n')]
+
+
+def _merged_linear(
+    name: str, gate: str, up: str, g: cst.BaseExpression, u: cst.BaseExpression
+) -> cst.SimpleStatementLine:
+    """``self.gate_up_proj = MergedColumnParallelLinear(...)`` for the source's
+    ``nn.Linear`` gate and up, which must read the same input size with the same bias."""
     if t.call_name(g) != "nn.Linear" or t.call_name(u) != "nn.Linear":
         raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")
     g_in, g_out, g_bias = (
@@ -102,34 +133,30 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
     if (g_bias and t.code(g_bias)) != (u_bias and t.code(u_bias)):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} differ in their bias setting")
-    # ACT2FN[config.hidden_act] keeps its config key; a module built otherwise (``nn.SiLU()``)
-    # gets the name of the activation the analysis replayed it as
-    from_config = isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"
-    act_key = t.code(a.slice[0].slice.value) if from_config else f'"{activation}"'
     sizes = (
         f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
     )
     bias = t.code(g_bias) if g_bias is not None else "True"
-    merged = t.stmt(
+    return t.stmt(
         "self.gate_up_proj = MergedColumnParallelLinear(\n"
         f"    {t.code(g_in)},\n    {sizes},\n    bias={bias},\n"
         '    quant_config=quant_config,\n    prefix=f"{prefix}.gate_up_proj",\n)\n'
-    ).with_changes(leading_lines=body[where[gate]].leading_lines)
-    new_body = []
-    for i, s in enumerate(body):
-        if i == where[gate]:
-            new_body.append(merged)
-        elif i == where[act]:
-            new_body.append(
-                t.stmt(f"self.{act} = get_act_and_mul_fn({act_key})\n").with_changes(
-                    leading_lines=s.leading_lines
-                )
-            )
-        elif i != where[up]:
-            new_body.append(s)
-    init = t.with_body(init, new_body)
+    )
 
-    fuser = _FuseProduct(gate, up, act if a is not None else "")
+
+def _act_key(a: cst.BaseExpression | None, activation: str) -> str:
+    """``get_act_and_mul_fn``'s argument for the source's activation ``a`` (None: torch's
+    function, called in forward)."""
+    # ACT2FN[config.hidden_act] keeps its config key; a module built otherwise (``nn.SiLU()``)
+    # gets the name of the activation the analysis replayed it as
+    from_config = isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"
+    return t.code(a.slice[0].slice.value) if from_config else f'"{activation}"'
+
+
+def _fused_forward(name: str, forward: cst.FunctionDef, gate: str, up: str, act: str) -> cst.FunctionDef:
+    """``forward`` computing ``gate_up`` right before the one ``act(gate(x)) * up(x)``,
+    which becomes the fused activation of it."""
+    fuser = _FuseProduct(gate, up, act)
     fwd_body = _inline_projections(list(forward.body.body), {gate, up})
     for i, s in enumerate(fwd_body):
         new = s.visit(fuser)
@@ -141,8 +168,7 @@ def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str
             break
     if len(fuser.inputs) != 1 or {gate, up} & t.self_attrs_used(cst.Module(fwd_body)):
         raise HfrewriteError(f"{name}: {NAME}: `act({gate}(x)) * {up}(x)` is not the only use of {gate}/{up}")
-    forward = t.with_body(forward, fwd_body)
-    return t.set_method(t.set_method(cls, init), forward)
+    return t.with_body(forward, fwd_body)
 
 
 def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:

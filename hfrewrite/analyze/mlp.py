@@ -16,6 +16,7 @@ formula for it on the traced values; and vLLM has an ``*AndMul`` for it.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -73,6 +74,23 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         return fused if fused is not None else _ungated(traced, path, cls, linears, down)
     if len(linears) != 3:
         return NoMatch(PATTERN, cls, f"{len(linears)} linears instead of gate, up and down")
+    product = _gated_product(path, cls, linears, down)
+    if isinstance(product, NoMatch):
+        return product
+    return _gated(traced, path, cls, product, down, config)
+
+
+@dataclass(frozen=True)
+class _GatedProduct:
+    """``act(gate(x)) * up(x)`` in the graph: the activation's call and the two projections."""
+
+    act: Node
+    gate: Node
+    up: Node
+
+
+def _gated_product(path: str, cls: str, linears: list, down: Node) -> _GatedProduct | NoMatch:
+    """The ``act(gate(x)) * up(x)`` that ``down`` reads, gate and up two of ``linears``."""
     product = down.args[0]
     if not (
         isinstance(product, Node)
@@ -99,6 +117,15 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         return NoMatch(PATTERN, cls, "the product is not act(linear(x)) * linear(x)")
     if gate.args[0] is not up.args[0]:
         return NoMatch(PATTERN, cls, "gate and up projections read different inputs")
+    return _GatedProduct(act, gate, up)
+
+
+def _gated(
+    traced: Traced, path: str, cls: str, product: _GatedProduct, down: Node, config
+) -> MlpPlan | NoMatch:
+    """The plan of ``down(act(gate(x)) * up(x))``: gate and up alike, and an activation
+    vLLM has an ``*AndMul`` for, computing its formula on the traced values."""
+    act, gate, up = product.act, product.gate, product.up
     g, u, d = (traced.linear_fact(n, path) for n in (gate, up, down))
     if g.out_features != u.out_features or g.bias != u.bias:
         return NoMatch(PATTERN, cls, f"{g.attr} and {u.attr} differ in out_features or bias")

@@ -29,26 +29,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.fx import Node
-from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.branches import config_branches, init_switches
 from hfrewrite.analyze.moe_modules import (
     expert_list,
     expert_mlp,
-    expert_weights,
     flat_experts,
     flat_roles,
-    flat_weights,
     int_attr,
     routed,
-    stacked_weights,
 )
+from hfrewrite.analyze.moe_replay import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, correction_bias, replay_error
 from hfrewrite.analyze.plan import MoePlan, NoMatch
 from hfrewrite.analyze.routing import (
     config_attrs,
     output_scale,
     root,
-    route,
     router_facts,
     scoring_of,
     skip,
@@ -93,17 +89,39 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     biases = {n for n, _ in experts_mod.named_parameters() if n.endswith("bias")}
     if biases not in (set(), {"gate_up_proj_bias", "down_proj_bias"}):
         return NoMatch(PATTERN, cls, f"the experts have biases {sorted(biases)}")
+    plan = _stacked_plan(traced, path, call, facts, activations[0], bool(biases))
+    if isinstance(plan, NoMatch):
+        return plan
+    return _replayed(block, plan, experts_mod, value(root(hidden)), activations, activation)
 
-    output = call
+
+def _scaled_output(
+    traced: Traced, path: str, block: nn.Module, call: Node, facts: dict
+) -> tuple[Node, dict] | str:
+    """The experts' output as the block goes on to read it, and the routing facts with the
+    number the block scales it by as the routed scaling factor; or why not."""
     scaled = None if facts.get("carried_router") else output_scale(traced, path, call)
-    if scaled is not None:  # minimax_m3: the block scales the experts' output
-        output, scale = scaled
-        attrs = config_attrs(block, facts["router"], {"routed_scaling_factor": scale})
-        if facts["routed_scaling_factor"] != 1.0 or isinstance(attrs, str):
-            return NoMatch(
-                PATTERN, cls, attrs if isinstance(attrs, str) else "the routed output is scaled twice"
-            )
-        facts = {**facts, "routed_scaling_factor": scale, "config_attrs": facts["config_attrs"] + attrs}
+    if scaled is None:
+        return call, facts
+    output, scale = scaled  # minimax_m3: the block scales the experts' output
+    attrs = config_attrs(block, facts["router"], {"routed_scaling_factor": scale})
+    if facts["routed_scaling_factor"] != 1.0 or isinstance(attrs, str):
+        return attrs if isinstance(attrs, str) else "the routed output is scaled twice"
+    return output, {**facts, "routed_scaling_factor": scale, "config_attrs": facts["config_attrs"] + attrs}
+
+
+def _stacked_plan(
+    traced: Traced, path: str, call: Node, facts: dict, activation: str, experts_bias: bool
+) -> MoePlan | NoMatch:
+    """The plan of a block calling stacked experts (``call``) with the routing ``facts``:
+    the shared expert, the experts' sizes and layout, the output the layer reads."""
+    block = traced.module.get_submodule(path)
+    cls = type(block).__name__
+    hidden, experts_mod = call.args[0], traced.submodule(call)
+    scaled = _scaled_output(traced, path, block, call, facts)
+    if isinstance(scaled, str):
+        return NoMatch(PATTERN, cls, scaled)
+    output, facts = scaled
     shared, shared_gate = _shared_expert(traced, path, cls, output)
     if isinstance(shared, NoMatch):
         return shared
@@ -119,17 +137,17 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     width = value(hidden).shape[-1]
     transposed = experts_mod.gate_up_proj.shape[1] == width != experts_mod.gate_up_proj.shape[2]
     intermediate = experts_mod.down_proj.shape[1 if transposed else 2]
-    plan = MoePlan(
+    return MoePlan(
         module_class=cls,
         router_class=type(block.get_submodule(facts["router"])).__name__,
         experts=relative(call.target, path),
         experts_class=type(experts_mod).__name__,
         num_experts=int(num_experts),
-        activation=activations[0],
+        activation=activation,
         experts_transposed=transposed,
         size_attrs=tuple(int_attr(experts_mod, size) for size in (int(num_experts), width, intermediate)),
         output_index=output_index,
-        experts_bias=bool(biases),
+        experts_bias=experts_bias,
         shared_expert=shared,
         shared_expert_gate=shared_gate,
         router_branches=()
@@ -137,9 +155,19 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         else config_branches(block.get_submodule(facts["router"])),
         **facts,
     )
+
+
+def _replayed(
+    block: nn.Module,
+    plan: MoePlan,
+    experts: nn.Module,
+    x: torch.Tensor,
+    activations: list[str],
+    activation: str,
+) -> MoePlan | NoMatch:
+    """The first variant of ``plan`` that replays the block, or why none does."""
     # The structure's renormalisation first; a softmax over the top-k logits replays as the
     # other. Gate and up as halves of gate_up_proj first, then interleaved (gpt_oss).
-    x = value(root(hidden))
     first = None
     for act in activations:
         for interleaved in (False, True):
@@ -147,7 +175,7 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
                 plan,
                 activation=act,
                 experts_interleaved=interleaved,
-                swiglu_attrs=_swiglu_attrs(experts_mod) if act == "swigluoai" else None,
+                swiglu_attrs=_swiglu_attrs(experts) if act == "swigluoai" else None,
             )
             mismatch = _replay(block, candidate, x)
             if mismatch is None:
@@ -158,8 +186,8 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
                 if _replay(block, other, x) is None:
                     return other
     if activation not in MOE_ACTIVATIONS:  # nor the clamped swiglu: the config's is the reason
-        return NoMatch(PATTERN, cls, f"vLLM's fused MoE has no {activation!r} activation here")
-    return NoMatch(PATTERN, cls, first)
+        return NoMatch(PATTERN, plan.module_class, f"vLLM's fused MoE has no {activation!r} activation here")
+    return NoMatch(PATTERN, plan.module_class, first)
 
 
 def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, config) -> MoePlan | NoMatch:
@@ -375,7 +403,7 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
     """Reason the plan does not reproduce the block, or None when it does: on the traced
     input, then on a random one, each with a random correction bias when the router has
     one (its zero init would hide where it is added)."""
-    bias = _correction_bias(block, plan)
+    bias = correction_bias(block, plan)
     saved = None if bias is None else bias.detach().clone()
     generator = torch.Generator().manual_seed(0)
     inputs = (x, torch.randn(x.shape, generator=generator, dtype=x.dtype) * x.std())
@@ -384,7 +412,7 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
             if bias is not None:
                 with torch.no_grad():
                     bias.copy_(torch.randn(bias.shape, generator=generator) * 0.1)
-            err = _replay_error(block, plan, trial)
+            err = replay_error(block, plan, trial)
             if err is not None:
                 return f"replaying the plan ({plan.describe_routing()}, [gate; up] experts) differs from the block by {err:.2e}"
     finally:
@@ -392,11 +420,6 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
             with torch.no_grad():
                 bias.copy_(saved)
     return None
-
-
-def _correction_bias(block: nn.Module, plan: MoePlan) -> torch.Tensor | None:
-    """The score-correction bias (a parameter or buffer of the block, its router or a child), if any."""
-    return dict([*block.named_parameters(), *block.named_buffers()]).get(plan.correction_bias)
 
 
 def _output_index(block: nn.Module, traced: Traced, path: str, x: torch.Tensor) -> int | None | str:
@@ -415,11 +438,6 @@ def _output_index(block: nn.Module, traced: Traced, path: str, x: torch.Tensor) 
     return found[0] if len(found) == 1 else "the block returns a tuple the layer reads no one element of"
 
 
-# vLLM's "swigluoai" (gpt_oss): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
-# at the limit and alpha its kernels use.
-SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
-
-
 def _swiglu_attrs(experts: nn.Module) -> tuple[str, str] | None:
     """The experts' attributes holding swigluoai's alpha and limit (one each), or None."""
     found = [
@@ -427,59 +445,3 @@ def _swiglu_attrs(experts: nn.Module) -> tuple[str, str] | None:
         for want in (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)
     ]
     return (found[0][0], found[1][0]) if all(len(f) == 1 for f in found) else None
-
-
-def _gated(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """The experts' gated activation as vLLM's fused MoE computes it."""
-    if activation == "swigluoai":
-        gate = gate.clamp(max=SWIGLUOAI_LIMIT)
-        up = up.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)
-        return gate * torch.sigmoid(gate * SWIGLUOAI_ALPHA) * (up + 1)
-    return ACT2FN[activation](gate) * up
-
-
-def _replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | None:
-    x2 = x.reshape(-1, x.shape[-1])
-    experts = block.get_submodule(plan.experts)
-    router = block.get_submodule(plan.router)
-    if plan.carried_router:
-        with torch.no_grad():
-            routed = router(x2)
-        w, idx = (routed[i] for i in plan.carried_router)
-    else:
-        linear = router.get_submodule(plan.router_linear) if plan.router_linear else router
-        logits = F.linear(x2, linear.weight, linear.bias if plan.router_bias else None)
-        correction = _correction_bias(block, plan)
-        w, idx = route(logits, plan, None if correction is None else correction.reshape(-1))
-    w = w.to(x2.dtype)
-    out = torch.zeros_like(x2)
-    biases = [(None, None, None)] * plan.num_experts
-    if plan.flat_experts:
-        gate_w, up_w, down_w = flat_weights(experts, plan.flat_experts, plan.num_experts)
-    elif plan.expert_mlp is None:
-        gate_w, up_w, down_w, found = stacked_weights(
-            experts, plan.experts_transposed, plan.experts_interleaved
-        )
-        biases = found if plan.experts_bias else biases
-    else:
-        gate_w, up_w, down_w = expert_weights(experts, plan.expert_mlp)
-    for e in range(plan.num_experts):
-        rows, slot = torch.where(idx == e)
-        if len(rows) == 0:
-            continue
-        h = x2[rows]
-        gate_b, up_b, down_b = biases[e]
-        inner = _gated(plan.activation, F.linear(h, gate_w[e], gate_b), F.linear(h, up_w[e], up_b))
-        y = F.linear(inner, down_w[e], down_b)
-        out.index_add_(0, rows, y * w[rows, slot, None])
-    if plan.shared_expert:
-        shared = block.get_submodule(plan.shared_expert)(x2)
-        if plan.shared_expert_gate:
-            shared = torch.sigmoid(block.get_submodule(plan.shared_expert_gate)(x2)) * shared
-        out = out + shared
-    with torch.no_grad():
-        got = block(x)
-    got = (got if plan.output_index is None else got[plan.output_index]).reshape(-1, x.shape[-1])
-    if torch.allclose(got, out, rtol=1e-4, atol=1e-5):
-        return None
-    return (got - out).abs().max().item()

@@ -18,6 +18,7 @@ that replays right is one vLLM computes.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -91,12 +92,21 @@ def _topk_k(node: Node) -> int:
     return int(value(node.args[1]) if len(node.args) > 1 else node.kwargs["k"])
 
 
-def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hidden) -> dict | str:
-    """The routing fields of ``MoePlan`` for the routing that computes ``index`` and
-    ``weights``, or why not. ``renormalize`` is what the structure shows; the replay may
-    prove the other value (a softmax over the top-k logits is a renormalised softmax)."""
-    inside = traced.nodes_in(path)
-    nodes = _backward([index, weights], inside)
+@dataclass(frozen=True)
+class _Projection:
+    """The router's one linear projection and what it tells of the router."""
+
+    logits: Node
+    router: str  # the block's child that routes
+    router_linear: str | None  # its child holding the Linear, if the Linear is not the router itself
+    weight: Node | None  # the weight F.linear reads; None for an nn.Linear call
+    bias: object  # the bias F.linear reads, or the nn.Linear's bias parameter
+    num_experts: int
+    fp32: bool  # the projection runs in float32
+
+
+def _projection(traced: Traced, path: str, nodes: list[Node]) -> _Projection | str:
+    """The one linear projection computing the router logits, or why not."""
     linears = [
         n
         for n in nodes
@@ -107,37 +117,44 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         return "router logits are not one linear projection of the block input"
     logits = linears[0]
     if logits.op == "call_module":  # a Linear inside the router (hunyuan's gate.wg)
-        linear_path = relative(logits.target, path)
-        if linear_path.count(".") > 1:
-            return "the router is not a module holding its linear projection"
-        # the block's own Linear (custom code), or a Linear inside a router module
-        router, router_linear = linear_path.split(".") if "." in linear_path else (linear_path, None)
-        linear = traced.submodule(logits)
-        weight, bias, num_experts = None, linear.bias, linear.out_features
-        fp32 = _is_fp32_cast(logits.args[0]) and linear.weight.dtype == torch.float32
-    else:
-        weight = skip(logits.args[1])
-        bias = logits.args[2] if len(logits.args) > 2 else logits.kwargs.get("bias")
-        if not (isinstance(weight, Node) and weight.op == "get_attr"):
-            return "router weight is not a module parameter"
-        if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
-            return "the router's bias is not a module parameter"
-        router, router_linear = relative(weight.target, path).rsplit(".", 1)[0], None
-        if "." in router or router == relative(weight.target, path):
-            return "the router weight is not held by a router submodule of the block"
-        if bias is not None and relative(bias.target, path) != f"{router}.bias":
-            return f"the router's bias is {relative(bias.target, path)}, not the router's own bias parameter"
-        num_experts = value(weight).shape[0]
-        fp32 = _is_fp32_cast(logits.args[0]) and _is_fp32_cast(logits.args[1])
-    if root(logits.args[0]) is not root(hidden):
-        return "router and experts read different inputs"
+        return _module_projection(traced, path, logits)
+    return _functional_projection(path, logits)
 
-    scorings = [n for n in nodes if scoring_of(n) in ("softmax", "sigmoid")]
-    if len(scorings) != 1:
-        return f"router scoring is not one softmax or sigmoid ({len(scorings)} found)"
-    scoring = scoring_of(scorings[0])
 
-    known = {weight, bias}
+def _module_projection(traced: Traced, path: str, logits: Node) -> _Projection | str:
+    """The router logits as an ``nn.Linear`` call, or why not."""
+    linear_path = relative(logits.target, path)
+    if linear_path.count(".") > 1:
+        return "the router is not a module holding its linear projection"
+    # the block's own Linear (custom code), or a Linear inside a router module
+    router, router_linear = linear_path.split(".") if "." in linear_path else (linear_path, None)
+    linear = traced.submodule(logits)
+    fp32 = _is_fp32_cast(logits.args[0]) and linear.weight.dtype == torch.float32
+    return _Projection(logits, router, router_linear, None, linear.bias, linear.out_features, fp32)
+
+
+def _functional_projection(path: str, logits: Node) -> _Projection | str:
+    """The router logits as ``F.linear`` of a router submodule's own parameters, or why not."""
+    weight = skip(logits.args[1])
+    bias = logits.args[2] if len(logits.args) > 2 else logits.kwargs.get("bias")
+    if not (isinstance(weight, Node) and weight.op == "get_attr"):
+        return "router weight is not a module parameter"
+    if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
+        return "the router's bias is not a module parameter"
+    router = relative(weight.target, path).rsplit(".", 1)[0]
+    if "." in router or router == relative(weight.target, path):
+        return "the router weight is not held by a router submodule of the block"
+    if bias is not None and relative(bias.target, path) != f"{router}.bias":
+        return f"the router's bias is {relative(bias.target, path)}, not the router's own bias parameter"
+    num_experts = value(weight).shape[0]
+    fp32 = _is_fp32_cast(logits.args[0]) and _is_fp32_cast(logits.args[1])
+    return _Projection(logits, router, None, weight, bias, num_experts, fp32)
+
+
+def _correction(nodes: list[Node], path: str, proj: _Projection) -> tuple[str | None, bool] | str:
+    """(the per-expert bias routing adds to the scores, whether it is ``[1, E]``),
+    (None, False) without one, or why not."""
+    known = {proj.weight, proj.bias}
     tensors = [n for n in nodes if n.op == "get_attr" and n not in known]
     correction, correction_2d = None, False
     for n in tensors:
@@ -147,14 +164,27 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         # it), or the block's own, handed to the router (minimax_m2's)
         if not (
             torch.is_tensor(t)
-            and t.shape in ((num_experts,), (1, num_experts))
-            and (name.startswith(f"{router}.") or "." not in name)
+            and t.shape in ((proj.num_experts,), (1, proj.num_experts))
+            and (name.startswith(f"{proj.router}.") or "." not in name)
         ):
             return f"routing reads {name}, which is not a per-expert bias of the router or the block"
         if correction not in (None, name):
             return "routing reads more than one per-expert bias"
         correction, correction_2d = name, t.dim() == 2
+    return correction, correction_2d
 
+
+@dataclass(frozen=True)
+class _Choice:
+    """How routing chooses the experts: a top-k, after a top-k of groups if grouped."""
+
+    topk: Node  # the top-k whose indices are the experts' index
+    n_group: int | None
+    topk_group: int | None
+
+
+def _choice(nodes: list[Node], index: Node, num_experts: int) -> _Choice | str:
+    """The top-k choosing the experts and the grouping before it, or why not."""
     topks = [n for n in nodes if n.target is torch.topk or (n.op == "call_method" and n.target == "topk")]
     final = skip(index)
     if not (final.target is operator.getitem and final.args[1] == 1 and final.args[0] in topks):
@@ -169,42 +199,78 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
         n_group, topk_group = value(selects[0].args[0]).shape[-1], _topk_k(selects[0])
         if num_experts % n_group:
             return f"{n_group} expert groups do not divide {num_experts} experts"
+    return _Choice(final, n_group, topk_group)
 
-    scales = [
+
+def _scales(nodes: list[Node]) -> list:
+    """The numbers routing multiplies by."""
+    return [
         a
         for n in nodes
         if n.target in MULS
         for a in n.args
         if isinstance(a, (int, float)) and not isinstance(a, bool)
     ]
-    if len(scales) > 1:
-        return f"the routing weights are scaled more than once ({scales})"
-    scale = float(scales[0]) if scales else 1.0
-    renormalize = any(
+
+
+def _renormalizes(nodes: list[Node], inside: list[Node]) -> bool:
+    """Routing divides by a sum."""
+    return any(
         n.target in _DIVS
         and isinstance(n.args[1], Node)
         and any(d.target == "sum" for d in _backward([n.args[1]], inside))
         for n in nodes
     )
 
-    facts = {"n_group": n_group, "topk_group": topk_group}
+
+def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hidden) -> dict | str:
+    """The routing fields of ``MoePlan`` for the routing that computes ``index`` and
+    ``weights``, or why not. ``renormalize`` is what the structure shows; the replay may
+    prove the other value (a softmax over the top-k logits is a renormalised softmax)."""
+    inside = traced.nodes_in(path)
+    nodes = _backward([index, weights], inside)
+    proj = _projection(traced, path, nodes)
+    if isinstance(proj, str):
+        return proj
+    if root(proj.logits.args[0]) is not root(hidden):
+        return "router and experts read different inputs"
+
+    scorings = [n for n in nodes if scoring_of(n) in ("softmax", "sigmoid")]
+    if len(scorings) != 1:
+        return f"router scoring is not one softmax or sigmoid ({len(scorings)} found)"
+    scoring = scoring_of(scorings[0])
+
+    correction = _correction(nodes, path, proj)
+    if isinstance(correction, str):
+        return correction
+    choice = _choice(nodes, index, proj.num_experts)
+    if isinstance(choice, str):
+        return choice
+
+    scales = _scales(nodes)
+    if len(scales) > 1:
+        return f"the routing weights are scaled more than once ({scales})"
+    scale = float(scales[0]) if scales else 1.0
+    renormalize = _renormalizes(nodes, inside)
+
+    facts = {"n_group": choice.n_group, "topk_group": choice.topk_group}
     if scales:
         facts["routed_scaling_factor"] = scale
-    attrs = config_attrs(block, router, facts)
+    attrs = config_attrs(block, proj.router, facts)
     if isinstance(attrs, str):
         return attrs
     return {
-        "router": router,
-        "top_k": _topk_k(final),
+        "router": proj.router,
+        "top_k": _topk_k(choice.topk),
         "scoring": scoring,
         "renormalize": renormalize,
-        "router_linear": router_linear,
-        "router_bias": bias is not None,
-        "router_fp32": fp32,
-        "correction_bias": correction,
-        "correction_bias_2d": correction_2d,
-        "n_group": n_group,
-        "topk_group": topk_group,
+        "router_linear": proj.router_linear,
+        "router_bias": proj.bias is not None,
+        "router_fp32": proj.fp32,
+        "correction_bias": correction[0],
+        "correction_bias_2d": correction[1],
+        "n_group": choice.n_group,
+        "topk_group": choice.topk_group,
         "routed_scaling_factor": scale,
         "config_attrs": attrs,
     }
