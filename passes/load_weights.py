@@ -23,11 +23,14 @@ Preconditions: the causal-LM class has ``load_weights`` reading ``self.hf_to_vll
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.expert_weights import experts_need_splitting, experts_one_by_one
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.weight_streams import WrapWeights, base_model_names, transposing_linears
 from hfrewrite.errors import HfrewriteError
@@ -132,117 +135,6 @@ def _lm_head_transposed(self, weights):
             tensor = tensor.t()
         yield name, tensor
 """
-
-
-_FLAT_EXPERTS = """\
-def _experts_one_by_one(self, weights):
-    # The checkpoint holds each expert projection as one flat [experts * I, H] tensor
-    # (the down projection transposed); the fused-MoE loader takes one tensor per expert,
-    # named as it expects (analysis proved which tensor is gate, up and down).
-    flat = {flat}
-    for name, tensor in weights:
-        suffix = next((s for s in flat if name.endswith(s)), None)
-        if suffix is None:
-            yield name, tensor
-            continue
-        projection = flat[suffix]
-        per_expert = tensor.view({num_experts}, -1, tensor.shape[-1])
-        for expert, weight in enumerate(per_expert):
-            weight = weight.T if projection == "down_proj" else weight
-            yield f"{{name[: -len(suffix)]}}.{experts}.{{expert}}.{{projection}}.weight", weight
-"""
-
-
-_STACKED_EXPERTS = """\
-def _experts_one_by_one(self, weights):
-    # The checkpoint stacks each layer's experts: {layout}.
-    # The fused-MoE loader takes one expert's gate, up and down at a time (analysis
-    # proved the layout by replay).
-    for name, tensor in weights:
-        prefix, _, param = name.rpartition(".{experts}.")
-        if param not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
-            yield name, tensor
-            continue
-        kind = "bias" if param.endswith("_bias") else "weight"
-        for expert, stacked in enumerate(tensor):
-            if param == "down_proj":
-                yield f"{{prefix}}.{experts}.{{expert}}.down_proj.weight", stacked{down}
-            elif param == "down_proj_bias":
-                yield f"{{prefix}}.{experts}.{{expert}}.down_proj.bias", stacked
-            else:
-                rows = stacked{rows}
-                gate, up = {split}
-                yield f"{{prefix}}.{experts}.{{expert}}.gate_proj.{{kind}}", gate
-                yield f"{{prefix}}.{experts}.{{expert}}.up_proj.{{kind}}", up
-"""
-
-_INTERLEAVE_AFTER_LOAD = """\
-# vLLM's swigluoai kernels read gate and up interleaved ([g0, u0, g1, u1, ...]), as the
-# checkpoint holds them; the fused-MoE loader stacked this rank's gate and up as halves.
-# Each expert's output bias is added once: on the experts' tensor-parallel rank 0, before
-# the all-reduce (under expert parallelism each expert lives on one rank, whose rank is 0).
-for module in self.modules():
-    if isinstance(module, {block}):
-        for name, param in module.{experts}.named_parameters():
-            if name.endswith(("w13_weight", "w13_bias")):
-                gate, up = param.data.chunk(2, dim=1)
-                param.data.copy_(torch.stack((gate, up), dim=2).flatten(1, 2))
-            elif name.endswith("w2_bias") and module.{experts}.moe_config.tp_rank != 0:
-                param.data.zero_()
-"""
-
-
-def _stacked_experts_helper(moe) -> cst.FunctionDef:
-    """``_experts_one_by_one`` for stacked experts in a layout the runner's own loader
-    does not read (transposed, gate and up interleaved, biases: gpt_oss)."""
-    layout = (
-        (
-            "gate_up_proj [E, H, 2I], down_proj [E, I, H]"
-            if moe.experts_transposed
-            else "gate_up_proj [E, 2I, H]"
-        )
-        + (", gate and up interleaved along 2I" if moe.experts_interleaved else "")
-        + (", with biases" if moe.experts_bias else "")
-    )
-    split = "rows[0::2], rows[1::2]" if moe.experts_interleaved else "rows.chunk(2, dim=0)"
-    return t.stmt(
-        _STACKED_EXPERTS.format(
-            layout=layout,
-            experts=moe.experts,
-            down=".T" if moe.experts_transposed else "",
-            rows='.T if kind == "weight" else stacked' if moe.experts_transposed else "",
-            split=split,
-        )
-    )
-
-
-def _interleaving_after_load(load: cst.FunctionDef, moe) -> cst.FunctionDef:
-    """``return loader.load_weights(...)`` -> load, interleave w13 back, return."""
-    body = list(load.body.body)
-    last = body[-1]
-    if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)):
-        raise HfrewriteError(f"{NAME}: load_weights does not end by returning the loader's result")
-    loaded = t.stmt(f"loaded = {t.code(last.body[0].value)}\n")
-    after = t.stmts(_INTERLEAVE_AFTER_LOAD.format(block=moe.module_class, experts=moe.experts))
-    return t.with_body(load, [*body[:-1], loaded, *after, t.stmt("return loaded\n")])
-
-
-def _flat_experts_helper(module: cst.Module, moe) -> cst.FunctionDef:
-    """``_experts_one_by_one``, the expert count as the MoE block computes it (its
-    ``config`` parameter is the model's config)."""
-    block = t.find_class(module, moe.module_class)
-    params = [p.name.value for p in t.find_method(block, "__init__").params.params]
-    count = t.init_exprs(block).get("n_routed_experts", "")
-    if len(params) < 2 or params[1] != "config" or not count.startswith("config."):
-        raise HfrewriteError(
-            f"{moe.module_class}: {NAME}: the expert count is not an expression of the config"
-        )
-    flat = {
-        f".{moe.experts}.{param}": projection
-        for param, projection in zip(moe.flat_experts, ("gate_proj", "up_proj", "down_proj"))
-    }
-    flat = "{" + ", ".join(f'"{k}": "{v}"' for k, v in flat.items()) + "}"
-    return t.stmt(_FLAT_EXPERTS.format(flat=flat, num_experts=f"self.{count}", experts=moe.experts))
 
 
 def _class_attrs(cls: cst.ClassDef) -> set[str]:
@@ -360,51 +252,80 @@ class _MapperArgument(cst.CSTTransformer):
         return updated
 
 
-def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    plan = ctx.plan
-    if "packed_modules_mapping" in _class_attrs(t.find_class(module, plan.architecture)):
-        return PassResult(module=module)  # (its own output)
+class _Shard(NamedTuple):
+    """One checkpoint tensor loaded into a shard of a fused parameter."""
+
+    projection: str  # the checkpoint's projection (`q_proj`)
+    key: str  # the checkpoint name it is matched by (`.q_proj`, `.mlp.gate_proj`)
+    shard_id: str  # the loader's shard id, as code (`"q"`, `0`)
+
+
+def _stacked_shards(module: cst.Module, plan) -> dict[str, list[_Shard]]:
+    """The fused parameters whose projections the checkpoint keeps apart, with their shards."""
     att, mlp, moe = plan.attention, plan.mlp, plan.moe
     stacks = {}  # checkpoint-fused projections load as they are: nothing to stack
     if isinstance(att, MlaPlan):
         if att.q_a is not None:  # passes/mla_attention.py's fused_qkv_a_proj
             stacks["fused_qkv_a_proj"] = [
-                (att.q_a, f".{att.q_a}", "0"),
-                (att.kv_a, f".{att.kv_a}", "1"),
+                _Shard(att.q_a, f".{att.q_a}", "0"),
+                _Shard(att.kv_a, f".{att.kv_a}", "1"),
             ]
     elif att.kv_fused:  # split into {kv}_k and {kv}_v by _kv_split
         stacks["qkv_proj"] = [
-            (att.q.attr, f".{att.q.attr}", '"q"'),
-            (att.k.attr, f".{att.k.attr}_k", '"k"'),
-            (att.k.attr, f".{att.k.attr}_v", '"v"'),
+            _Shard(att.q.attr, f".{att.q.attr}", '"q"'),
+            _Shard(att.k.attr, f".{att.k.attr}_k", '"k"'),
+            _Shard(att.k.attr, f".{att.k.attr}_v", '"v"'),
         ]
     elif not att.fused_qkv:
         stacks["qkv_proj"] = [
-            (att.q.attr, f".{att.q.attr}", '"q"'),
-            (att.k.attr, f".{att.k.attr}", '"k"'),
-            (att.v.attr, f".{att.v.attr}", '"v"'),
+            _Shard(att.q.attr, f".{att.q.attr}", '"q"'),
+            _Shard(att.k.attr, f".{att.k.attr}", '"k"'),
+            _Shard(att.v.attr, f".{att.v.attr}", '"v"'),
         ]
     if mlp is not None and mlp.gate is not None and not mlp.fused_gate_up:
         # With stacked experts, per-expert `experts.N.gate_proj` must reach the fused-MoE
         # loader untouched: qualify the dense MLP keys by where the MLP class is built.
         sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]
         stacks["gate_up_proj"] = [
-            (attr, f"{f'.{site}' if site else ''}.{attr}", shard)
+            _Shard(attr, f"{f'.{site}' if site else ''}.{attr}", shard)
             for site in sites
             for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
         ]
-    cls = t.find_class(module, plan.architecture)
-    load = t.find_method(cls, "load_weights")
-    if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):
-        raise HfrewriteError(f"{plan.architecture}: {NAME}: no load_weights using self.hf_to_vllm_mapper")
+    return stacks
+
+
+def _packed_modules(plan, stacks: dict[str, list[_Shard]]) -> str:
+    """``packed_modules_mapping``: each fused parameter and the projections it packs."""
+    att, mlp = plan.attention, plan.mlp
     packed_of = {
-        fused: list(dict.fromkeys(repr(name) for name, _, _ in parts)) for fused, parts in stacks.items()
+        fused: list(dict.fromkeys(repr(shard.projection) for shard in parts))
+        for fused, parts in stacks.items()
     }
     if getattr(att, "fused_qkv", False):
         packed_of[att.q.attr] = [repr(att.q.attr)]
     if mlp is not None and mlp.fused_gate_up:
         packed_of[mlp.gate.attr] = [repr(mlp.gate.attr)]
     packed = ", ".join(f'"{fused}": [{", ".join(names)}]' for fused, names in packed_of.items())
+    return f"packed_modules_mapping = {{{packed}}}\n".replace("'", '"')
+
+
+def _mapper_comment(stacks: dict[str, list[_Shard]], moe) -> str:
+    """The comment above ``hf_to_vllm_mapper``: what the checkpoint's names map to."""
+    if not stacks:
+        return "# The checkpoint's projections are fused as vLLM's are: names map one to one.\n"
+    return (
+        "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
+        "# loaded into its shard (weight_name: (param_name, shard_id))"
+        + (
+            "; per-expert and stacked\n# expert tensors go to the fused-MoE loader as they are.\n"
+            if moe
+            else ".\n"
+        )
+    )
+
+
+def _weights_mapper(plan, stacks: dict[str, list[_Shard]]) -> str:
+    """``hf_to_vllm_mapper``: checkpoint prefixes and substrings renamed, shards stacked."""
     stacked = "".join(
         f'        "{key}": (".{fused}", {shard}),\n'
         if "." not in key[1:]
@@ -412,7 +333,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         for fused, parts in stacks.items()
         for _, key, shard in parts
     )
-    renames = moe.checkpoint_renames if moe is not None else ()
+    renames = plan.moe.checkpoint_renames if plan.moe is not None else ()
     substr = "".join(f'        "{old}": "{new}",\n' for old, new in renames)
     mapper = "hf_to_vllm_mapper = WeightsMapper(\n"
     prefixes = "".join(f'        "{old}": "{new}",\n' for old, new in plan.checkpoint_prefix_renames)
@@ -420,28 +341,32 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         mapper += f"    orig_to_new_prefix={{\n{prefixes}    }},\n"
     if substr:
         mapper += f"    orig_to_new_substr={{\n{substr}    }},\n"
-    mapper += f"    orig_to_new_stacked={{\n{stacked}    }}\n)\n"
-    comment = (
-        (
-            "# Hugging Face checkpoints keep the fused projections apart: each tensor is\n"
-            "# loaded into its shard (weight_name: (param_name, shard_id))"
-            + (
-                "; per-expert and stacked\n# expert tensors go to the fused-MoE loader as they are.\n"
-                if moe
-                else ".\n"
-            )
-        )
-        if stacks
-        else "# The checkpoint's projections are fused as vLLM's are: names map one to one.\n"
-    )
-    members = t.stmts(
-        f"packed_modules_mapping = {{{packed}}}\n".replace("'", '"')
-        + comment
-        + mapper
+    return mapper + f"    orig_to_new_stacked={{\n{stacked}    }}\n)\n"
+
+
+def _mapping_members(plan, stacks: dict[str, list[_Shard]]) -> list[cst.BaseStatement]:
+    """The class attributes vLLM reads: packed modules, the checkpoint-name mapper, embeddings."""
+    return t.stmts(
+        _packed_modules(plan, stacks)
+        + _mapper_comment(stacks, plan.moe)
+        + _weights_mapper(plan, stacks)
         + f'embedding_modules = {{"{plan.embed_tokens}": "input_embeddings", "{plan.lm_head}": "output_embeddings"}}\n'
     )
-    body = list(cls.body.body)
-    body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+
+
+def _on_load_weights(body: list[cst.BaseStatement], rewrite) -> list[cst.BaseStatement]:
+    """``body`` with its ``load_weights`` method rewritten by ``rewrite``."""
+    return [
+        rewrite(m) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights" else m for m in body
+    ]
+
+
+def _with_checkpoint_helpers(
+    body: list[cst.BaseStatement], module: cst.Module, plan
+) -> list[cst.BaseStatement]:
+    """The class body with load_weights feeding the checkpoint through each helper that
+    renames, reshapes or drops tensors the plan proved need it."""
+    att, moe = plan.attention, plan.moe
     if plan.base_model_attr in plan.checkpoint_roots and not plan.checkpoint_prefix_renames:
         body = base_model_names(body, plan)
     if plan.transposed_linears:
@@ -450,30 +375,29 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         body = _reorder_per_head_qkv(body, att)
     if plan.lm_head_weight in _HEAD_HELPERS:
         body = _reshaping_head(body, plan.lm_head, plan.lm_head_weight)
-    regrouped = moe is not None and (moe.experts_transposed or moe.experts_interleaved or moe.experts_bias)
-    if moe is not None and (moe.flat_experts or regrouped):
-        load_at = next(
-            i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
-        )
-        helper = _flat_experts_helper(module, moe) if moe.flat_experts else _stacked_experts_helper(moe)
-        load = body[load_at].visit(WrapWeights("_experts_one_by_one"))
-        if moe.activation == "swigluoai":
-            load = _interleaving_after_load(load, moe)
-        body[load_at : load_at + 1] = [helper.with_changes(leading_lines=body[load_at].leading_lines), load]
+    if experts_need_splitting(moe):
+        body = experts_one_by_one(body, module, moe)
     if plan.mtp_layers_field:
-        body = [
-            _skipping_mtp_layers(m, plan)
-            if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
-            else m
-            for m in body
-        ]
+        body = _on_load_weights(body, lambda load: _skipping_mtp_layers(load, plan))
     if isinstance(att, MlaPlan) and att.q_switch is not None:
-        body = [
-            _single_query_mapper(m, module, att)
-            if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights"
-            else m
-            for m in body
-        ]
+        body = _on_load_weights(body, lambda load: _single_query_mapper(load, module, att))
+    return body
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan
+    if "packed_modules_mapping" in _class_attrs(t.find_class(module, plan.architecture)):
+        return PassResult(module=module)  # (its own output)
+    att = plan.attention
+    stacks = _stacked_shards(module, plan)
+    cls = t.find_class(module, plan.architecture)
+    load = t.find_method(cls, "load_weights")
+    if load is None or "hf_to_vllm_mapper" not in t.self_attrs_used(load):
+        raise HfrewriteError(f"{plan.architecture}: {NAME}: no load_weights using self.hf_to_vllm_mapper")
+    members = _mapping_members(plan, stacks)
+    body = list(cls.body.body)
+    body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    body = _with_checkpoint_helpers(body, module, plan)
     cls = cls.with_changes(body=cls.body.with_changes(body=[*members, *body]))
     sites = Sites()
     module = sites.replace_class(module, plan.architecture, cls)

@@ -30,6 +30,8 @@ Preconditions: the embedding is ``nn.Embedding`` or such a subclass, and the hea
 
 from __future__ import annotations
 
+from functools import partial
+
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
@@ -73,71 +75,91 @@ def _onto_vocab_parallel(cls: cst.ClassDef) -> cst.ClassDef:
     return cls.with_changes(bases=[cst.Arg(cst.Name("VocabParallelEmbedding"))]).visit(_Super())
 
 
+def _vocab_parallel_embedding(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]:
+    """``self.<embed> = nn.Embedding(V, H)`` -> a ``VocabParallelEmbedding`` on the pipeline
+    stages that look tokens up (the first, and the last when the head is tied to it)."""
+    embed = plan.embed_tokens
+    if plan.embed_class is not None and t.call_name(call) == plan.embed_class:
+        built = t.code(call)  # the source's own class, now a VocabParallelEmbedding
+    elif t.call_name(call) == "nn.Embedding":
+        vocab, hidden = (
+            t.code(t.arg(call, 0, "num_embeddings")),
+            t.code(t.arg(call, 1, "embedding_dim")),
+        )
+        built = (
+            f"VocabParallelEmbedding(\n"
+            f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n    )'
+        )
+    else:
+        raise HfrewriteError(f"{plan.base_model_class}: {NAME}: self.{embed} is not nn.Embedding")
+    return t.stmts(
+        "if get_pp_group().is_first_rank or (\n"
+        "    config.tie_word_embeddings and get_pp_group().is_last_rank\n"
+        "):\n"
+        f"    self.{embed} = {built}\n"
+        "else:\n"
+        f"    self.{embed} = PPMissingLayer()\n"
+    )
+
+
+def _parallel_lm_head(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]:
+    """``self.<head> = nn.Linear(H, V)`` -> a ``ParallelLMHead`` on the last pipeline stage,
+    tied to ``plan.head_tied_to`` when the config ties them, with its logits processor."""
+    head = plan.lm_head
+    tie = plan.head_tied_to  # found by identity on a model built tied (analyze/tied_head.py)
+    bias = t.arg(call, 2, "bias")
+    if plan.lm_head_weight:  # the source's own head class: one [vocab, hidden] weight, no bias
+        bias, hidden, vocab = cst.Name("False"), "config.hidden_size", "config.vocab_size"
+    elif t.call_name(call) != "nn.Linear":
+        raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
+    else:
+        hidden, vocab = (
+            t.code(t.arg(call, 0, "in_features")),
+            t.code(t.arg(call, 1, "out_features")),
+        )
+    with_bias = (
+        f", bias={t.code(bias) if bias is not None else 'True'}"
+        if bias is None or t.code(bias) != "False"
+        else ""
+    )
+    tying = (
+        f"    if config.tie_word_embeddings:\n        self.{head} = self.{head}.tie_weights(self.{tie})\n"
+        if tie
+        else ""
+    )
+    return t.stmts(
+        "if get_pp_group().is_last_rank:\n"
+        f"    self.{head} = ParallelLMHead(\n"
+        f'        {vocab}, {hidden}{with_bias}, quant_config=quant_config, prefix=maybe_prefix(prefix, "{head}")\n'
+        "    )\n"
+        f"{tying}"
+        f"    self.logits_processor = LogitsProcessor({vocab})\n"
+        "else:\n"
+        f"    self.{head} = PPMissingLayer()\n"
+    )
+
+
+def _fusion_rows(plan) -> tuple[FusionRow, ...]:
+    """The report's rows: the embedding and the head, each with what it became."""
+    embed, head, tie = plan.embed_tokens, plan.lm_head, plan.head_tied_to
+    embedded = (
+        f"{embed} -> {plan.embed_class} (a scaled lookup, proven by replay) on VocabParallelEmbedding"
+        if plan.embed_class
+        else f"{embed} -> VocabParallelEmbedding"
+    )
+    return (
+        FusionRow(plan.base_model_class, embedded),
+        FusionRow(
+            plan.architecture,
+            f"{head} -> ParallelLMHead"
+            + (f" (tied to {tie} when config.tie_word_embeddings)" if tie else ""),
+        ),
+    )
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
-    embed, head = plan.embed_tokens, plan.lm_head
-
-    def embedding(call: cst.BaseExpression):
-        if plan.embed_class is not None and t.call_name(call) == plan.embed_class:
-            built = t.code(call)  # the source's own class, now a VocabParallelEmbedding
-        elif t.call_name(call) == "nn.Embedding":
-            vocab, hidden = (
-                t.code(t.arg(call, 0, "num_embeddings")),
-                t.code(t.arg(call, 1, "embedding_dim")),
-            )
-            built = (
-                f"VocabParallelEmbedding(\n"
-                f'        {vocab}, {hidden}, quant_config=quant_config, prefix=f"{{prefix}}.{embed}"\n    )'
-            )
-        else:
-            raise HfrewriteError(f"{plan.base_model_class}: {NAME}: self.{embed} is not nn.Embedding")
-        return t.stmts(
-            "if get_pp_group().is_first_rank or (\n"
-            "    config.tie_word_embeddings and get_pp_group().is_last_rank\n"
-            "):\n"
-            f"    self.{embed} = {built}\n"
-            "else:\n"
-            f"    self.{embed} = PPMissingLayer()\n"
-        )
-
     causal = t.find_class(module, plan.architecture)
-    tie = plan.head_tied_to  # found by identity on a model built tied (analyze/tied_head.py)
-
-    def lm_head(call: cst.BaseExpression):
-        bias = t.arg(call, 2, "bias")
-        if plan.lm_head_weight:  # the source's own head class: one [vocab, hidden] weight, no bias
-            bias, hidden, vocab = cst.Name("False"), "config.hidden_size", "config.vocab_size"
-        elif t.call_name(call) != "nn.Linear":
-            raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
-        else:
-            hidden, vocab = (
-                t.code(t.arg(call, 0, "in_features")),
-                t.code(t.arg(call, 1, "out_features")),
-            )
-        with_bias = (
-            f", bias={t.code(bias) if bias is not None else 'True'}"
-            if bias is None or t.code(bias) != "False"
-            else ""
-        )
-        tying = (
-            (
-                "    if config.tie_word_embeddings:\n"
-                f"        self.{head} = self.{head}.tie_weights(self.{tie})\n"
-            )
-            if tie
-            else ""
-        )
-        return t.stmts(
-            "if get_pp_group().is_last_rank:\n"
-            f"    self.{head} = ParallelLMHead(\n"
-            f'        {vocab}, {hidden}{with_bias}, quant_config=quant_config, prefix=maybe_prefix(prefix, "{head}")\n'
-            "    )\n"
-            f"{tying}"
-            f"    self.logits_processor = LogitsProcessor({vocab})\n"
-            "else:\n"
-            f"    self.{head} = PPMissingLayer()\n"
-        )
-
     sites = Sites()  # the embedding subclass rebased, the classes assigning the embedding and the head
     if plan.embed_class is not None:
         module = sites.replace_class(
@@ -145,22 +167,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             plan.embed_class,
             _onto_vocab_parallel(t.find_class(module, plan.embed_class)),
         )
-    base = _replace_assignment(t.find_class(module, plan.base_model_class), embed, embedding)
-    module = sites.replace_class(module, plan.base_model_class, base)
-    module = sites.replace_class(module, plan.architecture, _replace_assignment(causal, head, lm_head))
-    embedded = (
-        f"{embed} -> {plan.embed_class} (a scaled lookup, proven by replay) on VocabParallelEmbedding"
-        if plan.embed_class
-        else f"{embed} -> VocabParallelEmbedding"
+    base = _replace_assignment(
+        t.find_class(module, plan.base_model_class),
+        plan.embed_tokens,
+        partial(_vocab_parallel_embedding, plan),
     )
-    rows = [
-        FusionRow(plan.base_model_class, embedded),
-        FusionRow(
-            plan.architecture,
-            f"{head} -> ParallelLMHead"
-            + (f" (tied to {tie} when config.tie_word_embeddings)" if tie else ""),
-        ),
-    ]
+    module = sites.replace_class(module, plan.base_model_class, base)
+    causal = _replace_assignment(causal, plan.lm_head, partial(_parallel_lm_head, plan))
+    module = sites.replace_class(module, plan.architecture, causal)
     return PassResult(
         module=module,
         imports=(
@@ -171,6 +185,6 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             "get_pp_group",
             "maybe_prefix",
         ),
-        fused=tuple(rows),
+        fused=_fusion_rows(plan),
         matches=sites.count,
     )

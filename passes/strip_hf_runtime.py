@@ -33,7 +33,7 @@ import torch
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.module_setups import without_registrations_of_dropped, without_unused_setups
 from hfrewrite.emit.pass_api import PassContext, PassResult
-from hfrewrite.errors import HfrewriteError
+from hfrewrite.emit.relative_imports import relative_imports, with_absolute_imports
 
 NAME = "strip_hf_runtime"
 # Attributes vLLM itself reads from the model classes (those built from `vllm_config`),
@@ -61,21 +61,6 @@ def _defined_name(node: cst.CSTNode) -> str | None:
         target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
         return target.value if isinstance(target, cst.Name) else None
     return None
-
-
-def _relative_imports(module: cst.Module) -> tuple[set[str], list[tuple[str, str]]]:
-    """Names imported from Transformers internals, and (module, name) of configuration classes."""
-    names, configs = set(), []
-    for node in module.body:
-        if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.ImportFrom):
-            imp = node.body[0]
-            if imp.relative and not isinstance(imp.names, cst.ImportStar):
-                source = t.dotted(imp.module) if imp.module else ""
-                for alias in imp.names:
-                    names.add(alias.evaluated_alias or alias.evaluated_name)
-                    if source.startswith("configuration_"):
-                        configs.append(alias.evaluated_name)
-    return names, configs
 
 
 class _DropHfRuntime(cst.CSTTransformer):
@@ -119,21 +104,10 @@ class _NoSuperArgs(cst.CSTTransformer):
         return updated
 
 
-def _absolute(imp: cst.ImportFrom, modeling_file: str) -> str:
-    """The absolute module of a relative import inside transformers/models/<dir>/."""
-    package = [
-        "transformers",
-        "models",
-        modeling_file.removeprefix("modeling_").removesuffix(".py"),
-    ]
-    level = len(imp.relative)
-    parts = package[: len(package) - level + 1]
-    return ".".join([*parts, t.dotted(imp.module)] if imp.module else parts)
-
-
 class _PerNode:
-    """A function of a node, computed once per node object: the fixpoint loop in ``run``
-    rebuilds the module each round but reuses every node it did not change."""
+    """A function of a node, computed once per node object: the fixpoint loop in
+    ``_without_unreachable`` rebuilds the module each round but reuses every node it did not
+    change."""
 
     def __init__(self, fn) -> None:
         self.fn = fn
@@ -374,20 +348,6 @@ def _drop_unused_methods(module: cst.Module) -> tuple[cst.Module, int]:
     return module.with_changes(body=body), dropped
 
 
-def _as_pretrained_config(module: cst.Module, configs: list[str], names_used) -> tuple[cst.Module, list[str]]:
-    """Custom code: what still names the repository's configuration class names its base,
-    ``PretrainedConfig`` (vLLM hands the model an instance of the repository's class)."""
-    used = set(configs) & set().union(*(names_used(n) for n in module.body))
-    if not used:
-        return module, []
-
-    class _Rename(cst.CSTTransformer):
-        def leave_Name(self, original, updated):
-            return updated.with_changes(value="PretrainedConfig") if updated.value in used else updated
-
-    return module.visit(_Rename()), ["PretrainedConfig"]
-
-
 _AUTO_CLASS = m.SimpleStatementLine(
     body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("register_for_auto_class"))))]
 )
@@ -399,82 +359,42 @@ def _registers_auto_class(node: cst.CSTNode) -> bool:
     return m.matches(node, _AUTO_CLASS)
 
 
-def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    hf_names, configs = _relative_imports(module)
-    module = module.with_changes(body=[n for n in module.body if not _registers_auto_class(n)])
-    module = module.visit(_DropHfRuntime(hf_names))
-    names_used, calls_of, reads_of = (
-        _PerNode(t.names_used),
-        _PerNode(_calls_and_persistence),
-        _PerNode(_class_reads),
-    )
+def _without_unreachable(module: cst.Module, root: str, names_used) -> cst.Module:
+    """Unused methods, definitions ``root`` no longer reaches and ``__init__`` assignments
+    nothing reads, dropped round after round until a round drops nothing."""
+    calls_of, reads_of = _PerNode(_calls_and_persistence), _PerNode(_class_reads)
     cross_reads_of = _PerNode(_cross_reads)
     for _ in range(4):  # pruning an attribute can orphan a class or method, which can orphan another
         module, methods = _drop_unused_methods(module)
-        keep = _reachable(module, ctx.plan.architecture, names_used)
+        keep = _reachable(module, root, names_used)
         body = [n for n in module.body if _defined_name(n) is None or _defined_name(n) in keep]
         dropped = len(body) != len(module.body)
         module = module.with_changes(body=body)
-        cross_reads = set().union(*(cross_reads_of(n) for n in module.body))
-        stateless, body, pruned = _stateless_classes(module, calls_of), [], 0
-        for node in module.body:
-            if isinstance(node, cst.ClassDef):
-                node, count = _prune_class(node, cross_reads, stateless, reads_of)
-                pruned += count
-            body.append(node)
-        module = module.with_changes(body=body)
+        module, pruned = _prune_attributes(module, calls_of, reads_of, cross_reads_of)
         if not (dropped or pruned or methods):
             break  # a fixpoint: nothing left to orphan
+    return module
+
+
+def _prune_attributes(module: cst.Module, calls_of, reads_of, cross_reads_of) -> tuple[cst.Module, int]:
+    """Every class without the ``__init__`` assignments nothing reads, and how many went."""
+    cross_reads = set().union(*(cross_reads_of(n) for n in module.body))
+    stateless, body, pruned = _stateless_classes(module, calls_of), [], 0
+    for node in module.body:
+        if isinstance(node, cst.ClassDef):
+            node, count = _prune_class(node, cross_reads, stateless, reads_of)
+            pruned += count
+        body.append(node)
+    return module.with_changes(body=body), pruned
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    hf_names, configs = relative_imports(module)
+    module = module.with_changes(body=[n for n in module.body if not _registers_auto_class(n)])
+    module = module.visit(_DropHfRuntime(hf_names))
+    names_used = _PerNode(t.names_used)
+    module = _without_unreachable(module, ctx.plan.architecture, names_used)
     module = without_unused_setups(module, names_used)
     module = without_registrations_of_dropped(module)
-    body, relative = [], []
-    for node in module.body:
-        if isinstance(node, cst.SimpleStatementLine):  # `from .a import x; import y` splits
-            ours = [s for s in node.body if isinstance(s, cst.ImportFrom) and s.relative]
-            relative += ours
-            if ours:
-                rest = [s for s in node.body if s not in ours]
-                if not rest:
-                    continue
-                node = node.with_changes(
-                    body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in rest]
-                )
-        body.append(node)
-    module = module.with_changes(body=body)
-    still_used = set().union(*(names_used(n) for n in module.body)) - {c for c in configs}
-    if ctx.custom_code:  # the repository's modules cannot be imported from the generated file
-        module, configs = _as_pretrained_config(module, configs, names_used)
-        local = sorted(
-            a.evaluated_alias or a.evaluated_name
-            for imp in relative
-            if not isinstance(imp.names, cst.ImportStar)
-            for a in imp.names
-            if (a.evaluated_alias or a.evaluated_name) in still_used
-        )
-        if local:
-            raise HfrewriteError(
-                f"{NAME}: the converted code still uses {', '.join(local)} from the repository's "
-                "own modules, which the generated file cannot import"
-            )
-    carried = "".join(
-        f"from {_absolute(imp, ctx.modeling_file)} import {name}\n"
-        for imp in relative
-        if not isinstance(imp.names, cst.ImportStar)
-        for name in (
-            a.evaluated_name for a in imp.names if (a.evaluated_alias or a.evaluated_name) in still_used
-        )
-    )
-    configs_and_carried = "".join(f"from transformers import {c}\n" for c in configs) + carried
-    config_imports = configs_and_carried
-    if config_imports:
-        at = (
-            max(
-                i
-                for i, n in enumerate(module.body)
-                if isinstance(n, cst.SimpleStatementLine)
-                and isinstance(n.body[0], (cst.Import, cst.ImportFrom))
-            )
-            + 1
-        )
-        module = module.with_changes(body=[*module.body[:at], *t.stmts(config_imports), *module.body[at:]])
+    module = with_absolute_imports(module, configs, names_used, ctx.custom_code, ctx.modeling_file)
     return PassResult(module=module, matches=len(hf_names))

@@ -88,15 +88,48 @@ def example_run(
     which child normalises the last layer's output into the lm_head, and whether the
     logits are post-processed. The vLLM model interface writes that glue itself and
     carries the source's statements where the values show there are some."""
+    run = _recorded_run(model, base, layers, head)
+    seen, calls = run.layer_inputs, run.calls
+    first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
+    embedded = _tokens_embedded(base, embeds, calls, run.ids, first)
+    head_in = calls[head][0]
+    norm, scaled = _final_norm(base, run.children[:-1], calls, head_in)
+    return ExampleRun(
+        layer_inputs=[seen[i] for i in range(len(layers))],
+        final_norm=norm,
+        logits_postprocessed=not _same(calls[head][1], run.logits),
+        embeddings_transformed=not _same(embedded.start, first),
+        head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
+        head_input_scaled=scaled,
+        head_output=calls[head][1],
+        embed=embedded.embed,
+        position=embedded.position,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordedRun:
+    """What forward hooks read on one run of the model on ``ids``."""
+
+    ids: torch.Tensor
+    logits: torch.Tensor
+    layer_inputs: dict[int, tuple[tuple, dict]]  # layer index -> the (args, kwargs) it received
+    calls: dict[str, tuple]  # child (the lm_head too; "<last>": the last layer) -> (args, output)
+    children: list[tuple[str, nn.Module]]  # the base model's children but layer lists, then the lm_head
+
+
+def _record(store: dict, key, value) -> None:  # hooks must return None
+    store[key] = value  # the last call: a final norm may also run on the embeddings
+
+
+def _recorded_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], head: str) -> _RecordedRun:
+    """Run the model once on ids, hooks recording what each decoder layer receives and what
+    each child of the base model, the lm_head and the last layer read and return."""
     seen: dict[int, tuple[tuple, dict]] = {}
     calls: dict[str, tuple] = {}
-
-    def record(store: dict, key, value) -> None:  # hooks must return None
-        store[key] = value  # the last call: a final norm may also run on the embeddings
-
     hooks = [
         layer.register_forward_pre_hook(
-            lambda _, args, kwargs, i=i: record(seen, i, (args, kwargs)),
+            lambda _, args, kwargs, i=i: _record(seen, i, (args, kwargs)),
             with_kwargs=True,
         )
         for i, layer in enumerate(layers)
@@ -106,10 +139,10 @@ def example_run(
     ]
     children.append((head, getattr(model, head)))
     hooks += [
-        child.register_forward_hook(lambda _, args, out, name=name: record(calls, name, (args, out)))
+        child.register_forward_hook(lambda _, args, out, name=name: _record(calls, name, (args, out)))
         for name, child in children
     ]
-    hooks.append(layers[-1].register_forward_hook(lambda _, args, out: record(calls, "<last>", (args, out))))
+    hooks.append(layers[-1].register_forward_hook(lambda _, args, out: _record(calls, "<last>", (args, out))))
     ids = torch.arange(10).reshape(2, 5) % VOCAB
     try:
         with torch.no_grad():
@@ -119,12 +152,29 @@ def example_run(
     finally:
         for hook in hooks:
             hook.remove()
+    return _RecordedRun(ids=ids, logits=logits, layer_inputs=seen, calls=calls, children=children)
 
-    def same(a, b) -> bool:
-        a, b = (x[0] if isinstance(x, (tuple, list)) else x for x in (a, b))
-        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
 
-    first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
+def _same(a, b) -> bool:
+    """The same tensor values (of the first item, for tuples and lists)."""
+    a, b = (x[0] if isinstance(x, (tuple, list)) else x for x in (a, b))
+    return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TokensEmbedded:
+    """How the input ids become the rows the first layer would receive unchanged."""
+
+    embed: str  # the embedding called on the input ids
+    position: PositionEmbeddingPlan | None  # a position table added to its rows
+    start: torch.Tensor  # the embedding's output, plus the position rows where there are some
+
+
+def _tokens_embedded(
+    base: nn.Module, embeds: list[str], calls: dict, ids: torch.Tensor, first
+) -> _TokensEmbedded:
+    """Which of ``embeds`` looks up the tokens, and the position rows another adds to
+    them (proven against ``first``, what the first layer receives)."""
     embed = token_embedding(embeds, calls, ids)
     if embed is None:
         refuse(
@@ -143,18 +193,26 @@ def example_run(
         if isinstance(position, NoMatch):
             raise Refusal(position)
         start = first  # proven: the tokens' rows plus the position rows
-    last, head_in = calls["<last>"][1], calls[head][0]
+    return _TokensEmbedded(embed=embed, position=position, start=start)
+
+
+def _final_norm(
+    base: nn.Module, children: list[tuple[str, nn.Module]], calls: dict, head_in
+) -> tuple[str, bool]:
+    """The one child that normalises the last layer's output into the lm_head, and whether
+    the lm_head reads its output times a constant."""
+    last = calls["<last>"][1]
     norms = [
         name
-        for name, _ in children[:-1]
-        if name in calls and same(calls[name][0], last) and same(calls[name][1], head_in)
+        for name, _ in children
+        if name in calls and _same(calls[name][0], last) and _same(calls[name][1], head_in)
     ]
     scaled = False
     if not norms:  # MiniCPM: the lm_head reads the final norm's output divided by a constant
         norms = [
             name
-            for name, _ in children[:-1]
-            if name in calls and same(calls[name][0], last) and _scaled(calls[name][1], head_in)
+            for name, _ in children
+            if name in calls and _same(calls[name][0], last) and _scaled(calls[name][1], head_in)
         ]
         scaled = bool(norms)
     if len(norms) != 1:
@@ -163,17 +221,7 @@ def example_run(
             "no one child normalises the last layer's output into the lm_head",
             type(base).__name__,
         )
-    return ExampleRun(
-        layer_inputs=[seen[i] for i in range(len(layers))],
-        final_norm=norms[0],
-        logits_postprocessed=not same(calls[head][1], logits),
-        embeddings_transformed=not same(start, first),
-        head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
-        head_input_scaled=scaled,
-        head_output=calls[head][1],
-        embed=embed,
-        position=position,
-    )
+    return norms[0], scaled
 
 
 def initialise_empty(model: nn.Module) -> None:
