@@ -29,6 +29,8 @@ exactly once in ``forward`` on the same argument.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import libcst as cst
 
 from hfrewrite.analyze.plan import MlaPlan
@@ -85,60 +87,74 @@ class _ReplaceCalls(cst.CSTTransformer):
         return updated
 
 
-def rewrite_attention(
-    cls: cst.ClassDef,
-    q: str,
-    k: str,
-    v: str,
-    head_fields: tuple[str | None, str | None] = (None, None),
-) -> cst.ClassDef:
-    """``head_fields``: the config fields proven to hold the head and kv-head counts; ``k``
-    may be ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together,
-    so the head counts come from those fields."""
-    name = cls.name.value
-    init, body, where = t.init_assignments(cls, (q, k, v), NAME)
-    forward = t.find_method(cls, "forward")
-    parts = {a: _linear_parts(body[where[a]], name, a) for a in (q, k, v)}
+class _QkvSizes(NamedTuple):
+    """What the fused projection is built from: the source's own size expressions."""
+
+    size_in: cst.BaseExpression | None
+    heads: cst.BaseExpression
+    kv_heads: cst.BaseExpression
+    head_dim: cst.BaseExpression
+    bias: cst.BaseExpression | None
+    head_size: str  # `head_size = ...` where the head size is derived, else ""
+
+
+def _same_code(*nodes: cst.CSTNode | None) -> bool:
+    return len({t.code(n) if n is not None else "" for n in nodes}) == 1
+
+
+def _qkv_sizes(
+    init: cst.FunctionDef, body: list, where: dict, roles: tuple[str, str, str], head_fields, name: str
+) -> _QkvSizes:
+    """The shared sizes of the three projections; refuses where they differ."""
+    q, k, v = roles
+    parts = {a: _linear_parts(body[where[a]], name, a) for a in roles}
     head_size = ""  # the head size as the q projection's size over the proven head count
     if k == v or any(part[1] is None for part in parts.values()):
         if "head_size" in t.names_used(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name head_size")
         head_size = f"head_size = ({t.code(parts[q][2])}) // config.{head_fields[0]}\n"
-        parts = _heads_from_config(init, parts, (q, k, v), head_fields, name)
+        parts = _heads_from_config(init, parts, roles, head_fields, name)
     (
         (q_in, q_heads, head_dim, q_bias),
         (k_in, k_heads, k_dim, k_bias),
         (v_in, v_heads, v_dim, v_bias),
     ) = (parts[q], parts[k], parts[v])
-    same = lambda *nodes: len({t.code(n) if n is not None else "" for n in nodes}) == 1
-    if not same(q_in, k_in, v_in):
+    if not _same_code(q_in, k_in, v_in):
         raise HfrewriteError(f"{name}: {NAME}: q/k/v read different input sizes")
-    if not same(q_bias, k_bias, v_bias):
+    if not _same_code(q_bias, k_bias, v_bias):
         raise HfrewriteError(f"{name}: {NAME}: q/k/v differ in their bias setting")
-    if not same(k_heads, v_heads):
+    if not _same_code(k_heads, v_heads):
         raise HfrewriteError(f"{name}: {NAME}: k_proj and v_proj differ in out_features")
-    if not same(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
+    if not _same_code(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
         raise HfrewriteError(
             f"{name}: {NAME}: q/k/v differ in head_dim ({t.code(head_dim)}, {t.code(k_dim)}, {t.code(v_dim)})"
         )
+    return _QkvSizes(q_in, q_heads, k_heads, head_dim, q_bias, head_size)
 
-    bias = t.code(q_bias) if q_bias is not None else "True"
+
+def _fused_init(
+    init: cst.FunctionDef, body: list, where: dict, roles: tuple[str, str, str], sizes: _QkvSizes
+) -> cst.FunctionDef:
+    """``__init__`` with the three projections replaced, where the first stood, by the
+    head bookkeeping and one ``QKVParallelLinear``."""
+    bias = t.code(sizes.bias) if sizes.bias is not None else "True"
+    head_dim = t.code(sizes.head_dim)
     # vLLM's attention reads the head size as self.head_dim: bound from the source's own
     # expression where the source keeps it under another name (self.d)
     assigned = {t.self_attr_assigned(s) for s in t.walk(init.body) if isinstance(s, cst.SimpleStatementLine)}
-    head_dim_attr = "" if "head_dim" in assigned else f"self.head_dim = {t.code(head_dim)}\n"
+    head_dim_attr = "" if "head_dim" in assigned else f"self.head_dim = {head_dim}\n"
     fused = t.stmts(
         "tp_size = get_tensor_model_parallel_world_size()\n"
-        f"{head_size}"
-        f"self.total_num_heads = {t.code(q_heads)}\n"
-        f"self.total_num_kv_heads = {t.code(k_heads)}\n"
+        f"{sizes.head_size}"
+        f"self.total_num_heads = {t.code(sizes.heads)}\n"
+        f"self.total_num_kv_heads = {t.code(sizes.kv_heads)}\n"
         f"{HEAD_SHARDING}"
         f"{head_dim_attr}"
-        f"self.q_size = self.num_heads * {t.code(head_dim)}\n"
-        f"self.kv_size = self.num_kv_heads * {t.code(head_dim)}\n"
+        f"self.q_size = self.num_heads * {head_dim}\n"
+        f"self.kv_size = self.num_kv_heads * {head_dim}\n"
         "self.qkv_proj = QKVParallelLinear(\n"
-        f"    hidden_size={t.code(q_in)},\n"
-        f"    head_size={t.code(head_dim)},\n"
+        f"    hidden_size={t.code(sizes.size_in)},\n"
+        f"    head_size={head_dim},\n"
         "    total_num_heads=self.total_num_heads,\n"
         "    total_num_kv_heads=self.total_num_kv_heads,\n"
         f"    bias={bias},\n"
@@ -146,16 +162,22 @@ def rewrite_attention(
         '    prefix=f"{prefix}.qkv_proj",\n'
         ")\n"
     )
-    first = min(where[q], where[k], where[v])
+    replaced = [where[a] for a in roles]
+    first = min(replaced)
     fused[0] = fused[0].with_changes(leading_lines=body[first].leading_lines)
     new_body = []
     for i, s in enumerate(body):
         if i == first:
             new_body.extend(fused)
-        elif i not in (where[q], where[k], where[v]):
+        elif i not in replaced:
             new_body.append(s)
-    init = t.with_body(init, new_body)
+    return t.with_body(init, new_body)
 
+
+def _split_forward(forward: cst.FunctionDef, roles: tuple[str, str, str], name: str) -> cst.FunctionDef:
+    """``forward`` with the three calls replaced by ``q``, ``k``, ``v``, bound by the fused
+    call and its split just before the first of them."""
+    q, k, v = roles
     replacer = _ReplaceCalls({q: "q", k: "k", v: "v"})
     forward = free_qkv_names(forward, name)
     fwd_body = list(forward.body.body)
@@ -173,7 +195,25 @@ def rewrite_attention(
         "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
     )
     fwd_body[first_use:first_use] = split
-    forward = t.with_body(forward, fwd_body)
+    return t.with_body(forward, fwd_body)
+
+
+def rewrite_attention(
+    cls: cst.ClassDef,
+    q: str,
+    k: str,
+    v: str,
+    head_fields: tuple[str | None, str | None] = (None, None),
+) -> cst.ClassDef:
+    """``head_fields``: the config fields proven to hold the head and kv-head counts; ``k``
+    may be ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together,
+    so the head counts come from those fields."""
+    name = cls.name.value
+    init, body, where = t.init_assignments(cls, (q, k, v), NAME)
+    forward = t.find_method(cls, "forward")
+    sizes = _qkv_sizes(init, body, where, (q, k, v), head_fields, name)
+    init = _fused_init(init, body, where, (q, k, v), sizes)
+    forward = _split_forward(forward, (q, k, v), name)
     return t.set_method(t.set_method(cls, init), forward)
 
 

@@ -21,6 +21,8 @@ Preconditions: the attention call passes ``scaling=`` (carried as the softmax sc
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import libcst as cst
 import libcst.matchers as m
 from hfrewrite.passes.vllm_attention import _FindAttentionCall
@@ -290,16 +292,27 @@ def _forward(plan: MlaPlan, d) -> str:
     )
 
 
-def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
-    name = cls.name.value
-    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+class _KeptInit(NamedTuple):
+    """The source's ``__init__`` without the projections the rewrite builds."""
+
+    body: list[cst.BaseStatement]
+    at: int  # where the first replaced projection stood
+    guarded: list[str]  # attributes the traced config left None
+
+
+def _scaling(forward: cst.FunctionDef, plan: MlaPlan, name: str) -> str:
+    """The source's softmax scale expression, carried to ``MLAAttention``."""
     finder = _FindAttentionCall()
     forward.visit(finder)
     if plan.scale_attr:  # attention by hand: its scale's attribute, proven by value
         finder.kwargs = {"scaling": t.expr(f"self.{plan.scale_attr}")}
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
-    d = plan.dim
+    return t.code(finder.kwargs["scaling"])
+
+
+def _kept_init(init: cst.FunctionDef, cls: cst.ClassDef, plan: MlaPlan, name: str) -> _KeptInit:
+    """``__init__``'s statements less the replaced projections and the source's rope builder."""
     replaced = {a for a in (plan.q_a, plan.q_b, plan.q_other, plan.kv_a, plan.kv_b, plan.o) if a}
     body, at, guarded = [], None, []
     made = {"mla_attn", "rotary_emb", "fused_qkv_a_proj", "num_local_heads"}
@@ -321,6 +334,12 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         body.append(s)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: the projections are not assigned in __init__")
+    return _KeptInit(body, at, guarded)
+
+
+def _branch_guards(cls: cst.ClassDef, plan: MlaPlan, name: str) -> tuple[str, str | None]:
+    """The guards refusing configs that take a branch the trace did not, and the
+    ``__init__`` form of the test choosing the query where both are proven."""
     try:
         switches = t.branch_guards(plan.config_branches, t.init_exprs(cls), name, "forward")
         switches += t.branch_guards(plan.init_branches, t.init_exprs(cls), name, "__init__")
@@ -329,14 +348,28 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
         raise HfrewriteError(
             f"{name}: {NAME}: the forward branches on {e}, which no config field sets"
         ) from e
-    # attributes the traced config left None: refused once the source has assigned them
-    guards = "".join(
+    return switches, query_switch
+
+
+def _none_guards(name: str, guarded: list[str]) -> str:
+    """Attributes the traced config left None: refused once the source has assigned them."""
+    return "".join(
         f"if self.{attr} is not None:\n"
         f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where self.{attr} is None")\n'
         for attr in guarded
     )
-    scaling = t.code(finder.kwargs["scaling"])
-    body[at:at] = t.stmts(
+
+
+def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
+    name = cls.name.value
+    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+    scaling = _scaling(forward, plan, name)
+    d = plan.dim
+    kept = _kept_init(init, cls, plan, name)
+    switches, query_switch = _branch_guards(cls, plan, name)
+    guards = _none_guards(name, kept.guarded)
+    body = kept.body
+    body[kept.at : kept.at] = t.stmts(
         "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n"
         + _linears(plan, d, query_switch)
     )

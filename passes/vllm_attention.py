@@ -35,31 +35,20 @@ smollm3) or any other op is refused rather than dropped.
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.analyze.plan import AttentionPlan, MlaPlan
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.emit.attention_body import (
-    ALLOWED_CALLS,
-    DROPOUT_CALLS,
-    FACTORIES,
-    attention_branches,
-    cache_update,
-    carried_conditional,
-    config_switch,
-    convention_locals,
-    dead_for_config,
-    flag_block,
-    guards_rope,
-    position_block,
-    raises_only,
-    reads_dropped_cache,
-    state_names,
-    unrecognised,
+from hfrewrite.emit.after_split import (
+    HEAD_DIM,
+    AfterSplit,
+    forward_tail,
+    positionless,
+    qk_norms,
+    read_after_split,
 )
+from hfrewrite.emit.attention_body import config_switch, unrecognised
 from hfrewrite.emit.given_residual import projection_at, residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.position_code import ALIBI_INIT, ALIBI_SLOPES, rope_init, rotary_builders
@@ -67,27 +56,6 @@ from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "vllm_attention"
-
-_PER_HEAD_NORM = """\
-{x}_by_head = {x}.view(*{x}.shape[:-1], {x}.shape[-1] // {head_dim}, {head_dim})
-{x}_by_head = self.{norm}({x}_by_head)
-{x} = {x}_by_head.view({x}.shape)
-"""
-
-
-_ALL_HEADS_NORM = """\
-# q/k norms over all heads, as in the source: under tensor parallelism each
-# rank holds a slice of the heads: gather, normalise, take its slice back.
-if self.tp_size > 1:
-    q = tensor_model_parallel_all_gather(q.contiguous())
-    k = tensor_model_parallel_all_gather(k.contiguous())
-q = self.{q_norm}(q)
-k = self.{k_norm}(k)
-if self.tp_size > 1:
-    q = q.chunk(self.tp_size, dim=-1)[self.tp_rank]
-    k = k.chunk(self.tp_size, dim=-1)[self.tp_rank]
-"""
-
 
 # `q, k, v = qkv.split(...)`, as fuse_qkv writes it
 _QKV_SPLIT = m.SimpleStatementLine(
@@ -121,113 +89,54 @@ class _FindAttentionCall(cst.CSTVisitor):
             self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
 
 
-def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) -> cst.FunctionDef:
-    body = [
-        s.with_changes(trailing_whitespace=cst.TrailingWhitespace())
-        if isinstance(s, cst.SimpleStatementLine) and t.self_attr_assigned(s) in attrs
-        else s
-        for s in init.body.body
-    ]
-    return t.with_body(init, body)
-
-
-def rewrite_attention(
-    cls: cst.ClassDef, ctx: PassContext, constants: frozenset[str] = frozenset()
-) -> tuple[cst.ClassDef, list[str]]:
-    """The rewritten class, and notes for ``--explain`` on what was carried or guarded;
-    ``constants``: the names the module binds at its top level."""
-    att = ctx.plan.attention
-    name = cls.name.value
-    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+def _attention_kwargs(
+    forward: cst.FunctionDef, att: AttentionPlan, name: str
+) -> dict[str, cst.BaseExpression]:
+    """The keyword arguments of the source's attention call, ``scaling=`` among them."""
     finder = _FindAttentionCall()
     forward.visit(finder)
     if att.direct_sdpa:  # proven causal, at torch's default scale; its call is among replaced_calls
         finder.kwargs = {"scaling": t.expr("self.head_dim**-0.5")}
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
-    positionless = not att.rope and att.alibi is None
-    if positionless and ctx.plan.position_embedding is None:
-        raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
+    return finder.kwargs
+
+
+def _init_without_source_rope(init: cst.FunctionDef, att: AttentionPlan, name: str) -> cst.FunctionDef:
+    """``__init__`` without the source's rotary module where the proven rope replaces it;
+    refuses where ``self.attn`` or ``self.rotary_emb`` stay taken."""
     if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
         init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
     assigned = {t.self_attr_assigned(s) for s in init.body.body}
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
-    body = list(forward.body.body)
+    return init
+
+
+def _split_at(body: list[cst.BaseStatement], name: str) -> int:
+    """Where fuse_qkv's ``q, k, v = qkv.split(...)`` is."""
     split_at = next((i for i, s in enumerate(body) if m.matches(s, _QKV_SPLIT)), None)
     if split_at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no q/k/v split (run fuse_qkv first)")
+    return split_at
 
-    allowed = ALLOWED_CALLS | DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
-    allowed |= FACTORIES if att.direct_sdpa else set()
-    allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
-    if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
-        allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
-    states = state_names(body[split_at + 1 :])
-    false_switches = {
-        ast.dump(ast.parse(test, mode="eval").body)
-        for owner, test, value in ctx.plan.forward_switches
-        if owner == name and value is False
-    }
-    carried: list[cst.If] = []
-    params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
-    kept = forward.params.params[1].name.value if len(forward.params.params) > 1 else ""  # hidden states
-    caches = params - {"self", kept}  # the Hugging Face inputs vLLM does not pass
-    convention = convention_locals(forward)  # and what the forward computes from them alone
-    rope_test: cst.BaseExpression | None = None
-    norm_test: cst.BaseExpression | None = None
-    untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
-    planned = {a for a in (att.q_norm, att.k_norm) if a}
-    checked = body[split_at + 1 :]
-    if att.adds_residual:  # what follows the projection adds the given tensor: proven
-        residual = residual_param(forward, att.o.attr, name)
-        checked = body[split_at + 1 : projection_at(body, att.o.attr) + 1]
-    for statement in checked:
-        test = config_switch(statement)
-        if (conditional := carried_conditional(statement, states)) is not None:
-            carried.append(conditional)
-        elif (
-            test is not None
-            and planned
-            and t.self_attrs_used(statement.body) & planned
-            and all(not unrecognised(s, allowed) for s in statement.body.body)
-        ):
-            norm_test = test  # the traced config took it: the plan's norms, under its test
-        elif test is not None and guards_rope(statement, allowed, states):
-            rope_test = test  # NoPE layers: the source's own condition on its rope
-        elif cache_update(statement, params) or (
-            att.direct_sdpa
-            and (attention_branches(statement, allowed) or reads_dropped_cache(statement, caches, allowed))
-        ):
-            continue
-        elif test is not None and not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
-            # A switch the traced config leaves off (cohere's use_qk_norm): what it
-            # would do was never proven, so the file refuses configs that turn it on.
-            untaken.append(test)
-        elif raises_only(statement):
-            continue  # a shape check the traced run passed
-        elif position_block(statement, params, states, allowed, body[body.index(statement) + 1 :]):
-            continue  # the proven rope, under tests of the position inputs vLLM replaces
-        elif flag_block(statement, (params - {"self", kept}) | convention, constants, states):
-            continue  # the traced calling convention's branch: proven by the analysis
-        elif dead_for_config(statement, false_switches, t.init_exprs(cls)):
-            continue  # never taken on this config: config_guards refuses those that take it
-        elif unrecognised(statement, allowed):
-            line = " ".join(t.code(statement).split())[:80]
-            raise HfrewriteError(f"{name}: {NAME}: forward does something vLLM's attention would not: {line}")
 
-    scaling = t.code(finder.kwargs["scaling"])
+def _attention_options(kwargs: dict[str, cst.BaseExpression], att: AttentionPlan) -> str:
+    """``Attention(...)``'s keyword lines carried from the source's call, and its sinks."""
     window = (
-        f"    per_layer_sliding_window={t.code(finder.kwargs['sliding_window'])},\n"
-        if "sliding_window" in finder.kwargs
+        f"    per_layer_sliding_window={t.code(kwargs['sliding_window'])},\n"
+        if "sliding_window" in kwargs
         else ""
     )
-    if "softcap" in finder.kwargs:
-        window += f"    logits_soft_cap={t.code(finder.kwargs['softcap'])},\n"
+    if "softcap" in kwargs:
+        window += f"    logits_soft_cap={t.code(kwargs['softcap'])},\n"
     if att.sinks:
         window += f"    sinks=self.{att.sinks},\n"
-        init = _sinks_per_rank(init, att.sinks, name)
-    head_dim = "self.head_dim"
+    return window
+
+
+def _rope_parameters(att: AttentionPlan, init: cst.FunctionDef, name: str) -> str:
+    """The expression ``get_rope`` reads the rope parameters from."""
     rope_parameters = "config.rope_parameters"
     if att.rope_fields:  # a transformers 4.x config: the fields the replay read, by name
         entries = ", ".join(  # a field of the config, or the source's constant base
@@ -236,7 +145,7 @@ def rewrite_attention(
         rope_parameters = '{"rope_type": "default", ' + entries + "}"
     if att.rotary_dim_field:  # GPT-J: the rotated width in lanes, as a share of the head
         rope_parameters = (
-            f'{{**{rope_parameters}, "partial_rotary_factor": config.{att.rotary_dim_field} / {head_dim}}}'
+            f'{{**{rope_parameters}, "partial_rotary_factor": config.{att.rotary_dim_field} / {HEAD_DIM}}}'
         )
     if att.rope_per_layer_type:  # {layer type: parameters}: this layer's entry
         if "layer_idx" not in {p.name.value for p in init.params.params}:
@@ -244,8 +153,13 @@ def rewrite_attention(
                 f"{name}: {NAME}: rope parameters per layer type, but __init__ has no layer_idx"
             )
         rope_parameters = "config.rope_parameters[config.layer_types[layer_idx]]"
-    # untaken switches on config fields go first; one on a computed attribute after the sources
-    exprs, first, later = t.init_exprs(cls), "", ""
+    return rope_parameters
+
+
+def _untaken_guards(untaken: tuple[cst.BaseExpression, ...], cls: cst.ClassDef) -> tuple[str, str]:
+    """Refusals of the config branches the trace did not take: those on config fields, to
+    go first, and those on a computed attribute, to go after the sources."""
+    exprs, first, later, name = t.init_exprs(cls), "", "", cls.name.value
     for test in untaken:
         try:
             expr, on_config = t.config_test(t.code(test), exprs), True
@@ -257,7 +171,26 @@ def rewrite_attention(
             f'`{expr.replace(chr(34), chr(39))}` is false")\n'
         )
         first, later = (first + guard, later) if on_config else (first, later + guard)
-    init = t.with_body(
+    return first, later
+
+
+def _init_with_attention(
+    init: cst.FunctionDef,
+    cls: cst.ClassDef,
+    att: AttentionPlan,
+    kwargs: dict[str, cst.BaseExpression],
+    untaken: tuple[cst.BaseExpression, ...],
+) -> cst.FunctionDef:
+    """``__init__`` building vLLM's rope (or ALiBi slopes) and ``Attention``."""
+    name = cls.name.value
+    scaling = t.code(kwargs["scaling"])
+    options = _attention_options(kwargs, att)
+    if att.sinks:
+        init = _sinks_per_rank(init, att.sinks, name)
+    rope_parameters = _rope_parameters(att, init, name)
+    # untaken switches on config fields go first; one on a computed attribute after the sources
+    first, later = _untaken_guards(untaken, cls)
+    return t.with_body(
         init,
         [
             *t.guards_first(list(init.body.body), first),
@@ -267,17 +200,17 @@ def rewrite_attention(
                     ALIBI_INIT.format(factor=att.alibi)
                     if att.alibi
                     else ""
-                    if positionless  # learned positions, added to the embeddings
-                    else rope_init(att, head_dim, rope_parameters)
+                    if positionless(att)  # learned positions, added to the embeddings
+                    else rope_init(att, HEAD_DIM, rope_parameters)
                 )
                 + "self.attn = Attention(\n"
                 "    self.num_heads,\n"
-                f"    {head_dim},\n"
+                f"    {HEAD_DIM},\n"
                 f"    {scaling},\n"
                 "    num_kv_heads=self.num_kv_heads,\n"
                 "    cache_config=cache_config,\n"
                 "    quant_config=quant_config,\n"
-                f"{window}"
+                f"{options}"
                 + ("    alibi_slopes=alibi_slopes,\n" if att.alibi else "")
                 + '    prefix=f"{prefix}.attn",\n'
                 ")\n"
@@ -285,48 +218,14 @@ def rewrite_attention(
         ],
     )
 
-    norms = ""
-    where = "after" if att.qk_norm_after_rope else "before"
-    if att.qk_norm_over == "head":
-        norms += f"# Per-head q/k norms, as in the source, {where} the rotary embedding.\n"
-        norms += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=head_dim)
-        norms += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=head_dim)
-    elif att.qk_norm_over == "all_heads":
-        norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
-        # fuse_qkv's prologue already binds the tensor-parallel size to a local.
-        has_local = any(
-            t.code(s).strip() == "tp_size = get_tensor_model_parallel_world_size()" for s in init.body.body
-        )
-        tp_size = "tp_size" if has_local else "get_tensor_model_parallel_world_size()"
-        init = t.with_body(
-            init,
-            [
-                *init.body.body,
-                *t.stmts(f"self.tp_size = {tp_size}\nself.tp_rank = get_tensor_model_parallel_rank()\n"),
-            ],
-        )
-    elif att.q_norm or att.k_norm:
-        raise HfrewriteError(f"{name}: {NAME}: q/k norms of unknown extent")
-    if att.q_norm or att.k_norm:  # their comments describe the source's layout of q/k
-        init = _without_trailing_comments(init, {att.q_norm, att.k_norm})
-    if norm_test is not None:  # persimmon's `if self.qk_layernorm:`
-        norms = f"if {t.code(norm_test)}:\n" + "".join(f"    {line}\n" for line in norms.splitlines())
-    tail = "" if att.qk_norm_after_rope else norms
-    tail += "".join(t.code(c) for c in carried)
-    if rope_test is not None:
-        tail += f"if {t.code(rope_test)}:  # layers without rope (NoPE), as in the source\n    "
-    elif att.nope_layers:
-        raise HfrewriteError(
-            f"{name}: {NAME}: some layers have no rope, but the source's rope is unconditional"
-        )
-    tail += "q, k = self.rotary_emb(positions, q, k)\n" if not (att.alibi or positionless) else ""
-    if att.qk_norm_after_rope:
-        tail += norms
-    tail += f"attn_output = self.attn(q, k, v)\nattn_output = self.{att.o.attr}(attn_output)\n" + (
-        f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n"
-    )
+
+def _vllm_forward(
+    forward: cst.FunctionDef, split_at: int, tail: str, residual: str | None, name: str
+) -> cst.FunctionDef:
+    """vLLM's ``forward(positions, hidden_states)``: the kept projection, then ``tail``."""
+    body = list(forward.body.body)
     kept = _input_as_hidden_states(forward, body[_projection_at(body, split_at, name) : split_at + 1], name)
-    given = f", {residual}: torch.Tensor" if att.adds_residual else ""
+    given = f", {residual}: torch.Tensor" if residual is not None else ""
     params = t.stmt(
         f"def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor{given}) -> torch.Tensor:\n"
         "    pass\n"
@@ -336,21 +235,58 @@ def rewrite_attention(
         returns=params.returns,
         whitespace_before_params=params.whitespace_before_params,
     )
-    forward = t.with_body(forward, [*kept, *t.stmts(tail)])
+    return t.with_body(forward, [*kept, *t.stmts(tail)])
+
+
+def _notes(source: AfterSplit) -> list[str]:
+    """What ``--explain`` says was carried or guarded."""
+    rope_test, norm_test = source.rope_test, source.norm_test
     notes = [f"rope only where the source's `{t.code(rope_test)}` holds (NoPE layers)"] if rope_test else []
     notes += [
         f"config branch `if {t.code(test)}:` never traced: the file refuses configs that take it"
-        for test in untaken
+        for test in source.untaken
     ]
-    notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in carried]
+    notes += [f"`if {' '.join(t.code(c.test).split())}:` carried from the source" for c in source.carried]
     notes += [f"q/k norms under the source's `if {t.code(norm_test)}:`"] if norm_test is not None else []
+    return notes
+
+
+def _without_rotary_builders(cls: cst.ClassDef) -> cst.ClassDef:
+    """``cls`` without the calls in ``__init__`` (``self._init_rope()``) that only built the
+    source's rotary module."""
+    builders = rotary_builders(cls)
+    init = t.find_method(cls, "__init__")
+    kept = [s for s in init.body.body if t.code(s).strip() not in builders]
+    return t.set_method(cls, t.with_body(init, kept))
+
+
+def rewrite_attention(
+    cls: cst.ClassDef, ctx: PassContext, constants: frozenset[str] = frozenset()
+) -> tuple[cst.ClassDef, list[str]]:
+    """The rewritten class, and notes for ``--explain`` on what was carried or guarded;
+    ``constants``: the names the module binds at its top level."""
+    att = ctx.plan.attention
+    name = cls.name.value
+    init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
+    kwargs = _attention_kwargs(forward, att, name)
+    if positionless(att) and ctx.plan.position_embedding is None:
+        raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
+    init = _init_without_source_rope(init, att, name)
+    body = list(forward.body.body)
+    split_at = _split_at(body, name)
+    residual, checked = None, body[split_at + 1 :]
+    if att.adds_residual:  # what follows the projection adds the given tensor: proven
+        residual = residual_param(forward, att.o.attr, name)
+        checked = body[split_at + 1 : projection_at(body, att.o.attr) + 1]
+    source = read_after_split(cls, forward, split_at, checked, ctx, constants)
+    init = _init_with_attention(init, cls, att, kwargs, source.untaken)
+    norms, init = qk_norms(init, att, source.norm_test, name)
+    tail = forward_tail(att, norms, source, residual, name)
+    forward = _vllm_forward(forward, split_at, tail, residual, name)
     cls = t.set_method(t.set_method(cls, init), forward)
     if "rotary_emb" in att.replaced_calls:  # `self._init_rope()`, which only built the source's
-        builders = rotary_builders(cls)
-        init = t.find_method(cls, "__init__")
-        kept = [s for s in init.body.body if t.code(s).strip() not in builders]
-        cls = t.set_method(cls, t.with_body(init, kept))
-    return cls, notes
+        cls = _without_rotary_builders(cls)
+    return cls, _notes(source)
 
 
 # What fuse_qkv carries between the projection and the split: the elementwise ops on the

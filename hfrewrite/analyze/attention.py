@@ -19,12 +19,12 @@ attention keyword that changes the math (softcap, sinks...).
 
 from __future__ import annotations
 
-import inspect
+from typing import NamedTuple
 
 import torch
 from torch.fx import Node
 
-from hfrewrite.analyze.block_output import adds_given_tensor, hidden_output, read_outputs
+from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import (
     ancestors,
     linears_fed_by,
@@ -34,7 +34,6 @@ from hfrewrite.analyze.dataflow import (
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
 from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
-from hfrewrite.analyze.identity_attributes import identity_attributes, identity_dropouts
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
@@ -42,18 +41,17 @@ from hfrewrite.analyze.manual_attention import (
     is_softmax,
 )
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
-from hfrewrite.analyze.rope import legacy_rope_fields, per_layer_type, prove_rope
+from hfrewrite.analyze.replaced_calls import replaced_calls
+from hfrewrite.analyze.rope import RopeFact, legacy_rope_fields, per_layer_type, prove_rope
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
     Traced,
-    called_from,
     causal_sdpa,
     is_attention_leaf,
     is_direct_sdpa,
     is_norm,
     past_identity_dropouts,
     relative,
-    scopes,
     value,
 )
 
@@ -91,6 +89,67 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     scope = set(traced.nodes_in(path))
     call = _attention_call(traced, path)
     args = dict(zip("qkv", call.args[1:4]))
+    proj = _projections(traced, path, scope, args)
+    heads = _heads(args, proj.q, proj.k)
+    rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer_type)
+    norms = _norms(traced, path, scope, args, proj.feeders, rope)
+    qk_norm_over = _qk_norm_over(traced, path, norms, heads)
+    if proj.fused is None:
+        _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
+    o_node, adds_residual = _output_projection(traced, path, scope, call)
+    only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
+    prove_output_layout(call, o_node)
+    options = _call_options(call, path, heads.num_heads)
+    fact, fused, head_dim = rope.fact, proj.fused, heads.head_dim
+    return AttentionPlan(
+        module_class=cls,
+        q=proj.q,
+        k=proj.k,
+        v=proj.v,
+        o=traced.linear_fact(o_node, path),
+        num_heads=heads.num_heads,
+        num_kv_heads=heads.num_kv_heads,
+        head_dim=head_dim,
+        q_norm=norms["q"],
+        k_norm=norms["k"],
+        rope=fact is not None,
+        rope_neox=fact.neox if fact else True,
+        rope_reversed=fact.reversed if fact else False,
+        rotary_dim=fact.rotary_dim if fact else head_dim,
+        scaling=float(head_dim**-0.5 if options.scaling is None else options.scaling),
+        sliding_window=None if options.window is None else int(options.window),
+        qk_norm_over=qk_norm_over,
+        logit_softcap=None if options.softcap is None else float(options.softcap),
+        rope_per_layer_type=per_layer_type(config),
+        rope_fields=legacy_rope_fields(config) if fact else (),
+        max_position_field=_max_position_field(config),
+        fused_qkv=fused is not None and not fused.startswith("kv_"),
+        kv_fused=fused.removeprefix("kv_") if fused and fused.startswith("kv_") else None,
+        qkv_per_head=fused in ("per_head", "grouped"),
+        qkv_grouped=fused == "grouped",
+        qkv_unpack_lines=proj.unpack_lines,
+        qk_norm_after_rope=rope.norm_after is not None,
+        replaced_calls=replaced_calls(traced, path, scope, proj.feeders, rope.ends, call, o_node),
+        direct_sdpa=call.target is causal_sdpa,
+        alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,
+        sinks=options.sinks,
+        adds_residual=adds_residual,
+    )
+
+
+class _Projections(NamedTuple):
+    """The q/k/v projections, and the node each attention input comes from."""
+
+    feeders: dict[str, Node]  # role -> its Linear (or its slice of a fused one)
+    q: LinearFact
+    k: LinearFact
+    v: LinearFact
+    fused: str | None  # the checkpoint-fused projection's layout (analyze/fused_qkv.py)
+    unpack_lines: tuple[str, ...]
+
+
+def _projections(traced: Traced, path: str, scope: set[Node], args: dict) -> _Projections:
+    """Three Linears reading one input, or one fused projection; one size and bias for k and v."""
     try:
         group = _qkv_group(traced, path)
     except Refusal as no_group:
@@ -108,8 +167,29 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         )
     if not q.bias == k.bias == v.bias:
         refuse("fuse_qkv", f"{q.attr}, {k.attr} and {v.attr} differ in bias")
-    num_heads, num_kv_heads, head_dim = _heads(args, q, k)
+    return _Projections(feeders, q, k, v, fused, unpack_lines)
 
+
+class _Rope(NamedTuple):
+    """The rope on q and k, where it starts and ends, and the q/k norms right after it."""
+
+    starts: dict[str, Node | None]  # role -> the rope's input on its path (None: no rope)
+    fact: RopeFact | None  # None: no rope
+    norm_after: dict[str, str] | None  # role -> the norm right after the rope (hunyuan)
+    ends: dict[str, Node]  # q/k -> where the proven rope ends (empty without a rope)
+
+
+def _rope(
+    traced: Traced,
+    path: str,
+    scope: set[Node],
+    args: dict,
+    feeders: dict,
+    config,
+    head_dim: int,
+    layer_type: str | None,
+) -> _Rope:
+    """The rope on exactly q and k, proven by replay; only layout, casts and norms before it."""
     rope_in = {role: rope_start(arg, feeders[role], scope) for role, arg in args.items()}
     if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
         refuse(
@@ -141,52 +221,85 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         if isinstance(rope, str):
             refuse("vllm_attention", f"rotary embedding: {rope}")
     rope_ends = {r: args[r].args[0] if norm_after is not None else args[r] for r in "qk"}
+    return _Rope(rope_in, rope, norm_after, rope_ends if rope else {})
+
+
+def _norms(
+    traced: Traced, path: str, scope: set[Node], args: dict, feeders: dict, rope: _Rope
+) -> dict[str, str | None]:
+    """Role -> the attribute of its one norm (before the rope, or right after it), or None;
+    norms on both q and k or on neither, never on v."""
     norms = {
-        role: _head_norm(traced, path, scope, args[role], feeders[role], rope_in[role], role)
+        role: _head_norm(traced, path, scope, args[role], feeders[role], rope.starts[role], role)
         for role in "qkv"
     }
-    if norm_after is not None:
+    if rope.norm_after is not None:
         if norms["q"] is not None or norms["k"] is not None:
             refuse("vllm_attention", "q/k norms both before and after the rotary embedding")
-        norms.update(norm_after)
+        norms.update(rope.norm_after)
     if norms["v"] is not None:
         refuse("vllm_attention", f"a norm ({norms['v']}) on the v path")
     if (norms["q"] is None) != (norms["k"] is None):
         refuse("vllm_attention", "a norm on only one of the q and k paths")
-    qk_norm_over = None
-    if norms["q"] is not None:
-        # the width each norm normalises over: its input's last dim (weightless norms too)
-        widths = {
-            value(n.args[0]).shape[-1]
-            for n in traced.graph.nodes
-            if n.op == "call_module" and n.target in {f"{path}.{norms[r]}" for r in "qk"}
-        }
-        if widths == {head_dim}:
-            qk_norm_over = "head"
-        elif widths <= {num_heads * head_dim, num_kv_heads * head_dim}:
-            qk_norm_over = "all_heads"
-        else:
-            reason = f"q/k norm widths {sorted(widths)} are neither head_dim nor all heads"
-            refuse("vllm_attention", reason)
+    return norms
 
-    if fused is None:
-        heads = {"q": num_heads, "k": num_kv_heads, "v": num_kv_heads}
-        for role in "qkv":
-            before_rope = None if norm_after is not None else norms[role]
-            prove_head_layout(
-                traced,
-                path,
-                feeders[role],
-                rope_in[role] or args[role],
-                heads[role],
-                head_dim,
-                before_rope,
-                qk_norm_over,
-                role,
-            )
-    o_node, adds_residual = _output_projection(traced, path, scope, call)
-    only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
-    prove_output_layout(call, o_node)
+
+def _qk_norm_over(traced: Traced, path: str, norms: dict, heads: _Heads) -> str | None:
+    """What the q/k norms normalise over: "head", "all_heads", or None without norms."""
+    if norms["q"] is None:
+        return None
+    # the width each norm normalises over: its input's last dim (weightless norms too)
+    widths = {
+        value(n.args[0]).shape[-1]
+        for n in traced.graph.nodes
+        if n.op == "call_module" and n.target in {f"{path}.{norms[r]}" for r in "qk"}
+    }
+    if widths == {heads.head_dim}:
+        return "head"
+    if widths <= {heads.num_heads * heads.head_dim, heads.num_kv_heads * heads.head_dim}:
+        return "all_heads"
+    reason = f"q/k norm widths {sorted(widths)} are neither head_dim nor all heads"
+    refuse("vllm_attention", reason)
+
+
+def _prove_head_layouts(
+    traced: Traced,
+    path: str,
+    args: dict,
+    feeders: dict,
+    rope: _Rope,
+    norms: dict,
+    heads: _Heads,
+    qk_norm_over: str | None,
+) -> None:
+    """Each of q, k and v splits into heads the way vLLM assumes (prove_head_layout)."""
+    counts = {"q": heads.num_heads, "k": heads.num_kv_heads, "v": heads.num_kv_heads}
+    for role in "qkv":
+        before_rope = None if rope.norm_after is not None else norms[role]
+        prove_head_layout(
+            traced,
+            path,
+            feeders[role],
+            rope.starts[role] or args[role],
+            counts[role],
+            heads.head_dim,
+            before_rope,
+            qk_norm_over,
+            role,
+        )
+
+
+class _CallOptions(NamedTuple):
+    """The attention call's keywords vLLM's ``Attention`` takes (traced values, None: not passed)."""
+
+    sinks: str | None  # the attention's per-head sinks parameter
+    scaling: float | None
+    softcap: float | None
+    window: int | None
+
+
+def _call_options(call: Node, path: str, num_heads: int) -> _CallOptions:
+    """The attention call's keywords; refuses any other that changes the math."""
     sinks = _sinks(call, path, num_heads)
     proven = {"s_aux"} if sinks else set()
     proven |= {"alibi"} if call.target is causal_sdpa else set()  # the fold's own proven fact
@@ -210,40 +323,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     if call.target is causal_sdpa and scaling is not None:
         refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
     window = value(call.kwargs.get("sliding_window"))
-    return AttentionPlan(
-        module_class=cls,
-        q=q,
-        k=k,
-        v=v,
-        o=traced.linear_fact(o_node, path),
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        q_norm=norms["q"],
-        k_norm=norms["k"],
-        rope=rope is not None,
-        rope_neox=rope.neox if rope else True,
-        rope_reversed=rope.reversed if rope else False,
-        rotary_dim=rope.rotary_dim if rope else head_dim,
-        scaling=float(head_dim**-0.5 if scaling is None else scaling),
-        sliding_window=None if window is None else int(window),
-        qk_norm_over=qk_norm_over,
-        logit_softcap=None if softcap is None else float(softcap),
-        rope_per_layer_type=per_layer_type(config),
-        rope_fields=legacy_rope_fields(config) if rope else (),
-        max_position_field=_max_position_field(config),
-        fused_qkv=fused is not None and not fused.startswith("kv_"),
-        kv_fused=fused.removeprefix("kv_") if fused and fused.startswith("kv_") else None,
-        qkv_per_head=fused in ("per_head", "grouped"),
-        qkv_grouped=fused == "grouped",
-        qkv_unpack_lines=unpack_lines,
-        qk_norm_after_rope=norm_after is not None,
-        replaced_calls=_replaced_calls(traced, path, scope, feeders, rope_ends if rope else {}, call, o_node),
-        direct_sdpa=call.target is causal_sdpa,
-        alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,
-        sinks=sinks,
-        adds_residual=adds_residual,
-    )
+    return _CallOptions(sinks, scaling, softcap, window)
 
 
 def _sinks(call: Node, path: str, num_heads: int) -> str | None:
@@ -266,82 +346,6 @@ def _sinks(call: Node, path: str, num_heads: int) -> str | None:
     return relative(str(passed.target), path)
 
 
-def _replaced_calls(
-    traced: Traced, path: str, scope: set[Node], feeders: dict, ends: dict, call: Node, o_node: Node
-) -> tuple[str, ...]:
-    """Names of the calls in the attention forward (functions it calls; methods and torch
-    functions it calls itself) whose every traced node the plan accounts for: on the q/k
-    paths from the projections to the end of the proven rope, computed from the position
-    inputs alone (cos/sin), the attention call and the layout after it, or reaching no
-    output (a GQA expansion the attention leaf looked through, attention written by hand
-    that the leaf replaced; never an in-place op)."""
-    accounted = {call, *path_nodes(o_node, call, scope)}
-    for r, end in ends.items():
-        accounted |= {*path_nodes(end, feeders[r], scope), end}
-    for r, arg in zip("qkv", call.args[1:4]):  # layout only, checked: v's head split too
-        if r not in ends and isinstance(arg, Node):
-            accounted |= {*path_nodes(arg, feeders[r], scope), arg}
-    accounted |= identity_dropouts(traced, scope, o_node)
-    sources = set(feeders.values())
-    hidden = hidden_output(traced)  # what the next layer reads: weights returned beside are dead
-    live = set(ancestors(hidden, None)) if hidden is not None else set()
-    cls = type(traced.module.get_submodule(path))
-    forward = inspect.unwrap(cls.forward).__code__
-    methods = _own_methods(cls)
-    verdicts: dict[str, bool] = {}
-    for n in scope:
-        if forward not in n.meta.get("frames", ()):
-            continue
-        # named as the forward calls it (``self._split_heads``), and, through the class's own
-        # helpers, as their inlined body does (inline_helpers inlines ``self._project``)
-        code, names = forward, []
-        while True:
-            helper = called_from(n, code)
-            name = helper.co_name if helper is not None else _own_call_name(n)
-            if helper is not None and helper.co_name == "forward":  # a submodule's (self.rotary_emb)
-                name = _child_called(n, path) or name
-            names.append(name)
-            if helper not in methods:
-                break
-            code = helper
-        child = _child_called(n, path) if n.op != "call_module" else None
-        if child is not None and child not in names:
-            names.append(child)  # a child module whose torch code left no frame (nn.Dropout)
-        accounted_for = n in accounted or not sources & set(ancestors(n, scope))
-        for name in (x for x in names if x is not None):
-            ok = accounted_for or (n not in live and not str(name).endswith("_"))  # never in place
-            verdicts[name] = verdicts.get(name, True) and ok
-    # children called that traced no node at all (a rotary module slicing its cos/sin cache
-    # by a length): they computed constants, which reach q and k only through the proven rope
-    ran = {relative(q, path).split(".")[0] for n in scope for q in scopes(n) if q.startswith(f"{path}.")}
-    for called in traced.returns_tuple:
-        child = relative(called, path) if called.startswith(f"{path}.") else ""
-        if child and "." not in child and child not in ran:
-            verdicts.setdefault(child, True)
-    for name in identity_attributes(traced.module.get_submodule(path)):
-        verdicts.setdefault(name, True)
-    # own methods the forward names that traced no node (GPT-J's _get_embed_positions, a
-    # buffer repeated by a size): constants, reaching the output only through accounted nodes
-    framed = {code for n in scope for code in n.meta.get("frames", ())}
-    for code in methods - framed:
-        if code.co_name in forward.co_names:
-            verdicts.setdefault(code.co_name, True)
-    return tuple(sorted(name for name, ok in verdicts.items() if ok))
-
-
-def _own_methods(cls: type) -> set:
-    """Code objects of the methods the attention class defines or inherits from classes of
-    the model's source (not ``nn.Module``'s), ``forward`` left out."""
-    found = set()
-    for klass in cls.__mro__:
-        if klass.__module__.startswith("torch."):
-            break
-        for name, member in vars(klass).items():
-            if name != "forward" and inspect.isfunction(member):
-                found.add(inspect.unwrap(member).__code__)
-    return found
-
-
 # Config fields of the longest sequence, in the order vLLM reads them for max_model_len
 _MAX_POSITION_FIELDS = (
     "max_position_embeddings",
@@ -358,23 +362,6 @@ _MAX_POSITION_FIELDS = (
 
 def _max_position_field(config) -> str:
     return next((f for f in _MAX_POSITION_FIELDS if getattr(config, f, None)), "max_position_embeddings")
-
-
-def _child_called(n: Node, path: str) -> str | None:
-    """The attribute of the attention's child module ``n`` ran in (``rotary_emb``)."""
-    inner = [q for q in scopes(n) if q.startswith(f"{path}.") or (not path and q)]
-    return relative(inner[0], path).split(".")[0] if inner else None
-
-
-def _own_call_name(n: Node) -> str | None:
-    """How the forward spells a call it makes itself: ``x.<method>(...)``, ``torch.<fn>(...)``."""
-    if n.op == "call_method":
-        return n.target
-    if n.op == "call_function":
-        return (
-            "scaled_dot_product_attention" if n.target is causal_sdpa else getattr(n.target, "__name__", None)
-        )
-    return None
 
 
 def _qkv_group(traced: Traced, path: str) -> list[Node]:
@@ -432,7 +419,15 @@ def _feeder(traced: Traced, path: str, scope: set[Node], arg: Node, group: list[
     return found[0]
 
 
-def _heads(args: dict, q: LinearFact, k: LinearFact) -> tuple[int, int, int]:
+class _Heads(NamedTuple):
+    """The attention's head counts and head size, read off the traced q/k/v values."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
     """(heads, kv heads, head_dim) from the [batch, heads, seq, head_dim] values."""
     qv, kv, vv = (value(args[role]) for role in "qkv")
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv)):
@@ -447,7 +442,7 @@ def _heads(args: dict, q: LinearFact, k: LinearFact) -> tuple[int, int, int]:
         refuse("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
     if heads % kv_heads:
         refuse("vllm_attention", f"{heads} heads not divisible by {kv_heads} kv heads")
-    return heads, kv_heads, head_dim
+    return _Heads(heads, kv_heads, head_dim)
 
 
 def _head_norm(

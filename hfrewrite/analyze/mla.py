@@ -19,6 +19,8 @@ hold it (the shrunken config makes the sizes distinct).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 from torch.fx import Node
@@ -124,9 +126,86 @@ def _norm_between(traced: Traced, scope: set[Node], start: Node, end: Node, what
     return _one(between, f"norms between {what}")
 
 
+class _Roles(NamedTuple):
+    """The projections and norms of the latent attention, by role (``q_a`` and ``q_a_norm``
+    None without a low-rank query)."""
+
+    q_a: Node | None
+    q_a_norm: Node | None
+    q_b: Node
+    kv_a: Node
+    kv_a_norm: Node
+    kv_b: Node
+    o: Node
+
+
+class _Sizes(NamedTuple):
+    """The sizes of the latent attention, from the q and v values and the linears' features."""
+
+    heads: int
+    qk_head: int  # nope + rope
+    v_head: int
+    kv_lora: int
+    rope: int
+    nope: int
+
+
+class _Rope(NamedTuple):
+    """The rope vLLM computes for the config: its kind and frequencies."""
+
+    kind: str  # "default" or "deepseek_yarn"
+    freq: tuple
+    legacy: bool  # a transformers 4.x config: a scaled rope's parameters in rope_scaling
+
+
 def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None) -> MlaPlan:
     scope = set(traced.nodes_in(path))
     call = _attention_call(traced, path)
+    q_arg, k_arg, v_arg = call.args[1:4]
+    roles = _roles(traced, path, scope, call)
+    linears = [roles.q_a, roles.q_b, roles.kv_a, roles.kv_b, roles.o]
+    mods = {n: traced.submodule(n) for n in linears if n is not None}
+    _refuse_unsupported(call, mods)
+    sizes = _sizes(value(q_arg), value(v_arg), mods, roles)
+    scaling = value(call.kwargs.get("scaling"))
+    scaling = float(sizes.qk_head**-0.5 if scaling is None else scaling)
+    rope = _rope(config, layer_type, sizes.rope)
+    neox = _replay(traced, roles, sizes, rope, scaling, value(q_arg), value(k_arg))
+    attention = traced.module.get_submodule(path)
+    dims = _dims(attention, sizes, roles, mods, cls)
+    return MlaPlan(
+        module_class=cls,
+        q_a=roles.q_a and relative(roles.q_a.target, path),
+        q_a_norm=roles.q_a_norm and relative(roles.q_a_norm.target, path),
+        q_b=relative(roles.q_b.target, path),
+        kv_a=relative(roles.kv_a.target, path),
+        kv_a_norm=relative(roles.kv_a_norm.target, path),
+        kv_b=relative(roles.kv_b.target, path),
+        o=relative(roles.o.target, path),
+        num_heads=sizes.heads,
+        qk_nope_head_dim=sizes.nope,
+        qk_rope_head_dim=sizes.rope,
+        v_head_dim=sizes.v_head,
+        kv_lora_rank=sizes.kv_lora,
+        q_lora_rank=mods[roles.q_a].out_features if roles.q_a is not None else None,
+        scaling=scaling,
+        scale_attr=_scale_attr(attention, scaling, cls) if call.target is causal_sdpa else None,
+        rope_neox=neox,
+        rope_kind=rope.kind,
+        rope_kinds=(rope.kind,),
+        rope_source="rope_scaling" if rope.legacy else "rope_parameters",
+        dims=dims,
+        config_branches=config_branches(attention),
+        init_branches=helper_branches(attention),
+        none_attrs=tuple(
+            sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))
+        ),
+    )
+
+
+def _roles(traced: Traced, path: str, scope: set[Node], call: Node) -> _Roles:
+    """The roles by data flow into the attention call, never by attribute name; refuses
+    other linears in the block and a residual added to its output."""
     q_arg, k_arg, v_arg = call.args[1:4]
     kv_b = _one(linears_feeding(v_arg, scope, traced), "linears the attention's v comes from")
     kv_a = _one(linears_feeding(kv_b.args[0], scope, traced), "linears the kv expansion reads")
@@ -151,14 +230,17 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     o, adds_residual = _output_projection(traced, path, scope, call)
     if adds_residual:
         refuse(PATTERN, "the block adds a tensor it is given to its output projection")
-    linears = [q_a, q_b, kv_a, kv_b, o]
-    extra = set(traced.linears_in(path)) - set(linears)
+    extra = set(traced.linears_in(path)) - {q_a, q_b, kv_a, kv_b, o}
     if extra:
         refuse(
             PATTERN,
             f"other linears in the block: {sorted(relative(n.target, path) for n in extra)}",
         )
-    mods = {n: traced.submodule(n) for n in linears if n is not None}
+    return _Roles(q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o)
+
+
+def _refuse_unsupported(call: Node, mods: dict[Node, nn.Module]) -> None:
+    """Refuses biased projections and attention keywords that change the math."""
     if any(m.bias is not None for m in mods.values()):
         refuse(PATTERN, "a biased projection (vLLM's MLA projections have no bias)")
     for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
@@ -172,26 +254,31 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     ):
         refuse(PATTERN, "attention dropout, soft cap or sliding window")
 
-    qv, vv = value(q_arg), value(v_arg)
+
+def _sizes(qv, vv, mods: dict[Node, nn.Module], roles: _Roles) -> _Sizes:
+    """The sizes from the q and v values ``qv``, ``vv``; refused unless the projections fit
+    heads x (nope + rope, v) with a shared rope key."""
     if not (torch.is_tensor(qv) and torch.is_tensor(vv) and qv.dim() == 4 and vv.dim() == 4):
         refuse(PATTERN, "q and v are not [batch, heads, seq, head_dim]")
     heads, qk_head, v_head = qv.shape[1], qv.shape[3], vv.shape[3]
-    kv_lora = mods[kv_b].in_features
-    rope = mods[kv_a].out_features - kv_lora
+    kv_lora = mods[roles.kv_b].in_features
+    rope = mods[roles.kv_a].out_features - kv_lora
     nope = qk_head - rope
     if not (
         0 < rope <= qk_head
-        and mods[kv_b].out_features == heads * (nope + v_head)
-        and mods[q_b].out_features == heads * qk_head
-        and mods[o].in_features == heads * v_head
+        and mods[roles.kv_b].out_features == heads * (nope + v_head)
+        and mods[roles.q_b].out_features == heads * qk_head
+        and mods[roles.o].in_features == heads * v_head
     ):
         refuse(
             PATTERN,
             "projection sizes do not fit heads x (nope + rope, v) with a shared rope key",
         )
-    scaling = value(call.kwargs.get("scaling"))
-    scaling = float(qk_head**-0.5 if scaling is None else scaling)
+    return _Sizes(heads, qk_head, v_head, kv_lora, rope, nope)
 
+
+def _rope(config, layer_type: str | None, rope: int) -> _Rope:
+    """The rope of ``rope`` lanes vLLM computes for the config: the default one or YaRN."""
     params = rope_parameters(config, layer_type)
     legacy = getattr(config, "rope_parameters", None) is None and hasattr(config, "rope_scaling")
     if legacy and config.rope_scaling:  # a transformers 4.x config: the rope type under "type"
@@ -215,19 +302,19 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         )
     if freq is None:
         refuse(PATTERN, f"no rope frequencies vLLM computes for rotary dim {rope}")
-    roles = {
-        "q_a": q_a,
-        "q_a_norm": q_a_norm,
-        "q_b": q_b,
-        "kv_a": kv_a,
-        "kv_a_norm": kv_a_norm,
-        "kv_b": kv_b,
-        "o": o,
-    }
-    fns = {r: traced.submodule(n) for r, n in roles.items() if n is not None}
-    got = value(o)
+    return _Rope(rope_kind, freq, legacy)
+
+
+def _replay(traced: Traced, roles: _Roles, sizes: _Sizes, rope: _Rope, scaling: float, q_src, k_src) -> bool:
+    """The rope style (neox or not) in which vLLM's MLA computation reproduces the module's
+    output, its q.k scores those of the attention call's ``q_src``, ``k_src``."""
+    x = roles.kv_a.args[0]
+    fns = {r: traced.submodule(n) for r, n in roles._asdict().items() if n is not None}
+    got = value(roles.o)
     for neox in (True, False):
-        qkv = mla_qkv(value(x), fns, heads, nope, rope, v_head, kv_lora, freq, neox)
+        qkv = mla_qkv(
+            value(x), fns, sizes.heads, sizes.nope, sizes.rope, sizes.v_head, sizes.kv_lora, rope.freq, neox
+        )
         want = mla_output(*qkv, fns["o"], scaling, value(x).dtype)
         if want.shape == got.shape and torch.allclose(want, got, atol=ATOL, rtol=1e-4):
             break
@@ -236,26 +323,32 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
             PATTERN,
             "the replay of vLLM's MLA (either rope style) does not reproduce the module",
         )
-    if not _same_scores(value(q_arg), value(k_arg), *qkv[:2]):
+    if not _same_scores(q_src, k_src, *qkv[:2]):
         refuse(
             PATTERN,
-            f"the source's q.k scores are not those of the {rope_kind} rope (replayed before the softmax)",
+            f"the source's q.k scores are not those of the {rope.kind} rope (replayed before the softmax)",
         )
+    return neox
 
-    sizes = {
-        "hidden_size": mods[kv_a].in_features,
-        "num_heads": heads,
-        "qk_nope_head_dim": nope,
-        "qk_rope_head_dim": rope,
-        "v_head_dim": v_head,
-        "kv_lora_rank": kv_lora,
-        "qk_head_dim": qk_head,
+
+def _dims(
+    attention: nn.Module, sizes: _Sizes, roles: _Roles, mods: dict[Node, nn.Module], cls: str
+) -> tuple[tuple[str, str], ...]:
+    """(size, the one attribute of the attention holding it), for each size the emitted
+    file reads."""
+    wanted = {
+        "hidden_size": mods[roles.kv_a].in_features,
+        "num_heads": sizes.heads,
+        "qk_nope_head_dim": sizes.nope,
+        "qk_rope_head_dim": sizes.rope,
+        "v_head_dim": sizes.v_head,
+        "kv_lora_rank": sizes.kv_lora,
+        "qk_head_dim": sizes.qk_head,
     }
-    if q_a is not None:
-        sizes["q_lora_rank"] = mods[q_a].out_features
-    attention = traced.module.get_submodule(path)
+    if roles.q_a is not None:
+        wanted["q_lora_rank"] = mods[roles.q_a].out_features
     dims = []
-    for name, size in sizes.items():
+    for name, size in wanted.items():
         holders = [
             a for a, v in vars(attention).items() if type(v) is int and v == size and not a.startswith("_")
         ]
@@ -265,34 +358,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
                 f"{len(holders)} attributes of {cls} hold its {name} ({size}), expected one",
             )
         dims.append((name, holders[0]))
-    return MlaPlan(
-        module_class=cls,
-        q_a=q_a and relative(q_a.target, path),
-        q_a_norm=q_a_norm and relative(q_a_norm.target, path),
-        q_b=relative(q_b.target, path),
-        kv_a=relative(kv_a.target, path),
-        kv_a_norm=relative(kv_a_norm.target, path),
-        kv_b=relative(kv_b.target, path),
-        o=relative(o.target, path),
-        num_heads=heads,
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope,
-        v_head_dim=v_head,
-        kv_lora_rank=kv_lora,
-        q_lora_rank=sizes.get("q_lora_rank"),
-        scaling=scaling,
-        scale_attr=_scale_attr(attention, scaling, cls) if call.target is causal_sdpa else None,
-        rope_neox=neox,
-        rope_kind=rope_kind,
-        rope_kinds=(rope_kind,),
-        rope_source="rope_scaling" if legacy else "rope_parameters",
-        dims=tuple(dims),
-        config_branches=config_branches(attention),
-        init_branches=helper_branches(attention),
-        none_attrs=tuple(
-            sorted(a for a, v in vars(attention).items() if v is None and not a.startswith("_"))
-        ),
-    )
+    return tuple(dims)
 
 
 def mla_qkv(

@@ -1,0 +1,253 @@
+"""An attention ``forward`` after fuse_qkv's q/k/v split, for ``passes/vllm_attention.py``:
+its statements sorted (conditionals it carries, the source's tests on its q/k norms and on its
+rope, config switches the trace left off, statements vLLM's attention makes redundant, anything
+else refused), and the vLLM statements that replace them: q/k norms, rope, ``self.attn``."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import libcst as cst
+
+from hfrewrite.analyze.plan import AttentionPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.attention_body import (
+    ALLOWED_CALLS,
+    DROPOUT_CALLS,
+    FACTORIES,
+    attention_branches,
+    cache_update,
+    carried_conditional,
+    config_switch,
+    convention_locals,
+    dead_for_config,
+    flag_block,
+    guards_rope,
+    position_block,
+    raises_only,
+    reads_dropped_cache,
+    state_names,
+    unrecognised,
+)
+from hfrewrite.emit.pass_api import PassContext
+from hfrewrite.errors import HfrewriteError
+
+_PASS = "vllm_attention"  # the pass whose refusals these are
+HEAD_DIM = "self.head_dim"  # where vLLM's attention reads the head size
+
+_PER_HEAD_NORM = """\
+{x}_by_head = {x}.view(*{x}.shape[:-1], {x}.shape[-1] // {head_dim}, {head_dim})
+{x}_by_head = self.{norm}({x}_by_head)
+{x} = {x}_by_head.view({x}.shape)
+"""
+
+
+_ALL_HEADS_NORM = """\
+# q/k norms over all heads, as in the source: under tensor parallelism each
+# rank holds a slice of the heads: gather, normalise, take its slice back.
+if self.tp_size > 1:
+    q = tensor_model_parallel_all_gather(q.contiguous())
+    k = tensor_model_parallel_all_gather(k.contiguous())
+q = self.{q_norm}(q)
+k = self.{k_norm}(k)
+if self.tp_size > 1:
+    q = q.chunk(self.tp_size, dim=-1)[self.tp_rank]
+    k = k.chunk(self.tp_size, dim=-1)[self.tp_rank]
+"""
+
+
+@dataclass(frozen=True)
+class AfterSplit:
+    """What the source does after the split that the rewrite keeps, or keeps refused."""
+
+    carried: tuple[cst.If, ...]  # config-switched conditionals, carried verbatim
+    rope_test: cst.BaseExpression | None  # NoPE layers: the source's own condition on its rope
+    norm_test: cst.BaseExpression | None  # the plan's q/k norms under the source's test
+    untaken: tuple[cst.BaseExpression, ...]  # config branches the trace did not take
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What the forward's statements after the split are judged against."""
+
+    cls: cst.ClassDef
+    body: list[cst.BaseStatement]  # the whole forward's
+    allowed: set[str]
+    states: dict[str, str]
+    false_switches: set[str]  # the forward's switches the traced config left False (ast.dump)
+    params: set[str]
+    caches: set[str]  # the Hugging Face inputs vLLM does not pass
+    convention: set[str]  # and what the forward computes from them alone
+    constants: frozenset[str]
+
+
+def read_after_split(
+    cls: cst.ClassDef,
+    forward: cst.FunctionDef,
+    split_at: int,
+    checked: list[cst.BaseStatement],
+    ctx: PassContext,
+    constants: frozenset[str],
+) -> AfterSplit:
+    """Sort the ``checked`` statements of ``forward`` (after the split at ``split_at``):
+    carried, kept as the tests of the norms or the rope, guarded, dropped, or refused;
+    ``constants``: the names the module binds at its top level."""
+    att = ctx.plan.attention
+    scope = _scope(cls, forward, split_at, ctx, constants)
+    carried: list[cst.If] = []
+    rope_test: cst.BaseExpression | None = None
+    norm_test: cst.BaseExpression | None = None
+    untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
+    planned = {a for a in (att.q_norm, att.k_norm) if a}
+    for statement in checked:
+        test = config_switch(statement)
+        if (conditional := carried_conditional(statement, scope.states)) is not None:
+            carried.append(conditional)
+        elif (
+            test is not None
+            and planned
+            and t.self_attrs_used(statement.body) & planned
+            and all(not unrecognised(s, scope.allowed) for s in statement.body.body)
+        ):
+            norm_test = test  # the traced config took it: the plan's norms, under its test
+        elif test is not None and guards_rope(statement, scope.allowed, scope.states):
+            rope_test = test  # NoPE layers: the source's own condition on its rope
+        elif cache_update(statement, scope.params) or (
+            att.direct_sdpa
+            and (
+                attention_branches(statement, scope.allowed)
+                or reads_dropped_cache(statement, scope.caches, scope.allowed)
+            )
+        ):
+            continue
+        elif test is not None and not (t.self_attrs_used(statement.body) & planned) and att.q_norm is None:
+            # A switch the traced config leaves off (cohere's use_qk_norm): what it
+            # would do was never proven, so the file refuses configs that turn it on.
+            untaken.append(test)
+        else:
+            _drop_or_refuse(statement, scope)
+    return AfterSplit(tuple(carried), rope_test, norm_test, tuple(untaken))
+
+
+def _scope(
+    cls: cst.ClassDef, forward: cst.FunctionDef, split_at: int, ctx: PassContext, constants: frozenset[str]
+) -> _Scope:
+    """What the statements of ``forward`` after the split at ``split_at`` are judged against."""
+    body = list(forward.body.body)
+    params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
+    kept = forward.params.params[1].name.value if len(forward.params.params) > 1 else ""  # hidden states
+    false_switches = {
+        ast.dump(ast.parse(test, mode="eval").body)
+        for owner, test, value in ctx.plan.forward_switches
+        if owner == cls.name.value and value is False
+    }
+    return _Scope(
+        cls=cls,
+        body=body,
+        allowed=_allowed_calls(ctx.plan.attention),
+        states=state_names(body[split_at + 1 :]),
+        false_switches=false_switches,
+        params=params,
+        caches=params - {"self", kept},
+        convention=convention_locals(forward),
+        constants=constants,
+    )
+
+
+def _allowed_calls(att: AttentionPlan) -> set[str]:
+    """The calls the forward may make after the split: the plan accounts for what they compute."""
+    allowed = ALLOWED_CALLS | DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
+    allowed |= FACTORIES if att.direct_sdpa else set()
+    allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
+    if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
+        allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
+    return allowed
+
+
+def _drop_or_refuse(statement: cst.BaseStatement, scope: _Scope) -> None:
+    """Nothing for a statement vLLM's attention makes redundant; refuses any other."""
+    if raises_only(statement):
+        return  # a shape check the traced run passed
+    if position_block(
+        statement, scope.params, scope.states, scope.allowed, scope.body[scope.body.index(statement) + 1 :]
+    ):
+        return  # the proven rope, under tests of the position inputs vLLM replaces
+    if flag_block(statement, scope.caches | scope.convention, scope.constants, scope.states):
+        return  # the traced calling convention's branch: proven by the analysis
+    if dead_for_config(statement, scope.false_switches, t.init_exprs(scope.cls)):
+        return  # never taken on this config: config_guards refuses those that take it
+    if unrecognised(statement, scope.allowed):
+        line = " ".join(t.code(statement).split())[:80]
+        raise HfrewriteError(
+            f"{scope.cls.name.value}: {_PASS}: forward does something vLLM's attention would not: {line}"
+        )
+
+
+def positionless(att: AttentionPlan) -> bool:
+    """No rope and no ALiBi on q and k: positions learned, added to the embeddings."""
+    return not att.rope and att.alibi is None
+
+
+def qk_norms(
+    init: cst.FunctionDef, att: AttentionPlan, norm_test: cst.BaseExpression | None, name: str
+) -> tuple[str, cst.FunctionDef]:
+    """The forward's q/k norm statements, and ``__init__`` with what they read."""
+    norms = ""
+    where = "after" if att.qk_norm_after_rope else "before"
+    if att.qk_norm_over == "head":
+        norms += f"# Per-head q/k norms, as in the source, {where} the rotary embedding.\n"
+        norms += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=HEAD_DIM)
+        norms += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=HEAD_DIM)
+    elif att.qk_norm_over == "all_heads":
+        norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
+        # fuse_qkv's prologue already binds the tensor-parallel size to a local.
+        has_local = any(
+            t.code(s).strip() == "tp_size = get_tensor_model_parallel_world_size()" for s in init.body.body
+        )
+        tp_size = "tp_size" if has_local else "get_tensor_model_parallel_world_size()"
+        init = t.with_body(
+            init,
+            [
+                *init.body.body,
+                *t.stmts(f"self.tp_size = {tp_size}\nself.tp_rank = get_tensor_model_parallel_rank()\n"),
+            ],
+        )
+    elif att.q_norm or att.k_norm:
+        raise HfrewriteError(f"{name}: {_PASS}: q/k norms of unknown extent")
+    if att.q_norm or att.k_norm:  # their comments describe the source's layout of q/k
+        init = _without_trailing_comments(init, {att.q_norm, att.k_norm})
+    if norm_test is not None:  # persimmon's `if self.qk_layernorm:`
+        norms = f"if {t.code(norm_test)}:\n" + "".join(f"    {line}\n" for line in norms.splitlines())
+    return norms, init
+
+
+def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) -> cst.FunctionDef:
+    body = [
+        s.with_changes(trailing_whitespace=cst.TrailingWhitespace())
+        if isinstance(s, cst.SimpleStatementLine) and t.self_attr_assigned(s) in attrs
+        else s
+        for s in init.body.body
+    ]
+    return t.with_body(init, body)
+
+
+def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: str | None, name: str) -> str:
+    """vLLM's forward after the kept projection: ``norms``, the rope, ``self.attn`` and the
+    output projection; ``residual``: the parameter added to its output."""
+    tail = "" if att.qk_norm_after_rope else norms
+    tail += "".join(t.code(c) for c in source.carried)
+    if source.rope_test is not None:
+        tail += f"if {t.code(source.rope_test)}:  # layers without rope (NoPE), as in the source\n    "
+    elif att.nope_layers:
+        raise HfrewriteError(
+            f"{name}: {_PASS}: some layers have no rope, but the source's rope is unconditional"
+        )
+    tail += "q, k = self.rotary_emb(positions, q, k)\n" if not (att.alibi or positionless(att)) else ""
+    if att.qk_norm_after_rope:
+        tail += norms
+    return (
+        tail
+        + f"attn_output = self.attn(q, k, v)\nattn_output = self.{att.o.attr}(attn_output)\n"
+        + (f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n")
+    )
