@@ -34,6 +34,7 @@ from typing import NamedTuple
 import libcst as cst
 
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.fused_projection import HEAD_SHARDING, free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -222,7 +223,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if isinstance(att, MlaPlan):  # passes/mla_attention.py
         return PassResult(module=module)
     sites = Sites()
-    if att.fused_qkv:
+    layout = att.qkv_layout
+    if layout is not None and layout.holds_q:
         if att.heads_field is None or att.kv_heads_field is None:
             raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
         cls = rewrite_fused(
@@ -230,25 +232,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             att.q.attr,
             f"config.{att.heads_field}",
             f"config.{att.kv_heads_field}",
-            att.qkv_per_head,
+            layout is not QkvLayout.BLOCKS,
             att.qkv_unpack_lines,
         )
         module = sites.replace_class(module, att.module_class, cls)
         return PassResult(
             module=module,
             imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),
-            fused=(
-                FusionRow(
-                    att.module_class,
-                    f"{att.q.attr} ("
-                    + (
-                        "q/k/v interleaved per head in the checkpoint, reordered at load"
-                        if att.qkv_per_head
-                        else "[q; k; v] in the checkpoint"
-                    )
-                    + ") -> QKVParallelLinear",
-                ),
-            ),
+            fused=(FusionRow(att.module_class, f"{att.q.attr} ({layout.report}) -> QKVParallelLinear"),),
             matches=sites.count,
         )
     cls = rewrite_attention(
@@ -259,7 +250,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         (att.heads_field, att.kv_heads_field),
     )
     module = sites.replace_class(module, att.module_class, cls)
-    kv_layout = {"blocks": "[k; v]", "per_head": "k and v per kv head"}.get(att.kv_fused or "")
+    kv_layout = layout.report if layout is not None else ""
     return PassResult(
         module=module,
         imports=("QKVParallelLinear", "get_tensor_model_parallel_world_size"),

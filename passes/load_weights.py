@@ -29,6 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_weights import experts_need_splitting, experts_one_by_one
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -110,9 +111,11 @@ def _kv_split(self, weights):
 
 # how _kv_split takes the rows apart, per layout of the checkpoint's k/v projection
 _KV_ROWS = {
-    "blocks": ("([k; v])", "2, kv_heads", "i"),
-    "per_head": ("per kv head ([h0: k v][h1: ...])", "kv_heads, 2", ":, i"),
+    QkvLayout.KV_BLOCKS: ("([k; v])", "2, kv_heads", "i"),
+    QkvLayout.KV_PER_HEAD: ("per kv head ([h0: k v][h1: ...])", "kv_heads, 2", ":, i"),
 }
+# the reordering helper of each q/k/v layout that needs one (QkvLayout.load_helper)
+_QKV_REORDER = {QkvLayout.PER_HEAD: _PER_HEAD, QkvLayout.GROUPED: _GROUPED}
 
 
 _NORMALIZED_HEAD = """\
@@ -137,6 +140,11 @@ def _lm_head_transposed(self, weights):
 """
 
 
+def _qkv_layout(att) -> QkvLayout | None:
+    """The attention's q/k/v checkpoint layout; None for three Linears and for MLA."""
+    return getattr(att, "qkv_layout", None)
+
+
 def _class_attrs(cls: cst.ClassDef) -> set[str]:
     """The names a class body assigns."""
     return {
@@ -153,16 +161,15 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
     out = []
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
-            if att.kv_fused:
-                layout, rows, pick = _KV_ROWS[att.kv_fused]
-                member = member.visit(WrapWeights("_kv_split"))
+            member = member.visit(WrapWeights(att.qkv_layout.load_helper))
+            if att.qkv_layout.holds_q:
+                template = _QKV_REORDER[att.qkv_layout]
+                source = template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
+            else:
+                layout, rows, pick = _KV_ROWS[att.qkv_layout]
                 source = _KV_SPLIT.format(
                     attr=att.k.attr, layout=layout, rows=rows, pick=pick, kv_heads=att.kv_heads_field
                 )
-            else:
-                member = member.visit(WrapWeights())
-                template = _GROUPED if att.qkv_grouped else _PER_HEAD
-                source = template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
             helper = t.stmt(source)
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
@@ -270,13 +277,13 @@ def _stacked_shards(module: cst.Module, plan) -> dict[str, list[_Shard]]:
                 _Shard(att.q_a, f".{att.q_a}", "0"),
                 _Shard(att.kv_a, f".{att.kv_a}", "1"),
             ]
-    elif att.kv_fused:  # split into {kv}_k and {kv}_v by _kv_split
+    elif att.qkv_layout is not None and not att.qkv_layout.holds_q:  # split by _kv_split
         stacks["qkv_proj"] = [
             _Shard(att.q.attr, f".{att.q.attr}", '"q"'),
             _Shard(att.k.attr, f".{att.k.attr}_k", '"k"'),
             _Shard(att.k.attr, f".{att.k.attr}_v", '"v"'),
         ]
-    elif not att.fused_qkv:
+    elif att.qkv_layout is None:
         stacks["qkv_proj"] = [
             _Shard(att.q.attr, f".{att.q.attr}", '"q"'),
             _Shard(att.k.attr, f".{att.k.attr}", '"k"'),
@@ -301,7 +308,7 @@ def _packed_modules(plan, stacks: dict[str, list[_Shard]]) -> str:
         fused: list(dict.fromkeys(repr(shard.projection) for shard in parts))
         for fused, parts in stacks.items()
     }
-    if getattr(att, "fused_qkv", False):
+    if _qkv_layout(att) is not None and att.qkv_layout.holds_q:
         packed_of[att.q.attr] = [repr(att.q.attr)]
     if mlp is not None and mlp.fused_gate_up:
         packed_of[mlp.gate.attr] = [repr(mlp.gate.attr)]
@@ -371,7 +378,7 @@ def _with_checkpoint_helpers(
         body = base_model_names(body, plan)
     if plan.transposed_linears:
         body = transposing_linears(body, plan)
-    if getattr(att, "qkv_per_head", False) or getattr(att, "kv_fused", None):
+    if _qkv_layout(att) is not None and att.qkv_layout.load_helper:
         body = _reorder_per_head_qkv(body, att)
     if plan.lm_head_weight in _HEAD_HELPERS:
         body = _reshaping_head(body, plan.lm_head, plan.lm_head_weight)

@@ -97,7 +97,7 @@ def config_switches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
             isinstance(value, ast.Name) and value.id in params  # a constructor flag
         ):
             assigned[attr] = ast.unparse(value)
-    once = _assigned_once(type(module))
+    once = assigned_once(type(module))
     inits = [  # __init__'s own switches, on attributes it assigns once (their final value)
         (test, outcome) for test, outcome in config_branches(module, "__init__") if _self_attrs(test) <= once
     ]
@@ -117,7 +117,7 @@ def _init_parameters(cls: type) -> set[str]:
         return set()
 
 
-def _assigned_once(cls: type) -> set[str]:
+def assigned_once(cls: type) -> set[str]:
     """The attributes ``cls.__init__`` assigns in exactly one statement."""
     init = method_tree(cls, "__init__")
     if init is None:

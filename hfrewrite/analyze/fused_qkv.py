@@ -13,6 +13,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.dataflow import ancestors, linears_feeding, path_nodes, rope_start
 from hfrewrite.analyze.plan import LinearFact, Refusal, refuse
+from hfrewrite.analyze.qkv_layouts import KV_ORDER, QKV_ORDER, QkvLayout
 from hfrewrite.analyze.trace import Traced, value
 
 
@@ -55,7 +56,7 @@ def fused_qkv(traced: Traced, path: str, scope: set[Node], args: dict, no_group:
     facts = [
         LinearFact(whole.attr, whole.in_features, b - a, whole.bias) for a, b in (ranges[r] for r in "qkv")
     ]
-    return feeders, facts, "blocks", ()
+    return feeders, facts, QkvLayout.BLOCKS, ()
 
 
 def _split_part(proj: Node, arg: Node, scope: set[Node]) -> tuple[Node, tuple[int, int]] | None:
@@ -110,7 +111,8 @@ def _per_head_qkv(
 ):
     """One Linear whose output's q, k and v lanes the source takes apart by layout alone
     (views, indexing, einops), proven on the values: each role's head-shaped value (before
-    any rope) is its lane of the projection in one of the layouts ``_LAYOUTS`` lists.
+    any rope) is its lane of the projection in one of the layouts ``QKV_ORDER`` lists
+    (analyze/qkv_layouts.py).
     "per_head" and "grouped" are reordered into [q; k; v] when loaded. The source line
     where each role's own value is first taken is recorded for the rewrite (the statement
     binding it becomes that role of vLLM's split)."""
@@ -123,9 +125,9 @@ def _per_head_qkv(
     d = value(xs["q"]).shape[3]
     if (heads["q"] + 2 * heads["k"]) * d != out.shape[-1] or heads["k"] != heads["v"] or not heads["k"]:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
-    for kind in _LAYOUTS:
-        lanes = _lanes(out, kind, heads["q"], heads["k"], d)
-        if lanes is not None and all(_on_path(xs[r], proj, scope, lanes[r]) for r in "qkv"):
+    for kind in QKV_ORDER:
+        lanes = kind.lanes(out, heads["q"], heads["k"], d)
+        if lanes is not None and all(_on_path(xs[r], proj, scope, lane) for r, lane in zip("qkv", lanes)):
             break
     else:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
@@ -138,15 +140,14 @@ def _per_head_qkv(
 def _q_beside_kv(traced: Traced, path: str, scope: set[Node], args: dict, q_proj: Node, kv_proj: Node):
     """A q projection of its own beside one Linear holding k and v (TeleChat's ``query`` and
     ``key_value``): k and v are lanes of its output, as ``[k; v]`` blocks ("kv_blocks") or per
-    kv head ``[h: k, v]`` ("kv_per_head"), proven on the values. Facts are per role."""
+    kv head ``[h: k, v]`` ("kv_per_head"), proven on the values (analyze/qkv_layouts.py). Facts are per role."""
     out, d = value(kv_proj), value(args["q"]).shape[-1]
     kv = traced.linear_fact(kv_proj, path)
     xs = {role: rope_start(args[role], kv_proj, scope) or args[role] for role in "kv"}
     if out.dim() == 3 and out.shape[-1] % (2 * d) == 0:
-        hk, (b, s) = out.shape[-1] // (2 * d), out.shape[:2]
-        blocks = [x.reshape(b, s, hk, d) for x in out.split(hk * d, dim=-1)]
-        per_head = out.reshape(b, s, hk, 2, d).unbind(-2)
-        for kind, lanes in (("kv_blocks", blocks), ("kv_per_head", per_head)):
+        hk = out.shape[-1] // (2 * d)
+        for kind in KV_ORDER:
+            lanes = kind.lanes(out, 0, hk, d)
             if all(_on_path(xs[r], kv_proj, scope, lane) for r, lane in zip("kv", lanes)):
                 part = LinearFact(kv.attr, kv.in_features, hk * d, kv.bias)
                 return (
@@ -156,28 +157,6 @@ def _q_beside_kv(traced: Traced, path: str, scope: set[Node], args: dict, q_proj
                     (),
                 )
     refuse("fuse_qkv", f"{kv.attr} feeds k and v neither as [k; v] nor per kv head")
-
-
-# How a fused projection's output rows may hold q, k and v (H query heads, K kv heads):
-# "unpacked" [q; k; v] blocks, "per_head" [h: q k v] (H == K), "grouped" per kv head
-# [g: q x H/K, k, v] (InternLM2's wqkv)
-_LAYOUTS = ("unpacked", "per_head", "grouped")
-
-
-def _lanes(out, kind: str, hq: int, hk: int, d: int) -> dict | None:
-    b, s = out.shape[:2]
-    if kind == "unpacked":
-        q, k, v = out.split([hq * d, hk * d, hk * d], dim=-1)
-        return {"q": q.reshape(b, s, hq, d), "k": k.reshape(b, s, hk, d), "v": v.reshape(b, s, hk, d)}
-    if kind == "per_head" and hq != hk:
-        return None
-    groups = hq // hk
-    grouped = out.reshape(b, s, hk, groups + 2, d)
-    return {
-        "q": grouped[..., :groups, :].reshape(b, s, hq, d),
-        "k": grouped[..., groups, :],
-        "v": grouped[..., groups + 1, :],
-    }
 
 
 def _heads_of(x, out) -> int:

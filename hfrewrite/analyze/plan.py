@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
+from hfrewrite.analyze.qkv_layouts import QkvLayout
+
 
 @dataclass(frozen=True)
 class NoMatch:
@@ -83,15 +85,10 @@ class AttentionPlan:
     logit_softcap: float | None = None  # tanh soft cap of the attention scores
     # rope_parameters are given per layer type: get_rope reads the layer's entry
     rope_per_layer_type: bool = False
-    # The checkpoint holds one [q; k; v] projection (phi3's qkv_proj): q, k and v name it
-    fused_qkv: bool = False
-    # ... interleaved per head ([h0: q k v][h1: ...], gpt_neox): reordered when loaded
-    qkv_per_head: bool = False
-    # ... grouped per kv head ([g0: its query heads, k, v][g1: ...], InternLM2's wqkv)
-    qkv_grouped: bool = False
-    # q has its own projection and one Linear holds k and v (TeleChat's key_value), laid out
-    # "blocks" ([k; v]) or "per_head" ([h0: k v][h1: ...]): split into k and v when loaded
-    kv_fused: str | None = None
+    # How one checkpoint tensor holds q, k and v (analyze/qkv_layouts.py): phi3's [q; k; v]
+    # qkv_proj (q, k and v then name it), gpt_neox's per head, InternLM2's grouped per kv
+    # head, or k and v beside q's own projection (TeleChat's key_value). None: three Linears
+    qkv_layout: QkvLayout | None = None
     # The source lines where the forward takes q's, k's and v's own lanes of the fused
     # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
     qkv_unpack_lines: tuple[str, ...] = ()
@@ -388,6 +385,9 @@ class ModelPlan:
     # The causal LM changes the lm_head output (final-logit softcap, logit scale): the
     # source's statements after the lm_head are carried into compute_logits.
     logits_postprocessed: bool = False
+    # That post-processing is a tanh soft cap by this config field (analyze/logit_softcap.py):
+    # vLLM's ``LogitsProcessor(soft_cap=config.<field>)`` instead of the carried statements.
+    logit_soft_cap: str | None = None
     # The base model changes the embeddings before the first layer (a multiplier, a norm):
     # the source's statements between the embedding and the layer loop are carried.
     embeddings_transformed: bool = False

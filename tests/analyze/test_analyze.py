@@ -13,6 +13,7 @@ from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.trace import opaque_attention, trace
 from hfrewrite.errors import HfrewriteError
 
@@ -546,7 +547,7 @@ class SplitKvAttention(nn.Module):
 def test_q_beside_a_fused_kv_projection_is_proven_with_its_row_layout():
     plan = attention_of(SplitKvAttention())
     assert not isinstance(plan, NoMatch), plan.reason
-    assert (plan.fused_qkv, plan.kv_fused) == (False, "blocks")
+    assert plan.qkv_layout is QkvLayout.KV_BLOCKS
     assert (plan.q.attr, plan.q.out_features) == ("q_proj", 64)
     assert plan.k == plan.v and (plan.k.attr, plan.k.out_features) == ("kv_proj", 64)
 

@@ -11,6 +11,7 @@ import pytest
 import transformers
 
 from hfrewrite.analyze import model as analysis
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.errors import HfrewriteError
 from tests.analyze.by_hand import BY_HAND, BY_HAND_FLAT, attention_by_hand
 
@@ -43,7 +44,7 @@ def test_causal_sdpa_in_a_helper_is_the_attention(tmp_path, monkeypatch):
 
 def test_constant_causal_mask_is_the_attention(tmp_path, monkeypatch):
     plan = _analyze(tmp_path, monkeypatch, "fusedqkv_postnorm")
-    assert plan.attention.direct_sdpa and plan.attention.fused_qkv
+    assert plan.attention.direct_sdpa and plan.attention.qkv_layout is QkvLayout.BLOCKS
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from transformers import AutoConfig
 from transformers.models.dbrx import modeling_dbrx
 
 from hfrewrite.analyze import model as analysis
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.resolve import BARE_TYPE_FIELDS
 
@@ -31,7 +32,7 @@ def test_dbrx_plan():
         "norm_attn_norm.attn",
         ("DbrxNormAttentionNorm",),
     )
-    assert att.fused_qkv and att.q.attr == "Wqkv"
+    assert att.qkv_layout is QkvLayout.BLOCKS and att.q.attr == "Wqkv"
 
 
 def _glu(gate: str, up: str, scale: float = 1.0):

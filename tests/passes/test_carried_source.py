@@ -15,6 +15,7 @@ from hfrewrite.passes import (
 from plans import llama_like
 
 from hfrewrite.analyze.plan import DecoderLayerPlan, LinearFact, MlpPlan
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.errors import HfrewriteError
 
 CARRIED = DecoderLayerPlan("Gemma2DecoderLayer", (), attention_block="self_attn", mlp_block="mlp")
@@ -171,8 +172,7 @@ def fused_qkv_plan(per_head=False):
         q=fact,
         k=fact,
         v=fact,
-        fused_qkv=True,
-        qkv_per_head=per_head,
+        qkv_layout=QkvLayout.PER_HEAD if per_head else QkvLayout.BLOCKS,
         heads_field="num_attention_heads",
         kv_heads_field="num_key_value_heads",
     )

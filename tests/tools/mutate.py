@@ -97,11 +97,6 @@ EQUIVALENT = {
         "isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)",
     ): "the clause before leaves one statement on the line, so body[-1] is body[0]",
     (
-        "hfrewrite/analyze/attention.py",
-        "ReplaceComparisonOperator_Eq_Is",
-        'qkv_per_head=fused == "per_head",',
-    ): "fused is one of the constants the analysis returns (interned): identity is equality",
-    (
         "hfrewrite/analyze/model.py",
         "NumberReplacer",
         "layer = traces[0].module",
