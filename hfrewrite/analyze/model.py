@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
+from dataclasses import dataclass
 
 import torch
 import transformers
@@ -33,19 +35,22 @@ from hfrewrite.analyze.checkpoint import (
     unexpected_suffixes,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
-from hfrewrite.analyze.example_run import build_model, error_line, example_run, initialise_empty
+from hfrewrite.analyze.example_run import ExampleRun, build_model, error_line, example_run, initialise_empty
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
-from hfrewrite.analyze.lm_head import TRANSPOSED_WHEN_UNTIED, head_kind, is_head
+from hfrewrite.analyze.lm_head import TRANSPOSED_WHEN_UNTIED, head_kind
+from hfrewrite.analyze.logit_softcap import softcap_field  # noqa: F401 - the soft cap toggle in _model_plan
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_mlp
+from hfrewrite.analyze.model_layout import ModelLayout, embedding_subclass, model_layout
+from hfrewrite.analyze.model_norms import norm_facts, norm_modules
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.moe_variants import with_other_routings
-from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.plan import (
     AttentionPlan,
+    DecoderLayerPlan,
     MlaPlan,
     MlpPlan,
     ModelPlan,
@@ -61,7 +66,6 @@ from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, tied_target
 from hfrewrite.analyze.trace import (
     Traced,
-    is_norm,
     trace,
     value,
 )
@@ -89,6 +93,67 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
     """The plan of ``config``; with ``branches``, the other branches of MLA's query and rope
     and of a router's string switch proven on sibling configs (analyze/mla_variants.py,
     analyze/moe_variants.py)."""
+    small = _shrunk(config)
+    torch.manual_seed(0)
+    model = build_model(small)
+    model.eval()
+    initialise_empty(model)
+    transposed_classes, transposed = swap_transposed_linears(model)  # Conv1D -> nn.Linear
+    linear_classes = prove_linear_classes(model)  # before any trace: its linear leaves
+    layout = model_layout(model, config, small)
+    run = example_run(model, layout.base, layout.layers, layout.embeds, layout.head)
+    flipped = flipped_tie(small, build_model)
+    if flipped is not None:
+        initialise_empty(flipped)
+    flipped_head = getattr(flipped, layout.head, None) if flipped is not None else None
+    kind = head_kind(getattr(model, layout.head), run.head_input, run.head_output, small, flipped_head)
+    source = _SourceModel(
+        config=config,
+        small=small,
+        model=model,
+        layout=layout,
+        run=run,
+        head_kind=kind,
+        flipped=flipped,
+        linear_classes=linear_classes,
+        transposed_classes=transposed_classes,
+        transposed=transposed,
+    )
+    return _model_plan(source, _layer_plans(source, branches))
+
+
+@dataclass(frozen=True)
+class _SourceModel:
+    """The shrunk source model, built, laid out and run once on example ids."""
+
+    config: transformers.PretrainedConfig
+    small: transformers.PretrainedConfig  # the shrunk config it is built from
+    model: nn.Module
+    layout: ModelLayout
+    run: ExampleRun
+    head_kind: str  # lm_head.py's layout of the head's weight
+    flipped: nn.Module | None  # built with tie_word_embeddings flipped (tied_head.py)
+    linear_classes: tuple[str, ...]  # nn.Linear subclasses proven to compute F.linear
+    transposed_classes: tuple[str, ...]  # Conv1D-like classes swapped for nn.Linear
+    transposed: tuple[str, ...]  # the swapped modules' paths below the layer index
+
+
+@dataclass(frozen=True)
+class _LayerPlans:
+    """What the traced decoder layers agree on, with what was declined and the sibling
+    configs proven (description, config)."""
+
+    decoder: DecoderLayerPlan
+    attention: AttentionPlan | MlaPlan
+    mlp: MlpPlan | None
+    moe: MoePlan | None
+    norm: NormPlan | None  # None: the source's norms are kept
+    declined: tuple[NoMatch, ...]
+    siblings: tuple[tuple[str, object], ...]
+
+
+def _shrunk(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
+    """``config`` shrunk for tracing (:func:`shrink_config`); a composite config refuses."""
     try:
         small = shrink_config(config)
     except Exception as exc:  # noqa: BLE001 - the config class refuses an edit: a true reason
@@ -101,83 +166,24 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
             + (f" (its parts: {', '.join(nested)})" if nested else ""),
             type(config).__name__,
         )
-    torch.manual_seed(0)
-    model = build_model(small)
-    model.eval()
-    initialise_empty(model)
-    transposed_classes, transposed = swap_transposed_linears(model)  # Conv1D -> nn.Linear
-    linear_classes = prove_linear_classes(model)  # before any trace: its linear leaves
-    base_attr = getattr(model, "base_model_prefix", "")
-    base = getattr(model, base_attr, None) if base_attr else None
-    if not isinstance(base, nn.Module):  # a prefix naming no child (ERNIE-4.5's "ernie"):
-        holders = [  # the one child holding the decoder stack
-            name
-            for name, child in model.named_children()
-            if any(isinstance(m, nn.ModuleList) for m in child.children())
-        ]
-        if len(holders) == 1:
-            base_attr, base = holders[0], getattr(model, holders[0])
-    if not isinstance(base, nn.Module):
-        refuse("model_layout", f"no base model at .{base_attr}", type(model).__name__)
-    nested = [name for name, m in base.named_modules() if isinstance(m, nn.ModuleList) and "." in name]
-    custom = bool(getattr(small, "auto_map", None))  # Hub custom code: a decoder kept deeper
-    if (
-        custom
-        and not getattr(config, "is_encoder_decoder", False)
-        and nested
-        and not any(isinstance(m, nn.ModuleList) for m in base.children())
-    ):
-        refuse(
-            "model_layout",
-            f"the decoder layers sit at {base_attr}.{nested[0]}, deeper than a child of the base "
-            "model (ChatGLM's encoder.layers): this analysis does not follow them there yet",
-            type(base).__name__,
-        )
-    if getattr(config, "is_encoder_decoder", False) or not any(
-        isinstance(m, nn.ModuleList) for m in base.children()
-    ):
-        refuse(
-            "model_layout",
-            "not a decoder-only causal LM (no stack of decoder layers under the base "
-            "model): vLLM's decoder contract does not fit it",
-            type(base).__name__,
-        )
-    layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
-    layers = list(getattr(base, layers_attr))
-    if len({type(layer) for layer in layers}) != 1:
-        refuse("model_layout", "decoder layers of several classes", type(base).__name__)
+    return small
 
-    embeds = [name for name, child in base.named_children() if isinstance(child, nn.Embedding)]
-    if not embeds:
-        refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
-    head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
-    run = example_run(model, base, layers, embeds, head)
-    embed = run.embed
-    flipped = flipped_tie(small, build_model)
-    if flipped is not None:
-        initialise_empty(flipped)
-    flipped_head = getattr(flipped, head, None) if flipped is not None else None
-    kind = head_kind(getattr(model, head), run.head_input, run.head_output, small, flipped_head)
-    final_norm = run.final_norm
+
+def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
+    """Trace each decoder layer and analyse it; the plans all layers share (see _analyze for
+    ``branches``)."""
+    config, small, layout, run = source.config, source.small, source.layout, source.run
     masks = not _windowed(small)  # a causal mask the base model hands its layers is proven by value
     traces = [
-        _trace_layer(layer, args, kwargs, masks) for layer, (args, kwargs) in zip(layers, run.layer_inputs)
+        _trace_layer(layer, args, kwargs, masks)
+        for layer, (args, kwargs) in zip(layout.layers, run.layer_inputs)
     ]
     types = getattr(small, "layer_types", None) or [None] * len(traces)
     per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
-    decoder = per_layer[0][0]
+    decoder = per_layer[0].decoder
     declined = _compare_layers(per_layer)
-    attention = _rope_layers(per_layer)
-    if isinstance(attention, AttentionPlan):
-        lines = traced_lines(traces[0], decoder.attention_block)
-        attention = dataclasses.replace(
-            attention, **_head_fields(small, attention), **_rotary_field(small, attention), traced_lines=lines
-        )
-    siblings: tuple = ()
-    if kind == TRANSPOSED_WHEN_UNTIED:  # validated both ways
-        other = copy.deepcopy(config)
-        other.tie_word_embeddings = not getattr(config, "tie_word_embeddings", False)
-        siblings += ((f"tie_word_embeddings={other.tie_word_embeddings} (the head's other layout)", other),)
+    attention = _emitted_attention(per_layer, traces[0], small)
+    siblings = _head_sibling(config, source.head_kind)
     if branches and isinstance(attention, MlaPlan):
         attention, more, branch_configs = with_other_branches(
             config, attention, lambda other: _analyze(other, branches=False).attention
@@ -185,56 +191,65 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         declined += more
         siblings += branch_configs
     mlp, moe = (
-        _one_kind([f[2] for f in per_layer], MlpPlan),
-        _one_kind([f[3] for f in per_layer], MoePlan),
+        _one_kind([f.mlp for f in per_layer], MlpPlan),
+        _one_kind([f.moe for f in per_layer], MoePlan),
     )
     if branches and moe is not None:
-        router = next((m for m in model.modules() if type(m).__name__ == moe.router_class), None)
-        if router is not None:
-            moe, more, routings = with_other_routings(
-                config, moe, router, lambda other: _analyze(other, branches=False).moe
-            )
-            declined += more
-            siblings += routings
+        moe, more, routings = _with_routings(config, moe, source.model)
+        declined += more
+        siblings += routings
 
     layer = traces[0].module
-    norm_modules = [m for _, m in layer.named_children() if is_norm(m)]
-    own_norms = (
-        (attention.q_a_norm, attention.kv_a_norm)
-        if isinstance(attention, MlaPlan)
-        else (attention.q_norm, attention.k_norm)
+    norms = norm_facts(
+        norm_modules(layer, decoder, attention, getattr(layout.base, run.final_norm)), small, decoder
     )
-    attention_module = layer.get_submodule(decoder.attention_block)
-    for attr in own_norms:  # (a branch proven on a sibling config may have none here)
-        if isinstance(getattr(attention_module, attr or "", None), nn.Module):
-            norm_modules.append(attention_module.get_submodule(attr))
-    norm_modules.append(getattr(base, final_norm))
-    norm, why = _one_norm(norm_modules, small)
-    if norm is None:
-        declined += (
-            NoMatch(
-                "rms_norm",
-                type(norm_modules[0]).__name__,
-                f"{why}; the source's norms are kept",
-            ),
-        )
-        if decoder.fused:  # vLLM's fused residual norms need vLLM norms
-            decoder = dataclasses.replace(decoder, blocks=())
-            declined += (
-                NoMatch(
-                    "fused_residual_norm",
-                    decoder.module_class,
-                    "the norms are the source's; the layer's forward is carried from the source",
-                ),
-            )
-    if per_layer[0][4] is not None:  # the layer shape itself was not fusable
-        declined += (per_layer[0][4],)
+    decoder, declined = norms.decoder, declined + norms.declined
+    if per_layer[0].declined is not None:  # the layer shape itself was not fusable
+        declined += (per_layer[0].declined,)
     if not decoder.fused and (hidden := hidden_output(traces[0])) is not None:
         args, kwargs = run.layer_inputs[0]  # the carried forward's inputs vLLM leaves at their defaults
         decoder = dataclasses.replace(
-            decoder, free_defaults=free_defaults(layers[0], args, kwargs, value(hidden))
+            decoder, free_defaults=free_defaults(layout.layers[0], args, kwargs, value(hidden))
         )
+    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings)
 
+
+def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> AttentionPlan | MlaPlan:
+    """The attention facts to emit (:func:`_rope_layers`), with the config fields of the head
+    counts and rotary width and the source lines the attention was traced from."""
+    attention = _rope_layers(per_layer)
+    if isinstance(attention, AttentionPlan):
+        lines = traced_lines(traced, per_layer[0].decoder.attention_block)
+        attention = dataclasses.replace(
+            attention, **_head_fields(small, attention), **_rotary_field(small, attention), traced_lines=lines
+        )
+    return attention
+
+
+def _head_sibling(config, kind: str) -> tuple:
+    """The sibling config with the other ``tie_word_embeddings`` when the head's layout
+    depends on it: validated both ways."""
+    if kind != TRANSPOSED_WHEN_UNTIED:
+        return ()
+    other = copy.deepcopy(config)
+    other.tie_word_embeddings = not getattr(config, "tie_word_embeddings", False)
+    return ((f"tie_word_embeddings={other.tie_word_embeddings} (the head's other layout)", other),)
+
+
+def _with_routings(config, moe: MoePlan, model: nn.Module) -> tuple[MoePlan, tuple, tuple]:
+    """``moe`` extended by its router's other routings (moe_variants.py), what could not be
+    proven, and the sibling configs proven."""
+    router = next((m for m in model.modules() if type(m).__name__ == moe.router_class), None)
+    if router is None:
+        return moe, (), ()
+    return with_other_routings(config, moe, router, lambda other: _analyze(other, branches=False).moe)
+
+
+def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
+    """The model's plan: its layout, example run and head facts, and its layers' plans."""
+    config, small, model, run = source.config, source.small, source.model, source.run
+    base, head, layers = source.layout.base, source.layout.head, source.layout.layers
+    soft_cap = None  # DISABLED-TEMP softcap_field(model, head) if run.logits_postprocessed else None
     return ModelPlan(
         model_type=config.model_type,
         # the causal-LM class the source defines; a config may name another architecture
@@ -242,15 +257,16 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
         architecture=type(model).__name__,
         config_class=type(model.config).__name__,
         base_model_class=type(base).__name__,
-        base_model_attr=base_attr,
-        embed_tokens=embed,
-        embed_class=_embedding_subclass(getattr(base, embed)),
-        layers=layers_attr,
-        final_norm=final_norm,
+        base_model_attr=source.layout.base_attr,
+        embed_tokens=run.embed,
+        embed_class=embedding_subclass(getattr(base, run.embed)),
+        layers=source.layout.layers_attr,
+        final_norm=run.final_norm,
         lm_head=head,
-        lm_head_weight=kind,
+        lm_head_weight=source.head_kind,
         head_input_scaled=run.head_input_scaled,
         logits_postprocessed=run.logits_postprocessed,
+        logit_soft_cap=soft_cap,
         embeddings_transformed=run.embeddings_transformed,
         checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
         + checkpoint_prefix_renames(type(model).__name__),
@@ -261,19 +277,37 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> Mo
             (f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")),
             None,
         ),
-        decoder_layer=decoder,
-        attention=attention,
-        mlp=mlp,
-        norm=norm,
-        declined=declined,
-        moe=moe,
-        sibling_configs=siblings,
-        linear_classes=linear_classes,
+        decoder_layer=plans.decoder,
+        attention=plans.attention,
+        mlp=plans.mlp,
+        norm=plans.norm,
+        declined=plans.declined,
+        moe=plans.moe,
+        sibling_configs=plans.siblings,
+        linear_classes=source.linear_classes,
         position_embedding=run.position,
-        transposed_linear_classes=transposed_classes,
-        transposed_linears=transposed,
-        head_tied_to=tied_target(model if getattr(small, "tie_word_embeddings", False) else flipped, head),
-        forward_switches=forward_switches(model, base, layers[0], attention, mlp, moe),
+        transposed_linear_classes=source.transposed_classes,
+        transposed_linears=source.transposed,
+        head_tied_to=tied_target(
+            model if getattr(small, "tie_word_embeddings", False) else source.flipped, head
+        ),
+        forward_switches=_without_proven(
+            forward_switches(model, base, layers[0], plans.attention, plans.mlp, plans.moe),
+            type(model).__name__,
+            soft_cap,
+        ),
+    )
+
+
+def _without_proven(switches: tuple, causal_lm: str, soft_cap: str | None) -> tuple:
+    """``switches`` less the causal LM's tests of the soft-cap field alone: the proof ran
+    both of their branches (the field set, and None)."""
+    if soft_cap is None:
+        return switches
+    return tuple(
+        s
+        for s in switches
+        if not (s[0] == causal_lm and set(re.findall(r"\bconfig\.(\w+)", s[1])) == {soft_cap})
     )
 
 
@@ -306,58 +340,11 @@ def _rotary_field(small, attention: AttentionPlan) -> dict:
     return {}
 
 
-def _embedding_subclass(module: nn.Embedding) -> str | None:
-    """None for ``nn.Embedding``; for a subclass (gemma's scaled embedding), its name once
-    the replay shows it computes ``lookup(ids) * scale``: the class is carried onto
-    vLLM's ``VocabParallelEmbedding``, whose lookup is the same."""
-    if type(module) is nn.Embedding:
-        return None
-    ids = torch.arange(min(16, module.num_embeddings))
-    with torch.no_grad():
-        out, plain = module(ids), nn.functional.embedding(ids, module.weight)
-    scale = (out * plain).sum() / (plain * plain).sum()
-    if not torch.allclose(out, plain * scale, atol=1e-5):
-        refuse(
-            "parallel_embedding",
-            "the embedding computes more than a scaled lookup",
-            type(module).__name__,
-        )
-    return type(module).__name__
-
-
-def _one_norm(modules: list[nn.Module], small) -> tuple[NormPlan | None, str]:
-    """The one vLLM norm all ``modules`` compute, or None and why not."""
-    norms = [analyze_norm(m) for m in modules]
-    failed = [n for n in norms if isinstance(n, NoMatch)]
-    if failed:
-        return None, failed[0].reason
-    if len(set(norms)) != 1:
-        return None, f"norms differ: {sorted({str(n) for n in norms})}"
-    fields = {config_fields(m, norms[0].eps, small) for m in modules}
-    if len(fields) != 1 or isinstance(next(iter(fields)), str):
-        return None, next(
-            (f for f in fields if isinstance(f, str)), "norms built from different config fields"
-        )
-    return dataclasses.replace(norms[0], config_fields=next(iter(fields))), ""
-
-
 def _required(fact):
     """``fact``, unless it is a NoMatch: then analysis stops with it."""
     if isinstance(fact, NoMatch):
         raise Refusal(fact)
     return fact
-
-
-def _one_child(parent: nn.Module, what: str, test) -> str:
-    """The name of the one direct child of ``parent`` that passes ``test``."""
-    names = [name for name, child in parent.named_children() if test(child)]
-    if len(names) != 1:
-        refuse(
-            "model_layout",
-            f"expected one {what} child, found {names}",
-            type(parent).__name__,
-        )
-    return names[0]
 
 
 def _windowed(config) -> bool:
@@ -377,11 +364,20 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
     return traced
 
 
-def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple:
-    """(DecoderLayerPlan, AttentionPlan, MlpPlan | None, MoePlan | None) of one layer
-    (``small``: the traced config):
-    its MLP block is either a dense gated MLP or a sparse MoE block (whose shared
-    expert, if any, is a dense MLP too)."""
+@dataclass(frozen=True)
+class LayerFacts:
+    """What one traced decoder layer proves: its MLP block is either a dense gated MLP or
+    a sparse MoE block (whose shared expert, if any, is a dense MLP too)."""
+
+    decoder: DecoderLayerPlan
+    attention: AttentionPlan | MlaPlan
+    mlp: MlpPlan | None  # the dense MLP, or the MoE block's shared expert
+    moe: MoePlan | None
+    declined: NoMatch | None  # the layer's shape vLLM's fused norms do not fit: its forward is carried
+
+
+def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> LayerFacts:
+    """The facts of one layer (``small``: the traced config)."""
     decoder = analyze_decoder(traced)
     if isinstance(decoder, NoMatch) or len(decoder.blocks) != 2:
         if isinstance(decoder, NoMatch):
@@ -404,7 +400,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
     block = decoder.mlp_block
     mlp = analyze_mlp(traced, block, config)
     if not isinstance(mlp, NoMatch):
-        return decoder, attention, mlp, None, carried
+        return LayerFacts(decoder, attention, mlp, None, carried)
     moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)
     if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
         _required(mlp)  # no experts at all: the dense MLP's reason is the one to give
@@ -419,7 +415,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> tuple
     shared = None
     if moe.shared_expert:
         shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", config))
-    return decoder, attention, shared, moe, carried
+    return LayerFacts(decoder, attention, shared, moe, carried)
 
 
 def _one_kind(plans: list, kind: type):
@@ -451,18 +447,18 @@ def _without_sizes(plan):
     return plan
 
 
-def _compare_layers(per_layer: list[tuple]) -> tuple[NoMatch, ...]:
+def _compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
     """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
     window is kept as a declined fact."""
     first = per_layer[0]
-    for i, (decoder, attention, *_) in enumerate(per_layer[1:], start=1):
-        if (decoder, _no_window(attention)) != (first[0], _no_window(first[1])):
-            refuse("uniform_layers", f"layer {i} differs", decoder.module_class)
-    windows = [getattr(attention, "sliding_window", None) for _, attention, *_ in per_layer]
+    for i, facts in enumerate(per_layer[1:], start=1):
+        if (facts.decoder, _no_window(facts.attention)) != (first.decoder, _no_window(first.attention)):
+            refuse("uniform_layers", f"layer {i} differs", facts.decoder.module_class)
+    windows = [getattr(facts.attention, "sliding_window", None) for facts in per_layer]
     if len(set(windows)) == 1:
         return ()
     reason = f"layers differ in sliding_window {windows}; the source's per-layer expression is carried"
-    return (NoMatch("uniform_sliding_window", first[1].module_class, reason),)
+    return (NoMatch("uniform_sliding_window", first.attention.module_class, reason),)
 
 
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
@@ -481,10 +477,10 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
     )
 
 
-def _rope_layers(per_layer: list[tuple]) -> AttentionPlan:
+def _rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     """The attention facts to emit: a layer with rope (all roped layers agree on it),
     marked when other layers have none."""
-    plans = [attention for _, attention, *_ in per_layer]
+    plans = [facts.attention for facts in per_layer]
     if isinstance(plans[0], MlaPlan):
         return plans[0]
     roped = [a for a in plans if a.rope]

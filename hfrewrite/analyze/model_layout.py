@@ -1,0 +1,122 @@
+"""Where a causal LM keeps its parts, found in its module tree: the base model, its decoder
+ModuleList, its Embedding children and the lm_head; and whether its embedding class is one
+vLLM's ``VocabParallelEmbedding`` computes.
+
+A layout this analysis does not follow (no base model, a decoder stack deeper than a child
+of the base model, an encoder-decoder) refuses with the ``model_layout`` pattern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hfrewrite.analyze.lm_head import is_head
+from hfrewrite.analyze.plan import refuse
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """The parts of a causal LM ``model``, by attribute name."""
+
+    base_attr: str  # model.<base_attr>: the base model
+    base: nn.Module
+    layers_attr: str  # base.<layers_attr>: the decoder layers' ModuleList
+    layers: list[nn.Module]
+    embeds: list[str]  # the base model's Embedding children
+    head: str  # model.<head>: the lm_head
+
+
+def model_layout(model: nn.Module, config, small) -> ModelLayout:
+    """The layout of ``model`` (built from ``small``, the shrunk ``config``), or a refusal."""
+    base_attr, base = _base_model(model)
+    _refuse_unfollowed_stack(base, base_attr, config, small)
+    layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
+    layers = list(getattr(base, layers_attr))
+    if len({type(layer) for layer in layers}) != 1:
+        refuse("model_layout", "decoder layers of several classes", type(base).__name__)
+
+    embeds = [name for name, child in base.named_children() if isinstance(child, nn.Embedding)]
+    if not embeds:
+        refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
+    head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
+    return ModelLayout(base_attr, base, layers_attr, layers, embeds, head)
+
+
+def _base_model(model: nn.Module) -> tuple[str, nn.Module]:
+    """(attribute, module) of the base model: the one ``base_model_prefix`` names, else the
+    one child holding the decoder stack."""
+    base_attr = getattr(model, "base_model_prefix", "")
+    base = getattr(model, base_attr, None) if base_attr else None
+    if not isinstance(base, nn.Module):  # a prefix naming no child (ERNIE-4.5's "ernie"):
+        holders = [  # the one child holding the decoder stack
+            name
+            for name, child in model.named_children()
+            if any(isinstance(m, nn.ModuleList) for m in child.children())
+        ]
+        if len(holders) == 1:
+            base_attr, base = holders[0], getattr(model, holders[0])
+    if not isinstance(base, nn.Module):
+        refuse("model_layout", f"no base model at .{base_attr}", type(model).__name__)
+    return base_attr, base
+
+
+def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> None:
+    """Refuse a decoder stack this analysis does not follow: deeper than a child of the base
+    model (Hub custom code), or none (an encoder-decoder, no decoder layers)."""
+    nested = [name for name, m in base.named_modules() if isinstance(m, nn.ModuleList) and "." in name]
+    custom = bool(getattr(small, "auto_map", None))  # Hub custom code: a decoder kept deeper
+    if (
+        custom
+        and not getattr(config, "is_encoder_decoder", False)
+        and nested
+        and not any(isinstance(m, nn.ModuleList) for m in base.children())
+    ):
+        refuse(
+            "model_layout",
+            f"the decoder layers sit at {base_attr}.{nested[0]}, deeper than a child of the base "
+            "model (ChatGLM's encoder.layers): this analysis does not follow them there yet",
+            type(base).__name__,
+        )
+    if getattr(config, "is_encoder_decoder", False) or not any(
+        isinstance(m, nn.ModuleList) for m in base.children()
+    ):
+        refuse(
+            "model_layout",
+            "not a decoder-only causal LM (no stack of decoder layers under the base "
+            "model): vLLM's decoder contract does not fit it",
+            type(base).__name__,
+        )
+
+
+def _one_child(parent: nn.Module, what: str, test) -> str:
+    """The name of the one direct child of ``parent`` that passes ``test``."""
+    names = [name for name, child in parent.named_children() if test(child)]
+    if len(names) != 1:
+        refuse(
+            "model_layout",
+            f"expected one {what} child, found {names}",
+            type(parent).__name__,
+        )
+    return names[0]
+
+
+def embedding_subclass(module: nn.Embedding) -> str | None:
+    """None for ``nn.Embedding``; for a subclass (gemma's scaled embedding), its name once
+    the replay shows it computes ``lookup(ids) * scale``: the class is carried onto
+    vLLM's ``VocabParallelEmbedding``, whose lookup is the same."""
+    if type(module) is nn.Embedding:
+        return None
+    ids = torch.arange(min(16, module.num_embeddings))
+    with torch.no_grad():
+        out, plain = module(ids), nn.functional.embedding(ids, module.weight)
+    scale = (out * plain).sum() / (plain * plain).sum()
+    if not torch.allclose(out, plain * scale, atol=1e-5):
+        refuse(
+            "parallel_embedding",
+            "the embedding computes more than a scaled lookup",
+            type(module).__name__,
+        )
+    return type(module).__name__

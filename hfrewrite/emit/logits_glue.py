@@ -1,0 +1,131 @@
+"""The source's steps around its lm_head, carried into vLLM's ``compute_logits`` for
+``passes/vllm_model_interface.py``: the head's bias, the post-processing of the logits
+(softcap, scale) and a constant scale of the head's input."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.embedding_glue import GLUE_NAMES, assigned_names
+from hfrewrite.errors import HfrewriteError
+
+NAME = "vllm_model_interface"
+
+_LOGITS_NAMES = GLUE_NAMES | {"logits"}
+
+
+def logits_statements(forward: cst.FunctionDef | None, lm_head: str) -> list[cst.BaseStatement]:
+    """The source's statements right after ``logits = self.<lm_head>(...)`` that rewrite
+    ``logits`` from ``logits``, ``self`` and libraries only (softcap, scale)."""
+    body = list(forward.body.body) if forward is not None else []
+    at = next(
+        (
+            i
+            for i, s in enumerate(body)
+            if t.self_attr_assigned(s) is None
+            and isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.Assign)
+            and t.code(s.body[0].targets[0].target) == "logits"
+            and t.call_name(s.body[0].value) == f"self.{lm_head}"
+        ),
+        None,
+    )
+    if at is None:
+        return []  # nothing to carry; a post-processing the analysis saw then fails closed
+    carried = []
+    for s in body[at + 1 :]:
+        if "logits" not in assigned_names(s) or not t.root_names(s) <= _LOGITS_NAMES:
+            break
+        carried.append(s)
+    return carried
+
+
+def head_has_bias(statements: list[cst.BaseStatement]) -> bool:
+    """Whether the lm_head is built as ``ParallelLMHead(..., bias=<not False>)``."""
+    found = []
+
+    class _Head(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if t.call_name(call) == "ParallelLMHead":
+                found.extend(
+                    a
+                    for a in call.args
+                    if a.keyword and a.keyword.value == "bias" and t.code(a.value) != "False"
+                )
+
+    for s in statements:
+        s.visit(_Head())
+    return bool(found)
+
+
+def adding_head_bias(tpl: cst.ClassDef, lm_head: str) -> cst.ClassDef:
+    """``tpl`` whose compute_logits adds the lm_head's bias to the logits."""
+    logits = t.find_method(tpl, "compute_logits")
+    return t.set_method(
+        tpl,
+        t.with_body(
+            logits,
+            t.stmts(f"return self.logits_processor(self.{lm_head}, hidden_states, self.{lm_head}.bias)\n"),
+        ),
+    )
+
+
+def carrying_logits(
+    tpl: cst.ClassDef, lm_head: str, carried: list[cst.BaseStatement], bias: bool
+) -> cst.ClassDef:
+    """``tpl`` whose compute_logits runs the source's ``carried`` statements on the logits,
+    under a ``logits is not None`` guard (a lone ``if`` has its test joined to it)."""
+    logits = t.find_method(tpl, "compute_logits")
+    tpl = t.set_method(
+        tpl,
+        t.with_body(
+            logits,
+            [
+                *t.stmts(
+                    f"logits = self.logits_processor(self.{lm_head}, hidden_states"
+                    f"{f', self.{lm_head}.bias' if bias else ''})\n"
+                    "# the source's post-processing of the logits\nif logits is not None:\n    pass\n"
+                ),
+                t.stmt("return logits\n"),
+            ],
+        ),
+    )
+    logits = t.find_method(tpl, "compute_logits")
+    guard = logits.body.body[1]
+    inner = carried[0] if len(carried) == 1 else None
+    if isinstance(inner, cst.If) and inner.orelse is None:  # one test: joined to the guard's
+        test = t.code(inner.test)
+        if isinstance(inner.test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)):
+            test = f"({test})"
+        guard = guard.with_changes(test=t.expr(f"logits is not None and {test}"))
+        carried = list(inner.body.body)
+    logits = t.with_body(
+        logits,
+        [
+            logits.body.body[0],
+            guard.with_changes(body=guard.body.with_changes(body=carried)),
+            logits.body.body[2],
+        ],
+    )
+    return t.set_method(tpl, logits)
+
+
+def scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cst.ClassDef:
+    """compute_logits first scales the hidden states as the source's ``self.<lm_head>(<expr>)``
+    does (the analysis proved a constant factor): ``<expr>`` on vLLM's ``hidden_states``."""
+    calls = []
+
+    class _HeadCalls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if t.call_name(call) == f"self.{plan.lm_head}" and len(call.args) == 1:
+                calls.append(call.args[0].value)
+
+    forward.visit(_HeadCalls())
+    roots = t.root_names(calls[0]) - {"self"} if len(calls) == 1 else set()
+    if len(roots) != 1:
+        raise HfrewriteError(f"{plan.architecture}: {NAME}: the lm_head's scaled input is not one expression")
+    expr = t.code(t.replace_names(calls[0], {roots.pop(): "hidden_states"}))
+    logits = t.find_method(tpl, "compute_logits")
+    scale = t.stmts(f"hidden_states = {expr}  # as the source scales the lm_head's input\n")
+    return t.set_method(tpl, t.with_body(logits, [*scale, *logits.body.body]))
