@@ -188,9 +188,6 @@ class BloomAttention(nn.Module):
                 f"`hidden_size`: {self.hidden_size} and `num_heads`:"
                 f" {self.num_heads})."
             )
-
-        # Layer-wise attention scaling
-        self.inv_norm_factor = 1.0 / math.sqrt(self.head_dim)
         if layer_idx is None:
             logger.warning_once(
                 f"Instantiating {self.__class__.__name__} without passing a "
@@ -231,7 +228,6 @@ class BloomAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.dense",
         )
-        self.attention_dropout = nn.Dropout(config.attention_dropout)
         head_start = get_tensor_model_parallel_rank() * self.num_heads
         alibi_slopes = alibi_slopes_of(self.total_num_heads) * 1.0
         alibi_slopes = alibi_slopes[head_start : head_start + self.num_heads].tolist()

@@ -195,7 +195,6 @@ class GemmaDecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        self.hidden_size = config.hidden_size
 
         self.self_attn = GemmaAttention(
             config=config,

@@ -118,7 +118,6 @@ class Gemma2Attention(nn.Module):
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
         self.scaling = config.query_pre_attn_scalar**-0.5
-        self.attention_dropout = self.config.attention_dropout
 
         tp_size = get_tensor_model_parallel_world_size()
         self.total_num_heads = config.num_attention_heads
@@ -193,7 +192,6 @@ class Gemma2DecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        self.hidden_size = config.hidden_size
         self.self_attn = Gemma2Attention(
             config=config,
             layer_idx=layer_idx,
@@ -361,7 +359,9 @@ class Gemma2ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             )
             if config.tie_word_embeddings:
                 self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-            self.logits_processor = LogitsProcessor(config.vocab_size)
+            self.logits_processor = LogitsProcessor(
+                config.vocab_size, soft_cap=config.final_logit_softcapping
+            )
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = (
@@ -381,13 +381,7 @@ class Gemma2ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        logits = self.logits_processor(self.lm_head, hidden_states)
-        # the source's post-processing of the logits
-        if logits is not None and self.config.final_logit_softcapping is not None:
-            logits = logits / self.config.final_logit_softcapping
-            logits = torch.tanh(logits)
-            logits = logits * self.config.final_logit_softcapping
-        return logits
+        return self.logits_processor(self.lm_head, hidden_states)
 
     def _base_model_names(self, weights):
         # A checkpoint saved from the base model alone names its tensors without

@@ -128,12 +128,10 @@ class Gemma3Attention(nn.Module):
         self.layer_type = (
             config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
         )
-        self.config = config
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
         self.scaling = config.query_pre_attn_scalar**-0.5
-        self.attention_dropout = self.config.attention_dropout
 
         tp_size = get_tensor_model_parallel_world_size()
         self.total_num_heads = config.num_attention_heads
@@ -165,7 +163,6 @@ class Gemma3Attention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
-        self.attn_logit_softcapping = self.config.attn_logit_softcapping
         self.sliding_window = (
             config.sliding_window if self.layer_type == "sliding_attention" else None
         )

@@ -135,9 +135,6 @@ class GPT2Attention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.c_proj",
         )
-
-        self.attn_dropout = nn.Dropout(config.attn_pdrop)
-        self.resid_dropout = nn.Dropout(config.resid_pdrop)
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
@@ -282,8 +279,6 @@ class GPT2Model(nn.Module):
         else:
             self.wte = PPMissingLayer()
         self.wpe = nn.Embedding(config.max_position_embeddings, self.embed_dim)
-
-        self.drop = nn.Dropout(config.embd_pdrop)
         self.start_layer, self.end_layer, self.h = make_layers(
             config.num_hidden_layers,
             lambda prefix: GPT2Block(

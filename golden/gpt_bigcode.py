@@ -123,7 +123,6 @@ class GPTBigCodeAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.c_proj",
         )
-        self.resid_dropout = nn.Dropout(config.resid_pdrop)
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
@@ -270,8 +269,6 @@ class GPTBigCodeModel(nn.Module):
         else:
             self.wte = PPMissingLayer()
         self.wpe = nn.Embedding(config.max_position_embeddings, self.embed_dim)
-
-        self.drop = nn.Dropout(config.embd_pdrop)
         self.start_layer, self.end_layer, self.h = make_layers(
             config.num_hidden_layers,
             lambda prefix: GPTBigCodeBlock(

@@ -22,7 +22,6 @@
 # limitations under the License.
 """PyTorch GPT-J model."""
 
-import math
 from collections.abc import Iterable
 from itertools import islice
 
@@ -79,9 +78,6 @@ class GPTJAttention(nn.Module):
                 "`config.rotary_dim is not None` is True: its forward takes "
                 "another branch here"
             )
-
-        self.attn_dropout = nn.Dropout(config.attn_pdrop)
-        self.resid_dropout = nn.Dropout(config.resid_pdrop)
         if layer_idx is None:
             logger.warning_once(
                 f"Instantiating {self.__class__.__name__} without passing a "
@@ -100,7 +96,6 @@ class GPTJAttention(nn.Module):
                 f"`embed_dim`: {self.embed_dim} and"
                 f" `num_attention_heads`: {self.num_attention_heads})."
             )
-        self.scale_attn = math.sqrt(self.head_dim)
 
         tp_size = get_tensor_model_parallel_world_size()
         head_size = (self.embed_dim) // config.num_attention_heads

@@ -341,7 +341,9 @@ class NanoChatForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             )
             if config.tie_word_embeddings:
                 self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-            self.logits_processor = LogitsProcessor(config.vocab_size)
+            self.logits_processor = LogitsProcessor(
+                config.vocab_size, soft_cap=config.final_logit_softcapping
+            )
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = (
@@ -361,13 +363,7 @@ class NanoChatForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        logits = self.logits_processor(self.lm_head, hidden_states)
-        # the source's post-processing of the logits
-        if logits is not None and self.config.final_logit_softcapping is not None:
-            logits = logits / self.config.final_logit_softcapping
-            logits = torch.tanh(logits)
-            logits = logits * self.config.final_logit_softcapping
-        return logits
+        return self.logits_processor(self.lm_head, hidden_states)
 
     def _base_model_names(self, weights):
         # A checkpoint saved from the base model alone names its tensors without

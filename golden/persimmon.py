@@ -176,7 +176,6 @@ class PersimmonAttention(nn.Module):
                 eps=config.layer_norm_eps,
                 elementwise_affine=True,
             )
-        self.attention_dropout = nn.Dropout(config.attention_dropout)
         self.rotary_emb = get_rope(
             self.head_dim,
             max_position=config.max_position_embeddings,

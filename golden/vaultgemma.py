@@ -113,7 +113,6 @@ class VaultGemmaAttention(nn.Module):
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
         self.scaling = config.query_pre_attn_scalar**-0.5
-        self.attention_dropout = self.config.attention_dropout
 
         tp_size = get_tensor_model_parallel_world_size()
         self.total_num_heads = config.num_attention_heads
@@ -188,7 +187,6 @@ class VaultGemmaDecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        self.hidden_size = config.hidden_size
         self.self_attn = VaultGemmaAttention(
             config=config,
             layer_idx=layer_idx,
@@ -350,7 +348,9 @@ class VaultGemmaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             )
             if config.tie_word_embeddings:
                 self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-            self.logits_processor = LogitsProcessor(config.vocab_size)
+            self.logits_processor = LogitsProcessor(
+                config.vocab_size, soft_cap=config.final_logit_softcapping
+            )
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = (
@@ -370,13 +370,7 @@ class VaultGemmaForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        logits = self.logits_processor(self.lm_head, hidden_states)
-        # the source's post-processing of the logits
-        if logits is not None and self.config.final_logit_softcapping is not None:
-            logits = logits / self.config.final_logit_softcapping
-            logits = torch.tanh(logits)
-            logits = logits * self.config.final_logit_softcapping
-        return logits
+        return self.logits_processor(self.lm_head, hidden_states)
 
     def _base_model_names(self, weights):
         # A checkpoint saved from the base model alone names its tensors without

@@ -48,8 +48,10 @@ def generate(resolved) -> Generated:
         _defined_in_file(plan, module, resolved.modeling_path.name)
         module, plan = avoid_vllm_names(module, plan)
         module = torch_nn_as_nn(module, plan.linear_classes, plan.transposed_linear_classes)
-    else:  # transformers' own: Conv1D (the GPT-2 family) and cwm's `torch.nn.Linear`
-        module = torch_nn_as_nn(module, (), plan.transposed_linear_classes, constructors_only=True)
+    else:  # transformers' own: Conv1D (the GPT-2 family), cwm's `torch.nn.Linear`, FalconLinear
+        module = torch_nn_as_nn(
+            module, plan.linear_classes, plan.transposed_linear_classes, constructors_only=True
+        )
     with step(f"rewriting {resolved.modeling_path.name}"):
         result = run_passes(
             module,

@@ -2,9 +2,10 @@
 
 Matches each config switch the analysis found in a forward of the causal LM, the base model,
 the decoder layer, the attention, the MLP or the MoE block, and in the attention's
-``is_causal`` (``ModelPlan.forward_switches``: config form and traced value). A switch the
-emitted class still tests (a branch the file carries, or a guard another pass wrote) is left
-as it is. Emits, for a switch the rewrite dropped (a template forward, a replaced
+``is_causal`` (``ModelPlan.forward_switches``: config form and traced value), and in the
+methods those forwards call (``ModelPlan.helper_switches``: Falcon's ``_split_heads``). A
+switch the emitted class still tests (a branch the file carries, or a guard another pass
+wrote) is left as it is; for a helper's switch, only a test in a method or a guard counts. Emits, for a switch the rewrite dropped (a template forward, a replaced
 attention), a guard at the top of the class's ``__init__``, before any layer is built:
 
     if config.use_bidirectional_attention:
@@ -29,21 +30,26 @@ NAME = "config_guards"
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    by_class: dict[str, list[tuple[str, bool]]] = {}
-    for cls, test, value in ctx.plan.forward_switches:
-        by_class.setdefault(cls, []).append((test, value))
+    by_class: dict[str, list[tuple[str, bool, bool]]] = {}
+    for helper, switches in ((False, ctx.plan.forward_switches), (True, ctx.plan.helper_switches)):
+        for cls, test, value in switches:
+            by_class.setdefault(cls, []).append((test, value, helper))
     sites, rows = Sites(), []
     for name, switches in by_class.items():
         cls = next((n for n in module.body if isinstance(n, cst.ClassDef) and n.name.value == name), None)
         init = cls and t.find_method(cls, "__init__")
         if init is None:
             continue
-        tested = _tested(cls)
-        dropped = [
-            (test, value)
-            for test, value in switches
-            if ast.dump(ast.parse(test, mode="eval").body) not in tested
-        ]
+        # a helper's switch is carried only by a method: a test __init__ still makes (a size)
+        # does not show that the emitted forward takes the other branch
+        tested = {False: _tested(cls), True: _tested(cls, methods_only=True)}
+        dropped = list(
+            dict.fromkeys(
+                (test, value)
+                for test, value, helper in switches
+                if ast.dump(ast.parse(test, mode="eval").body) not in tested[helper]
+            )
+        )
         if not dropped:
             continue
         refused: dict[str, str] = {}  # one guard per refused condition (`not x` True is `x` False)
@@ -60,9 +66,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
 
 
-def _tested(cls: cst.ClassDef) -> set[str]:
-    """The switches every ``if`` test in ``cls`` decides on (``_tests_within``), in
-    ``__init__``'s config form, as ``ast.dump`` strings."""
+def _tested(cls: cst.ClassDef, methods_only: bool = False) -> set[str]:
+    """The switches every ``if`` test in ``cls`` (``methods_only``: in its methods other than
+    ``__init__``, and ``__init__``'s guards) decides on (``_tests_within``), in ``__init__``'s config form, as
+    ``ast.dump`` strings."""
     exprs = t.init_exprs(cls) if t.find_method(cls, "__init__") else {}
     exprs.setdefault("config", "config")
     found: set[str] = set()
@@ -82,8 +89,27 @@ def _tested(cls: cst.ClassDef) -> set[str]:
             pass
         found.update(ast.dump(n) for n in _tests_within(ast.parse(text, mode="eval").body))
 
-    cls.visit(_Tests())
+    if methods_only:  # and the guards __init__ already raises (another pass wrote them)
+        for member in cls.body.body:
+            if isinstance(member, cst.FunctionDef) and member.name.value != "__init__":
+                member.visit(_Tests())
+        for statement in t.find_method(cls, "__init__").body.body:
+            if _raises_only(statement):
+                _add(statement.test)
+    else:
+        cls.visit(_Tests())
     return found
+
+
+def _raises_only(statement: cst.BaseStatement) -> bool:
+    """``if <test>: raise ...`` with nothing else: a guard."""
+    return (
+        isinstance(statement, cst.If)
+        and statement.orelse is None
+        and len(statement.body.body) == 1
+        and isinstance(statement.body.body[0], cst.SimpleStatementLine)
+        and isinstance(statement.body.body[0].body[0], cst.Raise)
+    )
 
 
 def _tests_within(tree: ast.expr) -> list[ast.expr]:

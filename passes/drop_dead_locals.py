@@ -3,7 +3,9 @@
 Matches ``name = value`` among the statements of a function body when the function never
 reads ``name`` and ``value`` only computes (names, attributes, constants, arithmetic,
 subscripts, tuples): a size the source computed for a projection that is now a vLLM
-layer built from the config (phi3's ``op_size``).
+layer built from the config (phi3's ``op_size``). Also an ``if``/``elif``/``else`` chain
+whose every branch is one such assignment of that name, under tests that only compute
+(Falcon's ``qkv_out_dim`` per architecture).
 
 Emits the function without that statement.
 
@@ -18,7 +20,7 @@ import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
-from hfrewrite.emit.pure_expressions import computed_local
+from hfrewrite.emit.pure_expressions import computed_local, computes_only
 
 NAME = "drop_dead_locals"
 # Functions that only compute a value from their arguments (a rope table the source built
@@ -30,7 +32,27 @@ PURE_CALLS = frozenset(
 
 def _dead(statement: cst.BaseStatement, reads: dict[str, int]) -> bool:
     name = computed_local(statement, PURE_CALLS)
-    return name is not None and reads.get(name, 0) == 1
+    if name is not None:
+        return reads.get(name, 0) == 1
+    chain = _assigning_chain(statement)
+    return chain is not None and reads.get(chain[0], 0) == chain[1]
+
+
+def _assigning_chain(statement: cst.BaseStatement) -> tuple[str, int] | None:
+    """(name, branches) for ``if a: x = ... elif b: x = ... else: x = ...`` where every test
+    and value only computes and each branch is one assignment of the same name."""
+    names, node = [], statement
+    while isinstance(node, cst.If):
+        if not computes_only(node.test, PURE_CALLS) or len(node.body.body) != 1:
+            return None
+        names.append(computed_local(node.body.body[0], PURE_CALLS))
+        node = node.orelse
+        if isinstance(node, cst.Else):
+            names.append(computed_local(node.body.body[0], PURE_CALLS) if len(node.body.body) == 1 else None)
+            node = None
+    if node is not None or None in names or len(set(names)) != 1:
+        return None
+    return names[0], len(names)
 
 
 def _name_counts(fn: cst.FunctionDef) -> dict[str, int] | None:

@@ -218,6 +218,17 @@ def rewrite_attention(
     return t.set_method(t.set_method(cls, init), forward)
 
 
+def _head_counts(att) -> tuple[str, str]:
+    """The fused projection's head counts: the config fields holding them, else the source's
+    own config expressions (which load_weights' reordering helpers cannot use)."""
+    fields = att.heads_field is not None and att.kv_heads_field is not None
+    heads = f"config.{att.heads_field}" if att.heads_field else att.heads_expr
+    kv_heads = f"config.{att.kv_heads_field}" if att.kv_heads_field else att.kv_heads_expr
+    if heads is None or kv_heads is None or (att.qkv_layout.load_helper and not fields):
+        raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
+    return heads, kv_heads
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
     if isinstance(att, MlaPlan):  # passes/mla_attention.py
@@ -225,13 +236,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     sites = Sites()
     layout = att.qkv_layout
     if layout is not None and layout.holds_q:
-        if att.heads_field is None or att.kv_heads_field is None:
-            raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
+        heads, kv_heads = _head_counts(att)
         cls = rewrite_fused(
             t.find_class(module, att.module_class),
             att.q.attr,
-            f"config.{att.heads_field}",
-            f"config.{att.kv_heads_field}",
+            heads,
+            kv_heads,
             layout is not QkvLayout.BLOCKS,
             att.qkv_unpack_lines,
         )

@@ -20,6 +20,10 @@ Emits, as vLLM's ``llama.py`` does::
     else:
         self.lm_head = PPMissingLayer()
 
+with ``LogitsProcessor(V, soft_cap=config.<field>)`` where the analysis proved the logits
+soft-capped by that config field (``ModelPlan.logit_soft_cap``, gemma2's
+``final_logit_softcapping``); vllm_model_interface then carries no post-processing.
+
 An ``nn.Embedding`` subclass the analysis proved a scaled lookup (gemma's
 ``ScaledWordEmbedding``) is kept, built by the source's own call, and rebased onto
 ``VocabParallelEmbedding``.
@@ -127,13 +131,15 @@ def _parallel_lm_head(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]
         if tie
         else ""
     )
+    # a final-logit soft cap proven on the values (analyze/logit_softcap.py)
+    soft_cap = f", soft_cap=config.{plan.logit_soft_cap}" if plan.logit_soft_cap else ""
     return t.stmts(
         "if get_pp_group().is_last_rank:\n"
         f"    self.{head} = ParallelLMHead(\n"
         f'        {vocab}, {hidden}{with_bias}, quant_config=quant_config, prefix=maybe_prefix(prefix, "{head}")\n'
         "    )\n"
         f"{tying}"
-        f"    self.logits_processor = LogitsProcessor({vocab})\n"
+        f"    self.logits_processor = LogitsProcessor({vocab}{soft_cap})\n"
         "else:\n"
         f"    self.{head} = PPMissingLayer()\n"
     )

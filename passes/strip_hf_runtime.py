@@ -17,7 +17,8 @@ Matches what is left of the Transformers runtime after the other passes:
   and any but ``forward`` and torch's hooks in the layer classes (ERNIE-4.5's
   ``rope_attn``/``core_attn``, orphaned by the rewritten forward);
 * ``self.x = ...`` assignments in ``__init__`` whose attribute nothing reads any more
-  (``self.is_causal``, ``self.attention_dropout``, ``self.gradient_checkpointing``...).
+  (``self.is_causal``, ``self.attention_dropout``, ``self.gradient_checkpointing``, an
+  ``nn.Dropout``...).
 
 Emits the same module minus those; kept classes keep their names, docstrings and comments.
 
@@ -51,6 +52,10 @@ READ_BY_VLLM = {
     "num_shared_experts",
     "num_redundant_experts",
 }
+# Modules without parameters or buffers, and functions that only compute: an unread
+# attribute whose value builds nothing else goes (`self.attn_dropout = nn.Dropout(p)`).
+EMPTY_MODULES = frozenset({"nn.Dropout", "torch.nn.Dropout", "nn.Identity", "torch.nn.Identity"})
+PURE_CALLS = frozenset({"getattr", "max", "min", "int", "float", "math.sqrt", "math.log"}) | EMPTY_MODULES
 
 
 def _defined_name(node: cst.CSTNode) -> str | None:
@@ -142,6 +147,13 @@ def _calls_and_persistence(cls: cst.ClassDef) -> tuple[set[str], bool]:
     return {t.dotted(c.func) or "" for c in calls}, persistent
 
 
+def _builds_a_class(call: str) -> bool:
+    """A call of a capitalised name: a layer (``nn.Linear``, vLLM's ``QKVParallelLinear``), or
+    some other class, but not an exception."""
+    last = call.rsplit(".", 1)[-1]
+    return last[:1].isupper() and not last.endswith(("Error", "Exception", "Warning"))
+
+
 def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> set[str]:
     """Module classes that hold no checkpoint state: no parameters, no persistent buffers,
     no layers (HF's rotary embedding). Dropping an unused one cannot orphan a weight."""
@@ -149,10 +161,7 @@ def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> s
 
     def holds_state(cls: cst.ClassDef) -> bool:
         calls, persistent = calls_of(cls)
-        layers = {c for c in calls if c.startswith("nn.") and c[3:4].isupper()} - {
-            "nn.Buffer",
-            "nn.Module",
-        }
+        layers = {c for c in calls if _builds_a_class(c)} - EMPTY_MODULES - {"nn.Buffer", "nn.Module"}
         return bool(
             persistent
             or layers
@@ -191,7 +200,7 @@ class _PruneAttributes(cst.CSTTransformer):
         attr = t.self_attr_assigned(updated)
         if attr and attr not in self.read:
             value = t.assigned_value(updated)
-            builds = [c for c in _calls(value) if c not in ("getattr", "max", "min", "int", "float")]
+            builds = [c for c in _calls(value) if c not in PURE_CALLS]
             if all(c in self.stateless for c in builds):
                 self.pruned += 1
                 return cst.RemoveFromParent()
@@ -278,7 +287,7 @@ def _calls(node: cst.CSTNode) -> list[str]:
 def _attribute_reads(node: cst.CSTNode) -> tuple[set[str], set[str]]:
     """`self.x` reads, and `<other>.x` reads of other objects (a class reaching into a
     submodule, `self.model.embed_tokens`, or into a block, `block.n_logical_experts`);
-    reads of config and library attributes do not count, nor does the target `self.x` of
+    reads of config (`self.config.x` too) and library attributes do not count, nor does the target `self.x` of
     an assignment (its value may read)."""
     self_reads: set[str] = set()
     cross_reads: set[str] = set()
@@ -301,6 +310,7 @@ def _attribute_reads(node: cst.CSTNode) -> tuple[set[str], set[str]]:
                 base
                 and base.split(".")[0] not in ("config", "torch", "nn", "F")
                 and not base.endswith("_config")
+                and not base.startswith("self.config")
             ):
                 # another object's attribute: `self.model.embed_tokens`, `block.n_logical_experts`
                 cross_reads.add(current.attr.value)

@@ -24,15 +24,19 @@ def method_tree(cls: type, method: str) -> ast.Module | None:
         return None
 
 
-def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[str, bool], ...]:
+def config_branches(
+    module: nn.Module, method: str = "forward", expressions: bool = False
+) -> tuple[tuple[str, bool], ...]:
     """(test source, value on the traced module) for each config switch of ``method``; an
-    ``elif`` after a branch taken is unreachable and left out."""
+    ``elif`` after a branch taken is unreachable and left out. ``expressions``: the tests of
+    conditional expressions (``a if self.x else b``) too."""
     tree = method_tree(type(module), method)
     if tree is None:
         return ()
+    kinds = (ast.If, ast.IfExp) if expressions else ast.If
     found, unreachable = [], set()
     for node in ast.walk(tree):
-        if not isinstance(node, ast.If) or id(node) in unreachable:
+        if not isinstance(node, kinds) or id(node) in unreachable:
             continue
         names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
         if names - {"self", "None", "True", "False"}:
@@ -44,7 +48,12 @@ def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[s
         if outcome is None:
             continue  # a test that needs tensors: not a config switch
         found.append((ast.unparse(node.test), outcome))
-        if outcome and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+        if (
+            outcome
+            and isinstance(node, ast.If)
+            and len(node.orelse) == 1
+            and isinstance(node.orelse[0], ast.If)
+        ):
             unreachable.add(id(node.orelse[0]))
     return tuple(dict.fromkeys(found))
 
@@ -84,8 +93,9 @@ def init_assignments(cls: type) -> dict[str, ast.expr]:
     }
 
 
-def config_switches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
-    """``config_branches`` of ``module``'s forward that read only the config, each in the
+def config_switches(module: nn.Module, helpers: bool = False) -> tuple[tuple[str, bool], ...]:
+    """``config_branches`` of ``module``'s forward (``helpers``: of the methods its forward
+    calls instead, Falcon's ``_split_heads``) that read only the config, each in the
     form its ``__init__`` can evaluate: ``self.config.x`` -> ``config.x``, ``self.attr`` ->
     the config expression ``__init__`` assigns it. Tests on anything else (``self.training``,
     a computed attribute) are left out: they are not config switches."""
@@ -98,16 +108,63 @@ def config_switches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
         ):
             assigned[attr] = ast.unparse(value)
     once = assigned_once(type(module))
-    inits = [  # __init__'s own switches, on attributes it assigns once (their final value)
-        (test, outcome) for test, outcome in config_branches(module, "__init__") if _self_attrs(test) <= once
-    ]
+    if helpers:
+        found = tuple(b for name in forward_helpers(module) for b in config_branches(module, name))
+    else:
+        found = config_branches(module) + tuple(  # and __init__'s, on attributes it assigns once
+            (test, outcome)
+            for test, outcome in config_branches(module, "__init__")
+            if _self_attrs(test) <= once
+        )
     out = []
-    for test, outcome in config_branches(module) + tuple(inits):
+    for test, outcome in found:
         tree = _Substitute(assigned).visit(ast.parse(test, mode="eval"))
         text = ast.unparse(tree)
         if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
             out.append((text, outcome))
     return tuple(out)
+
+
+def forward_helpers(module: nn.Module) -> tuple[str, ...]:
+    """The methods of ``module``'s class (not of ``nn.Module``) its forward calls as
+    ``self.<name>(...)`` where the traced config reaches the call, and those they call, in
+    the order first called."""
+    cls, found, todo = type(module), [], ["forward"]
+    while todo:
+        tree = method_tree(cls, todo.pop(0))
+        body = tree.body[0].body if tree is not None and isinstance(tree.body[0], ast.FunctionDef) else []
+        for node in _reached(body, module):
+            func = node.func if isinstance(node, ast.Call) else None
+            name = func.attr if isinstance(func, ast.Attribute) and _is_self(func.value) else None
+            if name and name not in found and name != "forward" and _own_method(cls, name):
+                found.append(name)
+                todo.append(name)
+    return tuple(found)
+
+
+def _reached(statements: list[ast.stmt], module: nn.Module):
+    """The nodes of ``statements``, less the branches of config switches the module does not take."""
+    for statement in statements:
+        outcome = None
+        if isinstance(statement, ast.If):
+            names = {n.id for n in ast.walk(statement.test) if isinstance(n, ast.Name)}
+            if names - {"self", "None", "True", "False"}:  # `x and self.flag`: decided by a false flag
+                outcome = False if _false_operands(statement.test, module) else None
+            else:
+                outcome = _evaluate(statement.test, module)
+        if outcome is None:
+            yield from ast.walk(statement)
+            continue
+        yield from ast.walk(statement.test)
+        yield from _reached(statement.body if outcome else statement.orelse, module)
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _own_method(cls: type, name: str) -> bool:
+    return callable(getattr(cls, name, None)) and not hasattr(nn.Module, name)
 
 
 def _init_parameters(cls: type) -> set[str]:
@@ -220,15 +277,19 @@ def causal_switch(module: nn.Module) -> tuple[tuple[str, bool], ...]:
     return ()
 
 
-def forward_switches(model: nn.Module, base: nn.Module, layer: nn.Module, *plans) -> tuple:
+def forward_switches(
+    model: nn.Module, base: nn.Module, layer: nn.Module, *plans, helpers: bool = False
+) -> tuple:
     """(class, config test, traced value) of the config switches in the forwards of the causal
     LM, the base model, the decoder layer and the attention / MLP / MoE classes (the first
-    instance of each), and of the attention's ``is_causal``."""
+    instance of each), and of the attention's ``is_causal``; ``helpers``: those of the
+    methods the forwards call, instead."""
     names = {getattr(p, "module_class", None) for p in plans} - {None}
     modules = [model, base, layer]
     modules += [next(m for m in model.modules() if type(m).__name__ == n) for n in sorted(names)]
     out = []
     for module in dict.fromkeys(modules):
         cls = type(module).__name__
-        out += [(cls, test, value) for test, value in config_switches(module) + causal_switch(module)]
+        found = config_switches(module, helpers) + (() if helpers else causal_switch(module))
+        out += [(cls, test, value) for test, value in found]
     return tuple(dict.fromkeys(out))

@@ -36,10 +36,11 @@ from hfrewrite.analyze.checkpoint import (
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import ExampleRun, build_model, error_line, example_run, initialise_empty
+from hfrewrite.analyze.head_counts import head_expressions, head_fields
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import TRANSPOSED_WHEN_UNTIED, head_kind
-from hfrewrite.analyze.logit_softcap import softcap_field  # noqa: F401 - the soft cap toggle in _model_plan
+from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
@@ -221,7 +222,10 @@ def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> At
     if isinstance(attention, AttentionPlan):
         lines = traced_lines(traced, per_layer[0].decoder.attention_block)
         attention = dataclasses.replace(
-            attention, **_head_fields(small, attention), **_rotary_field(small, attention), traced_lines=lines
+            attention, **head_fields(small, attention), **_rotary_field(small, attention), traced_lines=lines
+        )
+        attention = head_expressions(
+            attention, traced.module.get_submodule(per_layer[0].decoder.attention_block), small
         )
     return attention
 
@@ -249,7 +253,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
     """The model's plan: its layout, example run and head facts, and its layers' plans."""
     config, small, model, run = source.config, source.small, source.model, source.run
     base, head, layers = source.layout.base, source.layout.head, source.layout.layers
-    soft_cap = None  # DISABLED-TEMP softcap_field(model, head) if run.logits_postprocessed else None
+    soft_cap = softcap_field(model, head) if run.logits_postprocessed else None
     return ModelPlan(
         model_type=config.model_type,
         # the causal-LM class the source defines; a config may name another architecture
@@ -296,6 +300,9 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
             type(model).__name__,
             soft_cap,
         ),
+        helper_switches=forward_switches(
+            model, base, layers[0], plans.attention, plans.mlp, plans.moe, helpers=True
+        ),
     )
 
 
@@ -314,22 +321,6 @@ def _without_proven(switches: tuple, causal_lm: str, soft_cap: str | None) -> tu
 # Config fields counting multi-token-prediction layers (vLLM's deepseek_mtp.py / glm4_moe_mtp.py
 # load them as layers num_hidden_layers.. of the same checkpoint).
 MTP_FIELDS = ("num_nextn_predict_layers",)
-
-
-def _head_fields(small, attention: AttentionPlan) -> dict:
-    """The config fields that hold the head and kv-head counts, checked by value in the
-    traced config (transformers maps each model's own names onto these)."""
-    fields = {}
-    if getattr(small, "num_attention_heads", None) == attention.num_heads:
-        fields["heads_field"] = "num_attention_heads"
-        if getattr(small, "num_key_value_heads", None) == attention.num_kv_heads:
-            fields["kv_heads_field"] = "num_key_value_heads"
-        elif (
-            attention.num_kv_heads == attention.num_heads
-            and getattr(small, "num_key_value_heads", None) is None
-        ):
-            fields["kv_heads_field"] = "num_attention_heads"
-    return fields
 
 
 def _rotary_field(small, attention: AttentionPlan) -> dict:

@@ -111,6 +111,10 @@ class AttentionPlan:
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None
+    # where no config field holds a count: the attention __init__'s own expression of the
+    # config that does (Falcon-7B's one kv head; analyze/head_counts.py)
+    heads_expr: str | None = None
+    kv_heads_expr: str | None = None
     # The attention module's parameter of per-head sink logits (gpt_oss's `sinks`, passed
     # to the attention interface as s_aux), handed to vLLM's Attention(sinks=...)
     sinks: str | None = None
@@ -419,6 +423,9 @@ class ModelPlan:
     # in the form ``__init__`` evaluates (analyze/branches.py): passes/config_guards.py
     # refuses configs flipping those the emitted class no longer tests
     forward_switches: tuple[tuple[str, str, bool], ...] = ()
+    # ... of the methods those forwards call (Falcon's _split_heads): a test only __init__
+    # still makes (a size) does not show that the emitted forward takes the other branch
+    helper_switches: tuple[tuple[str, str, bool], ...] = ()
     # The source's nn.Linear subclasses proven to compute nn.Linear's function and built with
     # its constructor (analyze/linear_classes.py: Falcon-RW's ``Linear``): built as nn.Linear
     linear_classes: tuple[str, ...] = ()

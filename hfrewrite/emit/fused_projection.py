@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pure_expressions import computes_only
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_qkv"
@@ -70,6 +71,22 @@ class _Slices(cst.CSTTransformer):
         return cst.Name(role)
 
 
+# What HEAD_SHARDING binds: the source setting one again after it (Falcon's total
+# `self.num_kv_heads`) would undo the per-rank count.
+_SHARDED = frozenset(
+    {"num_heads", "num_kv_heads", "total_num_heads", "total_num_kv_heads", "q_size", "kv_size"}
+)
+
+
+def _without_head_counts(statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """``statements`` less the source's later assignments of what HEAD_SHARDING binds."""
+    return [
+        s
+        for s in statements
+        if not (t.self_attr_assigned(s) in _SHARDED and computes_only(t.assigned_value(s)))
+    ]
+
+
 def rewrite_fused(
     cls: cst.ClassDef,
     attr: str,
@@ -124,7 +141,8 @@ def rewrite_fused(
     fused[0] = fused[0].with_changes(
         leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines]
     )
-    body[where[attr] : where[attr] + 1] = fused
+    at = where[attr]
+    body = [*body[:at], *fused, *_without_head_counts(body[at + 1 :])]
     init = t.with_body(init, body)
 
     forward = free_qkv_names(t.find_method(cls, "forward"), name)

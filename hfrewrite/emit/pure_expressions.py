@@ -8,8 +8,8 @@ from hfrewrite.emit.cst_tools import call_name, code
 
 
 def computes_only(node: cst.BaseExpression, pure_calls: frozenset[str] = frozenset()) -> bool:
-    """``node`` only computes a value: names, attributes, constants, arithmetic, subscripts,
-    tuples, and calls of ``pure_calls``; dropping or skipping it changes nothing else."""
+    """``node`` only computes a value: names, attributes, constants, arithmetic, comparisons,
+    ``and``/``or``, conditional expressions, subscripts, tuples, and calls of ``pure_calls``; dropping or skipping it changes nothing else."""
     if isinstance(node, (cst.Name, cst.BaseNumber, cst.SimpleString)):
         return True
     if isinstance(node, cst.Attribute):
@@ -18,6 +18,14 @@ def computes_only(node: cst.BaseExpression, pure_calls: frozenset[str] = frozens
         return computes_only(node.left, pure_calls) and computes_only(node.right, pure_calls)
     if isinstance(node, cst.UnaryOperation):
         return computes_only(node.expression, pure_calls)
+    if isinstance(node, cst.BooleanOperation):
+        return computes_only(node.left, pure_calls) and computes_only(node.right, pure_calls)
+    if isinstance(node, cst.Comparison):
+        return computes_only(node.left, pure_calls) and all(
+            computes_only(c.comparator, pure_calls) for c in node.comparisons
+        )
+    if isinstance(node, cst.IfExp):
+        return all(computes_only(x, pure_calls) for x in (node.test, node.body, node.orelse))
     if isinstance(node, cst.Tuple):
         return all(computes_only(e.value, pure_calls) for e in node.elements)
     if isinstance(node, cst.Subscript):

@@ -42,9 +42,14 @@ def make_tiny_checkpoint(model_type: str, out_dir: Path, seed: int = 0, **config
     Init is widened so greedy decoding does not collapse into repeats: matrices and
     biases ~ N(0, 0.2), 1-D weights (norms) ~ N(1, 0.2).
     """
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
-    config = AutoConfig.for_model(model_type, **{**TINY_DEFAULTS, **config_overrides})
+    # (the lazy mapping's .get does not import the class: index it)
+    config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
+    defaults = {  # not what a config class computes (Falcon's head_dim is a property)
+        k: v for k, v in TINY_DEFAULTS.items() if not _read_only(config_class, k)
+    }
+    config = AutoConfig.for_model(model_type, **{**defaults, **config_overrides})
     rotary = getattr(config, "rotary_dim", None)  # GPT-J, CodeGen: a width in lanes (64 by default)
     if isinstance(rotary, int) and "rotary_dim" not in config_overrides:
         head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -54,6 +59,11 @@ def make_tiny_checkpoint(model_type: str, out_dir: Path, seed: int = 0, **config
     if isinstance(pad, int) and pad >= config.vocab_size:
         config.pad_token_id = None
     return save_random_checkpoint(config, out_dir, seed)
+
+
+def _read_only(config_class: Any, name: str) -> bool:
+    attr = getattr(config_class, name, None)
+    return isinstance(attr, property) and attr.fset is None
 
 
 def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:

@@ -118,6 +118,12 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
     # torch.nn.Linear spelled out, llama3 rope scaling, sliding and global layers
     "cwm-llama3-rope-sliding": ("cwm", {**WINDOW}),
+    # Falcon-7B's shape: one kv head (no config field holds it: the source's own expression
+    # sizes QKVParallelLinear), [q; k; v] in query_key_value taken apart in a helper method,
+    # FalconLinear proven nn.Linear, parallel attention + MLP off one LayerNorm; and the
+    # sequential block
+    "falcon-mqa-parallel-attn": ("falcon", {}),
+    "falcon-sequential": ("falcon", {"parallel_attn": False}),
     # per-head q/k norms after the head split, rope on the sliding layers only (the global
     # layer's q/k norm feeds the attention directly: NoPE)
     "exaone4-sliding-rope-global-nope": (
@@ -147,6 +153,13 @@ REFUSED_AT_LOAD = {
     "gpt2-reorder-and-upcast-refused": ("gpt2", {"reorder_and_upcast_attn": True}),
     # stablelm's per-head q/k LayerNorms were never traced (off by default)
     "stablelm-qk-layernorm-refused": ("stablelm", {"qk_layernorm": True}),
+    # Falcon-40B's grouped query_key_value and multi-head Falcon take the other branches of
+    # the helper method the rewrite dropped (_split_heads): the MQA file refuses them
+    "falcon-new-decoder-architecture-refused": (
+        "falcon",
+        {"new_decoder_architecture": True, "num_kv_heads": 2},
+    ),
+    "falcon-multi-head-refused": ("falcon", {"multi_query": False}),
     # exaone4 with no sliding layer builds its mask on the base model's other branch
     "exaone4-all-global-refused": (
         "exaone4",

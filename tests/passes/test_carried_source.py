@@ -192,6 +192,25 @@ def test_checkpoint_fused_qkv_keeps_its_name_and_splits_by_role():
     assert "query_states = q\n" in out and "key_states = k\n" in out and "value_states = v\n" in out
 
 
+def test_kv_heads_from_the_sources_expression_and_set_once_per_rank():
+    # Falcon-7B: no config field holds its one kv head; the source sets the total again after
+    # the projection, which would undo the per-rank count
+    source = BEFORE_FUSED_QKV.replace(
+        "bias=False)\n",
+        "bias=False)\n        self.num_kv_heads = config.num_kv_heads if not config.multi_query else 1\n",
+    )
+    plan = fused_qkv_plan()
+    expr = "config.num_kv_heads if not config.multi_query else 1"
+    att = dataclasses.replace(plan.attention, kv_heads_field=None, kv_heads_expr=expr)
+    out = rewrite(fuse_qkv, source, dataclasses.replace(plan, attention=att))
+    assert f"self.total_num_kv_heads = {expr}\n" in out
+    assert out.count("self.num_kv_heads = ") == 1  # max(1, total // tp_size) only
+    # a layout reordered when loaded needs the field itself (load_weights reads the config)
+    per_head = dataclasses.replace(att, qkv_layout=QkvLayout.PER_HEAD)
+    with pytest.raises(HfrewriteError, match="no config fields hold the head counts"):
+        rewrite(fuse_qkv, source, dataclasses.replace(plan, attention=per_head))
+
+
 def test_checkpoint_fused_qkv_refuses_an_unsliced_use():
     source = BEFORE_FUSED_QKV.replace("return query_states,", "return qkv, query_states,")
     with pytest.raises(HfrewriteError, match="used beyond its q/k/v split"):

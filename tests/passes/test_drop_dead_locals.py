@@ -79,3 +79,43 @@ def test_an_unread_rope_table_of_pure_calls_goes():
 def test_a_table_from_other_calls_stays(old, new):
     code, _ = dropped(BASE + ROPE_TABLE.replace(old, new))
     assert "inv_freq =" in code
+
+
+CHAIN = """\
+        if config.new_decoder_architecture:
+            qkv_out_dim = (config.num_kv_heads * 2 + config.num_attention_heads) * self.head_dim
+        elif config.multi_query:
+            qkv_out_dim = config.hidden_size + 2 * self.head_dim
+        else:
+            qkv_out_dim = 3 * config.hidden_size
+"""
+
+
+def test_an_unread_size_chosen_by_an_if_chain_goes():
+    # Falcon's per-architecture size of the fused projection QKVParallelLinear now sizes itself
+    before = BASE.replace("        op_size = ", CHAIN + "        op_size = ")
+    assert_rewrites(drop_dead_locals, before.lstrip(), AFTER, llama_like())
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        (
+            "RowParallelLinear(config.hidden_size, config.hidden_size)",
+            "RowParallelLinear(qkv_out_dim, 1)",
+            "read",
+        ),
+        ("            qkv_out_dim = 3 * config.hidden_size\n", "            other = 3\n", "two names"),
+        ("        elif config.multi_query:", "        elif check(config):", "a test with a call"),
+        (
+            "        else:\n            qkv_out_dim = 3",
+            "        else:\n            log()\n            qkv_out_dim = 3",
+            "two statements",
+        ),
+    ],
+)
+def test_the_chain_stays(old, new, why):
+    before = BASE.replace("        op_size = ", CHAIN + "        op_size = ")
+    assert before.count(old) == 1
+    code, _ = dropped(before.replace(old, new))
+    assert "if config.new_decoder_architecture:" in code, why

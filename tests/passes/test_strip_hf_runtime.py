@@ -29,7 +29,7 @@ class LlamaDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         self.is_causal = True
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self.mlp = nn.Identity()
+        self.mlp = nn.Linear(4, 4)
 
     def forward(self, x):
         return self.mlp(x)
@@ -59,7 +59,7 @@ from transformers import LlamaConfig
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.mlp = nn.Identity()
+        self.mlp = nn.Linear(4, 4)
 
     def forward(self, x):
         return self.mlp(x)
@@ -102,7 +102,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.unused = config.hidden_size
-        self.mlp = nn.Identity()
+        self.mlp = nn.Linear(4, 4)
 
     def forward(self, x):
         self.last_input = x
@@ -118,8 +118,8 @@ def test_unread_attribute_is_dropped_from_init_only():
 
 def test_attributes_read_in_assignment_targets_are_kept():
     source = KEEPS_ASSIGNMENTS_OUTSIDE_INIT.replace(
-        "        self.mlp = nn.Identity()\n",
-        "        self.mlp = nn.Identity()\n        self.slot = 0\n",
+        "        self.mlp = nn.Linear(4, 4)\n",
+        "        self.mlp = nn.Linear(4, 4)\n        self.slot = 0\n",
     ).replace("        self.last_input = x\n", "        self.buffer[self.slot] = x\n")
     assert rewrite(strip_hf_runtime, source, llama_like()) == source.replace(
         "        self.unused = config.hidden_size\n", ""
@@ -253,8 +253,8 @@ def test_a_transient_buffer_attribute_nothing_reads_goes():
     ``self.bias = nn.Buffer(..., persistent=False)`` that the template forward never reads
     (64 MiB at 8192 positions); a persistent one may be in the checkpoint and stays."""
     source = KEEPS_ASSIGNMENTS_OUTSIDE_INIT.replace(
-        "        self.mlp = nn.Identity()\n",
-        "        self.mlp = nn.Identity()\n"
+        "        self.mlp = nn.Linear(4, 4)\n",
+        "        self.mlp = nn.Linear(4, 4)\n"
         "        self.bias = nn.Buffer(torch.tril(torch.ones((8, 8))), persistent=False)\n"
         "        self.kept = nn.Buffer(torch.ones(8), persistent=True)\n",
     )
