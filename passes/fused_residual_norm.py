@@ -39,7 +39,6 @@ from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fused_residual_norm"
-_VLLM_NORM = {0.0: "RMSNorm", 1.0: "GemmaRMSNorm"}
 
 
 class _RenameCalls(cst.CSTTransformer):
@@ -145,9 +144,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     if plan.norm is None:  # the source's norms are kept; so is the layer's forward
         return PassResult(module=module)
-    vllm_norm = _VLLM_NORM.get(plan.norm.weight_offset)
-    if plan.norm.kind != "rms" or vllm_norm is None:
-        raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: not an RMSNorm vLLM has")
+    vllm_norm = plan.norm.kind.vllm_class  # analyze/norm_kinds.py
     norm_init = t.find_method(t.find_class(module, plan.norm.module_class), "__init__")
     params = [p.name.value for p in norm_init.params.params][1:]
     if plan.norm.config_fields:  # built from the config alone: its proven fields

@@ -1,4 +1,4 @@
-"""Norm facts: an RMSNorm's eps and weight offset.
+"""Norm facts: an RMSNorm's eps and kind (analyze/norm_kinds.py).
 
 Pattern: ``x * rsqrt(mean(x**2) + eps) * (offset + weight)``, with offset 0 (llama's
 ``weight * x``) or 1 (gemma's ``(1 + weight) * x``), which vLLM's ``RMSNorm`` (offset 0)
@@ -17,6 +17,7 @@ import operator
 import torch
 from torch import nn
 
+from hfrewrite.analyze.norm_kinds import KNOWN_FORMS, kind_of_offset
 from hfrewrite.analyze.plan import NoMatch, NormPlan
 from hfrewrite.analyze.trace import trace
 
@@ -52,15 +53,17 @@ def analyze_norm(module: nn.Module) -> NormPlan | NoMatch:
     try:
         with torch.no_grad():
             weight.zero_()
-            offset = round(float((module(x) / rms).mean()), 4)
+            kind = kind_of_offset(round(float((module(x) / rms).mean()), 4))
             weight.copy_(torch.rand_like(weight))
-            holds = torch.allclose(module(x), rms * (offset + weight), atol=1e-5)
+            holds = kind is not None and torch.allclose(
+                module(x), kind.reference(x, eps[0], weight), atol=1e-5
+            )
     finally:
         with torch.no_grad():
             weight.copy_(saved)
-    if offset not in (0.0, 1.0) or not holds:
-        return NoMatch("rms_norm", cls, "output is not rms(x) * weight or rms(x) * (1 + weight)")
-    return NormPlan(cls, "rms", eps[0], offset)
+    if not holds:
+        return NoMatch("rms_norm", cls, f"output is not {KNOWN_FORMS}")
+    return NormPlan(cls, kind, eps[0])
 
 
 def config_fields(module: nn.Module, eps: float, config) -> tuple[str, str] | None | str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
+from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 
 
@@ -310,9 +311,8 @@ class MoePlan:
 @dataclass(frozen=True)
 class NormPlan:
     module_class: str  # e.g. "LlamaRMSNorm"
-    kind: str  # "rms"
+    kind: NormKind  # the row of analyze/norm_kinds.py the replay proved (and vLLM's class)
     eps: float
-    weight_offset: float  # 0.0 for `weight * x`, 1.0 for `(1 + weight) * x`
     # A class built from the config alone (ERNIE-4.5's `Norm(config)`): the config fields
     # holding its size and eps, found by value; `Norm(c)` becomes `RMSNorm(c.size, eps=c.eps)`
     config_fields: tuple[str, str] | None = None

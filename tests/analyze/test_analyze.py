@@ -12,6 +12,7 @@ from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm import analyze_norm, config_fields
+from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.trace import opaque_attention, trace
@@ -84,7 +85,7 @@ def test_default_configs(model_type, qkv_bias, q_norm, kv_heads, window):
         LinearFact("up_proj", 128, 256, False),
         LinearFact("down_proj", 256, 128, False),
     )
-    assert plan.norm == NormPlan(f"{prefix}RMSNorm", "rms", 1e-6, 0.0)
+    assert plan.norm == NormPlan(f"{prefix}RMSNorm", NormKind.RMS, 1e-6)
     assert plan.declined == ()
 
 
@@ -426,7 +427,7 @@ class GemmaStyleRMSNorm(nn.Module):
 
 
 def test_norm_facts():
-    assert analyze_norm(GemmaStyleRMSNorm(8)) == NormPlan("GemmaStyleRMSNorm", "rms", 1e-5, 1.0)
+    assert analyze_norm(GemmaStyleRMSNorm(8)) == NormPlan("GemmaStyleRMSNorm", NormKind.GEMMA_RMS, 1e-5)
     refused = analyze_norm(nn.LayerNorm(8))
     assert isinstance(refused, NoMatch) and refused.pattern == "rms_norm"
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.norm import analyze_norm
+from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.analyze.trace import opaque_attention, trace
 
@@ -164,7 +165,7 @@ class RMSNorm(nn.Module):
 
 def test_one_plus_weight_norm_named_rmsnorm_is_gemma_form():
     plan = analyze_norm(RMSNorm(8))
-    assert (plan.kind, plan.weight_offset, plan.eps) == ("rms", 1.0, 1e-6)
+    assert (plan.kind, plan.eps) == (NormKind.GEMMA_RMS, 1e-6)
 
 
 @pytest.mark.parametrize(

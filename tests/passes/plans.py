@@ -1,5 +1,6 @@
 """Hand-written plans for pass tests (what analysis finds for tiny llama/qwen3 configs)."""
 
+from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
@@ -60,7 +61,7 @@ def llama_like(
             act_attr="act_fn",
             activation="silu",
         ),
-        norm=NormPlan(f"{prefix}RMSNorm", "rms", 1e-6, 0.0),
+        norm=NormPlan(f"{prefix}RMSNorm", NormKind.RMS, 1e-6),
     )
 
 
