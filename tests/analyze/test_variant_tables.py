@@ -1,0 +1,66 @@
+"""The variant tables hold together: each row's reference (what the analysis replays) agrees
+with what the file does for that row (vLLM's class, the load-time reordering)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hfrewrite.passes import load_weights
+
+from hfrewrite.analyze.norm_kinds import NormKind
+from hfrewrite.analyze.qkv_layouts import QkvLayout
+
+HQ, HK, D, H = 4, 2, 8, 16  # query heads, kv heads, head size, hidden size
+
+
+def test_each_norm_row_is_what_its_vllm_class_computes():
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import layernorm
+
+    x = torch.randn(3, H, generator=torch.Generator().manual_seed(0))
+    with set_current_vllm_config(VllmConfig()):
+        for kind in NormKind:
+            norm = getattr(layernorm, kind.vllm_class)(H, eps=1e-5)
+            torch.nn.init.normal_(norm.weight, generator=torch.Generator().manual_seed(1))
+            expected = kind.reference(x, 1e-5, norm.weight.data)
+            assert torch.allclose(norm.forward_native(x), expected, atol=1e-5), kind
+
+
+def _helper(layout: QkvLayout, attr: str):
+    """The load_weights helper the file emits for ``layout``, defined and bound."""
+    if layout.holds_q:
+        source = load_weights._QKV_REORDER[layout].format(
+            attr=attr, heads="num_attention_heads", kv_heads="num_key_value_heads"
+        )
+    else:
+        described, rows, pick = load_weights._KV_ROWS[layout]
+        source = load_weights._KV_SPLIT.format(
+            attr=attr, layout=described, rows=rows, pick=pick, kv_heads="num_key_value_heads"
+        )
+    scope = {"torch": torch}
+    exec(source, scope)  # noqa: S102 - the template under test
+    config = SimpleNamespace(num_attention_heads=HQ, num_key_value_heads=HK)
+    return lambda weights: scope[layout.load_helper](SimpleNamespace(config=config), weights)
+
+
+@pytest.mark.parametrize("layout", [QkvLayout.PER_HEAD, QkvLayout.GROUPED])
+def test_each_reordered_qkv_row_loads_into_blocks(layout):
+    hk = HQ if layout is QkvLayout.PER_HEAD else HK  # per head: as many kv heads as heads
+    weight = torch.randn((HQ + 2 * hk) * D, H)
+    x = torch.randn(1, 1, H)
+    lanes = layout.lanes(x @ weight.T, HQ, hk, D)  # the roles as the analysis reads them
+    ((_, loaded),) = list(_helper(layout, "wqkv")([("layers.0.attn.wqkv.weight", weight)]))
+    blocks = QkvLayout.BLOCKS.lanes(x @ loaded.T, HQ, hk, D)  # what QKVParallelLinear holds
+    assert all(torch.equal(a, b) for a, b in zip(lanes, blocks))
+
+
+@pytest.mark.parametrize("layout", [QkvLayout.KV_BLOCKS, QkvLayout.KV_PER_HEAD])
+def test_each_split_kv_row_loads_k_and_v(layout):
+    weight = torch.randn(2 * HK * D, H)
+    x = torch.randn(1, 1, H)
+    k, v = layout.lanes(x @ weight.T, HQ, HK, D)
+    loaded = dict(_helper(layout, "key_value")([("layers.0.attn.key_value.weight", weight)]))
+    assert sorted(loaded) == ["layers.0.attn.key_value_k.weight", "layers.0.attn.key_value_v.weight"]
+    for lane, name in ((k, "key_value_k"), (v, "key_value_v")):
+        rows = x @ loaded[f"layers.0.attn.{name}.weight"].T
+        assert torch.equal(rows.reshape(1, 1, HK, D), lane)
