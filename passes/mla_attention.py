@@ -198,7 +198,7 @@ def _attention(plan: MlaPlan, d, scaling: str) -> str:
         f"    self.{d('qk_rope_head_dim')},\n"
         "    max_position=config.max_position_embeddings,\n"
         f"    rope_parameters=(\n        {_rope_parameters(plan)}\n    ),\n"
-        f"    is_neox_style={plan.rope_neox},\n"
+        f"    is_neox_style={plan.rope_style.is_neox},\n"
         ")\n"
         + (
             "# vLLM's deepseek_yarn rope computes on [tokens, heads, rope]; the default one on\n"
@@ -454,7 +454,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     fused = "fused_qkv_a_proj ([q_a; kv_a], replicated)" if plan.q_a else f"{plan.kv_a} replicated"
     if plan.q_other:
         fused += f" (without a low-rank query: {plan.kv_a} replicated, {plan.q_other} column-parallel)"
-    style = "neox" if plan.rope_neox else "GPT-J (interleaved)"
+    style = plan.rope_style.label
     rows = (
         FusionRow(
             plan.module_class,

@@ -360,7 +360,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         return PassResult(module=module)
     cls = t.find_class(module, att.module_class)
     cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
-    style = "neox" if att.rope_neox else "GPT-J (interleaved)"
+    style = att.rope_style.label
     rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
     rope = (
         f"{rope}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"

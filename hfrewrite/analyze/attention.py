@@ -43,6 +43,7 @@ from hfrewrite.analyze.manual_attention import (
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
 from hfrewrite.analyze.replaced_calls import replaced_calls
 from hfrewrite.analyze.rope import RopeFact, legacy_rope_fields, per_layer_type, prove_rope
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
     Traced,
@@ -113,7 +114,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         q_norm=norms["q"],
         k_norm=norms["k"],
         rope=fact is not None,
-        rope_neox=fact.neox if fact else True,
+        rope_style=fact.style if fact else RopeStyle.NEOX,
         rope_reversed=fact.reversed if fact else False,
         rotary_dim=fact.rotary_dim if fact else head_dim,
         scaling=float(head_dim**-0.5 if options.scaling is None else options.scaling),

@@ -34,6 +34,7 @@ from hfrewrite.analyze.branches import config_branches, helper_branches
 from hfrewrite.analyze.dataflow import linears_feeding
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.trace import Traced, causal_sdpa, is_norm, relative, value
 
 PATTERN = "mla_attention"
@@ -170,7 +171,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     scaling = value(call.kwargs.get("scaling"))
     scaling = float(sizes.qk_head**-0.5 if scaling is None else scaling)
     rope = _rope(config, layer_type, sizes.rope)
-    neox = _replay(traced, roles, sizes, rope, scaling, value(q_arg), value(k_arg))
+    style = _replay(traced, roles, sizes, rope, scaling, value(q_arg), value(k_arg))
     attention = traced.module.get_submodule(path)
     dims = _dims(attention, sizes, roles, mods, cls)
     return MlaPlan(
@@ -190,7 +191,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         q_lora_rank=mods[roles.q_a].out_features if roles.q_a is not None else None,
         scaling=scaling,
         scale_attr=_scale_attr(attention, scaling, cls) if call.target is causal_sdpa else None,
-        rope_neox=neox,
+        rope_style=style,
         rope_kind=rope.kind,
         rope_kinds=(rope.kind,),
         rope_source="rope_scaling" if rope.legacy else "rope_parameters",
@@ -305,15 +306,17 @@ def _rope(config, layer_type: str | None, rope: int) -> _Rope:
     return _Rope(rope_kind, freq, legacy)
 
 
-def _replay(traced: Traced, roles: _Roles, sizes: _Sizes, rope: _Rope, scaling: float, q_src, k_src) -> bool:
-    """The rope style (neox or not) in which vLLM's MLA computation reproduces the module's
+def _replay(
+    traced: Traced, roles: _Roles, sizes: _Sizes, rope: _Rope, scaling: float, q_src, k_src
+) -> RopeStyle:
+    """The rope style in which vLLM's MLA computation reproduces the module's
     output, its q.k scores those of the attention call's ``q_src``, ``k_src``."""
     x = roles.kv_a.args[0]
     fns = {r: traced.submodule(n) for r, n in roles._asdict().items() if n is not None}
     got = value(roles.o)
-    for neox in (True, False):
+    for style in RopeStyle:
         qkv = mla_qkv(
-            value(x), fns, sizes.heads, sizes.nope, sizes.rope, sizes.v_head, sizes.kv_lora, rope.freq, neox
+            value(x), fns, sizes.heads, sizes.nope, sizes.rope, sizes.v_head, sizes.kv_lora, rope.freq, style
         )
         want = mla_output(*qkv, fns["o"], scaling, value(x).dtype)
         if want.shape == got.shape and torch.allclose(want, got, atol=ATOL, rtol=1e-4):
@@ -328,7 +331,7 @@ def _replay(traced: Traced, roles: _Roles, sizes: _Sizes, rope: _Rope, scaling: 
             PATTERN,
             f"the source's q.k scores are not those of the {rope.kind} rope (replayed before the softmax)",
         )
-    return neox
+    return style
 
 
 def _dims(
@@ -370,7 +373,7 @@ def mla_qkv(
     v_head: int,
     kv_lora: int,
     freq: tuple,
-    neox: bool,
+    style: RopeStyle,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k and v [batch, heads, seq, dim] (float64) as the emitted file computes them from
     ``x`` [batch, seq, hidden]: vLLM's MLA math with the module's own projections and norms,
@@ -383,8 +386,8 @@ def mla_qkv(
         kv = fns["kv_b"](fns["kv_a_norm"](kv_c)).view(batch, seq, heads, nope + v_head).transpose(1, 2)
         k_nope, v = kv.split([nope, v_head], dim=-1)
         positions = torch.arange(seq)
-        q_pe = apply_rope(q[..., nope:], positions, *freq, neox)
-        k_pe = apply_rope(k_pe[:, None], positions, *freq, neox).expand(batch, heads, seq, rope)
+        q_pe = apply_rope(q[..., nope:], positions, *freq, style)
+        k_pe = apply_rope(k_pe[:, None], positions, *freq, style).expand(batch, heads, seq, rope)
         q = torch.cat([q[..., :nope].double(), q_pe], dim=-1)
         k = torch.cat([k_nope.double(), k_pe], dim=-1)
         return q, k, v.double()

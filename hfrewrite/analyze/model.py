@@ -62,6 +62,7 @@ from hfrewrite.analyze.plan import (
     refuse,
 )
 from hfrewrite.analyze.rope import ABSOLUTE_ROTARY_FIELD
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, tied_target
@@ -461,7 +462,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         attention,
         sliding_window=None,
         rope=False,
-        rope_neox=True,
+        rope_style=RopeStyle.NEOX,
         rotary_dim=None,
         rope_reversed=False,
         replaced_calls=(),
@@ -475,7 +476,7 @@ def _rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     if isinstance(plans[0], MlaPlan):
         return plans[0]
     roped = [a for a in plans if a.rope]
-    if len({(a.rope_neox, a.rotary_dim, a.rope_reversed, a.replaced_calls) for a in roped}) > 1:
+    if len({(a.rope_style, a.rotary_dim, a.rope_reversed, a.replaced_calls) for a in roped}) > 1:
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
     return dataclasses.replace(

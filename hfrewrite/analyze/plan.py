@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.rope_styles import RopeStyle
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,9 @@ class AttentionPlan:
     # What the q/k norms normalise over: "head" (each head_dim slice, qwen3) or
     # "all_heads" (the whole projection, olmoe); None without q/k norms.
     qk_norm_over: str | None = None
-    # The rope the numeric replay proved (analyze/rope.py): neox (halves) or GPT-J
-    # (even/odd pairs) style, over the first ``rotary_dim`` lanes of each head.
-    rope_neox: bool = True
+    # The rope the numeric replay proved (analyze/rope.py): its style (analyze/rope_styles.py:
+    # neox halves or GPT-J even/odd pairs), over the first ``rotary_dim`` lanes of each head.
+    rope_style: RopeStyle = RopeStyle.NEOX
     rotary_dim: int | None = None
     # ... turning by -theta (nanochat): vLLM's rotary embedding with its sin table negated
     rope_reversed: bool = False
@@ -156,7 +157,7 @@ class MlaPlan:
     kv_lora_rank: int
     q_lora_rank: int | None
     scaling: float
-    rope_neox: bool
+    rope_style: RopeStyle
     # The rope type proven ("default", or "deepseek_yarn": vLLM's YaRN with the ratio of the
     # mscale factors, which is what transformers computes for a "yarn" config)
     rope_kind: str = "default"

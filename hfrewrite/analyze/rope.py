@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.trace import value
 
 ATOL = 1e-5
@@ -34,7 +35,7 @@ ATOL = 1e-5
 
 @dataclass(frozen=True)
 class RopeFact:
-    neox: bool
+    style: RopeStyle
     rotary_dim: int
     reversed: bool = False  # rotates by -theta: vLLM's table with sin negated
 
@@ -186,7 +187,7 @@ def apply_rope(
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     scale: float,
-    neox: bool,
+    style: RopeStyle,
     reverse: bool = False,
 ) -> torch.Tensor:
     """vLLM's rotary embedding on ``x`` [..., seq, head_dim] (rotating its first
@@ -195,13 +196,7 @@ def apply_rope(
     freqs = positions.double()[:, None] * inv_freq[None, :]  # [seq, rot/2]
     cos, sin = freqs.cos() * scale, freqs.sin() * scale * (-1.0 if reverse else 1.0)
     xr, rest = x.double()[..., :rot], x.double()[..., rot:]
-    if neox:
-        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((out, rest), dim=-1)
+    return torch.cat((style.rotate(xr, cos, sin), rest), dim=-1)
 
 
 def prove_rope(
@@ -263,7 +258,7 @@ def _source_base(values, rotary_dim: int) -> float | None:
     inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
     positions = torch.arange(values[0][0].shape[2])
     if all(
-        torch.allclose(apply_rope(xv, positions, inv_freq, 1.0, True), yv.double(), atol=ATOL)
+        torch.allclose(apply_rope(xv, positions, inv_freq, 1.0, RopeStyle.NEOX), yv.double(), atol=ATOL)
         for xv, yv in values
     ):
         return base
@@ -277,10 +272,10 @@ def _replayed(config, params: dict, layer_type, rotary_dim: int, values, positio
         return None
     default = params.get("rope_type", "default") == "default"
     for reverse in (False, True) if default else (False,):
-        for neox in (True, False):
+        for style in RopeStyle:
             if all(
-                torch.allclose(apply_rope(xv, positions, *freq, neox, reverse), yv.double(), atol=ATOL)
+                torch.allclose(apply_rope(xv, positions, *freq, style, reverse), yv.double(), atol=ATOL)
                 for xv, yv in values
             ):
-                return RopeFact(neox=neox, rotary_dim=rotary_dim, reversed=reverse)
+                return RopeFact(style=style, rotary_dim=rotary_dim, reversed=reverse)
     return None

@@ -66,7 +66,7 @@ def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
             f"    {head_dim},\n"
             f"    max_position=config.{att.max_position_field},\n"
             f"    rope_parameters={rope_parameters},\n"
-            f"    is_neox_style={att.rope_neox},\n"
+            f"    is_neox_style={att.rope_style.is_neox},\n"
             ")\n"
         )
     rotary_dim = (
@@ -80,7 +80,7 @@ def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
         f"    rotary_dim={rotary_dim},\n"
         f"    max_position_embeddings=config.{att.max_position_field},\n"
         f'    base={rope_parameters}["rope_theta"],\n'
-        f"    is_neox_style={att.rope_neox},\n"
+        f"    is_neox_style={att.rope_style.is_neox},\n"
         "    dtype=torch.get_default_dtype(),\n"
         ")\n"
     )

@@ -12,6 +12,7 @@ import transformers
 
 from hfrewrite.analyze import model as analysis
 from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.errors import HfrewriteError
 from tests.analyze.by_hand import BY_HAND, BY_HAND_FLAT, attention_by_hand
 
@@ -36,7 +37,7 @@ def test_causal_sdpa_in_a_helper_is_the_attention(tmp_path, monkeypatch):
     plan = _analyze(tmp_path, monkeypatch, "tinyllama_renamed")
     att = plan.attention
     assert att.direct_sdpa and (att.num_heads, att.num_kv_heads, att.head_dim) == (4, 2, 32)
-    assert att.rope and att.rope_neox
+    assert att.rope and att.rope_style is RopeStyle.NEOX
     # the helpers and calls the rewrite may drop, each proven to compute only what the plan holds
     for call in ("causal_attention", "rope_cos_sin", "rotate_half", "repeat_interleave"):
         assert call in att.replaced_calls
@@ -151,7 +152,9 @@ def _ernie_style(tmp_path, monkeypatch, positions: str = COUNTED, scaled: str = 
 
 def test_rope_counted_from_sizes_and_q_scaled_first_are_proven(tmp_path, monkeypatch):
     att = _ernie_style(tmp_path, monkeypatch).attention
-    assert att.direct_sdpa and att.rope and att.rope_neox and att.rotary_dim == att.head_dim
+    assert (
+        att.direct_sdpa and att.rope and att.rope_style is RopeStyle.NEOX and att.rotary_dim == att.head_dim
+    )
 
 
 @pytest.mark.parametrize(

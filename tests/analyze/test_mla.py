@@ -11,6 +11,7 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as dm
 
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import MlaPlan
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.errors import HfrewriteError
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
@@ -39,7 +40,7 @@ def test_deepseek_v3_latent_attention_facts():
     ) == (4, 48, 64, 80)
     assert (att.kv_lora_rank, att.q_lora_rank) == (512, 96)
     assert att.scaling == pytest.approx(112**-0.5)
-    assert att.rope_neox is False  # rope_interleave: GPT-J pairs, proven by replay
+    assert att.rope_style is RopeStyle.GPTJ  # rope_interleave: GPT-J pairs, proven by replay
     assert dict(att.dims)["qk_head_dim"] == "qk_head_dim" and dict(att.dims)["hidden_size"] == "hidden_size"
     # the query switch is carried (both queries proven: test_both_queries_and_ropes_are_proven);
     # the rope style switch is refused in the file
@@ -83,13 +84,13 @@ def test_a_branch_whose_plan_differs_stays_refused(monkeypatch):
     monkeypatch.setattr(mla_variants, "_flip_query", more_heads)
     plan = analyze(transformers.AutoConfig.for_model("deepseek_v3"))
     assert plan.attention.q_switch is None and plan.attention.q_other is None
-    assert any("the plan differs in rope_neox" in n.reason for n in plan.declined)
+    assert any("the plan differs in rope_style" in n.reason for n in plan.declined)
     assert [what for what, _ in plan.sibling_configs] == ["a YaRN rope"]
 
 
 def test_rope_style_follows_the_config_switch():
     att = mla_plan(rope_interleave=False)
-    assert att.rope_neox is True and ("self.config.rope_interleave", False) in att.config_branches
+    assert att.rope_style is RopeStyle.NEOX and ("self.config.rope_interleave", False) in att.config_branches
 
 
 def test_deepseek_v2_without_a_low_rank_query():
@@ -214,7 +215,8 @@ def test_the_scores_tell_a_yarn_table_from_the_default_one():
     tables = {"yarn": deepseek_yarn(params, rope), "default": _inv_freq(None, params, None, rope)}
     x = torch.randn(2, 5, hidden)
     qkv = {
-        kind: mla_qkv(x, fns, heads, nope, rope, v_head, lora, freq, False) for kind, freq in tables.items()
+        kind: mla_qkv(x, fns, heads, nope, rope, v_head, lora, freq, RopeStyle.GPTJ)
+        for kind, freq in tables.items()
     }
     assert _same_scores(*qkv["yarn"][:2], *qkv["yarn"][:2])
     assert not _same_scores(*qkv["yarn"][:2], *qkv["default"][:2])

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hfrewrite.analyze.rope import apply_rope, deepseek_yarn
+from hfrewrite.analyze.rope_styles import RopeStyle
 
 YARN = {
     "rope_type": "yarn",
@@ -65,7 +66,7 @@ def test_deepseek_yarn_replica_equals_vllms_table(params):
     positions = torch.arange(64)
     cos, sin = vllm_rope.cos_sin_cache[positions].double().chunk(2, dim=-1)
     x = torch.randn(len(positions), rotary, dtype=torch.float64)
-    rotated = apply_rope(x, positions, inv_freq, scale, neox=True)
+    rotated = apply_rope(x, positions, inv_freq, scale, RopeStyle.NEOX)
     x1, x2 = x.chunk(2, dim=-1)
     want = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     torch.testing.assert_close(rotated, want, atol=1e-5, rtol=1e-5)

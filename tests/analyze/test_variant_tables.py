@@ -1,5 +1,6 @@
 """The variant tables hold together: each row's reference (what the analysis replays) agrees
-with what the file does for that row (vLLM's class, the load-time reordering)."""
+with what the file does for that row (vLLM's norm class, vLLM's rope in that style, the
+load-time reordering)."""
 
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ from hfrewrite.passes import load_weights
 
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.rope_styles import RopeStyle
 
 HQ, HK, D, H = 4, 2, 8, 16  # query heads, kv heads, head size, hidden size
 
@@ -24,6 +26,24 @@ def test_each_norm_row_is_what_its_vllm_class_computes():
             torch.nn.init.normal_(norm.weight, generator=torch.Generator().manual_seed(1))
             expected = kind.reference(x, 1e-5, norm.weight.data)
             assert torch.allclose(norm.forward_native(x), expected, atol=1e-5), kind
+
+
+def test_each_rope_row_is_what_vllms_rope_computes_for_its_style():
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    d, positions = 16, torch.arange(6)
+    q = torch.randn(len(positions), 2 * d, generator=torch.Generator().manual_seed(2))
+    with set_current_vllm_config(VllmConfig()):
+        for style in RopeStyle:
+            rope = get_rope(
+                d, max_position=64, rope_parameters={"rope_theta": 10000.0}, is_neox_style=style.is_neox
+            )
+            got, _ = rope.forward_native(positions, q.clone(), q.clone())
+            cos, sin = rope.cos_sin_cache[positions].double().chunk(2, dim=-1)
+            heads = q.double().view(len(positions), 2, d)
+            want = style.rotate(heads, cos[:, None], sin[:, None]).reshape(len(positions), 2 * d)
+            assert torch.allclose(got.double(), want, atol=1e-5), style
 
 
 def _helper(layout: QkvLayout, attr: str):

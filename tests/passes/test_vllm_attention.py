@@ -7,6 +7,7 @@ from harness import assert_rewrites, rewrite
 from hfrewrite.passes import vllm_attention
 from plans import llama_like
 
+from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.errors import HfrewriteError
 
 BEFORE_SLIDING_WINDOW_CARRIED_OVER = """\
@@ -225,8 +226,9 @@ class LlamaAttention(nn.Module):
 
 def test_rope_style_comes_from_the_plan_not_the_source():
     # no `rotate_half` in this source: the style is the analysis's proven fact
-    for neox in (True, False):
-        att = dataclasses.replace(llama_like().attention, rope_neox=neox)
+    for style in RopeStyle:
+        neox = style.is_neox
+        att = dataclasses.replace(llama_like().attention, rope_style=style)
         out = rewrite(
             vllm_attention,
             REFUSED_NOT_NEOX_ROPE,
