@@ -96,6 +96,14 @@ def rewrite_fused(
     unpack_lines: tuple[str, ...] = (),
 ) -> cst.ClassDef:
     """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
+    init = _fused_init(cls, attr, heads, kv_heads, per_head)
+    forward = free_qkv_names(t.find_method(cls, "forward"), cls.name.value)
+    return _fused_forward(cls, init, forward, attr, per_head, unpack_lines)
+
+
+def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_head: bool) -> cst.FunctionDef:
+    """``__init__`` with ``QKVParallelLinear`` and vLLM's per-rank head bookkeeping in place of
+    the source's Linear, and without the source's later head counts."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (attr,), NAME)
     call = t.assigned_value(body[where[attr]])
@@ -142,10 +150,20 @@ def rewrite_fused(
         leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines]
     )
     at = where[attr]
-    body = [*body[:at], *fused, *_without_head_counts(body[at + 1 :])]
-    init = t.with_body(init, body)
+    return t.with_body(init, [*body[:at], *fused, *_without_head_counts(body[at + 1 :])])
 
-    forward = free_qkv_names(t.find_method(cls, "forward"), name)
+
+def _fused_forward(
+    cls: cst.ClassDef,
+    init: cst.FunctionDef,
+    forward: cst.FunctionDef,
+    attr: str,
+    per_head: bool,
+    unpack_lines: tuple[str, ...],
+) -> cst.ClassDef:
+    """``cls`` with ``init``, and its forward taking vLLM's ``q, k, v`` split of the layer's
+    output where the source takes its lanes apart."""
+    name = cls.name.value
     fwd_body = list(forward.body.body)
     at = next(
         (
@@ -168,8 +186,22 @@ def rewrite_fused(
     if not per_head and (split_at := _split_of(fwd_body[at + 1 :], var)) is not None:
         forward = _clamped_split(forward, fwd_body, at, at + 1 + split_at, var, attr, arg, name)
         return t.set_method(t.set_method(cls, init), forward)
+    rest = _after_split(fwd_body[at + 1 :], var, per_head, unpack_lines, name)
+    split = t.stmts(
+        f"qkv, _ = self.{attr}({arg})\n"
+        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+    )
+    forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
+    return t.set_method(t.set_method(cls, init), forward)
+
+
+def _after_split(
+    rest: list[cst.BaseStatement], var: str, per_head: bool, unpack_lines: tuple[str, ...], name: str
+) -> list[cst.BaseStatement]:
+    """The statements after ``var = self.<attr>(x)``, reading vLLM's q, k, v for its lanes."""
     slicer = _Slices(var)
-    rest = fwd_body[at + 1 :] if per_head or unpack_lines else [s.visit(slicer) for s in fwd_body[at + 1 :]]
+    if not (per_head or unpack_lines):
+        rest = [s.visit(slicer) for s in rest]
     if unpack_lines and (per_head or sorted(slicer.roles) != ["k", "q", "v"]):
         rest = (
             _unchunk(rest, var, name)
@@ -182,12 +214,7 @@ def rewrite_fused(
         raise HfrewriteError(f"{name}: {NAME}: {var} is not sliced exactly into q, k and v")
     if var in t.names_used(cst.Module(rest)):
         raise HfrewriteError(f"{name}: {NAME}: {var} is used beyond its q/k/v split")
-    split = t.stmts(
-        f"qkv, _ = self.{attr}({arg})\n"
-        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
-    )
-    forward = t.with_body(forward, [*fwd_body[:at], *split, *rest])
-    return t.set_method(t.set_method(cls, init), forward)
+    return rest
 
 
 def _split_in_one(
