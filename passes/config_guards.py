@@ -5,8 +5,9 @@ the decoder layer, the attention, the MLP or the MoE block, and in the attention
 ``is_causal`` (``ModelPlan.forward_switches``: config form and traced value), and in the
 methods those forwards call (``ModelPlan.helper_switches``: Falcon's ``_split_heads``). A
 switch the emitted class still tests (a branch the file carries, or a guard another pass
-wrote) is left as it is; for a helper's switch, only a test in a method or a guard counts. Emits, for a switch the rewrite dropped (a template forward, a replaced
-attention), a guard at the top of the class's ``__init__``, before any layer is built:
+wrote) is left as it is; for a helper's switch, only a test in a method or a guard counts.
+Emits, for a switch the rewrite dropped (a template forward, a replaced attention), a guard
+at the top of the class's ``__init__``, before any layer is built:
 
     if config.use_bidirectional_attention:
         raise NotImplementedError("hfrewrite: Gemma3TextModel was converted for configs where ...")

@@ -24,19 +24,15 @@ def method_tree(cls: type, method: str) -> ast.Module | None:
         return None
 
 
-def config_branches(
-    module: nn.Module, method: str = "forward", expressions: bool = False
-) -> tuple[tuple[str, bool], ...]:
+def config_branches(module: nn.Module, method: str = "forward") -> tuple[tuple[str, bool], ...]:
     """(test source, value on the traced module) for each config switch of ``method``; an
-    ``elif`` after a branch taken is unreachable and left out. ``expressions``: the tests of
-    conditional expressions (``a if self.x else b``) too."""
+    ``elif`` after a branch taken is unreachable and left out."""
     tree = method_tree(type(module), method)
     if tree is None:
         return ()
-    kinds = (ast.If, ast.IfExp) if expressions else ast.If
     found, unreachable = [], set()
     for node in ast.walk(tree):
-        if not isinstance(node, kinds) or id(node) in unreachable:
+        if not isinstance(node, ast.If) or id(node) in unreachable:
             continue
         names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
         if names - {"self", "None", "True", "False"}:
@@ -48,12 +44,7 @@ def config_branches(
         if outcome is None:
             continue  # a test that needs tensors: not a config switch
         found.append((ast.unparse(node.test), outcome))
-        if (
-            outcome
-            and isinstance(node, ast.If)
-            and len(node.orelse) == 1
-            and isinstance(node.orelse[0], ast.If)
-        ):
+        if outcome and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
             unreachable.add(id(node.orelse[0]))
     return tuple(dict.fromkeys(found))
 
@@ -118,7 +109,7 @@ def config_switches(module: nn.Module, helpers: bool = False) -> tuple[tuple[str
         )
     out = []
     for test, outcome in found:
-        tree = _Substitute(assigned).visit(ast.parse(test, mode="eval"))
+        tree = Substitute(assigned).visit(ast.parse(test, mode="eval"))
         text = ast.unparse(tree)
         if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
             out.append((text, outcome))
@@ -200,7 +191,7 @@ def _self_attrs(test: str) -> set[str]:
     }
 
 
-class _Substitute(ast.NodeTransformer):
+class Substitute(ast.NodeTransformer):
     """``self.<attr>`` -> the parsed expression ``__init__`` assigns it."""
 
     def __init__(self, assigned: dict[str, str]) -> None:
@@ -271,7 +262,7 @@ def causal_switch(module: nn.Module) -> tuple[tuple[str, bool], ...]:
             and ast.unparse(node.targets[0]) == "self.is_causal"
             and not isinstance(node.value, ast.Constant)
         ):
-            tree = _Substitute({"config": "config"}).visit(node.value)
+            tree = Substitute({"config": "config"}).visit(node.value)
             if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
                 return ((ast.unparse(tree), bool(getattr(module, "is_causal", True))),)
     return ()

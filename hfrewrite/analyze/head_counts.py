@@ -17,7 +17,7 @@ import dataclasses
 
 from torch import nn
 
-from hfrewrite.analyze.branches import assigned_once, init_assignments
+from hfrewrite.analyze.branches import Substitute, assigned_once, init_assignments
 from hfrewrite.analyze.plan import AttentionPlan
 
 _CONFIG_NAMES = {"config", "None", "True", "False"}
@@ -66,12 +66,12 @@ def _config_expressions(cls: type) -> dict[str, str]:
     """{attr: its value as an expression of the config alone}, for the attributes
     ``__init__`` assigns once."""
     once = assigned_once(cls)
-    values = {attr: v for attr, v in init_assignments(cls).items() if attr in once}
+    values = {attr: ast.unparse(v) for attr, v in init_assignments(cls).items() if attr in once}
     out = {}
     for attr, value in values.items():
-        tree = value
+        tree = ast.parse(value, mode="eval").body
         for _ in range(4):  # attributes read attributes: a few rounds reach the config
-            tree = _Inline(values).visit(ast.parse(ast.unparse(tree), mode="eval")).body
+            tree = Substitute(values).visit(ast.parse(ast.unparse(tree), mode="eval")).body
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         if "config" in names and names <= _CONFIG_NAMES and not _calls(tree):
             out[attr] = ast.unparse(tree)
@@ -88,15 +88,3 @@ def _evaluates_to(text: str, config, count: int) -> bool:
     except Exception:  # noqa: BLE001 - a field this config lacks: not this expression
         return False
     return type(value) is int and value == count
-
-
-class _Inline(ast.NodeTransformer):
-    """``self.<attr>`` -> the expression ``__init__`` assigns it."""
-
-    def __init__(self, values: dict[str, ast.expr]) -> None:
-        self.values = values
-
-    def visit_Attribute(self, node: ast.Attribute):
-        if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.values:
-            return self.values[node.attr]
-        return self.generic_visit(node)

@@ -5,8 +5,9 @@ The example run showed that the logits differ from the lm_head's output. Here th
 runs again with each float field of its config changed to a cap that visibly bends these
 logits: exactly one field must then cap them (the cap follows the field, not a constant
 equal to it). That field must also cap them at its own value, and at ``None`` leave them
-as the head returned them, as vLLM's ``LogitsProcessor(soft_cap=None)`` does. Only then does the file hand the
-field to ``LogitsProcessor(soft_cap=...)``; otherwise it carries the source's statements.
+as the head returned them, as vLLM's ``LogitsProcessor(soft_cap=None)`` does. Only then
+does the file hand the field to ``LogitsProcessor(soft_cap=...)``; otherwise it carries
+the source's statements.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import torch
 from torch import nn
 
 from hfrewrite.analyze.shrink import VOCAB
-
-PATTERN = "logit_softcap"
 
 
 def softcap_field(model: nn.Module, head: str) -> str | None:
