@@ -34,7 +34,6 @@ from typing import NamedTuple
 import libcst as cst
 
 from hfrewrite.analyze.plan import MlaPlan
-from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.fused_projection import HEAD_SHARDING, free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -242,7 +241,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             att.q.attr,
             heads,
             kv_heads,
-            layout is not QkvLayout.BLOCKS,
+            layout,
             att.qkv_unpack_lines,
         )
         module = sites.replace_class(module, att.module_class, cls)

@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.analyze.plan import MlaPlan
-from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.qkv_layouts import MP_BLOCKS, QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_weights import experts_need_splitting, experts_one_by_one
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -94,6 +94,19 @@ def _qkv_per_head_to_blocks(self, weights):
 """
 
 
+_MP_BLOCKS = """\
+def _qkv_mp_blocks_to_blocks(self, weights):
+    # The checkpoint's {attr} holds {blocks} blocks, each [q; v; k] of a {blocks}th of the heads
+    # (CodeGen's mp_num); QKVParallelLinear loads [q; k; v]: reorder the rows (analysis
+    # proved the layout at two head counts).
+    for name, tensor in weights:
+        if name.endswith((".{attr}.weight", ".{attr}.bias")):
+            q, v, k = tensor.reshape({blocks}, 3, -1, *tensor.shape[1:]).unbind(1)
+            tensor = torch.cat([x.reshape(-1, *tensor.shape[1:]) for x in (q, k, v)])
+        yield name, tensor
+"""
+
+
 _KV_SPLIT = """\
 def _kv_split(self, weights):
     # The checkpoint's {attr} holds k and v {layout}; QKVParallelLinear loads them as
@@ -115,7 +128,11 @@ _KV_ROWS = {
     QkvLayout.KV_PER_HEAD: ("per kv head ([h0: k v][h1: ...])", "kv_heads, 2", ":, i"),
 }
 # the reordering helper of each q/k/v layout that needs one (QkvLayout.load_helper)
-_QKV_REORDER = {QkvLayout.PER_HEAD: _PER_HEAD, QkvLayout.GROUPED: _GROUPED}
+_QKV_REORDER = {
+    QkvLayout.PER_HEAD: _PER_HEAD,
+    QkvLayout.GROUPED: _GROUPED,
+    QkvLayout.MP_BLOCKS_QVK: _MP_BLOCKS,
+}
 
 
 _NORMALIZED_HEAD = """\
@@ -164,7 +181,9 @@ def _reorder_per_head_qkv(body: list[cst.BaseStatement], att) -> list[cst.BaseSt
             member = member.visit(WrapWeights(att.qkv_layout.load_helper))
             if att.qkv_layout.holds_q:
                 template = _QKV_REORDER[att.qkv_layout]
-                source = template.format(attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field)
+                source = template.format(
+                    attr=att.q.attr, heads=att.heads_field, kv_heads=att.kv_heads_field, blocks=MP_BLOCKS
+                )
             else:
                 layout, rows, pick = _KV_ROWS[att.qkv_layout]
                 source = _KV_SPLIT.format(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hfrewrite.cli import main
-from tests.analyze.kv_fused import q_beside_kv
+from tests.analyze.kv_fused import mp_blocks, q_beside_kv
 
 DATA = Path(__file__).resolve().parent / "data" / "custom_code"
 
@@ -204,4 +204,79 @@ def test_k_and_v_of_one_linear_in_another_order_are_refused(tmp_path, capsys):
     source.write_text(swapped)
     code, err = run(capsys, repo, "--trust-remote-code", "-o", tmp_path / "out")
     assert code == 2 and "wkv feeds k and v neither as [k; v] nor per kv head" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def _mp_blocks_repo(tmp_path: Path, order: str) -> Path:
+    repo = shutil.copytree(DATA / "fusedqkv_postnorm", tmp_path / f"mp_{order.replace(', ', '')}")
+    source = repo / "modeling_fusedqkv_postnorm.py"
+    source.write_text(mp_blocks(source.read_text(), order))
+    config = json.loads((repo / "config.json").read_text())
+    (repo / "config.json").write_text(
+        json.dumps({**config, "num_key_value_heads": config["num_attention_heads"]})
+    )
+    return repo
+
+
+def test_four_blocks_of_q_v_k_load_reordered_into_qkv_proj(tmp_path, capsys):
+    code, err = run(
+        capsys, _mp_blocks_repo(tmp_path, "q, v, k"), "--trust-remote-code", "-o", tmp_path / "out"
+    )
+    assert code == 0, err
+    text = (tmp_path / "out" / "fusedqkv_postnorm.py").read_text()
+    assert "q, v, k = tensor.reshape(4, 3, -1, *tensor.shape[1:]).unbind(1)" in text
+    assert "self._qkv_mp_blocks_to_blocks(self._base_model_names(weights))" in text
+
+
+def test_a_layout_that_reads_per_head_only_at_four_heads_is_refused(tmp_path, capsys):
+    # four blocks of [q; k; v]: with four heads, exactly the per-head layout; with eight, not
+    code, err = run(
+        capsys, _mp_blocks_repo(tmp_path, "q, k, v"), "--trust-remote-code", "-o", tmp_path / "out"
+    )
+    assert code == 2, err
+    assert "Wqkv is laid out as q/k/v interleaved per head in the checkpoint" in err, err
+    assert "with 4 heads, but not with 8" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+ROPE_K = "        k = apply_rope(k, positions, self.theta)\n"
+
+
+def _q_scaled_repo(tmp_path: Path, name: str, factor: str) -> Path:
+    """fusedqkv_postnorm with q scaled after the rope by ``factor`` (a [b, 1, t, 1] tensor)."""
+    repo = shutil.copytree(DATA / "fusedqkv_postnorm", tmp_path / name)
+    source = repo / "modeling_fusedqkv_postnorm.py"
+    text = source.read_text()
+    assert text.count(ROPE_K) == 1
+    source.write_text(text.replace(ROPE_K, f"{ROPE_K}        q = q * {factor}\n"))
+    return repo
+
+
+def test_q_scaled_per_token_by_a_function_of_the_positions_is_carried_after_the_rope(tmp_path, capsys):
+    # Llama-4's attention temperature, written inline: one factor per token, from positions alone
+    factor = "(1 + 0.1 * torch.log(1 + torch.floor(positions / 2)))[:, None, :, None]"
+    code, err = run(
+        capsys, _q_scaled_repo(tmp_path, "q_scaled", factor), "--trust-remote-code", "-o", tmp_path / "out"
+    )
+    assert code == 0, err
+    text = (tmp_path / "out" / "fusedqkv_postnorm.py").read_text()
+    order = [
+        "q, k = self.rotary_emb(positions, q, k)",
+        "# q scaled per token by the source's function of the positions, after the rope",
+        "q = q * (1 + 0.1 * torch.log(1 + torch.floor(positions[None] / 2)))[",
+        "].reshape(-1, 1)",
+        "attn_output = self.attn(q, k, v)",
+    ]
+    at = [text.find(line) for line in order]
+    assert -1 not in at and at == sorted(at), at
+
+
+def test_q_scaled_by_something_other_than_the_positions_is_refused(tmp_path, capsys):
+    # a factor per token computed from the hidden states: not a function of the positions
+    factor = "torch.sigmoid(x.mean(-1))[:, None, :, None]"
+    code, err = run(
+        capsys, _q_scaled_repo(tmp_path, "q_gated", factor), "--trust-remote-code", "-o", tmp_path / "out"
+    )
+    assert code == 2, err
+    assert "position-dependent op is not applied to exactly q and k" in err or "rotary embedding" in err, err
     assert not (tmp_path / "out").exists()

@@ -41,6 +41,7 @@ from hfrewrite.analyze.manual_attention import (
     is_softmax,
 )
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
+from hfrewrite.analyze.position_scale import peel_position_scale
 from hfrewrite.analyze.replaced_calls import replaced_calls
 from hfrewrite.analyze.rope import RopeFact, legacy_rope_fields, per_layer_type, prove_rope
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -91,6 +92,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     call = _attention_call(traced, path)
     args = dict(zip("qkv", call.args[1:4]))
     proj = _projections(traced, path, scope, args)
+    args["q"], q_scale = peel_position_scale(traced, path, scope, args["q"], proj.feeders["q"])
     heads = _heads(args, proj.q, proj.k)
     rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer_type)
     norms = _norms(traced, path, scope, args, proj.feeders, rope)
@@ -126,6 +128,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         max_position_field=_max_position_field(config),
         qkv_layout=fused,
         qkv_unpack_lines=proj.unpack_lines,
+        q_position_scale=q_scale,
         qk_norm_after_rope=rope.norm_after is not None,
         replaced_calls=replaced_calls(traced, path, scope, proj.feeders, rope.ends, call, o_node),
         direct_sdpa=call.target is causal_sdpa,

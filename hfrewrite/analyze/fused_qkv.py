@@ -132,7 +132,10 @@ def _per_head_qkv(
     else:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
     forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
-    lines = tuple(_first_line(proj, xs[r], [xs[o] for o in "qkv" if o != r], scope, forward) for r in "qkv")
+    own = [_first_own(proj, xs[r], [xs[o] for o in "qkv" if o != r], scope) for r in "qkv"]
+    lines = tuple(next((line for n in nodes if (line := source_line(n, forward))), "") for nodes in own)
+    if len(set(lines)) < 3:  # one statement takes several roles' pieces (CodeGen's torch.split)
+        lines = tuple(f"{line}{ITEM}{_item(nodes)}" for line, nodes in zip(lines, own))
     facts = [LinearFact(whole.attr, whole.in_features, heads[r] * d, whole.bias) for r in "qkv"]
     return {r: proj for r in "qkv"}, facts, kind, lines
 
@@ -174,15 +177,27 @@ def _on_path(x: Node, proj: Node, scope: set[Node], lane) -> bool:
     return False
 
 
-def _first_line(proj: Node, x: Node, others: list[Node], scope: set[Node], forward) -> str:
-    """The forward's source line of the first node on the path to ``x`` that no other role's
-    path shares: where the source takes this role's lane."""
+def _first_own(proj: Node, x: Node, others: list[Node], scope: set[Node]) -> list[Node]:
+    """The nodes on the path to ``x`` that no other role's path shares, in graph order: the
+    first one's source line is where the source takes this role's lane."""
     shared = set().union(*(path_nodes(o, proj, scope) for o in others))
     order = {n: i for i, n in enumerate(proj.graph.nodes)}
-    own = sorted(
+    return sorted(
         (n for n in [*path_nodes(x, proj, scope), x] if n not in shared and n is not proj), key=order.get
     )
-    return next((line for n in own if (line := source_line(n, forward))), "")
+
+
+# Between a line and the element of its tuple target that takes the role's lane, when one
+# line takes several roles' (``query, value, key = torch.split(...)``).
+ITEM = "  # item "
+
+
+def _item(own: list[Node]) -> int | str:
+    """The position, in a split's results, of the role's first own node ("?" if it is none)."""
+    first = own[0] if own else None
+    if _op(first, (operator.getitem,)) and isinstance(first.args[1], int):
+        return first.args[1]
+    return "?"
 
 
 def source_line(node: Node, code) -> str:

@@ -61,9 +61,10 @@ from hfrewrite.analyze.plan import (
     Refusal,
     refuse,
 )
+from hfrewrite.analyze.qkv_width import prove_at_more_heads
 from hfrewrite.analyze.rope import ABSOLUTE_ROTARY_FIELD
 from hfrewrite.analyze.rope_styles import RopeStyle
-from hfrewrite.analyze.shrink import shrink_config
+from hfrewrite.analyze.shrink import HEADS, shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, tied_target
 from hfrewrite.analyze.trace import (
@@ -91,11 +92,12 @@ def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         torch.set_num_threads(threads)
 
 
-def _analyze(config: transformers.PretrainedConfig, branches: bool = True) -> ModelPlan:
-    """The plan of ``config``; with ``branches``, the other branches of MLA's query and rope
-    and of a router's string switch proven on sibling configs (analyze/mla_variants.py,
-    analyze/moe_variants.py)."""
-    small = _shrunk(config)
+def _analyze(config: transformers.PretrainedConfig, branches: bool = True, heads: int = HEADS) -> ModelPlan:
+    """The plan of ``config`` shrunk to ``heads`` query heads; with ``branches``, the other
+    branches of MLA's query and rope and of a router's string switch proven on sibling
+    configs (analyze/mla_variants.py, analyze/moe_variants.py), and a reordered q/k/v
+    layout at a second head count (analyze/qkv_width.py)."""
+    small = _shrunk(config, heads)
     torch.manual_seed(0)
     model = build_model(small)
     model.eval()
@@ -154,10 +156,10 @@ class _LayerPlans:
     siblings: tuple[tuple[str, object], ...]
 
 
-def _shrunk(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
+def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
     """``config`` shrunk for tracing (:func:`shrink_config`); a composite config refuses."""
     try:
-        small = shrink_config(config)
+        small = shrink_config(config, heads)
     except Exception as exc:  # noqa: BLE001 - the config class refuses an edit: a true reason
         refuse("config", f"cannot build a shrunk config: {error_line(exc)}", type(config).__name__)
     if getattr(small, "vocab_size", None) is None:
@@ -185,6 +187,8 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     decoder = per_layer[0].decoder
     declined = _compare_layers(per_layer)
     attention = _emitted_attention(per_layer, traces[0], small)
+    if branches:
+        prove_at_more_heads(attention, lambda heads: _analyze(config, False, heads).attention.qkv_layout)
     siblings = _head_sibling(config, source.head_kind)
     if branches and isinstance(attention, MlaPlan):
         attention, more, branch_configs = with_other_branches(

@@ -94,6 +94,9 @@ class AttentionPlan:
     # The source lines where the forward takes q's, k's and v's own lanes of the fused
     # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
     qkv_unpack_lines: tuple[str, ...] = ()
+    # the forward's source line scaling q per token by a factor of the positions alone,
+    # after the rope (ministral3's Llama-4 scale; analyze/position_scale.py): carried
+    q_position_scale: str | None = None
     # the config field holding the rotated width in lanes (GPT-J's rotary_dim), when the
     # replay proved that width: the file passes its share of the head to get_rope
     rotary_dim_field: str | None = None

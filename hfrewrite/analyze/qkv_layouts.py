@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+MP_BLOCKS = 4  # CodeGen's model-parallel blocks of its fused projection
 Lanes = Callable[[torch.Tensor, int, int, int], "tuple[torch.Tensor, ...] | None"]
 
 
@@ -39,6 +40,17 @@ def _per_head(out: torch.Tensor, hq: int, hk: int, d: int):
     return _grouped(out, hq, hk, d) if hq == hk else None
 
 
+def _mp_blocks_qvk(out: torch.Tensor, hq: int, hk: int, d: int):
+    """Four blocks, each ``[q; v; k]`` of a quarter of the heads (CodeGen's ``qkv_proj``, kept
+    for its ``mp_num = 4`` TPU partitions). With four heads it reads as per head ``[q v k]``:
+    the analysis proves it again at eight heads (analyze/qkv_width.py)."""
+    if hq != hk or hq % MP_BLOCKS:
+        return None
+    b, s = out.shape[:2]
+    q, v, k = out.reshape(b, s, MP_BLOCKS, 3, hq // MP_BLOCKS, d).unbind(3)
+    return q.reshape(b, s, hq, d), k.reshape(b, s, hq, d), v.reshape(b, s, hq, d)
+
+
 def _kv_blocks(out: torch.Tensor, hq: int, hk: int, d: int):
     """k and v beside q's own projection, as ``[k; v]``."""
     b, s = out.shape[:2]
@@ -51,26 +63,46 @@ def _kv_per_head(out: torch.Tensor, hq: int, hk: int, d: int):
     return out.reshape(b, s, hk, 2, d).unbind(-2)
 
 
-class QkvLayout(enum.Enum):
-    """(roles the one tensor holds, reference lanes, load_weights helper, report text)."""
+_INTERLEAVED = "The checkpoint interleaves q, k and v per head; load_weights reorders them."
 
-    BLOCKS = ("qkv", _blocks, "", "[q; k; v] in the checkpoint")
+
+class QkvLayout(enum.Enum):
+    """(roles the one tensor holds, reference lanes, load_weights helper, report text,
+    the file's comment on the fused layer)."""
+
+    BLOCKS = (
+        "qkv",
+        _blocks,
+        "",
+        "[q; k; v] in the checkpoint",
+        "The checkpoint holds q, k and v in one tensor, which this layer loads as it is.",
+    )
     PER_HEAD = (
         "qkv",
         _per_head,
         "_qkv_per_head_to_blocks",
         "q/k/v interleaved per head in the checkpoint, reordered at load",
+        _INTERLEAVED,
     )
     GROUPED = (
         "qkv",
         _grouped,
         "_qkv_per_head_to_blocks",
         "q/k/v grouped per kv head in the checkpoint, reordered at load",
+        _INTERLEAVED,
     )
-    KV_BLOCKS = ("kv", _kv_blocks, "_kv_split", "[k; v]")
-    KV_PER_HEAD = ("kv", _kv_per_head, "_kv_split", "k and v per kv head")
+    MP_BLOCKS_QVK = (
+        "qkv",
+        _mp_blocks_qvk,
+        "_qkv_mp_blocks_to_blocks",
+        f"{MP_BLOCKS} blocks of [q; v; k] in the checkpoint, reordered at load",
+        f"The checkpoint holds {MP_BLOCKS} blocks of [q; v; k]; load_weights reorders them.",
+    )
+    KV_BLOCKS = ("kv", _kv_blocks, "_kv_split", "[k; v]", "")
+    KV_PER_HEAD = ("kv", _kv_per_head, "_kv_split", "k and v per kv head", "")
 
-    def __init__(self, roles: str, lanes: Lanes, load_helper: str, report: str) -> None:
+    def __init__(self, roles: str, lanes: Lanes, load_helper: str, report: str, comment: str) -> None:
+        self.comment = comment  # above the fused QKVParallelLinear in the file
         self.roles = roles
         self.lanes = lanes
         self.load_helper = load_helper
@@ -83,5 +115,5 @@ class QkvLayout(enum.Enum):
 
 
 # The order the analysis tries them in: the first whose lanes the values match is the fact.
-QKV_ORDER = (QkvLayout.BLOCKS, QkvLayout.PER_HEAD, QkvLayout.GROUPED)
+QKV_ORDER = (QkvLayout.BLOCKS, QkvLayout.PER_HEAD, QkvLayout.GROUPED, QkvLayout.MP_BLOCKS_QVK)
 KV_ORDER = (QkvLayout.KV_BLOCKS, QkvLayout.KV_PER_HEAD)

@@ -30,9 +30,10 @@ _OTHER_SIZES = {
 
 
 def shrink_config(
-    config: transformers.PretrainedConfig,
+    config: transformers.PretrainedConfig, heads_to: int = HEADS
 ) -> transformers.PretrainedConfig:
-    """A small copy of ``config`` that keeps its flags and head layout.
+    """A small copy of ``config`` that keeps its flags and head layout, with ``heads_to``
+    query heads (the head size stays; analyze/qkv_width.py traces a second count).
 
     Keeps MQA (one kv head) and MHA (kv heads == heads), an explicit head_dim that is
     not hidden/heads, the biases, the tying, one layer per distinct ``layer_types``
@@ -47,15 +48,16 @@ def shrink_config(
         # the value the model means is hidden / heads.
         head_dim = config.hidden_size // heads
     explicit = bool(head_dim and heads and head_dim * heads != config.hidden_size)
-    sizes = {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE}
-    sizes |= {"vocab_size": VOCAB, "num_attention_heads": HEADS, **_OTHER_SIZES}
+    hidden = HIDDEN // HEADS * heads_to
+    sizes = {"hidden_size": hidden, "intermediate_size": INTERMEDIATE}
+    sizes |= {"vocab_size": VOCAB, "num_attention_heads": heads_to, **_OTHER_SIZES}
     for name, size in sizes.items():
         if isinstance(getattr(small, name, None), int):
             _set(small, name, size)
     if hasattr(config, "num_key_value_heads") and kv is None:
-        _set(small, "num_key_value_heads", HEADS)  # unset means one kv head per head (MHA)
+        _set(small, "num_key_value_heads", heads_to)  # unset means one kv head per head (MHA)
     elif kv:
-        _set(small, "num_key_value_heads", 1 if kv == 1 else HEADS if kv == heads else 2)
+        _set(small, "num_key_value_heads", 1 if kv == 1 else heads_to if kv == heads else 2)
     if head_dim:
         _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
     rotary = getattr(config, "rotary_dim", None)
@@ -79,7 +81,7 @@ def shrink_config(
     _shrink_routing(config, small)
     _shrink_rope_factors(small)
     _shrink_mla(config, small)
-    _shrink_sub_configs(config, small, sizes)
+    _shrink_sub_configs(config, small, sizes, heads_to)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
         _set(small, "pad_token_id", None)
@@ -124,6 +126,11 @@ def _shrink_rope_factors(small) -> None:
     params = getattr(small, "rope_parameters", None)
     if not isinstance(params, dict):
         return
+    if params.get("llama_4_scaling_beta"):
+        # Llama-4's q scale grows with position // original_max_position_embeddings: a short
+        # period makes it differ over the example's positions and the validation's prompts
+        # (not shorter: vLLM's YaRN caches original_max_position_embeddings * factor positions)
+        params["original_max_position_embeddings"] = 4
     head_dim = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
     rotary = int(head_dim * params.get("partial_rotary_factor", getattr(small, "partial_rotary_factor", 1.0)))
     n = rotary // 2
@@ -133,7 +140,7 @@ def _shrink_rope_factors(small) -> None:
             params[key] = [factors[round(i * (len(factors) - 1) / (n - 1))] for i in range(n)]
 
 
-def _shrink_sub_configs(config, small, sizes: dict) -> None:
+def _shrink_sub_configs(config, small, sizes: dict, heads_to: int) -> None:
     """Sizes a model reads from its sub-configs (dbrx's ``attn_config``/``ffn_config``):
     the same sizes, and kv heads (``kv_n_heads``) by the rule above."""
     heads = getattr(config, "num_attention_heads", None)
@@ -146,7 +153,7 @@ def _shrink_sub_configs(config, small, sizes: dict) -> None:
                 _set(small_sub, field, size)
         kv = getattr(sub, "kv_n_heads", None)
         if isinstance(kv, int):
-            _set(small_sub, "kv_n_heads", 1 if kv == 1 else HEADS if kv == heads else 2)
+            _set(small_sub, "kv_n_heads", 1 if kv == 1 else heads_to if kv == heads else 2)
 
 
 def _shrink_mla(config, small) -> None:

@@ -31,6 +31,7 @@ from hfrewrite.emit.attention_body import (
     unrecognised,
 )
 from hfrewrite.emit.pass_api import PassContext
+from hfrewrite.emit.position_scaled import position_scaled, same_line
 from hfrewrite.errors import HfrewriteError
 
 _PASS = "vllm_attention"  # the pass whose refusals these are
@@ -65,6 +66,7 @@ class AfterSplit:
     rope_test: cst.BaseExpression | None  # NoPE layers: the source's own condition on its rope
     norm_test: cst.BaseExpression | None  # the plan's q/k norms under the source's test
     untaken: tuple[cst.BaseExpression, ...]  # config branches the trace did not take
+    q_scale: cst.BaseStatement | None = None  # the per-token q scale, on vLLM's q and positions
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,11 @@ def read_after_split(
     norm_test: cst.BaseExpression | None = None
     untaken: list[cst.BaseExpression] = []  # config branches the trace did not take
     planned = {a for a in (att.q_norm, att.k_norm) if a}
+    q_scale = None
     for statement in checked:
+        if att.q_position_scale and same_line(att.q_position_scale, t.code(statement)):
+            q_scale = position_scaled(statement, scope.params, scope.cls.name.value)
+            continue
         test = config_switch(statement)
         if (conditional := carried_conditional(statement, scope.states)) is not None:
             carried.append(conditional)
@@ -127,7 +133,11 @@ def read_after_split(
             untaken.append(test)
         else:
             _drop_or_refuse(statement, scope)
-    return AfterSplit(tuple(carried), rope_test, norm_test, tuple(untaken))
+    if att.q_position_scale and q_scale is None:
+        raise HfrewriteError(
+            f"{scope.cls.name.value}: {_PASS}: the statement scaling q by position is not found"
+        )
+    return AfterSplit(tuple(carried), rope_test, norm_test, tuple(untaken), q_scale)
 
 
 def _scope(
@@ -244,6 +254,13 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
             f"{name}: {_PASS}: some layers have no rope, but the source's rope is unconditional"
         )
     tail += "q, k = self.rotary_emb(positions, q, k)\n" if not (att.alibi or positionless(att)) else ""
+    if source.q_scale is not None:
+        if att.qk_norm_after_rope or source.rope_test is not None:
+            raise HfrewriteError(
+                f"{name}: {_PASS}: a q scale by position beside norms or a test after the rope"
+            )
+        tail += "# q scaled per token by the source's function of the positions, after the rope\n"
+        tail += t.code(source.q_scale)
     if att.qk_norm_after_rope:
         tail += norms
     return (

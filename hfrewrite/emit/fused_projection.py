@@ -4,8 +4,12 @@ to vLLM's ``q``, ``k``, ``v`` (the fuse_qkv pass's second form)."""
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
+from hfrewrite.analyze.fused_qkv import ITEM
+from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pure_expressions import computes_only
 from hfrewrite.errors import HfrewriteError
@@ -92,16 +96,26 @@ def rewrite_fused(
     attr: str,
     heads: str,
     kv_heads: str,
-    per_head: bool = False,
+    layout: QkvLayout = QkvLayout.BLOCKS,
     unpack_lines: tuple[str, ...] = (),
 ) -> cst.ClassDef:
     """A checkpoint-fused ``self.<attr> = nn.Linear(H, (NQ + 2 * NKV) * head_dim)``."""
-    init = _fused_init(cls, attr, heads, kv_heads, per_head)
-    forward = free_qkv_names(t.find_method(cls, "forward"), cls.name.value)
-    return _fused_forward(cls, init, forward, attr, per_head, unpack_lines)
+    per_head = layout is not QkvLayout.BLOCKS
+    init = _fused_init(cls, attr, heads, kv_heads, layout.comment)
+    source = t.find_method(cls, "forward")
+    forward = free_qkv_names(source, cls.name.value)
+    lines = tuple(_renamed(line, t.names_used(source) - t.names_used(forward)) for line in unpack_lines)
+    return _fused_forward(cls, init, forward, attr, per_head, lines)
 
 
-def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_head: bool) -> cst.FunctionDef:
+def _renamed(line: str, freed: set[str]) -> str:
+    """A source line as it reads once :func:`free_qkv_names` renamed ``freed``."""
+    for name in freed:
+        line = re.sub(rf"(?<![.\w]){name}\b", f"{name}_states", line)
+    return line
+
+
+def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, comment: str) -> cst.FunctionDef:
     """``__init__`` with ``QKVParallelLinear`` and vLLM's per-rank head bookkeeping in place of
     the source's Linear, and without the source's later head counts."""
     name = cls.name.value
@@ -122,11 +136,6 @@ def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_hea
             f"self.head_dim = ({t.code(size_out)}) // (self.total_num_heads + 2 * self.total_num_kv_heads)\n"
         )
     )
-    layout = (
-        "# The checkpoint interleaves q, k and v per head; load_weights reorders them.\n"
-        if per_head
-        else "# The checkpoint holds q, k and v in one tensor, which this layer loads as it is.\n"
-    )
     fused = t.stmts(
         "tp_size = get_tensor_model_parallel_world_size()\n"
         f"self.total_num_heads = {heads}\n"
@@ -135,7 +144,7 @@ def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, per_hea
         f"{head_dim}"
         "self.q_size = self.num_heads * self.head_dim\n"
         "self.kv_size = self.num_kv_heads * self.head_dim\n"
-        f"{layout}"
+        f"# {comment}\n"
         f"self.{attr} = QKVParallelLinear(\n"
         f"    hidden_size={t.code(size_in)},\n"
         "    head_size=self.head_dim,\n"
@@ -176,7 +185,7 @@ def _fused_forward(
         ),
         None,
     )
-    if at is None and not per_head and len(set(unpack_lines)) <= 1:  # one statement takes all three
+    if at is None and not per_head and _roles_in_order(unpack_lines):  # one statement takes all three
         return _split_in_one(cls, init, forward, attr)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")
@@ -318,31 +327,63 @@ def _bind_at_lines(
     body: list[cst.BaseStatement], var: str, lines: tuple[str, ...], cls: str
 ) -> list[cst.BaseStatement]:
     """The source's unpacking of ``<var>`` into q, k and v by layout alone (indexing, views,
-    einops), as the analysis proved it: the statement at each role's recorded line binds
-    that role (``query_states = qkv_states[..., :groups, :]`` -> ``query_states = q``);
-    re-layouts of ``<var>`` itself go; any other use of ``<var>`` is refused."""
-    out, bound = [], []
-    wanted = {" ".join(line.split()): role for line, role in zip(lines, "qkv") if line}
+    einops, splits), as the analysis proved it: the statement at each role's recorded line
+    binds that role (``query_states = qkv_states[..., :groups, :]`` -> ``query_states = q``);
+    re-layouts of ``<var>`` itself, and the names derived from it that only those lines
+    read (CodeGen's ``qkv_split``, its ``query, value, key = torch.split(...)``), go; any
+    other use of ``<var>`` is refused."""
+    out, bound, derived = [], [], {var}
+    wanted = _roles_at_lines(lines)
     for s in body:
-        if var not in t.names_used(s):
+        if not derived & t.names_used(s):
             out.append(s)
             continue
         small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
-        target = (
-            small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
-        )
-        if not isinstance(target, cst.Name):
+        targets = _assigned_names(small)
+        if not targets:
             raise HfrewriteError(f"{cls}: {NAME}: {var} is used other than to take q, k and v apart")
-        if target.value == var:
-            continue  # a re-layout of the whole output (a view, an einops rearrange)
-        role = next((r for line, r in wanted.items() if line in " ".join(t.code(s).split())), None)
-        if role is None:
-            raise HfrewriteError(f"{cls}: {NAME}: {target.value} reads {var} where no role's lane is taken")
-        bound.append(role)
-        out.append(s.with_changes(body=[small.with_changes(value=cst.Name(role))]))
+        text = " ".join(t.code(s).split())
+        roles = next((r for line, r in wanted.items() if line in text), None)
+        if roles is not None and sorted(roles) == list(range(len(targets))):
+            bound += roles.values()
+            derived -= set(targets)  # rebound: from here on they hold vLLM's lanes
+            value = ", ".join(roles[i] for i in range(len(targets)))
+            out.append(s.with_changes(body=[small.with_changes(value=t.expr(value))]))
+            continue
+        derived |= set(targets)  # a re-layout or a piece of <var>: it goes
     if sorted(bound) != ["k", "q", "v"]:
         raise HfrewriteError(f"{cls}: {NAME}: {var} is not taken apart once into q, k and v")
+    if (left := derived & t.names_used(cst.Module(out))) - {var}:
+        first = min(left - {var})
+        raise HfrewriteError(f"{cls}: {NAME}: {first} reads {var} where no role's lane is taken")
     return out
+
+
+def _roles_in_order(lines: tuple[str, ...]) -> bool:
+    """No line recorded, or one line binding q, k and v as its first, second and third."""
+    wanted = _roles_at_lines(lines)
+    return not wanted or list(wanted.values()) == [{0: "q", 1: "k", 2: "v"}]
+
+
+def _roles_at_lines(lines: tuple[str, ...]) -> dict[str, dict[int, str]]:
+    """Each recorded line (whitespace normalised) -> the roles it binds, by the element of
+    its target they are (0 for a single name; ``ITEM`` marks an element of a tuple)."""
+    wanted: dict[str, dict[int, str]] = {}
+    for line, role in zip(lines, "qkv"):
+        if line:
+            text, _, item = line.partition(ITEM)
+            wanted.setdefault(" ".join(text.split()), {})[int(item) if item.isdigit() else 0] = role
+    return wanted
+
+
+def _assigned_names(small: cst.BaseSmallStatement | None) -> tuple[str, ...]:
+    """The names ``a = ...`` or ``a, b, c = ...`` binds (empty for any other statement)."""
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return ()
+    target = small.targets[0].target
+    parts = target.elements if isinstance(target, cst.Tuple) else [target]
+    names = [p.value if isinstance(p, cst.Element) else p for p in parts]
+    return tuple(n.value for n in names) if all(isinstance(n, cst.Name) for n in names) else ()
 
 
 def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.BaseStatement]:

@@ -1,4 +1,4 @@
-"""fusedqkv_postnorm with its fused Wqkv taken apart into a q projection of its own and one
+"""fusedqkv_postnorm with its fused Wqkv taken apart in four blocks (CodeGen's layout), or into a q projection of its own and one
 Linear holding k and v (TeleChat's query + key_value), in either row layout; shared by the
 convert and e2e tests."""
 
@@ -30,3 +30,20 @@ def q_beside_kv(source: str, layout: str) -> str:
     """modeling_fusedqkv_postnorm.py's text with q apart and k/v fused in ``layout``."""
     assert source.count(QKV_INIT) == 1 and source.count(QKV_FORWARD) == 1
     return source.replace(QKV_INIT, Q_KV_INIT).replace(QKV_FORWARD, LAYOUTS[layout])
+
+
+# Wqkv as four blocks, each of a quarter of the heads (CodeGen's mp_num), in ``order``;
+# one kv head per head. With four heads, one block per head: "q, k, v" is then the per-head
+# layout too, and only a second head count tells them apart.
+MP_BLOCKS = """        blocks = self.Wqkv(x).reshape(b, t, 4, -1)
+        {order} = blocks.split(self.q_size // 4, dim=-1)
+        q = q.reshape(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+"""
+
+
+def mp_blocks(source: str, order: str) -> str:
+    """modeling_fusedqkv_postnorm.py's text with its Wqkv laid out in four blocks of ``order``."""
+    assert source.count(QKV_FORWARD) == 1
+    return source.replace(QKV_FORWARD, MP_BLOCKS.format(order=order))

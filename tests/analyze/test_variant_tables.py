@@ -9,7 +9,7 @@ import torch
 from hfrewrite.passes import load_weights
 
 from hfrewrite.analyze.norm_kinds import NormKind
-from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.qkv_layouts import MP_BLOCKS, QkvLayout
 from hfrewrite.analyze.rope_styles import RopeStyle
 
 HQ, HK, D, H = 4, 2, 8, 16  # query heads, kv heads, head size, hidden size
@@ -50,7 +50,7 @@ def _helper(layout: QkvLayout, attr: str):
     """The load_weights helper the file emits for ``layout``, defined and bound."""
     if layout.holds_q:
         source = load_weights._QKV_REORDER[layout].format(
-            attr=attr, heads="num_attention_heads", kv_heads="num_key_value_heads"
+            attr=attr, heads="num_attention_heads", kv_heads="num_key_value_heads", blocks=MP_BLOCKS
         )
     else:
         described, rows, pick = load_weights._KV_ROWS[layout]
@@ -63,15 +63,29 @@ def _helper(layout: QkvLayout, attr: str):
     return lambda weights: scope[layout.load_helper](SimpleNamespace(config=config), weights)
 
 
-@pytest.mark.parametrize("layout", [QkvLayout.PER_HEAD, QkvLayout.GROUPED])
+@pytest.mark.parametrize("layout", [QkvLayout.PER_HEAD, QkvLayout.GROUPED, QkvLayout.MP_BLOCKS_QVK])
 def test_each_reordered_qkv_row_loads_into_blocks(layout):
-    hk = HQ if layout is QkvLayout.PER_HEAD else HK  # per head: as many kv heads as heads
-    weight = torch.randn((HQ + 2 * hk) * D, H)
+    # per head and in blocks: as many kv heads as heads; blocks of two heads each
+    hq = 2 * MP_BLOCKS if layout is QkvLayout.MP_BLOCKS_QVK else HQ
+    hk = HK if layout is QkvLayout.GROUPED else hq
+    weight = torch.randn((hq + 2 * hk) * D, H)
     x = torch.randn(1, 1, H)
-    lanes = layout.lanes(x @ weight.T, HQ, hk, D)  # the roles as the analysis reads them
+    lanes = layout.lanes(x @ weight.T, hq, hk, D)  # the roles as the analysis reads them
     ((_, loaded),) = list(_helper(layout, "wqkv")([("layers.0.attn.wqkv.weight", weight)]))
-    blocks = QkvLayout.BLOCKS.lanes(x @ loaded.T, HQ, hk, D)  # what QKVParallelLinear holds
+    blocks = QkvLayout.BLOCKS.lanes(x @ loaded.T, hq, hk, D)  # what QKVParallelLinear holds
     assert all(torch.equal(a, b) for a, b in zip(lanes, blocks))
+    assert layout not in (QkvLayout.PER_HEAD, QkvLayout.MP_BLOCKS_QVK) or not torch.equal(weight, loaded)
+
+
+def test_four_blocks_of_q_v_k_differ_from_one_block_per_head_only_past_four_heads():
+    out = torch.randn(1, 1, 3 * 2 * MP_BLOCKS * D)
+    per_head_qvk = out.reshape(1, 1, 2 * MP_BLOCKS, 3, D)[..., [0, 2, 1], :].unbind(3)
+    blocks = QkvLayout.MP_BLOCKS_QVK.lanes(out, 2 * MP_BLOCKS, 2 * MP_BLOCKS, D)
+    assert not all(torch.equal(a, b) for a, b in zip(per_head_qvk, blocks))
+    out = out[..., : 3 * MP_BLOCKS * D]
+    per_head_qvk = out.reshape(1, 1, MP_BLOCKS, 3, D)[..., [0, 2, 1], :].unbind(3)
+    blocks = QkvLayout.MP_BLOCKS_QVK.lanes(out, MP_BLOCKS, MP_BLOCKS, D)
+    assert all(torch.equal(a, b) for a, b in zip(per_head_qvk, blocks))
 
 
 @pytest.mark.parametrize("layout", [QkvLayout.KV_BLOCKS, QkvLayout.KV_PER_HEAD])

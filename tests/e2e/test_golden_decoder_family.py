@@ -124,6 +124,28 @@ CASES: dict[str, tuple[str, dict]] = {
     # sequential block
     "falcon-mqa-parallel-attn": ("falcon", {}),
     "falcon-sequential": ("falcon", {"parallel_attn": False}),
+    # Llama-4's attention temperature (q scaled per token by a function of the positions,
+    # after the rope), with a period of 4 tokens so that it differs over the prompts, YaRN
+    "ministral3-llama4-q-scale": (
+        "ministral3",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 16.0,
+                "original_max_position_embeddings": 4,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale_all_dim": 1.0,
+                "mscale": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            }
+        },
+    ),
+    # CodeGen's qkv_proj: four blocks of [q; v; k] (its mp_num), reordered at load; with eight
+    # heads (two per block) that layout is not one per head, as it is with four
+    "codegen-mp-blocks-qkv": ("codegen", {SEED: 32}),
+    "codegen-mp-blocks-eight-heads": ("codegen", {"num_attention_heads": 8, "hidden_size": 256}),
     # per-head q/k norms after the head split, rope on the sliding layers only (the global
     # layer's q/k norm feeds the attention directly: NoPE)
     "exaone4-sliding-rope-global-nope": (
@@ -180,6 +202,9 @@ NATIVE_DIFFERS = {
     # vLLM 0.32's bloom.py uses the erf gelu; transformers' BloomGelu is the tanh approximation
     # (logprobs 3e-4 to 6e-4 apart in float32; the generated file keeps the source's)
     "bloom-alibi-residual-inside": "erf gelu",
+    # vLLM 0.32's mistral.py reads the Llama-4 scale from `llama_4_scaling`, which only its
+    # own reading of Mistral's params.json sets: with a Hugging Face config it never scales q
+    "ministral3-llama4-q-scale": "llama_4_scaling",
 }
 # Cases vLLM 0.32's own class refuses to load (the generated file runs them).
 NATIVE_REFUSES = {
