@@ -290,7 +290,9 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     moe = ctx.plan.moe
     name = moe.module_class
     block = t.find_class(module, name)
-    init, init_guards = taken_init_branches(t.find_method(block, "__init__"), moe)
+    init, init_guards = taken_init_branches(
+        t.find_method(block, "__init__"), moe.init_switches, moe.module_class
+    )
     built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
     sources = _sources(module, block, built, moe)
     rebuilt = _rebuilt_init(init, moe, sources.sizes)

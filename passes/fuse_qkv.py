@@ -77,12 +77,14 @@ class _ReplaceCalls(cst.CSTTransformer):
     def __init__(self, names: dict[str, str]) -> None:
         self.names = names
         self.args: dict[str, list[str]] = {a: [] for a in names}
+        self.in_order: list[str] = []  # the arguments, in the order of the calls
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         func = t.dotted(updated.func) or ""
         attr = func.removeprefix("self.")
         if func.startswith("self.") and attr in self.names:
             self.args[attr].append(",".join(t.code(a) for a in updated.args))
+            self.in_order.append(self.args[attr][-1])
             return cst.Name(self.names[attr])
         return updated
 
@@ -188,10 +190,14 @@ def _split_forward(forward: cst.FunctionDef, roles: tuple[str, str, str], name: 
         if first_use is None and sum(map(len, replacer.args.values())) > before:
             first_use = i
     calls = replacer.args
-    if any(len(c) != 1 for c in calls.values()) or len({c[0] for c in calls.values()}) != 1:
-        raise HfrewriteError(f"{name}: {NAME}: q/k/v are not each called once on one input")
+    # (one input: the analysis proved the three read one value; the source may spell it
+    # otherwise for k and v, BioGPT's `current_states`, the self-attention branch of a
+    # conditional: the first call's spelling is the fused call's)
+    if any(len(c) != 1 for c in calls.values()):
+        raise HfrewriteError(f"{name}: {NAME}: q/k/v are not each called once")
+    first = replacer.in_order[0]
     split = t.stmts(
-        f"qkv, _ = self.qkv_proj({calls[q][0]})\n"
+        f"qkv, _ = self.qkv_proj({first})\n"
         "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
     )
     fwd_body[first_use:first_use] = split

@@ -362,7 +362,11 @@ def _weights_mapper(plan, stacks: dict[str, list[_Shard]]) -> str:
     renames = plan.moe.checkpoint_renames if plan.moe is not None else ()
     substr = "".join(f'        "{old}": "{new}",\n' for old, new in renames)
     mapper = "hf_to_vllm_mapper = WeightsMapper(\n"
-    prefixes = "".join(f'        "{old}": "{new}",\n' for old, new in plan.checkpoint_prefix_renames)
+    renamed = plan.checkpoint_prefix_renames
+    if plan.base_model_inner:  # OPT's model.decoder is the file's base model: model.
+        base = plan.base_model_attr
+        renamed = ((f"{base}.{plan.base_model_inner}.", f"{base}."), *renamed)
+    prefixes = "".join(f'        "{old}": "{new}",\n' for old, new in renamed)
     if prefixes:
         mapper += f"    orig_to_new_prefix={{\n{prefixes}    }},\n"
     if substr:

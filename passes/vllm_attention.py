@@ -184,6 +184,8 @@ def _init_with_attention(
     """``__init__`` building vLLM's rope (or ALiBi slopes) and ``Attention``."""
     name = cls.name.value
     scaling = t.code(kwargs["scaling"])
+    if att.q_prescale:  # q multiplied by it after its projection, the call at its own scale
+        scaling = att.q_prescale if scaling in ("1", "1.0") else f"{att.q_prescale} * {scaling}"
     options = _attention_options(kwargs, att)
     if att.sinks:
         init = _sinks_per_rank(init, att.sinks, name)

@@ -28,6 +28,7 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.embedding_glue import embedding_glue, lookup_expression, position_rows
+from hfrewrite.emit.expert_sources import taken_init_branches
 from hfrewrite.emit.logits_glue import (
     adding_head_bias,
     carrying_logits,
@@ -127,7 +128,9 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
     """The template's ``__init__`` with the source's statements: the decoder stack built by
     ``make_layers``, the final norm on the pipeline ranks that apply it."""
     name = cls.name.value
-    init = t.find_method(cls, "__init__")
+    # the branches of the __init__'s config switches the traced config took (OPT's final
+    # norm and projections); guards refuse the others
+    init, guards = taken_init_branches(t.find_method(cls, "__init__"), plan.base_init_switches, name)
     body: list[cst.BaseStatement] = list(t.find_method(tpl, "__init__").body.body)
     hidden = None
     # nanochat also normalises the embeddings with its final norm: the first rank needs it too
@@ -161,7 +164,7 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
         "self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(\n"
         f"    {streams}, {hidden}\n)\n"
     )
-    return t.with_body(t.find_method(tpl, "__init__"), body)
+    return t.with_body(t.find_method(tpl, "__init__"), t.guards_first(body, guards))
 
 
 def _base_forward(tpl: cst.ClassDef, plan) -> cst.FunctionDef:

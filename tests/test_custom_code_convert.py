@@ -280,3 +280,51 @@ def test_q_scaled_by_something_other_than_the_positions_is_refused(tmp_path, cap
     assert code == 2, err
     assert "position-dependent op is not applied to exactly q and k" in err or "rotary embedding" in err, err
     assert not (tmp_path / "out").exists()
+
+
+MLP_INIT = "        self.mlp = GeluMLP(config)\n"
+MLP_CALL = "        return x + self.post_mlp_norm(self.mlp(x))\n"
+INLINE_INIT = """        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=True)
+"""
+
+
+def _inline_mlp_repo(tmp_path: Path, name: str, call: str) -> Path:
+    """fusedqkv_postnorm with its MLP written into the layer (OPT's and BioGPT's way)."""
+    repo = shutil.copytree(DATA / "fusedqkv_postnorm", tmp_path / name)
+    source = repo / "modeling_fusedqkv_postnorm.py"
+    text = source.read_text()
+    assert text.count(MLP_INIT) == 1 and text.count(MLP_CALL) == 1
+    source.write_text(text.replace(MLP_INIT, INLINE_INIT).replace(MLP_CALL, call))
+    return repo
+
+
+def test_an_mlp_written_into_the_layer_is_sharded_in_place(tmp_path, capsys):
+    call = "        h = F.gelu(self.fc1(x))\n        return x + self.post_mlp_norm(self.fc2(h))\n"
+    code, err = run(
+        capsys, _inline_mlp_repo(tmp_path, "inline_mlp", call), "--trust-remote-code", "-o", tmp_path / "out"
+    )
+    assert code == 0, err
+    text = (tmp_path / "out" / "fusedqkv_postnorm.py").read_text()
+    for line in (
+        "self.fc1 = ColumnParallelLinear(",
+        "self.fc2 = RowParallelLinear(",
+        "h = F.gelu(self.fc1(x)[0])",
+        "return x + self.post_mlp_norm(self.fc2(h)[0])",
+    ):
+        assert line in text, line
+
+
+def test_an_mlp_in_the_layer_whose_intermediate_is_read_elsewhere_is_refused(tmp_path, capsys):
+    # the intermediate would be a column shard under tensor parallelism: its mean is not
+    call = "        h = F.gelu(self.fc1(x))\n        return x + self.post_mlp_norm(self.fc2(h)) + h.mean(-1, keepdim=True)\n"
+    code, err = run(
+        capsys,
+        _inline_mlp_repo(tmp_path, "inline_mlp_read", call),
+        "--trust-remote-code",
+        "-o",
+        tmp_path / "out",
+    )
+    assert code == 2, err
+    assert "reads fc1's output other than through the act into fc2" in err, err
+    assert not (tmp_path / "out").exists()

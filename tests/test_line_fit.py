@@ -105,3 +105,13 @@ def test_a_docstring_sentence_flows_into_its_next_line():
         "\n"
         "    Args:\n"
     ) in fit_lines(source)
+
+
+def test_an_f_string_whose_last_words_overflow_is_cut_before_them():
+    # every space comes early; the placeholder after the last one pushes the line past 88
+    line = '        raise ValueError(\n            f"embed_dim must be divisible by num_heads (got `embed_dim`: {self.embed_dim}"\n        )\n'
+    text = f"def check(self):\n    if self.bad:\n{line}"
+    fitted = fit_lines(text)  # (the formatter then puts each part on a line of its own)
+    parts = ['"embed_dim must be divisible by num_heads (got `embed_dim`: "', 'f"{self.embed_dim}"']
+    assert " ".join(parts) in fitted, fitted
+    assert all(len(" " * 12 + p + ",") <= WIDTH for p in parts)

@@ -42,6 +42,7 @@ from hfrewrite.analyze.manual_attention import (
 )
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
 from hfrewrite.analyze.position_scale import peel_position_scale
+from hfrewrite.analyze.q_prescale import peel_q_prescale
 from hfrewrite.analyze.replaced_calls import replaced_calls
 from hfrewrite.analyze.rope import RopeFact, legacy_rope_fields, per_layer_type, prove_rope
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -92,6 +93,8 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     call = _attention_call(traced, path)
     args = dict(zip("qkv", call.args[1:4]))
     proj = _projections(traced, path, scope, args)
+    if (prescale := peel_q_prescale(traced, path, proj.feeders["q"])) is not None:  # (OPT)
+        proj = proj._replace(feeders={**proj.feeders, "q": prescale[0]})
     args["q"], q_scale = peel_position_scale(traced, path, scope, args["q"], proj.feeders["q"])
     heads = _heads(args, proj.q, proj.k)
     rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer_type)
@@ -119,7 +122,9 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_style=fact.style if fact else RopeStyle.NEOX,
         rope_reversed=fact.reversed if fact else False,
         rotary_dim=fact.rotary_dim if fact else head_dim,
-        scaling=float(head_dim**-0.5 if options.scaling is None else options.scaling),
+        scaling=float(head_dim**-0.5 if options.scaling is None else options.scaling)
+        * (prescale[1] if prescale else 1.0),
+        q_prescale=prescale[2] if prescale else None,
         sliding_window=None if options.window is None else int(options.window),
         qk_norm_over=qk_norm_over,
         logit_softcap=None if options.softcap is None else float(options.softcap),

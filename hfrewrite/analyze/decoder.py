@@ -26,6 +26,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.block_output import returns_tuple
+from hfrewrite.analyze.linear_classes import is_linear as computes_linear
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
@@ -165,7 +166,8 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
             "mixer does not fit vLLM's decoder contract",
             cls,
         )
-    if len(attending) != 1 or None in attending or len(others) != 1:
+    inline = _inline_mlp(traced, others)
+    if len(attending) != 1 or None in attending or (len(others) != 1 and not inline):
         refuse(
             "decoder_layer",
             f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
@@ -179,11 +181,21 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
         cls,
         (),
         attention_block=path,
-        mlp_block=others[0],
+        mlp_block="" if inline else others[0],
+        mlp_linears=inline,
         attention_returns_tuple=traced.returns_tuple.get(path, True),
         attention_wrappers=tuple(wrappers),
         returns_tuple=returns_tuple(traced),
     )
+
+
+def _inline_mlp(traced: Traced, others: list[str]) -> tuple[str, ...]:
+    """The layer's own two Linears (OPT's and BioGPT's ``fc1``, ``fc2``), when they are all
+    it holds besides its attention: an MLP written into the layer (else ())."""
+    if len(others) != 2:
+        return ()
+    linears = [traced.module.get_submodule(name) for name in others]
+    return tuple(others) if all(computes_linear(m) for m in linears) else ()
 
 
 def _wrapped_attention(traced: Traced, path: str) -> str | None:

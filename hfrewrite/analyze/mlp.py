@@ -25,8 +25,9 @@ from torch.fx.node import map_arg
 from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
+from hfrewrite.analyze.dataflow import ancestors, path_nodes
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
-from hfrewrite.analyze.trace import Traced, past_identity_dropouts, relative, value
+from hfrewrite.analyze.trace import Traced, is_identity_dropout, past_identity_dropouts, relative, value
 
 # Keys of vllm.model_executor.layers.activation._ACTIVATION_AND_MUL_REGISTRY (vLLM 0.32)
 # whose math is ``act(gate) * up``; "swigluoai" (clamped, gpt-oss) and "geglu" (no
@@ -78,6 +79,33 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     if isinstance(product, NoMatch):
         return product
     return _gated(traced, path, cls, product, down, config)
+
+
+def analyze_inline_mlp(traced: Traced, attrs: tuple[str, ...]) -> MlpPlan | NoMatch:
+    """Facts of an ungated MLP written into the layer itself (OPT's and BioGPT's
+    ``fc2(act(fc1(x)))``): the layer's Linears ``attrs``, each called once, one reading the
+    other through an elementwise act whose value nothing else reads (vLLM shards that
+    intermediate by columns)."""
+    cls = type(traced.module).__name__
+    linears = [n for n in traced.linears_in("") if n.target in attrs]
+    if sorted(n.target for n in linears) != sorted(attrs):
+        return NoMatch(PATTERN, cls, f"{', '.join(attrs)} are not each called once")
+    downs = [n for n in linears if any(other in ancestors(n, None) for other in linears if other is not n)]
+    if len(downs) != 1:
+        return NoMatch(PATTERN, cls, f"{' and '.join(attrs)} do not form up -> act -> down")
+    down = downs[0]
+    (up,) = [n for n in linears if n is not down]
+    between = set(path_nodes(down, up, None))
+    if not between or any(not set(n.users) <= between | {down} for n in [up, *between]):
+        return NoMatch(
+            PATTERN,
+            cls,
+            f"the layer reads {up.target}'s output other than through the act into {down.target}",
+        )
+    act = down.args[0]
+    while is_identity_dropout(act, traced):  # (BioGPT's activation dropout)
+        act = act.args[0]
+    return _ungated(traced, "", cls, linears, down, act)
 
 
 @dataclass(frozen=True)
@@ -261,12 +289,14 @@ def _config_activation(module, config) -> str:
     return _TORCH_ACTIVATIONS.get(type(module), "")
 
 
-def _ungated(traced: Traced, path: str, cls: str, linears: list, down: Node) -> MlpPlan | NoMatch:
+def _ungated(
+    traced: Traced, path: str, cls: str, linears: list, down: Node, act: Node | None = None
+) -> MlpPlan | NoMatch:
     """``down(act(up(x)))``: vLLM shards ``up`` by columns and ``down`` by rows, which
     holds when act is elementwise (checked on the traced values: act of a column slice
-    is the slice of act)."""
+    is the slice of act); ``act``: where down reads it through identity dropouts."""
     (up,) = [n for n in linears if n is not down]
-    act = down.args[0]
+    act = down.args[0] if act is None else act
     functional = _functional_activation(act)
     module = _is_act_module_call(act) and not functional
     if (module or functional) and act.args[0] is up:

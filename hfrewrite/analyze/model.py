@@ -26,7 +26,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.block_output import hidden_output
-from hfrewrite.analyze.branches import forward_switches
+from hfrewrite.analyze.branches import forward_switches, init_switches
 from hfrewrite.analyze.checkpoint import (
     checkpoint_prefix_renames,
     checkpoint_renames,
@@ -44,8 +44,8 @@ from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
-from hfrewrite.analyze.mlp import analyze_mlp
-from hfrewrite.analyze.model_layout import ModelLayout, embedding_subclass, model_layout
+from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
+from hfrewrite.analyze.model_layout import ModelLayout, embedding_subclass, flattened, model_layout
 from hfrewrite.analyze.model_norms import norm_facts, norm_modules
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.moe_variants import with_other_routings
@@ -295,10 +295,13 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         sibling_configs=plans.siblings,
         linear_classes=source.linear_classes,
         position_embedding=run.position,
+        base_init_switches=init_switches(base, small),
+        base_model_inner=source.layout.inner,
         transposed_linear_classes=source.transposed_classes,
         transposed_linears=source.transposed,
-        head_tied_to=tied_target(
-            model if getattr(small, "tie_word_embeddings", False) else source.flipped, head
+        head_tied_to=flattened(
+            tied_target(model if getattr(small, "tie_word_embeddings", False) else source.flipped, head),
+            source.layout,
         ),
         forward_switches=_without_proven(
             forward_switches(model, base, layers[0], plans.attention, plans.mlp, plans.moe),
@@ -394,7 +397,11 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
     analyze = analyze_mla if is_mla(traced, decoder.attention_block) else analyze_attention
     attention = _required(analyze(traced, decoder.attention_block, small, layer_type))
     block = decoder.mlp_block
-    mlp = analyze_mlp(traced, block, config)
+    mlp = (
+        analyze_inline_mlp(traced, decoder.mlp_linears)
+        if decoder.mlp_linears
+        else analyze_mlp(traced, block, config)
+    )
     if not isinstance(mlp, NoMatch):
         return LayerFacts(decoder, attention, mlp, None, carried)
     moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)

@@ -22,7 +22,8 @@ class ModelLayout:
     """The parts of a causal LM ``model``, by attribute name."""
 
     base_attr: str  # model.<base_attr>: the base model
-    base: nn.Module
+    base: nn.Module  # (model.<base_attr>.<inner> when the base model only wraps it)
+    inner: str  # OPT's "decoder": the child of the base model holding the stack, else ""
     layers_attr: str  # base.<layers_attr>: the decoder layers' ModuleList
     layers: list[nn.Module]
     embeds: list[str]  # the base model's Embedding children
@@ -33,6 +34,8 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     """The layout of ``model`` (built from ``small``, the shrunk ``config``), or a refusal."""
     base_attr, base = _base_model(model)
     _refuse_unfollowed_stack(base, base_attr, config, small)
+    inner = _wrapped_stack(base, config)
+    base = getattr(base, inner) if inner else base
     layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
     layers = list(getattr(base, layers_attr))
     if len({type(layer) for layer in layers}) != 1:
@@ -42,7 +45,28 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     if not embeds:
         refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
     head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
-    return ModelLayout(base_attr, base, layers_attr, layers, embeds, head)
+    return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, head)
+
+
+def flattened(path: str | None, layout: ModelLayout) -> str | None:
+    """A module path of the source model as the file builds it: the wrapped stack's holder
+    (OPT's ``model.decoder``) is the base model itself there."""
+    if path is None or not layout.inner:
+        return path
+    return path.replace(f"{layout.base_attr}.{layout.inner}.", f"{layout.base_attr}.", 1)
+
+
+def _wrapped_stack(base: nn.Module, config) -> str:
+    """The one child of ``base`` holding the decoder stack, when ``base`` holds no stack
+    itself and only that child (OPT's ``model.decoder``; not an encoder-decoder), else ""."""
+    if getattr(config, "is_encoder_decoder", False) or any(
+        isinstance(m, nn.ModuleList) for m in base.children()
+    ):
+        return ""
+    children = list(base.named_children())
+    if len(children) == 1 and any(isinstance(m, nn.ModuleList) for m in children[0][1].children()):
+        return children[0][0]
+    return ""
 
 
 def _base_model(model: nn.Module) -> tuple[str, nn.Module]:
@@ -81,7 +105,7 @@ def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> 
             type(base).__name__,
         )
     if getattr(config, "is_encoder_decoder", False) or not any(
-        isinstance(m, nn.ModuleList) for m in base.children()
+        isinstance(m, nn.ModuleList) for m in (*base.children(), *_only_child(base).children())
     ):
         refuse(
             "model_layout",
@@ -89,6 +113,12 @@ def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> 
             "model): vLLM's decoder contract does not fit it",
             type(base).__name__,
         )
+
+
+def _only_child(base: nn.Module) -> nn.Module:
+    """The one child of ``base``, else an empty module."""
+    children = list(base.children())
+    return children[0] if len(children) == 1 else nn.Module()
 
 
 def _one_child(parent: nn.Module, what: str, test) -> str:

@@ -97,6 +97,9 @@ class AttentionPlan:
     # the forward's source line scaling q per token by a factor of the positions alone,
     # after the rope (ministral3's Llama-4 scale; analyze/position_scale.py): carried
     q_position_scale: str | None = None
+    # the source's expression q is multiplied by right after its projection, the attention
+    # then run at its own scale times it (OPT's self.scaling; analyze/q_prescale.py)
+    q_prescale: str | None = None
     # the config field holding the rotated width in lanes (GPT-J's rotary_dim), when the
     # replay proved that width: the file passes its share of the head to get_rope
     rotary_dim_field: str | None = None
@@ -341,7 +344,8 @@ class DecoderLayerPlan:
     module_class: str
     blocks: tuple[ResidualBlock, ...]  # in execution order; () = carried from the source
     attention_block: str = "self_attn"
-    mlp_block: str = "mlp"
+    mlp_block: str = "mlp"  # "": the MLP is written into the layer, its linears are:
+    mlp_linears: tuple[str, ...] = ()  # the layer's own up and down Linears (OPT's fc1, fc2)
     # The attention submodule returns a tuple (Hugging Face: output, weights); custom code
     # often returns the output tensor alone
     attention_returns_tuple: bool = True
@@ -443,3 +447,9 @@ class ModelPlan:
     transposed_linears: tuple[str, ...] = ()
     # A learned absolute position table whose rows the base model adds to the tokens' embeddings
     position_embedding: PositionEmbeddingPlan | None = None
+    # Switches of the base model's __init__ on its config alone ((test, traced value): OPT's
+    # final norm and word-embedding projections): the traced branch is built, others refused
+    base_init_switches: tuple[tuple[str, bool], ...] = ()
+    # The child of the HF base model that holds the stack, when the base model only wraps it
+    # (OPT's "decoder"): the file builds that child as the base model; names are mapped
+    base_model_inner: str = ""

@@ -54,6 +54,8 @@ def shrink_config(
     for name, size in sizes.items():
         if isinstance(getattr(small, name, None), int):
             _set(small, name, size)
+    for name in same_as_hidden(config, sizes):  # OPT's word_embed_proj_dim: kept equal
+        _set(small, name, hidden)
     if hasattr(config, "num_key_value_heads") and kv is None:
         _set(small, "num_key_value_heads", heads_to)  # unset means one kv head per head (MHA)
     elif kv:
@@ -87,6 +89,22 @@ def shrink_config(
         _set(small, "pad_token_id", None)
     small._attn_implementation = ATTN_IMPLEMENTATION
     return small
+
+
+def same_as_hidden(config, sizes: dict) -> list[str]:
+    """Other width fields (``*_dim``, ``*_size``) equal to ``hidden_size``: equal in the
+    shrunk config too, so that the branches that test their equality are the same."""
+    hidden = getattr(config, "hidden_size", None)
+    return [
+        name
+        for name, value in sorted(vars(config).items())
+        if name.endswith(("_dim", "_size"))
+        and name not in sizes
+        and name != "head_dim"
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+        and value == hidden
+    ]
 
 
 def _shrink_routing(config, small) -> None:

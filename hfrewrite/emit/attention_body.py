@@ -344,6 +344,14 @@ def flag_block(
     return bool(names & dropped) and names <= (dropped | constants) - set(states) - {"self"}
 
 
+def _literal(node: cst.BaseExpression) -> bool:
+    return (
+        isinstance(node, cst.Name)
+        and node.value in ("None", "True", "False")
+        or isinstance(node, (cst.Integer, cst.Float, cst.SimpleString))
+    )
+
+
 def convention_locals(forward: cst.FunctionDef) -> set[str]:
     """The forward's parameters vLLM does not pass (all but ``self`` and the hidden states),
     and the locals computed from them alone (``is_cross_attention = encoder_hidden_states is
@@ -362,8 +370,9 @@ def convention_locals(forward: cst.FunctionDef) -> set[str]:
             and isinstance(small, cst.Assign)
             and all(isinstance(x.target, cst.Name) for x in small.targets)
         ):
+            # (a literal too: BioGPT's `is_updated = False`, set again under a cache test)
             reads = t.root_names(small.value) - {"None", "True", "False", "isinstance", "self"}
-            if reads and reads <= dropped:
+            if reads <= dropped and (reads or _literal(small.value)):
                 dropped |= bound
                 continue
         elif pure and isinstance(statement, cst.If) and _on_convention(statement.test, dropped):

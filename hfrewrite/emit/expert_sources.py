@@ -252,10 +252,11 @@ def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
     return ((t.code(dims[0]), t.code(dims[1])), exprs) if len(dims) == 2 else None
 
 
-def taken_init_branches(init: cst.FunctionDef, moe) -> tuple[cst.FunctionDef, str]:
-    """``__init__`` with each ``if`` on a config switch of ``moe.init_switches`` replaced by
-    the branch the traced config took, and the guards refusing configs that take another."""
-    known = {ast.dump(ast.parse(test, mode="eval").body): (test, value) for test, value in moe.init_switches}
+def taken_init_branches(init: cst.FunctionDef, switches, cls: str) -> tuple[cst.FunctionDef, str]:
+    """``__init__`` with each ``if`` on a config switch of ``switches`` ((test, traced value),
+    analyze/branches.py ``init_switches``) replaced by the branch the traced config took,
+    and the guards refusing configs that take another."""
+    known = {ast.dump(ast.parse(test, mode="eval").body): (test, value) for test, value in switches}
     taken = []
 
     class _Taken(cst.CSTTransformer):
@@ -269,4 +270,4 @@ def taken_init_branches(init: cst.FunctionDef, moe) -> tuple[cst.FunctionDef, st
             return cst.FlattenSentinel([*body]) if body else cst.RemoveFromParent()
 
     init = init.visit(_Taken())
-    return init, t.branch_guards(taken, {}, moe.module_class, "__init__")
+    return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")

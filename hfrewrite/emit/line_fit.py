@@ -23,6 +23,7 @@ import re
 import tokenize
 
 WIDTH = 88
+_MARGIN = 12  # columns a string part leaves for its prefix, quotes, brackets and a comma
 _PRAGMA = re.compile(r"#\s*(noqa|type:|fmt:|pragma|pylint|ruff:)")
 _STRING = re.compile(r"(?P<prefix>[rRbBfFuU]*)(?P<quote>'|\")(?P<body>.*)(?P=quote)$", re.DOTALL)
 
@@ -63,7 +64,7 @@ def fit_lines(text: str, width: int = WIDTH) -> str:
             continue
         line = lines[row]
         for tok, bracketed, after in sorted(toks, key=lambda t: -t[0].start[1]):  # right to left
-            parts = _string_parts(tok.string, width - _indent(line) - 12)
+            parts = _string_parts(tok.string, width - _indent(line) - _MARGIN)
             if not parts and after == ":":  # one long word as a dict value: in parentheses,
                 parts, bracketed = [tok.string], False  # the formatter puts it on its own line
             if parts:
@@ -231,6 +232,10 @@ def _string_parts(literal: str, width: int) -> list[str] | None:
             pieces.append(body[start:last])
             start = last
         last = cut
+    # the last words overflow the line itself (its margin less the prefix, quotes and a comma)
+    if len(body) - start > width + _MARGIN - len(prefix) - 3 and last > start:
+        pieces.append(body[start:last])
+        start = last
     pieces.append(body[start:])
     if len(pieces) < 2 or (raw and any(p.endswith("\\") for p in pieces)):
         return None

@@ -44,12 +44,17 @@ def make_tiny_checkpoint(model_type: str, out_dir: Path, seed: int = 0, **config
     """
     from transformers import CONFIG_MAPPING, AutoConfig
 
+    from hfrewrite.analyze.shrink import same_as_hidden
+
     # (the lazy mapping's .get does not import the class: index it)
     config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
     defaults = {  # not what a config class computes (Falcon's head_dim is a property)
         k: v for k, v in TINY_DEFAULTS.items() if not _read_only(config_class, k)
     }
     config = AutoConfig.for_model(model_type, **{**defaults, **config_overrides})
+    # widths the default config keeps equal to hidden_size stay equal (OPT's word_embed_proj_dim)
+    for name in same_as_hidden(AutoConfig.for_model(model_type), {**defaults, **config_overrides}):
+        setattr(config, name, config.hidden_size)
     rotary = getattr(config, "rotary_dim", None)  # GPT-J, CodeGen: a width in lanes (64 by default)
     if isinstance(rotary, int) and "rotary_dim" not in config_overrides:
         head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -1,5 +1,5 @@
-"""Checkpoints saved from the base model alone, as GPT-2's and BLOOM's own Hub checkpoints
-are (``h.0.attn.c_attn.weight``, no ``transformer.``), with the causal-mask buffers old
+"""Checkpoints saved from the base model alone, as GPT-2's, BLOOM's and OPT's own Hub
+checkpoints are (``h.0.attn.c_attn.weight``, no ``transformer.``), with the causal-mask buffers old
 GPT-2 checkpoints hold (``h.0.attn.bias``): transformers loads them into the causal LM by
 adding the base model's prefix and ignoring those buffers, and so does the generated file."""
 
@@ -39,7 +39,8 @@ def base_model_checkpoint(root: Path, model_type: str, legacy_buffers: bool) -> 
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize(("model_type", "legacy_buffers"), [("gpt2", True), ("bloom", False)])
+# (OPT's Hub checkpoints name decoder.layers.0...: its base model is a wrapper of the decoder)
+@pytest.mark.parametrize(("model_type", "legacy_buffers"), [("gpt2", True), ("bloom", False), ("opt", False)])
 def test_a_base_model_checkpoint_loads(tmp_path, capsys, model_type, legacy_buffers):
     ckpt = base_model_checkpoint(tmp_path, model_type, legacy_buffers)
     code = main(["verify", str(ckpt), "--generated", str(GOLDEN / f"{model_type}.py")])

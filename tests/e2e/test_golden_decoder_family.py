@@ -142,6 +142,15 @@ CASES: dict[str, tuple[str, dict]] = {
             }
         },
     ),
+    # an ungated MLP written into the layer (fc1, act, dropout, fc2), learned positions kept two
+    # rows after the start of their table, a scaled embedding class under the config's switch,
+    # k and v projected from the self-attention branch of a cross-attention conditional
+    "biogpt-inline-mlp-offset-positions": ("biogpt", {**UNTIED}),  # (tied scaled: repeats)
+    "biogpt-unscaled-embedding": ("biogpt", {"scale_embedding": False}),
+    # the decoder stack one level down (model.decoder, the file's base model: names mapped),
+    # q scaled after its projection with the attention at scale 1, learned positions offset
+    # by two rows, an ungated MLP written into the layer, the final norm built under a switch
+    "opt-nested-decoder-inline-mlp": ("opt", {}),
     # CodeGen's qkv_proj: four blocks of [q; v; k] (its mp_num), reordered at load; with eight
     # heads (two per block) that layout is not one per head, as it is with four
     "codegen-mp-blocks-qkv": ("codegen", {SEED: 32}),
@@ -182,6 +191,10 @@ REFUSED_AT_LOAD = {
         {"new_decoder_architecture": True, "num_kv_heads": 2},
     ),
     "falcon-multi-head-refused": ("falcon", {"multi_query": False}),
+    # OPT-350m's shape: post-norm layers without a final norm, embeddings projected in and
+    # out: the base model's __init__ takes the other branches of its switches
+    "opt-post-norm-refused": ("opt", {"do_layer_norm_before": False}),
+    "opt-projected-embeddings-refused": ("opt", {"word_embed_proj_dim": 64}),
     # exaone4 with no sliding layer builds its mask on the base model's other branch
     "exaone4-all-global-refused": (
         "exaone4",
