@@ -49,6 +49,7 @@ def generate(resolved) -> Generated:
         module, plan = avoid_vllm_names(module, plan)
         module = torch_nn_as_nn(module, plan.linear_classes, plan.transposed_linear_classes)
     else:  # transformers' own: Conv1D (the GPT-2 family), cwm's `torch.nn.Linear`, FalconLinear
+        module, plan = avoid_vllm_names(module, plan)  # (GPT-1's classes Attention and MLP)
         module = torch_nn_as_nn(
             module, plan.linear_classes, plan.transposed_linear_classes, constructors_only=True
         )

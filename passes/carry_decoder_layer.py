@@ -61,10 +61,16 @@ class _AttentionCall(cst.CSTTransformer):
     """Rewrites ``self.<attn>(...)`` and how its (tuple) result is taken."""
 
     def __init__(
-        self, attr: str, first: str, cls: str, returns_tuple: bool, residual: tuple | None = None
+        self,
+        attr: str,
+        first: str,
+        cls: str,
+        returns_tuple: bool,
+        residual: tuple | None = None,
+        as_list: bool = False,
     ) -> None:
         self.func, self.first, self.cls = f"self.{attr}", first, cls
-        self.returns_tuple = returns_tuple
+        self.returns_tuple, self.as_list = returns_tuple, as_list
         self.residual = residual  # (parameter, the callee's forward): the tensor it adds
         self.count = 0
         self.extra: set[str] = set()
@@ -101,7 +107,8 @@ class _AttentionCall(cst.CSTTransformer):
             return updated.with_changes(targets=[cst.AssignTarget(first)], value=self._call(value))
         if self.returns_tuple and t.call_name(original.value) == self.func and isinstance(target, cst.Name):
             # `outputs = self.attn(...)` read as `outputs[0]`, `outputs[1:]`: a one-tuple (no extras)
-            return updated.with_changes(value=cst.Tuple([cst.Element(self._call(value))]))
+            one = (cst.List if self.as_list else cst.Tuple)([cst.Element(self._call(value))])
+            return updated.with_changes(value=one)
         return updated
 
     def leave_Subscript(self, original, updated):
@@ -137,6 +144,7 @@ def carry_forward(
     layer_returns_tuple: bool = False,
     residual: tuple | None = None,
     free_defaults: tuple[str, ...] = (),
+    as_list: bool = False,
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
     a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
@@ -156,7 +164,7 @@ def carry_forward(
     calls = _count_calls(forward.body, f"self.{attn}")
     if calls != 1:
         raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
-    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual)
+    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list)
     body = forward.body.visit(rewriter)
     if rewriter.count != 1:
         raise HfrewriteError(
@@ -276,6 +284,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             layer_returns_tuple=i == 0 and layer.returns_tuple,
             residual=residual,
             free_defaults=layer.free_defaults if i == 0 else (),
+            as_list=last and layer.attention_returns_list,
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"

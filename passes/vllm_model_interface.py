@@ -94,7 +94,7 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         {
             "embed_tokens": plan.embed_tokens,
             "layers": plan.layers,
-            "norm": plan.final_norm,
+            "norm": plan.final_norm or "norm",
         },
     )
     if plan.position_embedding is None:
@@ -157,6 +157,8 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
             continue
         new[0] = new[0].with_changes(leading_lines=s.leading_lines)
         body.extend(new)
+    if hidden is None and not plan.final_norm:  # no final norm (GPT-1): the stream's width
+        hidden = "config.hidden_size"
     if hidden is None:
         raise HfrewriteError(f"{name}: {NAME}: final norm self.{plan.final_norm} not built in __init__")
     streams = '["hidden_states", "residual"]' if plan.decoder_layer.fused else '["hidden_states"]'
@@ -170,15 +172,22 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
 def _base_forward(tpl: cst.ClassDef, plan) -> cst.FunctionDef:
     """The template's pipeline-parallel ``forward``: with vLLM's fused residual norms, or
     calling the carried layers as they are."""
+    if plan.decoder_layer.fused and not plan.final_norm:
+        raise HfrewriteError(f"{plan.base_model_class}: {NAME}: fused residual layers and no final norm")
     if plan.decoder_layer.fused:
         return t.find_method(tpl, "forward")
     carried = template_class(
         TEMPLATE,
         "TemplateCarriedModel",
         {},
-        {"layers": plan.layers, "norm": plan.final_norm},
+        {"layers": plan.layers, "norm": plan.final_norm or "norm"},
     )
-    return t.find_method(carried, "forward")
+    forward = t.find_method(carried, "forward")
+    if not plan.final_norm:  # the lm_head reads the last layer's output (GPT-1)
+        body = list(forward.body.body)
+        body[-1] = t.stmt("return hidden_states\n")
+        forward = t.with_body(forward, body)
+    return forward
 
 
 def _after_lookup(

@@ -184,6 +184,7 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
         mlp_block="" if inline else others[0],
         mlp_linears=inline,
         attention_returns_tuple=traced.returns_tuple.get(path, True),
+        attention_returns_list=traced.returns_list.get(path, False),
         attention_wrappers=tuple(wrappers),
         returns_tuple=returns_tuple(traced),
     )

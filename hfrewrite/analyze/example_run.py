@@ -68,7 +68,7 @@ def _empty_is_nan():
 @dataclasses.dataclass
 class ExampleRun:
     layer_inputs: list[tuple[tuple, dict]]  # (args, kwargs) each decoder layer received
-    final_norm: str  # the base model's child between the last layer and the lm_head
+    final_norm: str  # the base model's child between the last layer and the lm_head ("": none)
     logits_postprocessed: bool  # the logits differ from lm_head(hidden): softcap, scale...
     embeddings_transformed: bool  # the first layer does not read the embedding as it is
     head_input: torch.Tensor | None = None  # what the lm_head read and returned
@@ -215,6 +215,8 @@ def _final_norm(
             if name in calls and _same(calls[name][0], last) and _scaled(calls[name][1], head_in)
         ]
         scaled = bool(norms)
+    if not norms and _same(last, head_in):  # GPT-1: the lm_head reads the last layer's output
+        return "", False
     if len(norms) != 1:
         refuse(
             "model_layout",

@@ -96,7 +96,7 @@ def fold_manual_attention(traced: Traced) -> int:
     the leaf's, in SDPA's layout); how many were folded."""
     graph, folded = traced.graph, 0
     for soft in [n for n in graph.nodes if _is(n, _SOFTMAX)]:
-        found = _operands(soft, traced)
+        found = _operands(soft, traced, make_k=True)
         if found is None:
             continue
         if value(found[0]).dim() == 3:  # heads flattened into the batch: [b * heads, s, d]
@@ -145,6 +145,8 @@ def fold_manual_attention(traced: Traced) -> int:
         # (the per-head view of a flat output keeps reading it: it feeds the leaf)
         source_out.replace_all_uses_with(back, delete_user_cb=lambda user, out=out: user is not out)
         folded += 1
+    for node in [n for n in graph.nodes if n.meta.get("made_k") and not n.users]:
+        graph.erase_node(node)
     if folded:
         traced.graph_module.recompile()
     return folded
@@ -235,9 +237,10 @@ def _score_steps(soft: Node) -> tuple[list[Node], Node, Node | None] | None:
     return None
 
 
-def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | None:
+def _operands(soft: Node, traced: Traced | None = None, make_k: bool = False) -> tuple[Node, ...] | None:
     """(q, k, v, output, the value of q @ k^T as ``[b, heads, s, s]``, scores) around a
-    softmax over the last dim, or None."""
+    softmax over the last dim, or None; ``make_k``: where the source computed k^T itself
+    (GPT-1 splits its heads as ``[b, heads, d, s]``), a node transposing it back is added."""
     scores = value(soft)
     dim = soft.kwargs.get("dim", soft.args[1] if len(soft.args) > 1 else None)
     if not (torch.is_tensor(scores) and scores.dim() == 4 and dim in (-1, 3)):
@@ -261,6 +264,8 @@ def _operands(soft: Node, traced: Traced | None = None) -> tuple[Node, ...] | No
     _, node, qk_view = walked
     q, kt = _batches(node)
     k = _untransposed(kt)
+    if k is None and isinstance(kt, Node) and torch.is_tensor(value(kt)) and value(kt).dim() == 4:
+        k = _transposed_back(kt) if make_k else kt  # (a check only: any 4-d operand will do)
     operands = (q, k, v, out)
     rank = 3 if _is(probs, _RESHAPES) else 4
     if (rank == 3) != (qk_view is not None) or not all(
@@ -295,6 +300,15 @@ def _flattens_heads(node: object, scores: torch.Tensor) -> bool:
         and val.dim() == 3
         and tuple(val.shape) == (scores.shape[0] * scores.shape[1], *scores.shape[2:])
     )
+
+
+def _transposed_back(kt: Node) -> Node:
+    """A node ``kt.transpose(-2, -1)`` right after ``kt``: k as ``[b, heads, s, d]``."""
+    with kt.graph.inserting_after(kt):
+        k = kt.graph.call_method("transpose", (kt, -2, -1))
+    _copy_meta(k, kt, value(kt).transpose(-2, -1))
+    k.meta["made_k"] = True  # (erased again when no fold reads it)
+    return k
 
 
 def _untransposed(kt: object) -> Node | None:

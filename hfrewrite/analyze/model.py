@@ -207,7 +207,9 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
 
     layer = traces[0].module
     norms = norm_facts(
-        norm_modules(layer, decoder, attention, getattr(layout.base, run.final_norm)), small, decoder
+        norm_modules(layer, decoder, attention, getattr(layout.base, run.final_norm or "", None)),
+        small,
+        decoder,
     )
     decoder, declined = norms.decoder, declined + norms.declined
     if per_layer[0].declined is not None:  # the layer shape itself was not fusable

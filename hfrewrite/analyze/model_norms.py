@@ -26,7 +26,10 @@ class NormFacts:
 
 
 def norm_modules(
-    layer: nn.Module, decoder: DecoderLayerPlan, attention: AttentionPlan | MlaPlan, final_norm: nn.Module
+    layer: nn.Module,
+    decoder: DecoderLayerPlan,
+    attention: AttentionPlan | MlaPlan,
+    final_norm: nn.Module | None,
 ) -> list[nn.Module]:
     """The norms one vLLM norm class must compute: the layer's own, its attention's (q/k, or
     MLA's latent norms) and the base model's final norm."""
@@ -40,8 +43,7 @@ def norm_modules(
     for attr in own_norms:  # (a branch proven on a sibling config may have none here)
         if isinstance(getattr(attention_module, attr or "", None), nn.Module):
             modules.append(attention_module.get_submodule(attr))
-    modules.append(final_norm)
-    return modules
+    return [*modules, final_norm] if final_norm is not None else modules
 
 
 def norm_facts(modules: list[nn.Module], small, decoder: DecoderLayerPlan) -> NormFacts:

@@ -349,6 +349,7 @@ class DecoderLayerPlan:
     # The attention submodule returns a tuple (Hugging Face: output, weights); custom code
     # often returns the output tensor alone
     attention_returns_tuple: bool = True
+    attention_returns_list: bool = False  # that tuple is a list (GPT-1's `[a] + ...`)
     # Classes of the modules a carried layer reaches its attention through (dbrx's
     # DbrxNormAttentionNorm: norms around it), outermost first; each forward is carried too
     attention_wrappers: tuple[str, ...] = ()
@@ -382,7 +383,7 @@ class ModelPlan:
     base_model_attr: str  # attribute of the CausalLM holding the base model, e.g. "model"
     embed_tokens: str
     layers: str
-    final_norm: str
+    final_norm: str  # "": none, the lm_head reads the last layer's output (GPT-1)
     lm_head: str
     tie_word_embeddings: bool
     decoder_layer: DecoderLayerPlan

@@ -214,6 +214,7 @@ class ValueTracer(Tracer):
         self.example = (args, kwargs)
         self.placeholders: list[torch.Tensor] = []
         self.returns_tuple: dict[str, bool] = {}  # submodule path -> its forward returned a tuple
+        self.returns_list: dict[str, bool] = {}  # ... a list (GPT-1's `[a] + attn_outputs[1:]`)
         self.evaluating = False  # see traced_factories
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -223,7 +224,8 @@ class ValueTracer(Tracer):
         if m not in self.submodule_paths:  # built on the fly, e.g. ``ACT2FN[name](x)``
             return forward(*args, **kwargs)
         out = super().call_module(m, forward, args, kwargs)
-        self.returns_tuple.setdefault(self.submodule_paths[m], isinstance(out, tuple))
+        self.returns_tuple.setdefault(self.submodule_paths[m], isinstance(out, tuple | list))
+        self.returns_list.setdefault(self.submodule_paths[m], isinstance(out, list))
         return out
 
     def proxy(self, node: Node) -> ValueProxy:
@@ -381,6 +383,7 @@ class Traced:
     graph_module: GraphModule
     inputs: tuple[torch.Tensor, ...]  # the example tensors, in placeholder order
     returns_tuple: dict[str, bool] = field(default_factory=dict)  # submodule path -> returned a tuple
+    returns_list: dict[str, bool] = field(default_factory=dict)  # (that tuple is a list)
 
     @property
     def graph(self) -> Graph:
@@ -486,4 +489,4 @@ def trace(
     with torch.no_grad(), recorded_factories(tracer):
         graph = tracer.trace(module)
     gm = GraphModule(tracer.root, graph, type(module).__name__)
-    return Traced(module, gm, tuple(tracer.placeholders), tracer.returns_tuple)
+    return Traced(module, gm, tuple(tracer.placeholders), tracer.returns_tuple, tracer.returns_list)

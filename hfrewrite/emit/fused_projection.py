@@ -38,7 +38,7 @@ def free_qkv_names(forward: cst.FunctionDef, cls: str) -> cst.FunctionDef:
     """``forward`` with its own locals named q/k/v/qkv renamed ``<name>_states``, which
     frees those names for the split (custom code often names its locals so)."""
     used = t.names_used(forward)
-    clash = sorted(used & set(_OURS))
+    clash = sorted(t.plain_names(forward) & set(_OURS))  # (not GPT-1's keyword `k=True`)
     if not clash:
         return forward
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}

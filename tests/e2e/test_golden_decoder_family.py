@@ -151,6 +151,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # q scaled after its projection with the attention at scale 1, learned positions offset
     # by two rows, an ungated MLP written into the layer, the final norm built under a switch
     "opt-nested-decoder-inline-mlp": ("opt", {}),
+    # GPT-1: post-norm blocks and no final norm (the lm_head reads the last layer's output),
+    # attention by hand over k split as [b, heads, d, s], classes named Attention and MLP,
+    # the attention's result a list, Conv1D projections, learned positions
+    "openai-gpt-no-final-norm": ("openai-gpt", {SEED: 50}),
     # CodeGen's qkv_proj: four blocks of [q; v; k] (its mp_num), reordered at load; with eight
     # heads (two per block) that layout is not one per head, as it is with four
     "codegen-mp-blocks-qkv": ("codegen", {SEED: 32}),
