@@ -96,12 +96,6 @@ class FalconAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        if config._attn_implementation == "sdpa":
-            raise NotImplementedError(
-                "hfrewrite: FalconAttention was converted for configs where "
-                "`config._attn_implementation == 'sdpa'` is False: its "
-                "forward takes another branch here"
-            )
         if config.new_decoder_architecture:
             raise NotImplementedError(
                 "hfrewrite: FalconAttention was converted for configs where "

@@ -12,7 +12,8 @@ at the top of the class's ``__init__``, before any layer is built:
     if config.use_bidirectional_attention:
         raise NotImplementedError("hfrewrite: Gemma3TextModel was converted for configs where ...")
 
-Tests are compared as syntax trees, in the form ``__init__`` evaluates.
+Tests are compared as syntax trees, in the form ``__init__`` evaluates. Tests of
+transformers' implementation selectors alone (``config._attn_implementation``) get none.
 
 Preconditions: the class's ``__init__`` has ``config`` (a parameter, or assigned from
 ``vllm_config``) before the guards.
@@ -48,7 +49,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             dict.fromkeys(
                 (test, value)
                 for test, value, helper in switches
-                if ast.dump(ast.parse(test, mode="eval").body) not in tested[helper]
+                if ast.dump(ast.parse(test, mode="eval").body) not in tested[helper] and not _selector(test)
             )
         )
         if not dropped:
@@ -65,6 +66,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             for test, value in dropped
         ]
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
+
+
+def _selector(test: str) -> bool:
+    """A test of transformers' implementation selectors alone (Falcon's
+    ``config._attn_implementation == "sdpa"``): it picks how the source computes its
+    attention, not what (transformers' contract), and the rewrite replaced every
+    implementation by vLLM's attention: no config needs refusing on it."""
+    read = {n.attr for n in ast.walk(ast.parse(test, mode="eval")) if isinstance(n, ast.Attribute)}
+    return bool(read) and all(a.startswith("_") and a.endswith("_implementation") for a in read)
 
 
 def _tested(cls: cst.ClassDef, methods_only: bool = False) -> set[str]:
