@@ -124,3 +124,31 @@ def test_config_guards_refuse_each_condition_once():
     out = config_guards.run(cst.parse_module(source), PassContext(plan, "modeling_test.py")).module.code
     assert out.count("if is_cross_attention:\n") == 1
     assert out.index("if is_cross_attention:") < out.index("self.q_proj = nn.Linear(4, 4)")
+
+
+def test_config_guards_leave_implementation_selectors_alone():
+    """Falcon tests ``self.config._attn_implementation == "sdpa"``: a choice of how transformers
+    computes the attention the rewrite replaced, so no guard; a model switch beside it gets one."""
+    from hfrewrite.passes import config_guards
+
+    source = dedent(
+        """\
+        class LlamaAttention(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.q_proj = nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.q_proj(x)
+        """
+    )
+    plan = dataclasses.replace(
+        llama_like(),
+        forward_switches=(
+            ("LlamaAttention", 'config._attn_implementation == "sdpa"', False),
+            ("LlamaAttention", "config.multi_query", True),
+        ),
+    )
+    out = config_guards.run(cst.parse_module(source), PassContext(plan, "modeling_test.py")).module.code
+    assert "_attn_implementation" not in out
+    assert "if not (config.multi_query):\n" in out
