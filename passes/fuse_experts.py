@@ -51,11 +51,11 @@ from hfrewrite.emit.expert_sources import (
     router_sizes,
     stacked_sources,
     swiglu_guard,
-    taken_init_branches,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.pure_expressions import computed_local
 from hfrewrite.emit.router_sources import routing_kwargs, source_renormalize
+from hfrewrite.emit.taken_init import taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 

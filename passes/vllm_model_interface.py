@@ -28,7 +28,6 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.embedding_glue import embedding_glue, lookup_expression, position_rows
-from hfrewrite.emit.expert_sources import taken_init_branches
 from hfrewrite.emit.logits_glue import (
     adding_head_bias,
     carrying_logits,
@@ -37,6 +36,7 @@ from hfrewrite.emit.logits_glue import (
     scaling_head_input,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.taken_init import taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 

@@ -131,7 +131,7 @@ def _per_head_qkv(
             break
     else:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
-    forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
+    forward = forward_code(traced, path)
     own = [_first_own(proj, xs[r], [xs[o] for o in "qkv" if o != r], scope) for r in "qkv"]
     lines = tuple(next((line for n in nodes if (line := source_line(n, forward))), "") for nodes in own)
     if len(set(lines)) < 3:  # one statement takes several roles' pieces (CodeGen's torch.split)
@@ -198,6 +198,11 @@ def _item(own: list[Node]) -> int | str:
     if _op(first, (operator.getitem,)) and isinstance(first.args[1], int):
         return first.args[1]
     return "?"
+
+
+def forward_code(traced: Traced, path: str):
+    """The code object of the forward of submodule ``path`` (what ``source_line`` reads)."""
+    return inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
 
 
 def source_line(node: Node, code) -> str:

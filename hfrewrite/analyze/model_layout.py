@@ -33,9 +33,9 @@ class ModelLayout:
 def model_layout(model: nn.Module, config, small) -> ModelLayout:
     """The layout of ``model`` (built from ``small``, the shrunk ``config``), or a refusal."""
     base_attr, base = _base_model(model)
-    _refuse_unfollowed_stack(base, base_attr, config, small)
     inner = _wrapped_stack(base, config)
     base = getattr(base, inner) if inner else base
+    _refuse_unfollowed_stack(base, f"{base_attr}.{inner}" if inner else base_attr, config, small)
     layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
     layers = list(getattr(base, layers_attr))
     if len({type(layer) for layer in layers}) != 1:
@@ -105,7 +105,7 @@ def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> 
             type(base).__name__,
         )
     if getattr(config, "is_encoder_decoder", False) or not any(
-        isinstance(m, nn.ModuleList) for m in (*base.children(), *_only_child(base).children())
+        isinstance(m, nn.ModuleList) for m in base.children()
     ):
         refuse(
             "model_layout",
@@ -113,12 +113,6 @@ def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> 
             "model): vLLM's decoder contract does not fit it",
             type(base).__name__,
         )
-
-
-def _only_child(base: nn.Module) -> nn.Module:
-    """The one child of ``base``, else an empty module."""
-    children = list(base.children())
-    return children[0] if len(children) == 1 else nn.Module()
 
 
 def _one_child(parent: nn.Module, what: str, test) -> str:

@@ -11,18 +11,16 @@ sequence (``positions[None]``) and its factor laid out one row per token.
 
 from __future__ import annotations
 
-import inspect
 import operator
 
 import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.dataflow import ancestors, reaches
-from hfrewrite.analyze.fused_qkv import source_line
+from hfrewrite.analyze.fused_qkv import forward_code, source_line
 from hfrewrite.analyze.trace import Traced, value
 
 _MULS = (operator.mul, torch.mul, "mul")
-_CASTS = ("to", "type_as", "float")
 
 
 def peel_position_scale(traced: Traced, path: str, scope: set[Node], q: Node, feeder: Node):
@@ -35,8 +33,7 @@ def peel_position_scale(traced: Traced, path: str, scope: set[Node], q: Node, fe
         return q, None
     for x, factor in (operands, operands[::-1]):
         if _per_token_positions_only(x, factor, feeder, scope):
-            forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
-            line = source_line(q, forward)
+            line = source_line(q, forward_code(traced, path))
             return (x, line) if line else (q, None)
     return q, None
 

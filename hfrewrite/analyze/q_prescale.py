@@ -11,12 +11,12 @@ source's own expression for it (``self.scaling``), read off the forward's line.
 from __future__ import annotations
 
 import ast
-import inspect
+import math
 import operator
 
 from torch.fx import Node
 
-from hfrewrite.analyze.fused_qkv import source_line
+from hfrewrite.analyze.fused_qkv import forward_code, source_line
 from hfrewrite.analyze.trace import Traced
 
 _MUL = (operator.mul, "mul")
@@ -38,9 +38,20 @@ def peel_q_prescale(traced: Traced, path: str, feeder: Node) -> tuple[Node, floa
     numbers = [a for a in scaled.args if isinstance(a, int | float) and not isinstance(a, bool)]
     if len(numbers) != 1 or feeder not in scaled.args:
         return None
-    forward = inspect.unwrap(type(traced.module.get_submodule(path)).forward).__code__
-    expression = _factor_text(source_line(scaled, forward))
-    return (scaled, float(numbers[0]), expression) if expression else None
+    expression = _factor_text(source_line(scaled, forward_code(traced, path)))
+    number = float(numbers[0])
+    if not expression or not _evaluates_to(expression, traced.module.get_submodule(path), number):
+        return None
+    return scaled, number, expression
+
+
+def _evaluates_to(expression: str, module, number: float) -> bool:
+    """The source's expression (reading ``self`` alone) gives the traced number on the module."""
+    try:
+        got = eval(compile(expression, "<factor>", "eval"), {"__builtins__": {}}, {"self": module})
+    except Exception:  # noqa: BLE001 - an expression the module cannot answer: unproven
+        return False
+    return isinstance(got, int | float) and math.isclose(float(got), number, rel_tol=1e-12)
 
 
 def _factor_text(line: str) -> str:

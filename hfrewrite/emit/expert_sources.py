@@ -8,8 +8,6 @@ experts; whether a ModuleList's experts are built with the block's own config.""
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 import libcst.matchers as m
 
@@ -250,24 +248,3 @@ def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
     dims = empty[0].args[0].value.elements if isinstance(empty[0].args[0].value, cst.Tuple) else empty[0].args
     dims = [d.value for d in dims]
     return ((t.code(dims[0]), t.code(dims[1])), exprs) if len(dims) == 2 else None
-
-
-def taken_init_branches(init: cst.FunctionDef, switches, cls: str) -> tuple[cst.FunctionDef, str]:
-    """``__init__`` with each ``if`` on a config switch of ``switches`` ((test, traced value),
-    analyze/branches.py ``init_switches``) replaced by the branch the traced config took,
-    and the guards refusing configs that take another."""
-    known = {ast.dump(ast.parse(test, mode="eval").body): (test, value) for test, value in switches}
-    taken = []
-
-    class _Taken(cst.CSTTransformer):
-        def leave_If(self, original: cst.If, updated: cst.If):
-            found = known.get(ast.dump(ast.parse(t.code(updated.test), mode="eval").body))
-            if found is None or isinstance(updated.orelse, cst.If):
-                return updated
-            taken.append(found)
-            orelse = updated.orelse.body.body if updated.orelse else ()
-            body = updated.body.body if found[1] else orelse
-            return cst.FlattenSentinel([*body]) if body else cst.RemoveFromParent()
-
-    init = init.visit(_Taken())
-    return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")

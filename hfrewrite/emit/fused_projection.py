@@ -19,6 +19,17 @@ NAME = "fuse_qkv"
 
 _OURS = ("q", "k", "v", "qkv")
 
+
+def freed(name: str) -> str:
+    """The name :func:`free_qkv_names` gives a source local named like vLLM's q/k/v/qkv."""
+    return f"{name}_states"
+
+
+def unfreed(text: str) -> str:
+    """``text`` with the names :func:`freed` gives read as the names they freed."""
+    return re.sub(rf"\b({'|'.join(_OURS)}){freed('')}\b", r"\1", text)
+
+
 # The tensor-parallel head bookkeeping of vLLM's llama.py, after self.total_num_heads and
 # self.total_num_kv_heads are bound (tp_size too).
 HEAD_SHARDING = (
@@ -45,7 +56,7 @@ def free_qkv_names(forward: cst.FunctionDef, cls: str) -> cst.FunctionDef:
     assigned = {
         n for s in t.walk(forward.body) if isinstance(s, cst.AssignTarget) for n in t.root_names(s.target)
     }
-    renamed = {n: f"{n}_states" for n in clash}
+    renamed = {n: freed(n) for n in clash}
     if set(clash) & params or not set(clash) <= assigned or set(renamed.values()) & used:
         raise HfrewriteError(f"{cls}: {NAME}: forward already uses the names {'/'.join(clash)}")
     return t.rename_locals(forward, renamed)
@@ -108,10 +119,10 @@ def rewrite_fused(
     return _fused_forward(cls, init, forward, attr, per_head, lines)
 
 
-def _renamed(line: str, freed: set[str]) -> str:
-    """A source line as it reads once :func:`free_qkv_names` renamed ``freed``."""
-    for name in freed:
-        line = re.sub(rf"(?<![.\w]){name}\b", f"{name}_states", line)
+def _renamed(line: str, names: set[str]) -> str:
+    """A source line as it reads once :func:`free_qkv_names` renamed ``names``."""
+    for name in names:
+        line = re.sub(rf"(?<![.\w]){name}\b", freed(name), line)
     return line
 
 

@@ -6,11 +6,10 @@ factor is laid out one row per token (``.reshape(-1, 1)``, proven one number per
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.fused_projection import unfreed
 from hfrewrite.errors import HfrewriteError
 
 _PASS = "vllm_attention"
@@ -33,8 +32,8 @@ def position_scaled(statement: cst.BaseStatement, params: set[str], cls: str) ->
         raise HfrewriteError(f"{cls}: {_PASS}: q's scale by position is not `q = q * factor`")
     q = target.value
     sides = [value.left, value.right]
-    factor = next((x for x in sides if not m_name(x, q)), None)
-    if factor is None or sum(m_name(x, q) for x in sides) != 1:
+    factor = next((x for x in sides if not _is_name(x, q)), None)
+    if factor is None or sum(_is_name(x, q) for x in sides) != 1:
         raise HfrewriteError(f"{cls}: {_PASS}: q's scale by position is not `q = q * factor`")
     inputs = (t.plain_names(factor) & params) - {"self"}
     if len(inputs) != 1:
@@ -52,8 +51,8 @@ def same_line(line: str, statement: str) -> bool:
 
 
 def _plain(text: str) -> str:
-    return re.sub(r"\b(q|k|v|qkv)_states\b", r"\1", " ".join(text.split()))
+    return unfreed(" ".join(text.split()))
 
 
-def m_name(node: cst.BaseExpression, name: str) -> bool:
+def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name

@@ -1,0 +1,33 @@
+"""A config switch of an ``__init__`` (analyze/branches.py ``init_switches``: a test on its
+``config`` alone) replaced by the branch the traced config took; guards refuse the configs
+that take another. Used for a MoE block's experts (DeepSeek's ``ep_size``) and the base
+model's parts (OPT's final norm and embedding projections)."""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from hfrewrite.emit import cst_tools as t
+
+
+def taken_init_branches(init: cst.FunctionDef, switches, cls: str) -> tuple[cst.FunctionDef, str]:
+    """``__init__`` with each ``if`` on a config switch of ``switches`` ((test, traced value),
+    analyze/branches.py ``init_switches``) replaced by the branch the traced config took,
+    and the guards refusing configs that take another."""
+    known = {ast.dump(ast.parse(test, mode="eval").body): (test, value) for test, value in switches}
+    taken = []
+
+    class _Taken(cst.CSTTransformer):
+        def leave_If(self, original: cst.If, updated: cst.If):
+            found = known.get(ast.dump(ast.parse(t.code(updated.test), mode="eval").body))
+            if found is None or isinstance(updated.orelse, cst.If):
+                return updated
+            taken.append(found)
+            orelse = updated.orelse.body.body if updated.orelse else ()
+            body = updated.body.body if found[1] else orelse
+            return cst.FlattenSentinel([*body]) if body else cst.RemoveFromParent()
+
+    init = init.visit(_Taken())
+    return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")
