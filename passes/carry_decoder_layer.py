@@ -95,6 +95,13 @@ class _AttentionCall(cst.CSTTransformer):
         # vLLM's positions under a name of their own until the dropped inputs are checked
         return t.expr(f"{self.func}(positions={_POSITIONS}, hidden_states={t.code(x)}{given})")
 
+    def leave_Return(self, original, updated):
+        if self.returns_tuple and t.call_name(original.value) == self.func:
+            # a wrapper handing the attention's result up as it is (GPT-Neo's GPTNeoAttention):
+            # vLLM's tensor, which its caller then takes as it took the tuple's first element
+            return updated.with_changes(value=self._call(updated.value))
+        return updated
+
     def leave_Assign(self, original, updated):
         value = updated.value
         target = updated.targets[0].target if len(updated.targets) == 1 else None
@@ -209,6 +216,18 @@ class _FirstReturned(cst.CSTTransformer):
         return updated.with_changes(value=t.expr(f"{t.code(value)}[0]" if bare else f"({t.code(value)})[0]"))
 
 
+def _returns_call(cls: cst.ClassDef, func: str) -> bool:
+    """``cls.forward`` ends by returning ``func(...)`` as it is, and calls it nowhere else."""
+    body = t.find_method(cls, "forward").body.body
+    last = body[-1] if body else None
+    ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
+    return (
+        isinstance(ret, cst.Return)
+        and t.call_name(ret.value) == func
+        and _count_calls(cst.Module(list(body)), func) == 1
+    )
+
+
 def _without_output_tuple(body: cst.IndentedBlock, dropped: set[str]) -> cst.IndentedBlock:
     """transformers 4.x's layer protocol as vLLM's: ``outputs = (hidden_states,)``, then
     ``if output_attentions: outputs += (weights,)`` / ``if use_cache: ...`` on inputs vLLM
@@ -268,8 +287,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         )
     sites = Sites()
     rows = []
+    # a wrapper returning its attention call as it is returns what the attention returns
+    handing_up = [_returns_call(t.find_class(module, w), f"self.{a}") for w, a in zip(callees, attrs[1:])]
     for i, (owner, callee, attr) in enumerate(zip(owners, callees, attrs)):
         last = i == len(owners) - 1
+        tuple_result = layer.attention_returns_tuple and all(handing_up[i:])
         callee_forward = t.find_method(t.find_class(module, callee), "forward")
         residual = None
         if last and getattr(plan.attention, "adds_residual", False):  # (MLA never does)
@@ -279,7 +301,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             t.find_class(module, owner),
             attr,
             _first_param(callee_forward),
-            layer.attention_returns_tuple if last else False,  # a wrapper's result is the source's
+            tuple_result,  # a wrapper's result is the source's, unless it hands the attention's up
             wrapper=i > 0,
             layer_returns_tuple=i == 0 and layer.returns_tuple,
             residual=residual,

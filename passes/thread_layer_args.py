@@ -59,7 +59,8 @@ def _needs(module: cst.Module) -> dict[str, list[str]]:
     while changed:
         changed = False
         for c, fn in inits.items():
-            for s in fn.body.body:
+            # (statements under an `if` too: GPT-Neo's wrapper builds its attention in one)
+            for s in (n for n in t.walk(fn.body) if isinstance(n, cst.SimpleStatementLine)):
                 calls = _constructors(t.assigned_value(s)) if t.self_attr_assigned(s) else []
                 for callee in map(t.call_name, calls):
                     extra = {a for a in needs.get(callee, ()) if a not in own[c]} - needs[c]
@@ -162,11 +163,11 @@ class _ChosenAttention(cst.CSTTransformer):
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     attention, layer = ctx.plan.attention.module_class, ctx.plan.decoder_layer
     tables = _class_tables(module, attention)
-    if tables and "." not in layer.attention_block:
-        chosen = _ChosenAttention(layer.attention_block, attention, tables)
-        module = t.replace_class(
-            module, layer.module_class, t.find_class(module, layer.module_class).visit(chosen)
-        )
+    # the class building the attention: the layer, or the wrapper around it (GPT-Neo's)
+    owner = ([layer.module_class, *layer.attention_wrappers])[-1]
+    if tables and len(layer.attention_block.split(".")) == 1 + len(layer.attention_wrappers):
+        chosen = _ChosenAttention(layer.attention_block.split(".")[-1], attention, tables)
+        module = t.replace_class(module, owner, t.find_class(module, owner).visit(chosen))
     needs = _needs(module)
     imports = tuple(
         sym

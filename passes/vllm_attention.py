@@ -51,7 +51,13 @@ from hfrewrite.emit.after_split import (
 from hfrewrite.emit.attention_body import config_switch, unrecognised
 from hfrewrite.emit.given_residual import projection_at, residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.position_code import ALIBI_INIT, ALIBI_SLOPES, rope_init, rotary_builders
+from hfrewrite.emit.position_code import (
+    ALIBI_INIT,
+    ALIBI_SLOPES,
+    CAUSAL_WINDOW,
+    rope_init,
+    rotary_builders,
+)
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -89,17 +95,29 @@ class _FindAttentionCall(cst.CSTVisitor):
             self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
 
 
-def _attention_kwargs(
-    forward: cst.FunctionDef, att: AttentionPlan, name: str
-) -> dict[str, cst.BaseExpression]:
+def _attention_kwargs(cls: cst.ClassDef, att: AttentionPlan) -> dict[str, cst.BaseExpression]:
     """The keyword arguments of the source's attention call, ``scaling=`` among them."""
-    finder = _FindAttentionCall()
-    forward.visit(finder)
+    finder, name = _FindAttentionCall(), cls.name.value
+    t.find_method(cls, "forward").visit(finder)
     if att.direct_sdpa:  # proven causal, at torch's default scale; its call is among replaced_calls
-        finder.kwargs = {"scaling": t.expr("self.head_dim**-0.5")}
+        finder.kwargs = {"scaling": t.expr("1.0" if att.unscaled_scores else "self.head_dim**-0.5")}
+        if att.window_mask:  # each layer's window, read off the mask its __init__ builds
+            finder.kwargs["sliding_window"] = t.expr(f"causal_window({_buffer_value(cls, att.window_mask)})")
     if finder.kwargs is None or "scaling" not in finder.kwargs:
         raise HfrewriteError(f"{name}: {NAME}: no attention_interface(..., scaling=...) call in forward")
     return finder.kwargs
+
+
+def _buffer_value(cls: cst.ClassDef, attr: str) -> str:
+    """What ``__init__`` makes the buffer ``self.<attr>`` of: the local it wraps in
+    ``nn.Buffer(local, ...)`` (the buffer itself then goes, unread), else ``self.<attr>``."""
+    for s in t.find_method(cls, "__init__").body.body:
+        value = t.assigned_value(s) if t.self_attr_assigned(s) == attr else None
+        if t.call_name(value) in ("nn.Buffer", "torch.nn.Buffer") and isinstance(
+            value.args[0].value, cst.Name
+        ):
+            return value.args[0].value.value
+    return f"self.{attr}"
 
 
 def _init_without_source_rope(init: cst.FunctionDef, att: AttentionPlan, name: str) -> cst.FunctionDef:
@@ -270,7 +288,7 @@ def rewrite_attention(
     att = ctx.plan.attention
     name = cls.name.value
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
-    kwargs = _attention_kwargs(forward, att, name)
+    kwargs = _attention_kwargs(cls, att)
     if positionless(att) and ctx.plan.position_embedding is None:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     init = _init_without_source_rope(init, att, name)
@@ -348,6 +366,12 @@ def _input_as_hidden_states(
     return list(t.rename_locals(fn, {params[0]: "hidden_states"}).body.body)
 
 
+def _with_code_before(module: cst.Module, code: str, before: str) -> cst.Module:
+    """``module`` with the function ``code`` defined before the class ``before``."""
+    at = next(i for i, n in enumerate(module.body) if isinstance(n, cst.ClassDef) and n.name.value == before)
+    return module.with_changes(body=[*module.body[:at], t.stmt(code), *module.body[at:]])
+
+
 def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cst.Module:
     body = list(module.body)
     at = next(
@@ -377,12 +401,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
     if att.alibi:
         imports = ["Attention", "get_tensor_model_parallel_rank"]
-        at = next(
-            i
-            for i, n in enumerate(module.body)
-            if isinstance(n, cst.ClassDef) and n.name.value == att.module_class
-        )
-        module = module.with_changes(body=[*module.body[:at], t.stmt(ALIBI_SLOPES), *module.body[at:]])
+        module = _with_code_before(module, ALIBI_SLOPES, att.module_class)
+    if att.window_mask:
+        module = _with_code_before(module, CAUSAL_WINDOW, att.module_class)
     if att.sinks:
         imports += ["set_weight_attrs", "sharded_weight_loader"]
         rows.append(

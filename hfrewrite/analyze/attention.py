@@ -38,6 +38,7 @@ from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
     attends_by_hand,
+    by_hand_facts,
     is_softmax,
 )
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
@@ -138,6 +139,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         replaced_calls=replaced_calls(traced, path, scope, proj.feeders, rope.ends, call, o_node),
         direct_sdpa=call.target is causal_sdpa,
         alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,
+        **by_hand_facts(call, path),
         sinks=options.sinks,
         adds_residual=adds_residual,
     )
@@ -320,13 +322,18 @@ def _call_options(call: Node, path: str, num_heads: int) -> _CallOptions:
         refuse("vllm_attention", "attention dropout is not 0 at inference")
     softcap = value(call.kwargs.get("softcap"))
     scaling = value(call.kwargs.get("scaling"))
-    if call.target is causal_sdpa and scaling is not None and call.meta.get("by_hand"):
+    if (
+        call.target is causal_sdpa
+        and scaling is not None
+        and call.meta.get("by_hand")
+        and not call.meta["unscaled"]
+    ):
         refuse(
             "vllm_attention",
             f"computes a softmax attention by hand at another scale than the default (its "
             f"scores are scaled by {scaling:.6g}, not head_dim ** -0.5)",
         )
-    if call.target is causal_sdpa and scaling is not None:
+    if call.target is causal_sdpa and scaling is not None and not call.meta.get("unscaled"):
         refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
     window = value(call.kwargs.get("sliding_window"))
     return _CallOptions(sinks, scaling, softcap, window)

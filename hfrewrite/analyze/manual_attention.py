@@ -13,12 +13,22 @@ and the layer is refused as before ("no softmax attention call").
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.alibi import proven_factor
-from hfrewrite.analyze.trace import Traced, before_expansion, causal_sdpa, is_identity_dropout, value
+from hfrewrite.analyze.mask_window import mask_buffer, proven_band
+from hfrewrite.analyze.plan import refuse
+from hfrewrite.analyze.trace import (
+    Traced,
+    before_expansion,
+    causal_sdpa,
+    is_identity_dropout,
+    relative,
+    value,
+)
 
 _MATMUL = (torch.matmul, operator.matmul, "matmul", torch.bmm, "bmm")
 # ``bias.baddbmm(q, k^T, beta=, alpha=)``: BLOOM's ALiBi scores, bias + alpha * q @ k^T
@@ -26,6 +36,7 @@ _BADDBMM = (torch.baddbmm, "baddbmm")
 _SOFTMAX = (torch.softmax, torch.nn.functional.softmax, "softmax")
 _CASTS = ("to", "float", "type_as", "contiguous")
 _RESHAPES = ("view", "reshape", torch.reshape)
+_SCALES = (operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div")
 # (torch.max / clamp of the scores at a constant floor: the dtype minimum, Baichuan-13B)
 _SCORE_STEPS = (
     operator.add,
@@ -35,6 +46,7 @@ _SCORE_STEPS = (
     torch.mul,
     "masked_fill",
     torch.masked_fill,
+    torch.where,  # selected by a boolean mask (GPT-Neo's buffer): analyze/mask_window.py
     torch.max,
     torch.maximum,
     "clamp",
@@ -107,26 +119,22 @@ def fold_manual_attention(traced: Traced) -> int:
         if value(k).shape[1] != value(v).shape[1]:
             continue
         got = value(out)
-        kwargs = {"scaling": None}
+        kwargs, window_mask, proven = {"scaling": None}, None, None
         # ALiBi first: a per-head linear bias (alibi.py), which a saturated softmax can hide
         expanded = [value(x) for x in found[1:3]]
         factor = proven_factor(qk, value(scores), value(q), *expanded, got) if torch.is_tensor(got) else None
         if factor is not None:
             kwargs["alibi"] = factor
         else:
-            # the scale may be applied to q before its product (ERNIE-4.5: q / sqrt(head_dim))
-            unscaled = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got)), None)
-            # or be another constant multiplying the scores (DeepSeek's softmax_scale with
-            # YaRN's mscale): the leaf carries it, and only MLA accepts one (a named attribute)
-            scale = None if unscaled is not None else _score_scale(soft)
-            if unscaled is None and (scale is None or not _reproduces(q, k, v, got, scale)):
+            proven = _proven_options(soft, q, k, v, got, traced)
+            if proven is None:
                 continue
-            q = unscaled if unscaled is not None else q
-            if scale is not None:
-                kwargs["scaling"] = scale
+            q, kwargs, window_mask = proven.q, proven.kwargs, proven.window_mask
         with graph.inserting_after(out):
             leaf = graph.call_function(causal_sdpa, (None, q, k, v, None), kwargs)
         leaf.meta["by_hand"] = True  # (a scale it carries is refused unless MLA names it)
+        leaf.meta["window_mask"] = window_mask  # (the buffer the file reads each window off)
+        leaf.meta["unscaled"] = proven is not None and proven.unscaled
         with graph.inserting_after(leaf):
             first = graph.call_function(operator.getitem, (leaf, 0))
         with graph.inserting_after(first):
@@ -152,12 +160,63 @@ def fold_manual_attention(traced: Traced) -> int:
     return folded
 
 
-def _reproduces(q: Node | None, k: Node, v: Node, got, scale: float | None = None) -> bool:
-    """torch's causal SDPA of ``q``, ``k``, ``v`` at ``scale`` (default: the default one)
-    gives ``got``."""
+class _Proven(NamedTuple):
+    q: Node  # as the leaf reads it
+    kwargs: dict  # the leaf's
+    window_mask: str | None  # the target of the mask buffer the window is read from
+    unscaled: bool  # the scores are not scaled at all: the leaf carries 1.0
+
+
+def _proven_options(soft: Node, q: Node, k: Node, v: Node, got, traced: Traced) -> _Proven | None:
+    """What makes causal SDPA reproduce ``got``, else None. Tried:
+    the default scale, applied to the scores or to q before its product (ERNIE-4.5: q /
+    sqrt(head_dim)); another constant multiplying the scores (DeepSeek's softmax_scale with
+    YaRN's mscale: the leaf carries it, and only MLA accepts one, a named attribute); no
+    scale at all (GPT-Neo: the leaf carries 1.0). Each at every window where the scores are
+    selected by a boolean buffer of the module proven a causal band (analyze/mask_window.py),
+    else causal alone."""
+    steps = _score_steps(soft)[0]
+    held = mask_buffer(steps, traced.module)
+    buffer = traced.module.get_buffer(held) if held else None
+    length = value(q).shape[-2]
+    windows = (None, *range(1, length)) if held else (None,)
+    scale = _score_scale(soft)
+    unscaled_scores = scale is None and not any(_is(n, _SCALES) for n in steps)
+    scale = 1.0 if unscaled_scores else scale
+    for window in windows:
+        if held and not proven_band(buffer, window):
+            continue
+        mask = held
+        unscaled = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got, None, window)), None)
+        if unscaled is not None:
+            return _Proven(unscaled, {"scaling": None, "sliding_window": window}, mask, False)
+        if scale is not None and _reproduces(q, k, v, got, scale, window):
+            return _Proven(q, {"scaling": scale, "sliding_window": window}, mask, unscaled_scores)
+    return None
+
+
+def by_hand_facts(call: Node, path: str) -> dict:
+    """The plan's facts of a folded hand-written attention (``call``, the leaf) in the
+    module at ``path``: the mask buffer its windows are read off, whether it is unscaled."""
+    mask = call.meta.get("window_mask")
+    if mask and path and not mask.startswith(f"{path}."):
+        refuse(
+            "vllm_attention", f"the attention's mask is the buffer {mask}, not one of the attention module's"
+        )
+    return {
+        "window_mask": mask and relative(mask, path),
+        "unscaled_scores": bool(call.meta.get("unscaled")),
+    }
+
+
+def _reproduces(
+    q: Node | None, k: Node, v: Node, got, scale: float | None = None, window: int | None = None
+) -> bool:
+    """torch's causal SDPA of ``q``, ``k``, ``v`` at ``scale`` (default: the default one),
+    over the last ``window`` keys when given, gives ``got``."""
     if q is None or not torch.is_tensor(got):
         return False
-    attended, _ = causal_sdpa(None, value(q), value(k), value(v), None, scaling=scale)
+    attended, _ = causal_sdpa(None, value(q), value(k), value(v), None, scaling=scale, sliding_window=window)
     want = attended.transpose(1, 2)
     return got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 

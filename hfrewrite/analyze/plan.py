@@ -116,6 +116,11 @@ class AttentionPlan:
     # The attention is torch's scaled_dot_product_attention called directly, proven causal
     # self-attention with its default scale (trace.causal_sdpa)
     direct_sdpa: bool = False
+    # A hand-written attention selecting its scores by a boolean buffer of its module proven a
+    # causal band (GPT-Neo's `bias`): each layer's window is read off it (analyze/mask_window.py)
+    window_mask: str | None = None
+    # ... scores not scaled at all (GPT-Neo): vLLM's Attention at scale 1.0
+    unscaled_scores: bool = False
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None

@@ -76,11 +76,13 @@ def shrink_config(
     _set(small, "num_hidden_layers", n)
     for field, distinct in kinds.items():
         _set(small, field, distinct + distinct[-1:] * (n - len(distinct)))
+    _shrink_layer_patterns(config, small, n)
     if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
         # MoE models whose config can make some layers dense: trace one of each kind.
         _set(small, "mlp_only_layers", [0])
         _set(small, "decoder_sparse_step", 1)
     _shrink_routing(config, small)
+    _shrink_windows(small)
     _shrink_rope_factors(small)
     _shrink_mla(config, small)
     _shrink_sub_configs(config, small, sizes, heads_to)
@@ -135,6 +137,41 @@ def _shrink_routing(config, small) -> None:
         _set(small, "moe_num_shared_experts", 1)
     if isinstance(getattr(config, "first_k_dense_replace", None), int):
         _set(small, "first_k_dense_replace", 1)
+
+
+def _shrink_layer_patterns(config, small, n: int) -> None:
+    """Other per-layer lists cut to ``n`` layers (GPT-Neo's ``attention_layers``), and a
+    pattern repeated per layer (GPT-Neo's ``attention_types``, ``[[kinds, repeats]]``) repeated
+    to ``n`` layers, so that a saved and reloaded shrunk config stays consistent."""
+    layers = getattr(config, "num_hidden_layers", None)
+    for name, items in sorted(vars(config).items()):
+        if name in ("layer_types", "mlp_layer_types") or not isinstance(items, list | tuple):
+            continue
+        if len(items) == layers and layers > n:
+            _set(small, name, list(items[:n]))
+        elif _repeated(items) == layers and len(items[0][0]) <= n and n % len(items[0][0]) == 0:
+            _set(small, name, [[list(items[0][0]), n // len(items[0][0])]])
+
+
+def _repeated(items) -> int | None:
+    """The layers a ``[[kinds, repeats]]`` pattern of one entry spans, else None."""
+    if len(items) != 1 or not isinstance(items[0], list | tuple) or len(items[0]) != 2:
+        return None
+    kinds, repeats = items[0]
+    ok = isinstance(kinds, list | tuple) and isinstance(repeats, int) and kinds
+    return len(kinds) * repeats if ok else None
+
+
+# a local attention window the example run sees (it is 5 tokens long): GPT-Neo's window_size
+_WINDOW = 3
+
+
+def _shrink_windows(small) -> None:
+    """Local attention windows (``*window_size``) narrower than the example run, so that a
+    hand-written windowed mask is proven on the values (analyze/mask_window.py)."""
+    for name, size in sorted(vars(small).items()):
+        if name.endswith("window_size") and type(size) is int and size > _WINDOW:
+            _set(small, name, _WINDOW)
 
 
 def _shrink_rope_factors(small) -> None:

@@ -88,7 +88,7 @@ def is_direct_sdpa(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in _DIRECT_SDPA
 
 
-def causal_sdpa(module, query, key, value, attention_mask, scaling=None, alibi=None):
+def causal_sdpa(module, query, key, value, attention_mask, scaling=None, alibi=None, sliding_window=None):
     """The attention leaf for a direct ``scaled_dot_product_attention(q, k, v,
     is_causal=True)`` over queries and keys of one length (no mask, no dropout): causal
     self-attention, what vLLM's ``Attention`` computes. k and v are taken before any GQA
@@ -101,6 +101,10 @@ def causal_sdpa(module, query, key, value, attention_mask, scaling=None, alibi=N
 
         factor = (1.0, query.shape[-1] ** -0.5)[FACTORS.index(alibi)]
         return with_alibi(query, key, value, factor).transpose(1, 2), None
+    if sliding_window is not None:  # over the last keys alone (analyze/mask_window.py)
+        from hfrewrite.analyze.mask_window import windowed_sdpa
+
+        return windowed_sdpa(query, key, value, scaling, sliding_window).transpose(1, 2), None
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
     return out.transpose(1, 2), None
 

@@ -57,6 +57,22 @@ def alibi_slopes_of(total_num_heads: int) -> torch.Tensor:
 """
 
 
+# a hand-written attention's mask buffer read as vLLM's per-layer window (analyze/mask_window.py)
+CAUSAL_WINDOW = """\
+def causal_window(mask: torch.Tensor) -> int | None:
+    # The keys a boolean causal mask [..., n, n] lets each query attend to, as vLLM's
+    # sliding window: None for the whole causal triangle, w for the band of the last w.
+    allowed = mask.reshape(mask.shape[-2:])
+    n = allowed.shape[-1]
+    window = int(allowed[-1].sum())
+    causal = torch.ones(n, n, dtype=torch.bool, device=allowed.device).tril()
+    band = causal if window >= n else causal & ~causal.tril(-window)
+    if not torch.equal(allowed, band):
+        raise ValueError("hfrewrite: the attention mask is not a causal band of keys")
+    return None if window >= n else window
+"""
+
+
 def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
     """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
     ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads."""
