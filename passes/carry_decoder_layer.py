@@ -23,7 +23,8 @@ as written, with these changes:
 
 A layer that reaches its attention through wrapper modules (dbrx's ``norm_attn_norm``,
 norms around ``attn``) has each wrapper's forward carried the same way, its return as the
-source has it.
+source has it; a wrapper that returns its attention call as it is (GPT-Neo's
+``GPTNeoAttention``) returns vLLM's tensor, and its caller takes that as it took the tuple.
 
 Preconditions (else refused with the reason): the attention submodule is called exactly
 once; the call's result is unpacked as above; the dropped parameters are not read

@@ -10,6 +10,9 @@ Emits keyword parameters ``cache_config: CacheConfig | None = None``,
 ``cache_config=cache_config, ..., prefix=f"{prefix}.x"`` at each construction site (both
 classes of ``self.x = A(...) if cond else B(...)``, hy_v3's dense or sparse MLP).
 
+A class table the attention is chosen from (``CLASSES[config._attn_implementation](...)``,
+in the layer or in the wrapper that builds the attention) becomes the traced class.
+
 Preconditions: none beyond the earlier passes; classes whose ``__init__`` defines the names
 itself (the vLLM model interface) are left alone.
 """

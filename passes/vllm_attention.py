@@ -19,6 +19,11 @@ carried over verbatim, so config-dependent sliding windows survive.
 read off a helper's name; a partial rotary dim reaches ``get_rope`` through
 ``config.rope_parameters["partial_rotary_factor"]``, which the replay checked.
 
+A hand-written attention the analysis folded (analyze/manual_attention.py) gets the scale it
+proved (the default, or 1.0 where the scores are not scaled at all: GPT-Neo); where its scores
+are selected by a mask buffer proven a causal band (analyze/mask_window.py), each layer's
+window is read off the mask its own ``__init__`` builds: ``causal_window(bias)``.
+
 Attention sinks the call passes (``s_aux=self.sinks``, one logit per head) go to
 ``Attention(sinks=...)``, the parameter cut to the rank's heads; statements between the
 fused projection and its split (dbrx's ``clip_qkv`` clamp, which the analysis proved

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.attention_options import call_options
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import (
     ancestors,
@@ -59,22 +60,6 @@ from hfrewrite.analyze.trace import (
     value,
 )
 
-# Keywords of the attention call that do not change its math (at inference); any other
-# keyword must be None or False (flags like output_router_logits pass through **kwargs).
-_HARMLESS_KWARGS = frozenset(
-    {
-        "dropout",
-        "scaling",
-        "sliding_window",
-        "position_ids",
-        "use_cache",
-        "cache_position",
-        "past_key_values",
-        "output_attentions",
-        "softcap",  # vLLM Attention(logits_soft_cap=...), from the same expression
-    }
-)
-
 
 def analyze_attention(
     traced: Traced, path: str, config, layer_type: str | None = None
@@ -106,7 +91,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     o_node, adds_residual = _output_projection(traced, path, scope, call)
     only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
     prove_output_layout(call, o_node)
-    options = _call_options(call, path, heads.num_heads)
+    options = call_options(call, path, heads.num_heads)
     fact, fused, head_dim = rope.fact, proj.fused, heads.head_dim
     return AttentionPlan(
         module_class=cls,
@@ -295,68 +280,6 @@ def _prove_head_layouts(
             qk_norm_over,
             role,
         )
-
-
-class _CallOptions(NamedTuple):
-    """The attention call's keywords vLLM's ``Attention`` takes (traced values, None: not passed)."""
-
-    sinks: str | None  # the attention's per-head sinks parameter
-    scaling: float | None
-    softcap: float | None
-    window: int | None
-
-
-def _call_options(call: Node, path: str, num_heads: int) -> _CallOptions:
-    """The attention call's keywords; refuses any other that changes the math."""
-    sinks = _sinks(call, path, num_heads)
-    proven = {"s_aux"} if sinks else set()
-    proven |= {"alibi"} if call.target is causal_sdpa else set()  # the fold's own proven fact
-    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS - proven):
-        passed = value(call.kwargs[key])
-        if passed is not None and passed is not False:
-            tensor = torch.is_tensor(passed)
-            shown = f"<{tuple(passed.shape)} tensor>" if tensor else repr(passed)
-            reason = f"the attention call passes {key}={shown}"
-            refuse("vllm_attention", reason)
-    if value(call.kwargs.get("dropout", 0.0)):
-        refuse("vllm_attention", "attention dropout is not 0 at inference")
-    softcap = value(call.kwargs.get("softcap"))
-    scaling = value(call.kwargs.get("scaling"))
-    if (
-        call.target is causal_sdpa
-        and scaling is not None
-        and call.meta.get("by_hand")
-        and not call.meta["unscaled"]
-    ):
-        refuse(
-            "vllm_attention",
-            f"computes a softmax attention by hand at another scale than the default (its "
-            f"scores are scaled by {scaling:.6g}, not head_dim ** -0.5)",
-        )
-    if call.target is causal_sdpa and scaling is not None and not call.meta.get("unscaled"):
-        refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
-    window = value(call.kwargs.get("sliding_window"))
-    return _CallOptions(sinks, scaling, softcap, window)
-
-
-def _sinks(call: Node, path: str, num_heads: int) -> str | None:
-    """The attention module's parameter passed as ``s_aux`` (transformers' attention
-    interface: one sink logit per head joining each softmax, gpt_oss), which vLLM's
-    ``Attention(sinks=...)`` takes; None when the call passes none."""
-    passed = call.kwargs.get("s_aux")
-    if passed is None or value(passed) is None:
-        return None
-    if not (
-        isinstance(passed, Node)
-        and passed.op == "get_attr"
-        and str(passed.target).startswith(f"{path}.")
-        and "." not in relative(str(passed.target), path)
-        and value(passed).shape == (num_heads,)
-    ):
-        refuse(
-            "vllm_attention", "the attention sinks (s_aux) are not one per-head parameter of the attention"
-        )
-    return relative(str(passed.target), path)
 
 
 # Config fields of the longest sequence, in the order vLLM reads them for max_model_len

@@ -25,11 +25,8 @@ import torch
 from torch import nn
 from torch.fx import Node
 
-from hfrewrite.analyze.attention import (
-    _HARMLESS_KWARGS,
-    _attention_call,
-    _output_projection,
-)
+from hfrewrite.analyze.attention import _attention_call, _output_projection
+from hfrewrite.analyze.attention_options import HARMLESS_KWARGS
 from hfrewrite.analyze.branches import config_branches, helper_branches
 from hfrewrite.analyze.dataflow import linears_feeding
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
@@ -244,7 +241,7 @@ def _refuse_unsupported(call: Node, mods: dict[Node, nn.Module]) -> None:
     """Refuses biased projections and attention keywords that change the math."""
     if any(m.bias is not None for m in mods.values()):
         refuse(PATTERN, "a biased projection (vLLM's MLA projections have no bias)")
-    for key in sorted(set(call.kwargs) - _HARMLESS_KWARGS):
+    for key in sorted(set(call.kwargs) - HARMLESS_KWARGS):
         passed = value(call.kwargs[key])
         if passed is not None and passed is not False:
             refuse(PATTERN, f"the attention call passes {key}")

@@ -155,6 +155,17 @@ CASES: dict[str, tuple[str, dict]] = {
     # attention by hand over k split as [b, heads, d, s], classes named Attention and MLP,
     # the attention's result a list, Conv1D projections, learned positions
     "openai-gpt-no-final-norm": ("openai-gpt", {SEED: 50}),
+    # GPT-Neo: attention by hand at scale 1, its scores selected by a boolean buffer with
+    # torch.where; the local layers' window (8 here) read off that buffer; the attention one
+    # module down (attn.attention) behind a wrapper that hands its tuple up; learned positions
+    "gpt_neo-local-window-buffer": (
+        "gpt_neo",
+        {"window_size": 8, "attention_types": [[["global", "local"], 1]]},
+    ),
+    "gpt_neo-local-first": (
+        "gpt_neo",
+        {"window_size": 8, "attention_types": [[["local", "global"], 1]], SEED: 7},
+    ),
     # CodeGen's qkv_proj: four blocks of [q; v; k] (its mp_num), reordered at load; with eight
     # heads (two per block) that layout is not one per head, as it is with four
     "codegen-mp-blocks-qkv": ("codegen", {SEED: 32}),

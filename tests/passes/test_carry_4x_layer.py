@@ -127,3 +127,59 @@ def test_inputs_not_proven_free_stay_dropped_and_refused():
     layer = dataclasses.replace(plan().decoder_layer, free_defaults=())
     with pytest.raises(HfrewriteError, match="reads use_cache"):
         rewrite(carry_decoder_layer, BEFORE, dataclasses.replace(plan(), decoder_layer=layer))
+
+
+HANDING_UP_BEFORE = """\
+class SelfAttention(nn.Module):
+    def forward(self, hidden_states, attention_mask=None, layer_past=None):
+        return hidden_states, None
+
+
+class AttentionWrapper(nn.Module):
+    def forward(self, hidden_states, layer_past=None, attention_mask=None):
+        return self.attention(hidden_states, attention_mask=attention_mask, layer_past=layer_past)
+
+
+class Block(nn.Module):
+    def forward(self, hidden_states, layer_past=None, attention_mask=None):
+        residual = hidden_states
+        attn_output, attn_weights = self.attn(self.ln_1(hidden_states), layer_past=layer_past, attention_mask=attention_mask)
+        hidden_states = attn_output + residual
+        return hidden_states, attn_weights
+"""
+
+HANDING_UP_AFTER = """\
+class SelfAttention(nn.Module):
+    def forward(self, hidden_states, attention_mask=None, layer_past=None):
+        return hidden_states, None
+
+
+class AttentionWrapper(nn.Module):
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor):
+        return self.attention(positions=positions, hidden_states=hidden_states)
+
+
+class Block(nn.Module):
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        residual = hidden_states
+        attn_output = self.attn(positions=positions, hidden_states=self.ln_1(hidden_states))
+        hidden_states = attn_output + residual
+        return hidden_states
+"""
+
+
+def test_a_wrapper_handing_the_attention_tuple_up_returns_vllms_tensor():
+    """GPT-Neo's GPTNeoAttention returns its attention's (output, weights) as it is: it
+    returns vLLM's tensor, and the block takes that as it took the tuple's first element."""
+    base = llama_like()
+    layer = DecoderLayerPlan(
+        "Block",
+        (),
+        attention_block="attn.attention",
+        attention_wrappers=("AttentionWrapper",),
+        returns_tuple=True,
+    )
+    wrapped = dataclasses.replace(
+        base, decoder_layer=layer, attention=dataclasses.replace(base.attention, module_class="SelfAttention")
+    )
+    assert_rewrites(carry_decoder_layer, HANDING_UP_BEFORE, HANDING_UP_AFTER, wrapped)

@@ -1,5 +1,7 @@
 """thread_layer_args: cache_config / quant_config / prefix threaded through layer classes."""
 
+import dataclasses
+
 from harness import assert_rewrites, rewrite
 from hfrewrite.passes import thread_layer_args
 from plans import llama_like
@@ -109,3 +111,82 @@ def test_both_classes_of_a_conditional_construction_get_the_layer_args():
         'def __init__(self, config, layer_idx, quant_config: QuantizationConfig | None = None, prefix: str = ""):'
         in after
     )
+
+
+BEFORE_WRAPPED_TABLE = """\
+class SelfAttention(nn.Module):
+    def __init__(self, config, attention_type):
+        super().__init__()
+        self.attn = Attention(4, 32, 1.0, cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+
+
+class FlashSelfAttention(SelfAttention):
+    pass
+
+
+CLASSES = {"eager": SelfAttention, "flash_attention_2": FlashSelfAttention}
+
+
+class AttentionWrapper(nn.Module):
+    def __init__(self, config, layer_id=0):
+        super().__init__()
+        self.attention_type = config.attention_layers[layer_id]
+        if self.attention_type in ["global", "local"]:
+            self.attention = CLASSES[config._attn_implementation](config, self.attention_type)
+        else:
+            raise NotImplementedError("global or local")
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_id=None):
+        super().__init__()
+        self.attn = AttentionWrapper(config, layer_id)
+"""
+
+AFTER_WRAPPED_TABLE = """\
+class SelfAttention(nn.Module):
+    def __init__(self, config, attention_type, cache_config: CacheConfig | None = None, quant_config: QuantizationConfig | None = None, prefix: str = ""):
+        super().__init__()
+        self.attn = Attention(4, 32, 1.0, cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+
+
+class FlashSelfAttention(SelfAttention):
+    pass
+
+
+CLASSES = {"eager": SelfAttention, "flash_attention_2": FlashSelfAttention}
+
+
+class AttentionWrapper(nn.Module):
+    def __init__(self, config, layer_id=0, cache_config: CacheConfig | None = None, quant_config: QuantizationConfig | None = None, prefix: str = ""):
+        super().__init__()
+        self.attention_type = config.attention_layers[layer_id]
+        if self.attention_type in ["global", "local"]:
+            self.attention = SelfAttention(config, self.attention_type, cache_config = cache_config, quant_config = quant_config, prefix = f"{prefix}.attention")
+        else:
+            raise NotImplementedError("global or local")
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_id=None, cache_config: CacheConfig | None = None, quant_config: QuantizationConfig | None = None, prefix: str = ""):
+        super().__init__()
+        self.attn = AttentionWrapper(config, layer_id, cache_config = cache_config, quant_config = quant_config, prefix = f"{prefix}.attn")
+"""
+
+
+def test_a_wrapper_choosing_the_attention_from_a_table_under_an_if():
+    """GPT-Neo: the block's `attn` wraps the attention, which the wrapper builds from its
+    class table inside an `if`: the traced class is built there, and the layer arguments
+    reach it through the wrapper and the block."""
+    plan = llama_like()
+    plan = dataclasses.replace(
+        plan,
+        attention=dataclasses.replace(plan.attention, module_class="SelfAttention"),
+        decoder_layer=dataclasses.replace(
+            plan.decoder_layer,
+            module_class="Block",
+            attention_block="attn.attention",
+            attention_wrappers=("AttentionWrapper",),
+        ),
+    )
+    assert_rewrites(thread_layer_args, BEFORE_WRAPPED_TABLE, AFTER_WRAPPED_TABLE, plan)

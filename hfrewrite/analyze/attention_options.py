@@ -1,0 +1,91 @@
+"""The keywords of an attention call that vLLM's ``Attention`` takes (the scale, the soft
+cap, the window, per-head sinks), read off the traced call; any other keyword that changes
+the math is refused."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.fx import Node
+
+from hfrewrite.analyze.plan import refuse
+from hfrewrite.analyze.trace import causal_sdpa, relative, value
+
+# Keywords of the attention call that do not change its math (at inference); any other
+# keyword must be None or False (flags like output_router_logits pass through **kwargs).
+HARMLESS_KWARGS = frozenset(
+    {
+        "dropout",
+        "scaling",
+        "sliding_window",
+        "position_ids",
+        "use_cache",
+        "cache_position",
+        "past_key_values",
+        "output_attentions",
+        "softcap",  # vLLM Attention(logits_soft_cap=...), from the same expression
+    }
+)
+
+
+class CallOptions(NamedTuple):
+    """The attention call's keywords vLLM's ``Attention`` takes (traced values, None: not passed)."""
+
+    sinks: str | None  # the attention's per-head sinks parameter
+    scaling: float | None
+    softcap: float | None
+    window: int | None
+
+
+def call_options(call: Node, path: str, num_heads: int) -> CallOptions:
+    """The attention call's keywords; refuses any other that changes the math."""
+    sinks = _sinks(call, path, num_heads)
+    proven = {"s_aux"} if sinks else set()
+    proven |= {"alibi"} if call.target is causal_sdpa else set()  # the fold's own proven fact
+    for key in sorted(set(call.kwargs) - HARMLESS_KWARGS - proven):
+        passed = value(call.kwargs[key])
+        if passed is not None and passed is not False:
+            tensor = torch.is_tensor(passed)
+            shown = f"<{tuple(passed.shape)} tensor>" if tensor else repr(passed)
+            reason = f"the attention call passes {key}={shown}"
+            refuse("vllm_attention", reason)
+    if value(call.kwargs.get("dropout", 0.0)):
+        refuse("vllm_attention", "attention dropout is not 0 at inference")
+    softcap = value(call.kwargs.get("softcap"))
+    scaling = value(call.kwargs.get("scaling"))
+    if (
+        call.target is causal_sdpa
+        and scaling is not None
+        and call.meta.get("by_hand")
+        and not call.meta["unscaled"]
+    ):
+        refuse(
+            "vllm_attention",
+            f"computes a softmax attention by hand at another scale than the default (its "
+            f"scores are scaled by {scaling:.6g}, not head_dim ** -0.5)",
+        )
+    if call.target is causal_sdpa and scaling is not None and not call.meta.get("unscaled"):
+        refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
+    window = value(call.kwargs.get("sliding_window"))
+    return CallOptions(sinks, scaling, softcap, window)
+
+
+def _sinks(call: Node, path: str, num_heads: int) -> str | None:
+    """The attention module's parameter passed as ``s_aux`` (transformers' attention
+    interface: one sink logit per head joining each softmax, gpt_oss), which vLLM's
+    ``Attention(sinks=...)`` takes; None when the call passes none."""
+    passed = call.kwargs.get("s_aux")
+    if passed is None or value(passed) is None:
+        return None
+    if not (
+        isinstance(passed, Node)
+        and passed.op == "get_attr"
+        and str(passed.target).startswith(f"{path}.")
+        and "." not in relative(str(passed.target), path)
+        and value(passed).shape == (num_heads,)
+    ):
+        refuse(
+            "vllm_attention", "the attention sinks (s_aux) are not one per-head parameter of the attention"
+        )
+    return relative(str(passed.target), path)
