@@ -53,21 +53,22 @@ def _linear_parts(stmt: cst.BaseStatement, cls: str, attr: str):
     return size_in, size_out.left, size_out.right, bias
 
 
-def _heads_from_config(init: cst.FunctionDef, parts: dict, roles: tuple, fields, cls: str) -> dict:
+def _heads_from_config(init: cst.FunctionDef, parts: dict, roles: tuple, counts, cls: str) -> dict:
     """``parts`` where the out sizes are not spelled ``heads * head_dim``: the head counts are
-    the config fields the analysis proved hold them, and the head size the q projection's own
-    size expression divided by the head count."""
-    (q, k, v), (heads, kv_heads) = roles, fields
-    params = {p.name.value for p in init.params.params}
-    if not (heads and kv_heads and "config" in params):
+    the expressions the analysis proved hold them (config fields, or ``__init__``'s own
+    parameters where it takes no config: XGLM), and the head size the q projection's own size
+    expression divided by the head count."""
+    (q, k, v), (heads, kv_heads) = roles, counts
+    params = {p.name.value for p in init.params.params} | {"None", "True", "False"}
+    if not (heads and kv_heads and t.plain_names(t.expr(f"({heads}, {kv_heads})")) <= params):
         raise HfrewriteError(
             f"{cls}: {NAME}: self.{q} out size is not `heads * head_dim`, and no config field "
             "of __init__ was proven to hold the head counts"
         )
     head_dim = cst.Name("head_size")  # bound by rewrite_attention from the q size
     return {
-        attr: (parts[attr][0], t.expr(f"config.{field}"), head_dim, parts[attr][3])
-        for attr, field in ((q, heads), (k, kv_heads), (v, kv_heads))
+        attr: (parts[attr][0], t.expr(count), head_dim, parts[attr][3])
+        for attr, count in ((q, heads), (k, kv_heads), (v, kv_heads))
     }
 
 
@@ -105,7 +106,7 @@ def _same_code(*nodes: cst.CSTNode | None) -> bool:
 
 
 def _qkv_sizes(
-    init: cst.FunctionDef, body: list, where: dict, roles: tuple[str, str, str], head_fields, name: str
+    init: cst.FunctionDef, body: list, where: dict, roles: tuple[str, str, str], counts, name: str
 ) -> _QkvSizes:
     """The shared sizes of the three projections; refuses where they differ."""
     q, k, v = roles
@@ -114,8 +115,9 @@ def _qkv_sizes(
     if k == v or any(part[1] is None for part in parts.values()):
         if "head_size" in t.names_used(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name head_size")
-        head_size = f"head_size = ({t.code(parts[q][2])}) // config.{head_fields[0]}\n"
-        parts = _heads_from_config(init, parts, roles, head_fields, name)
+        q_size = t.code(parts[q][2])
+        parts = _heads_from_config(init, parts, roles, counts, name)
+        head_size = f"head_size = ({q_size}) // {t.code(parts[q][1])}\n"
     (
         (q_in, q_heads, head_dim, q_bias),
         (k_in, k_heads, k_dim, k_bias),
@@ -209,15 +211,15 @@ def rewrite_attention(
     q: str,
     k: str,
     v: str,
-    head_fields: tuple[str | None, str | None] = (None, None),
+    counts: tuple[str | None, str | None] = (None, None),
 ) -> cst.ClassDef:
-    """``head_fields``: the config fields proven to hold the head and kv-head counts; ``k``
-    may be ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together,
-    so the head counts come from those fields."""
+    """``counts``: the expressions proven to hold the head and kv-head counts; ``k`` may be
+    ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together, so
+    the head counts come from those expressions."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (q, k, v), NAME)
     forward = t.find_method(cls, "forward")
-    sizes = _qkv_sizes(init, body, where, (q, k, v), head_fields, name)
+    sizes = _qkv_sizes(init, body, where, (q, k, v), counts, name)
     init = _fused_init(init, body, where, (q, k, v), sizes)
     forward = _split_forward(forward, (q, k, v), name)
     return t.set_method(t.set_method(cls, init), forward)
@@ -232,6 +234,13 @@ def _head_counts(att) -> tuple[str, str]:
     if heads is None or kv_heads is None or (att.qkv_layout.load_helper and not fields):
         raise HfrewriteError(f"{att.module_class}: {NAME}: no config fields hold the head counts")
     return heads, kv_heads
+
+
+def _count_expressions(att) -> tuple[str | None, str | None]:
+    """The head and kv-head counts: the source's own expression where the analysis took one
+    (no config field holds the count, or ``__init__`` takes no config), else the field."""
+    heads, kv_heads = (f"config.{f}" if f else None for f in (att.heads_field, att.kv_heads_field))
+    return att.heads_expr or heads, att.kv_heads_expr or kv_heads
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
@@ -262,7 +271,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         att.q.attr,
         att.k.attr,
         att.v.attr,
-        (att.heads_field, att.kv_heads_field),
+        _count_expressions(att),
     )
     module = sites.replace_class(module, att.module_class, cls)
     kv_layout = layout.report if layout is not None else ""

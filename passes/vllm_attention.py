@@ -401,7 +401,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
     if att.alibi:
         rope = f"ALiBi slopes x {att.alibi} (bias proven by replay)"
-    rows = [FusionRow(att.module_class, f"attention interface -> vllm Attention{softcap} + {rope}")]
+    elif positionless(att):
+        rope = "no rope (learned or fixed positions added to the embeddings)"
+    called = "torch SDPA or attention by hand (proven causal)" if att.direct_sdpa else "attention interface"
+    window = "; windows read off the mask buffer" if att.window_mask else ""
+    rows = [FusionRow(att.module_class, f"{called} -> vllm Attention{softcap} + {rope}{window}")]
     rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
     if att.alibi:

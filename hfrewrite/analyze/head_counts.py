@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 
 from torch import nn
 
@@ -40,12 +41,18 @@ def head_fields(small, attention: AttentionPlan) -> dict:
 
 
 def head_expressions(attention: AttentionPlan, module: nn.Module, small) -> AttentionPlan:
-    """Where no config field holds a head count, the source's own config expression that does."""
+    """Where no config field holds a head count, the source's own config expression that
+    does; where ``__init__`` takes no config (XGLM's ``XGLMAttention(embed_dim, num_heads)``),
+    its own expression of its parameters that does (the attribute it assigns from it holds
+    the count)."""
+    given = "config" not in inspect.signature(type(module).__init__).parameters
     return dataclasses.replace(
         attention,
-        heads_expr=None if attention.heads_field else count_expression(module, small, attention.num_heads),
+        heads_expr=None
+        if attention.heads_field and not given
+        else count_expression(module, small, attention.num_heads),
         kv_heads_expr=None
-        if attention.kv_heads_field
+        if attention.kv_heads_field and not given
         else count_expression(module, small, attention.num_kv_heads),
     )
 
@@ -64,7 +71,9 @@ def count_expression(module: nn.Module, config, count: int) -> str | None:
 
 def _config_expressions(cls: type) -> dict[str, str]:
     """{attr: its value as an expression of the config alone}, for the attributes
-    ``__init__`` assigns once."""
+    ``__init__`` assigns once; where ``__init__`` takes no config, of its parameters."""
+    params = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    allowed = _CONFIG_NAMES if "config" in params else params | _CONFIG_NAMES
     once = assigned_once(cls)
     values = {attr: ast.unparse(v) for attr, v in init_assignments(cls).items() if attr in once}
     out = {}
@@ -73,7 +82,7 @@ def _config_expressions(cls: type) -> dict[str, str]:
         for _ in range(4):  # attributes read attributes: a few rounds reach the config
             tree = Substitute(values).visit(ast.parse(ast.unparse(tree), mode="eval")).body
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        if "config" in names and names <= _CONFIG_NAMES and not _calls(tree):
+        if names and names <= allowed and names - {"None", "True", "False"} and not _calls(tree):
             out[attr] = ast.unparse(tree)
     return out
 
@@ -83,6 +92,10 @@ def _calls(tree: ast.AST) -> bool:
 
 
 def _evaluates_to(text: str, config, count: int) -> bool:
+    """``text`` gives ``count`` on ``config``; an expression of ``__init__``'s own parameters
+    (no config) is the attribute's assigned value, which holds it already."""
+    if "config" not in {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}:
+        return True
     try:
         value = eval(compile(text, "<head count>", "eval"), {"__builtins__": {}}, {"config": config})
     except Exception:  # noqa: BLE001 - a field this config lacks: not this expression

@@ -107,6 +107,7 @@ def fold_manual_attention(traced: Traced) -> int:
     """Replace each proven hand-written attention by the leaf (its output's users then read
     the leaf's, in SDPA's layout); how many were folded."""
     graph, folded = traced.graph, 0
+    per_head_softmax(graph)
     for soft in [n for n in graph.nodes if _is(n, _SOFTMAX)]:
         found = _operands(soft, traced, make_k=True)
         if found is None:
@@ -304,16 +305,12 @@ def _operands(soft: Node, traced: Traced | None = None, make_k: bool = False) ->
     dim = soft.kwargs.get("dim", soft.args[1] if len(soft.args) > 1 else None)
     if not (torch.is_tensor(scores) and scores.dim() == 4 and dim in (-1, 3)):
         return None
-    probs = soft
-    while len(probs.users) == 1 and (
-        _is(nxt := next(iter(probs.users)), _CASTS)
-        or (traced is not None and is_identity_dropout(nxt, traced))
-    ):
-        probs = nxt  # casts, and dropouts that returned their input (inference mode)
-    users = [u for u in probs.users if u.op != "output"]  # the weights returned beside: unread
+    probs, flat = _past_casts(soft, traced), False
+    users = _live_users(probs)
     if len(users) == 1 and _flattens_heads(users[0], scores):
-        probs = users[0]  # probabilities viewed as [b * heads, s, s] for a 3-d @ v
-        users = list(probs.users)
+        # probabilities viewed as [b * heads, s, s] for a 3-d @ v (and dropped out: XGLM)
+        probs, flat = _past_casts(users[0], traced), True
+        users = _live_users(probs)
     if len(users) != 1 or not _is_product(users[0]) or _batches(users[0])[0] is not probs:
         return None
     out, v = users[0], _batches(users[0])[1]
@@ -326,7 +323,7 @@ def _operands(soft: Node, traced: Traced | None = None, make_k: bool = False) ->
     if k is None and isinstance(kt, Node) and torch.is_tensor(value(kt)) and value(kt).dim() == 4:
         k = _transposed_back(kt) if make_k else kt  # (a check only: any 4-d operand will do)
     operands = (q, k, v, out)
-    rank = 3 if _is(probs, _RESHAPES) else 4
+    rank = 3 if flat else 4
     if (rank == 3) != (qk_view is not None) or not all(
         isinstance(x, Node) and torch.is_tensor(value(x)) and value(x).dim() == rank for x in operands
     ):
@@ -336,6 +333,53 @@ def _operands(soft: Node, traced: Traced | None = None, make_k: bool = False) ->
         return None
     raw = value(q) @ value(kt)  # q @ k^T, before any scale or bias
     return q, k, v, out, raw.reshape(scores.shape), soft.args[0]
+
+
+def _past_casts(node: Node, traced: Traced | None) -> Node:
+    """Past the casts and the dropouts that returned their input (inference mode) that are
+    ``node``'s one live user, one after the other."""
+    while len(users := _live_users(node)) == 1 and (
+        _is(users[0], _CASTS) or (traced is not None and is_identity_dropout(users[0], traced))
+    ):
+        node = users[0]
+    return node
+
+
+def _live_users(node: Node) -> list[Node]:
+    """Users that are read: not the output (the weights returned beside), and not a value
+    nothing reads (XGLM's per-head view of the weights it returns, left unread)."""
+    return [u for u in node.users if u.op != "output" and u.users]
+
+
+def per_head_softmax(graph) -> None:
+    """A softmax over flat ``[b * heads, s, s]`` scores viewed flat from ``[b, heads, s, s]``
+    (XGLM) as the softmax of the per-head scores, viewed flat after it (the same numbers: it
+    runs over the last dim); a flat -> per-head -> flat view chain after it reads the flat
+    probabilities themselves."""
+    for soft in [n for n in graph.nodes if _is(n, _SOFTMAX)]:
+        flat_scores, probs = soft.args[0], value(soft)
+        dim = soft.kwargs.get("dim", soft.args[1] if len(soft.args) > 1 else None)
+        if not (
+            torch.is_tensor(probs) and probs.dim() == 3 and dim in (-1, 2) and _is(flat_scores, _RESHAPES)
+        ):
+            continue
+        per_head = flat_scores.args[0]
+        if not (isinstance(per_head, Node) and _flattens_heads(flat_scores, value(per_head))):
+            continue
+        with graph.inserting_after(soft):
+            soft4 = graph.call_function(torch.softmax, (per_head,), {"dim": -1})
+        with graph.inserting_after(soft4):
+            flat = graph.call_method("reshape", (soft4, *probs.shape))
+        _copy_meta(soft4, soft, torch.softmax(value(per_head), dim=-1))
+        _copy_meta(flat, soft, probs)
+        soft.replace_all_uses_with(flat)
+        graph.erase_node(soft)
+        for view in [u for u in flat.users if _is(u, _RESHAPES)]:
+            for back in [u for u in view.users if _is(u, _RESHAPES) and value(u).shape == probs.shape]:
+                back.replace_all_uses_with(flat)
+                graph.erase_node(back)
+            if not view.users:
+                graph.erase_node(view)
 
 
 def _batches(node: Node) -> tuple[object, object]:

@@ -42,10 +42,20 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
         refuse("model_layout", "decoder layers of several classes", type(base).__name__)
 
     embeds = [name for name, child in base.named_children() if isinstance(child, nn.Embedding)]
+    embeds += [name for name, child in base.named_children() if buffer_table(child)]  # XGLM's
     if not embeds:
         refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
     head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
     return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, head)
+
+
+def buffer_table(module: nn.Module) -> str | None:
+    """The one 2-d float buffer of a module with no parameters (XGLM's sinusoidal position
+    table, built from the config), else None: a position table example_run may prove."""
+    if isinstance(module, nn.Embedding) or next(module.parameters(), None) is not None:
+        return None
+    tables = [n for n, b in module.named_buffers(recurse=False) if b.dim() == 2 and b.is_floating_point()]
+    return tables[0] if len(tables) == 1 and len(list(module.buffers())) == 1 else None
 
 
 def flattened(path: str | None, layout: ModelLayout) -> str | None:

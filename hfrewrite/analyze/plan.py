@@ -378,6 +378,8 @@ class PositionEmbeddingPlan:
     attr: str  # the base model's child holding the table (``wpe``)
     offset: int  # the row of position 0 (OPT and BioGPT keep two in front)
     module_call: bool  # an ``nn.Embedding`` at offset 0: called as a module on the positions
+    # the table: the module's weight, or the buffer its __init__ builds (XGLM's sinusoids)
+    table: str = "weight"
 
 
 @dataclass(frozen=True)

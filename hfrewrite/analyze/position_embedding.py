@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hfrewrite.analyze.model_layout import buffer_table
 from hfrewrite.analyze.plan import NoMatch, PositionEmbeddingPlan
 
 MAX_OFFSET = 4  # rows kept in front of position 0 (OPT, BioGPT: 2)
@@ -42,7 +43,8 @@ def prove_position_embedding(
     ``first`` is the tokens' embeddings plus its rows at each position and one fixed
     offset; otherwise why not."""
     name = type(module).__name__
-    weight = getattr(module, "weight", None)
+    table = "weight" if isinstance(getattr(module, "weight", None), nn.Parameter) else buffer_table(module)
+    weight = getattr(module, table, None) if table else None
     if not (torch.is_tensor(out) and torch.is_tensor(weight) and weight.dim() == 2):
         return NoMatch("position_embedding", name, f"{attr} does not return rows of one weight table")
     seq = tokens.shape[-2]
@@ -72,5 +74,8 @@ def prove_position_embedding(
             f"the first layer does not receive the tokens' embeddings plus the rows of {attr}",
         )
     return PositionEmbeddingPlan(
-        attr=attr, offset=offsets[0], module_call=type(module) is nn.Embedding and offsets[0] == 0
+        attr=attr,
+        offset=offsets[0],
+        module_call=type(module) is nn.Embedding and offsets[0] == 0,
+        table=table,
     )

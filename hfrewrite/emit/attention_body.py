@@ -174,9 +174,13 @@ def _tuple_cache_concat(body, caches: set[str]) -> bool:
 SIZE_CALLS = {"len", "max", "min", "size", "dim", "int"}
 
 
+# dtype casts (XGLM's softmax upcast in float16, a branch float32 never takes): precision only
+_CASTS = {"to", "float", "half"}
+
+
 def attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) -> bool:
     """``if <not a config switch>: ... else: ...`` whose branches only make the calls the
-    plan accounts for (shape checks that raise included): the source picking its causal
+    plan accounts for, and casts (shape checks that raise included): the source picking its causal
     attention by shapes or cache, or shaping the bias it adds (prefill traced and proven,
     decode checked by convert-time validation); vLLM's replaces both."""
     if not isinstance(statement, cst.If) or t.root_names(statement.test) & _SWITCH_NAMES - {"None"}:
@@ -187,7 +191,9 @@ def attention_branches(statement: cst.BaseStatement, allowed_calls: set[str]) ->
     elif statement.orelse is not None:
         return False  # elif chains: not this shape
     return all(
-        raises_only(s) or not unrecognised(s, allowed_calls | SIZE_CALLS) for body in branches for s in body
+        raises_only(s) or not unrecognised(s, allowed_calls | SIZE_CALLS | _CASTS)
+        for body in branches
+        for s in body
     )
 
 

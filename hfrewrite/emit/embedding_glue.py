@@ -143,7 +143,7 @@ def position_rows(position) -> str:
         rows = f"self.{position.attr}(positions)"
     else:  # the source's class computes the positions itself; its table is read directly
         shifted = f"positions + {position.offset}" if position.offset else "positions"
-        rows = f"self.{position.attr}.weight[{shifted}]"
+        rows = f"self.{position.attr}.{position.table}[{shifted}]"
     return f"hidden_states = hidden_states + {rows}\n"
 
 

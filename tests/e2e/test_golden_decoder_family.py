@@ -166,6 +166,10 @@ CASES: dict[str, tuple[str, dict]] = {
         "gpt_neo",
         {"window_size": 8, "attention_types": [[["local", "global"], 1]], SEED: 7},
     ),
+    # XGLM: attention by hand over [batch * heads] with the mask added in a per-head view and
+    # the softmax over the flat scores, q scaled after its projection; sinusoidal positions
+    # from a table its __init__ builds (two rows in front), a scaled embedding class
+    "xglm-flat-softmax-sinusoidal-positions": ("xglm", {**UNTIED}),  # (tied scaled: repeats)
     # CodeGen's qkv_proj: four blocks of [q; v; k] (its mp_num), reordered at load; with eight
     # heads (two per block) that layout is not one per head, as it is with four
     "codegen-mp-blocks-qkv": ("codegen", {SEED: 32}),
