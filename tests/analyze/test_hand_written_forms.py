@@ -112,3 +112,28 @@ def test_a_tensor_read_between_its_writes_stays_as_written():
     args = (torch.randn(B, S, D), torch.randn(B, S, D))
     traced = trace(_ReadBetweenWrites(), args)
     assert fold_slice_writes(traced) == 0
+
+
+class _FlatSoftmax(nn.Module):
+    """XGLM: q, k, v as [batch * heads, seq, dim]; the mask added in a per-head view between two
+    flat views, the softmax over the flat scores, the probabilities viewed per head (the
+    weights its layer discards) and back."""
+
+    def forward(self, q, k, v, mask):
+        weights = torch.bmm(q, k.transpose(1, 2))
+        weights = weights.view(B, H, S, S) + mask
+        weights = torch.max(weights, torch.full((), torch.finfo(weights.dtype).min))
+        weights = torch.softmax(weights.view(B * H, S, S), dim=-1)
+        returned = weights.view(B, H, S, S)
+        probs = returned.view(B * H, S, S)
+        return torch.bmm(probs, v).view(B, H, S, D)
+
+
+def test_a_softmax_over_flat_scores_folds_as_the_per_head_one():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B * H, S, D) * D**-0.25 for _ in range(3))
+    mask = torch.full((S, S), torch.finfo(torch.float32).min).triu(1).expand(B, 1, S, S)
+    module = _FlatSoftmax()
+    traced = trace(module, (q, k, v, mask))
+    assert fold_manual_attention(traced) == 1
+    torch.testing.assert_close(traced.graph_module(q, k, v, mask), module(q, k, v, mask))

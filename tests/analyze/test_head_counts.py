@@ -68,3 +68,20 @@ def test_switches_of_the_helpers_the_traced_forward_reaches():
     assert forward_helpers(module) == ("_split",)  # _grouped sits under `if self.new_arch` (False)
     assert config_switches(module, helpers=True) == (("config.multi_query", True),)
     assert ("config.new_arch", False) in config_switches(module)
+
+
+class SizesGiven(nn.Module):
+    """XGLM's attention: its sizes are __init__'s parameters; it sees no config."""
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+
+
+def test_without_a_config_the_count_is_the_parameter_the_attribute_holds():
+    module = SizesGiven(128, 4)
+    assert count_expression(module, CONFIG, 4) == "num_heads"
+    assert count_expression(module, CONFIG, 32) == "embed_dim // num_heads"  # head_dim's, by value
+    assert count_expression(module, CONFIG, 3) is None  # no attribute holds it

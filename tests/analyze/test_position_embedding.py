@@ -61,3 +61,24 @@ def test_a_first_layer_input_other_than_the_sum_is_refused():
     tokens, rows = wte(ids), wpe(torch.arange(4)[None])
     result = prove_position_embedding("wpe", wpe, rows, tokens, tokens * 2 + rows)
     assert isinstance(result, NoMatch) and "plus the rows of wpe" in result.reason
+
+
+class Sinusoids(nn.Module):
+    """XGLM's table: built by __init__ as a buffer (not in the checkpoint), two rows in front."""
+
+    def __init__(self, positions: int, dim: int) -> None:
+        super().__init__()
+        angles = torch.arange(positions + 2)[:, None] * torch.exp(-torch.arange(dim // 2) / dim)[None]
+        self.weights = nn.Buffer(torch.cat([angles.sin(), angles.cos()], dim=1), persistent=False)
+
+    def forward(self, position_ids):
+        return self.weights.index_select(0, (position_ids + 2).view(-1)).view(*position_ids.shape, -1)
+
+
+def test_a_table_its_module_builds_as_a_buffer_is_read_by_that_buffer():
+    wte, _ = _tables()
+    table = Sinusoids(16, 8)
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    tokens, rows = wte(ids), table(torch.arange(4)[None].expand(2, 4))
+    plan = prove_position_embedding("embed_positions", table, rows, tokens, tokens + rows)
+    assert plan == PositionEmbeddingPlan(attr="embed_positions", offset=2, module_call=False, table="weights")

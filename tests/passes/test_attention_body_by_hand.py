@@ -39,3 +39,17 @@ def test_lengths_read_off_the_dropped_cache():
         _stmt(line.replace("get_seq_length", "reset")), {"past_key_values"}, ALLOWED
     )
     assert not reads_dropped_cache(_stmt(line), {"layer_past"}, ALLOWED)  # not a dropped input
+
+
+UPCAST_BLOCK = """\
+if attn_weights.dtype == torch.float16:
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(torch.float16)
+else:
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+"""
+
+
+def test_a_dtype_branch_upcasting_the_softmax_is_recognised():
+    """XGLM's float16 branch, which float32 never takes: the casts change precision only."""
+    assert attention_branches(_stmt(UPCAST_BLOCK), ALLOWED)
+    assert not attention_branches(_stmt(UPCAST_BLOCK.replace(".to(torch.float16)", ".exp()")), ALLOWED)

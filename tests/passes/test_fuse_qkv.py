@@ -271,3 +271,30 @@ def test_sizes_computed_elsewhere_come_from_the_proven_config_fields():
 def test_sizes_computed_elsewhere_without_proven_fields_are_refused():
     with pytest.raises(HfrewriteError, match="no config field of __init__ was proven"):
         rewrite(fuse_qkv, BEFORE_SIZES_COMPUTED, llama_like())
+
+
+BEFORE_SIZES_GIVEN = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, bias=True):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def forward(self, hidden_states):
+        return self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+"""
+
+
+def test_sizes_given_to_init_come_from_its_own_parameters():
+    """XGLM: no config reaches the attention; the head counts are the parameter the analysis
+    proved holds them, and the head size the q projection's size over it."""
+    plan = _with_head_fields()
+    plan = dataclasses.replace(
+        plan, attention=dataclasses.replace(plan.attention, heads_expr="num_heads", kv_heads_expr="num_heads")
+    )
+    after = rewrite(fuse_qkv, BEFORE_SIZES_GIVEN, plan)
+    assert "head_size = (embed_dim) // num_heads\n" in after
+    assert "self.total_num_heads = num_heads\n" in after and "self.total_num_kv_heads = num_heads\n" in after
+    assert "config." not in after
