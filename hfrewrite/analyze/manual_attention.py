@@ -120,22 +120,20 @@ def fold_manual_attention(traced: Traced) -> int:
         if value(k).shape[1] != value(v).shape[1]:
             continue
         got = value(out)
-        kwargs, window_mask, proven = {"scaling": None}, None, None
         # ALiBi first: a per-head linear bias (alibi.py), which a saturated softmax can hide
         expanded = [value(x) for x in found[1:3]]
         factor = proven_factor(qk, value(scores), value(q), *expanded, got) if torch.is_tensor(got) else None
         if factor is not None:
-            kwargs["alibi"] = factor
+            proven = _Proven(q, {"scaling": None, "alibi": factor}, None, False)
         else:
             proven = _proven_options(soft, q, k, v, got, traced)
             if proven is None:
                 continue
-            q, kwargs, window_mask = proven.q, proven.kwargs, proven.window_mask
         with graph.inserting_after(out):
-            leaf = graph.call_function(causal_sdpa, (None, q, k, v, None), kwargs)
+            leaf = graph.call_function(causal_sdpa, (None, proven.q, k, v, None), proven.kwargs)
         leaf.meta["by_hand"] = True  # (a scale it carries is refused unless MLA names it)
-        leaf.meta["window_mask"] = window_mask  # (the buffer the file reads each window off)
-        leaf.meta["unscaled"] = proven is not None and proven.unscaled
+        leaf.meta["window_mask"] = proven.window_mask  # (the buffer the file reads each window off)
+        leaf.meta["unscaled"] = proven.unscaled
         with graph.inserting_after(leaf):
             first = graph.call_function(operator.getitem, (leaf, 0))
         with graph.inserting_after(first):

@@ -12,7 +12,8 @@ per head in the checkpoint (gpt_neox), an ungated MLP with LayerNorms (starcoder
 post-norms with q/k norms over all heads, gathered across ranks (olmo3, and olmoe with
 its experts), grouped sigmoid routing with a shared expert (glm4_moe) and a gated shared
 expert (qwen2_moe), both handed to vLLM's MoE runner, attention sinks and interleaved biased
-experts (gpt_oss), flat experts behind a norm wrapper (dbrx). Greedy tokens
+experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written by hand
+(gpt_neo with its local window, xglm). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -77,6 +78,10 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
         "gpt_oss",
         {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
     ),
+    # Attention by hand, each rank its heads: GPT-Neo's local window read off its mask buffer,
+    # XGLM's softmax over flat scores and its q scaled after its projection
+    "gpt_neo-local-window": ("gpt_neo", {"window_size": 8, "attention_types": [[["global", "local"], 1]]}),
+    "xglm-flat-softmax": ("xglm", {"tie_word_embeddings": False}),
     # Flat [E * I, H] experts handed to the runner one expert at a time, each rank its slice;
     # the clip_qkv clamp on each rank's part of the fused projection.
     "dbrx-flat-experts": (
@@ -104,6 +109,8 @@ CLASSES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "dbrx": "DbrxForCausalLM",
+    "gpt_neo": "GPTNeoForCausalLM",
+    "xglm": "XGLMForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -155,6 +162,7 @@ LAYERS = {
     },
 }
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
+LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
 LAYER_LIST = {
     "glm4_moe": [
