@@ -140,17 +140,28 @@ def _shrink_routing(config, small) -> None:
 
 
 def _shrink_layer_patterns(config, small, n: int) -> None:
-    """Other per-layer lists cut to ``n`` layers (GPT-Neo's ``attention_layers``), and a
+    """Other per-layer lists cut to ``n`` layers, each kind once (GPT-Neo's ``attention_layers``), and a
     pattern repeated per layer (GPT-Neo's ``attention_types``, ``[[kinds, repeats]]``) repeated
     to ``n`` layers, so that a saved and reloaded shrunk config stays consistent."""
     layers = getattr(config, "num_hidden_layers", None)
+    if type(layers) is not int or layers <= n:
+        return
     for name, items in sorted(vars(config).items()):
         if name in ("layer_types", "mlp_layer_types") or not isinstance(items, list | tuple):
             continue
-        if len(items) == layers and layers > n:
-            _set(small, name, list(items[:n]))
+        distinct = _distinct(items)
+        if len(items) == layers and distinct is not None and len(distinct) <= n:
+            _set(small, name, distinct + distinct[-1:] * (n - len(distinct)))  # each kind kept once
         elif _repeated(items) == layers and len(items[0][0]) <= n and n % len(items[0][0]) == 0:
             _set(small, name, [[list(items[0][0]), n // len(items[0][0])]])
+
+
+def _distinct(items) -> list | None:
+    """The entries of a per-layer list, each once in order; None for unhashable entries."""
+    try:
+        return list(dict.fromkeys(items))
+    except TypeError:
+        return None
 
 
 def _repeated(items) -> int | None:
