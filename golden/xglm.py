@@ -30,7 +30,6 @@ import torch
 from torch import nn
 from transformers import XGLMConfig
 from transformers.activations import ACT2FN
-from transformers.utils.output_capturing import OutputRecorder
 
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
@@ -52,7 +51,6 @@ from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     PPMissingLayer,
     WeightsMapper,
-    extract_layer_index,
     make_empty_intermediate_tensors_factory,
     make_layers,
     maybe_prefix,
@@ -154,10 +152,7 @@ class XGLMAttention(nn.Module):
         self,
         embed_dim: int,
         num_heads: int,
-        dropout: float | None = 0.0,
-        is_decoder: bool | None = False,
         bias: bool | None = True,
-        layer_idx: bool | None = None,
         cache_config: CacheConfig | None = None,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
@@ -230,7 +225,6 @@ class XGLMDecoderLayer(nn.Module):
     def __init__(
         self,
         config: XGLMConfig,
-        layer_idx=None,
         cache_config: CacheConfig | None = None,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
@@ -241,9 +235,6 @@ class XGLMDecoderLayer(nn.Module):
         self.self_attn = XGLMAttention(
             embed_dim=self.embed_dim,
             num_heads=config.attention_heads,
-            dropout=config.attention_dropout,
-            is_decoder=True,
-            layer_idx=layer_idx,
             cache_config=cache_config,
             quant_config=quant_config,
             prefix=f"{prefix}.self_attn",
@@ -256,9 +247,6 @@ class XGLMDecoderLayer(nn.Module):
             self.encoder_attn = XGLMAttention(
                 embed_dim=self.embed_dim,
                 num_heads=config.attention_heads,
-                dropout=config.attention_dropout,
-                is_decoder=True,
-                layer_idx=layer_idx,
                 cache_config=cache_config,
                 quant_config=quant_config,
                 prefix=f"{prefix}.encoder_attn",
@@ -315,14 +303,6 @@ class XGLMDecoderLayer(nn.Module):
 
 @support_torch_compile
 class XGLMModel(nn.Module):
-    _can_record_outputs = {
-        "hidden_states": XGLMDecoderLayer,
-        "attentions": OutputRecorder(XGLMAttention, index=1, layer_name="self_attn"),
-        "cross_attentions": OutputRecorder(
-            XGLMAttention, index=1, layer_name="encoder_attn"
-        ),
-    }
-
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -349,7 +329,6 @@ class XGLMModel(nn.Module):
             config.num_layers,
             lambda prefix: XGLMDecoderLayer(
                 config,
-                layer_idx=extract_layer_index(prefix),
                 cache_config=cache_config,
                 quant_config=quant_config,
                 prefix=prefix,

@@ -3,7 +3,8 @@
 Matches what is left of the Transformers runtime after the other passes:
 
 * decorators and base classes imported from Transformers internals (relative imports such
-  as ``@auto_docstring``, ``GradientCheckpointingLayer``) -> dropped / ``nn.Module``;
+  as ``@auto_docstring``, ``GradientCheckpointingLayer``) -> dropped / ``nn.Module``; class
+  attributes only transformers' runtime reads (``_can_record_outputs``) -> dropped;
   ``super().__init__(config)`` -> ``super().__init__()``;
 * relative imports: the model's configuration class becomes
   ``from transformers import LlamaConfig`` (Hub custom code: its base, ``PretrainedConfig``);
@@ -52,6 +53,8 @@ READ_BY_VLLM = {
     "num_shared_experts",
     "num_redundant_experts",
 }
+# Class attributes only transformers' runtime reads (XGLMModel's output recorders)
+HF_CLASS_HOOKS = frozenset({"_can_record_outputs"})
 # Modules without parameters or buffers, and functions that only compute: an unread
 # attribute whose value builds nothing else goes (`self.attn_dropout = nn.Dropout(p)`).
 EMPTY_MODULES = frozenset({"nn.Dropout", "torch.nn.Dropout", "nn.Identity", "torch.nn.Identity"})
@@ -82,6 +85,11 @@ class _DropHfRuntime(cst.CSTTransformer):
         if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
             bases = [cst.Arg(t.expr("nn.Module")), *bases]
         updated = updated.with_changes(decorators=decorators, bases=bases)
+        body = [s for s in updated.body.body if _defined_name(s) not in HF_CLASS_HOOKS]
+        if len(body) != len(updated.body.body):
+            if body and _defined_name(updated.body.body[0]) in HF_CLASS_HOOKS:
+                body[0] = body[0].with_changes(leading_lines=())  # (the class's first line now)
+            updated = updated.with_changes(body=updated.body.with_changes(body=body))
         init = t.find_method(updated, "__init__")
         if [t.code(b.value) for b in bases] == ["nn.Module"] and init is not None:
             updated = t.set_method(updated, init.visit(_NoSuperArgs()))  # nn.Module.__init__ takes no config

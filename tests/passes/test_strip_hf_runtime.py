@@ -261,3 +261,32 @@ def test_a_transient_buffer_attribute_nothing_reads_goes():
     assert rewrite(strip_hf_runtime, source, llama_like()) == source.replace(
         "        self.unused = config.hidden_size\n", ""
     ).replace("        self.bias = nn.Buffer(torch.tril(torch.ones((8, 8))), persistent=False)\n", "")
+
+
+def test_output_recorders_of_the_base_model_go():
+    """XGLMModel's `_can_record_outputs`: only transformers' runtime reads it, and the class
+    it names (the attention) must not stay referenced by it."""
+    before = """\
+from torch import nn
+from ...utils.output_capturing import OutputRecorder
+
+
+class LlamaModel(nn.Module):
+    _can_record_outputs = {"attentions": OutputRecorder(nn.Module, index=1)}
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.model = LlamaModel(config)
+
+    def forward(self, x):
+        return self.model(x)
+"""
+    after = rewrite(strip_hf_runtime, before, llama_like())
+    assert "_can_record_outputs" not in after and "OutputRecorder" not in after
+    assert "class LlamaModel(nn.Module):\n    def __init__" in after
