@@ -19,11 +19,11 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "qwen3_next",
             "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface",
         ),
-        # XGLM's attention is BART's: scores by bmm over [batch * heads] without a causal mask
-        # the analysis can fold.
+        # GPT-NeoX-Japanese's attention by hand: scores over [batch * heads] viewed per head,
+        # probabilities @ v per head, a form the fold does not read.
         (
-            "xglm",
-            "XGLMDecoderLayer: decoder_layer: computes a softmax that is not recognised as attention",
+            "gpt_neox_japanese",
+            "GPTNeoXJapaneseLayer: decoder_layer: computes a softmax that is not recognised as attention",
         ),
         # BERT is an encoder: no stack of decoder layers under its base model.
         ("bert", "BertModel: model_layout: not a decoder-only causal LM"),
