@@ -300,6 +300,17 @@ def vllm_run(
     return result
 
 
+def _mla_backend(ckpt: Path, options: dict) -> dict:
+    """On a CPU with AMX tiles vLLM runs latent attention (MLA) with its AMX backend, which
+    packs bfloat16/float16/int8 weights only: a float32 run of an MLA checkpoint asks for
+    vLLM's reference CPU_MLA backend instead (a bfloat16 one keeps AMX)."""
+    config = json.loads((Path(ckpt) / "config.json").read_text())
+    uses_mla = config.get("kv_lora_rank") is not None
+    if uses_mla and options.get("dtype") == "float32" and "attention_backend" not in options:
+        return {"attention_backend": "CPU_MLA"}
+    return {}
+
+
 def _run_engine(
     ckpt: Path,
     prompts: Sequence[Sequence[int]],
@@ -316,6 +327,7 @@ def _run_engine(
     model_type = json.loads((Path(ckpt) / "config.json").read_text()).get("model_type")
     remote = runs_custom_code(ckpt) and model_type not in _config_registry()
     options = {"dtype": "float32", "trust_remote_code": remote, **(llm_kwargs or {})}
+    options.update(_mla_backend(ckpt, options))
     llm = LLM(
         model=str(ckpt),
         skip_tokenizer_init=True,

@@ -131,6 +131,10 @@ def serving(root: Path, ckpt: Path, plugin: Path) -> Iterator[int]:
         "--max-model-len",
         "256",
     ]
+    if json.loads((Path(ckpt) / "config.json").read_text()).get("kv_lora_rank") is not None:
+        # latent attention in float32: vLLM's AMX backend (chosen where the CPU has AMX tiles)
+        # packs bfloat16/float16/int8 weights only; its reference CPU backend takes float32
+        command += ["--attention-backend", "CPU_MLA"]
     with open(log, "w") as out:
         server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
