@@ -7,7 +7,7 @@ the head layout, tying, one layer per layer type, MoE routing switches) with the
 window, when there is one, made shorter than the longest prompt so that it matters. The
 reference runs in this process, from the classes the analysis traced; the generated file
 runs in a vLLM worker process (``hfrewrite.verify.compare``): greedy tokens equal, chosen-token
-logprobs within ``LOGPROB_TOL``.
+logprobs within ``LOGPROB_TOL`` (``MLA_LOGPROB_TOL`` for latent attention).
 """
 
 from __future__ import annotations

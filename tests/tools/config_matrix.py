@@ -37,12 +37,6 @@ def validate_golden(model_type: str) -> dict:
         "validated": len(configs) - len(failed),
         "failed": failed,
         "seconds": time.perf_counter() - start,
-        # configs whose only problem is the logprob difference from HF: {config: that difference}
-        "logprobs_only": {
-            what: report.logprob_diff_hf
-            for what, report, _ in outcomes
-            if not report.ok and all(p.startswith("logprobs differ from HF") for p in report.problems)
-        },
     }
 
 
