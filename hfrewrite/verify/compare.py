@@ -35,7 +35,8 @@ MLA_LOGPROB_TOL = 2e-4
 
 def logprob_tolerance(ckpt: Path | str) -> float:
     """The float32 logprob tolerance for a checkpoint: wider for latent attention (MLA)."""
-    config = json.loads((Path(ckpt) / "config.json").read_text())
+    path = Path(ckpt) / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
     return MLA_LOGPROB_TOL if config.get("kv_lora_rank") is not None else LOGPROB_TOL
 
 
@@ -67,6 +68,7 @@ class VerifyReport:
     generated_facts: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # run -> traceback text
     timings: dict[str, float] = field(default_factory=dict)
+    logprob_tol: float = LOGPROB_TOL  # what the logprobs were held to (logprob_tolerance)
 
     @property
     def structure_matches_native(self) -> bool | None:
@@ -94,7 +96,7 @@ class VerifyReport:
 
         parts.append(
             f"max |logprob diff| vs native {fmt(self.logprob_diff_native)}, "
-            f"vs HF {fmt(self.logprob_diff_hf)} (tolerance {logprob_tolerance(self.ckpt):g})."
+            f"vs HF {fmt(self.logprob_diff_hf)} (tolerance {self.logprob_tol:g})."
         )
         if self.generated_structure:
             parts.append(f"Decoder layer 0 linears: {_nonzero(self.generated_structure)}")
@@ -208,6 +210,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
         if worker.get(key) is not None:
             timings[f"worker_{key}"] = worker[key]
     return VerifyReport(
+        logprob_tol=logprob_tolerance(case.ckpt),
         ckpt=str(case.ckpt),
         architecture=arch,
         generated_module=str(case.generated_module),
