@@ -167,9 +167,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     attention, layer = ctx.plan.attention.module_class, ctx.plan.decoder_layer
     tables = _class_tables(module, attention)
     # the class building the attention: the layer, or the wrapper around it (GPT-Neo's)
-    owner = ([layer.module_class, *layer.attention_wrappers])[-1]
-    if tables and len(layer.attention_block.split(".")) == 1 + len(layer.attention_wrappers):
-        chosen = _ChosenAttention(layer.attention_block.split(".")[-1], attention, tables)
+    owner = [layer.module_class, *layer.attention_wrappers][-1]
+    attrs = layer.attention_block.split(".")
+    if tables and len(attrs) == 1 + len(layer.attention_wrappers):
+        chosen = _ChosenAttention(attrs[-1], attention, tables)
         module = t.replace_class(module, owner, t.find_class(module, owner).visit(chosen))
     needs = _needs(module)
     imports = tuple(

@@ -45,7 +45,7 @@ def head_expressions(attention: AttentionPlan, module: nn.Module, small) -> Atte
     does; where ``__init__`` takes no config (XGLM's ``XGLMAttention(embed_dim, num_heads)``),
     its own expression of its parameters that does (the attribute it assigns from it holds
     the count)."""
-    given = "config" not in inspect.signature(type(module).__init__).parameters
+    given = not _takes_config(type(module))
     return dataclasses.replace(
         attention,
         heads_expr=None
@@ -73,7 +73,7 @@ def _config_expressions(cls: type) -> dict[str, str]:
     """{attr: its value as an expression of the config alone}, for the attributes
     ``__init__`` assigns once; where ``__init__`` takes no config, of its parameters."""
     params = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    allowed = _CONFIG_NAMES if "config" in params else params | _CONFIG_NAMES
+    allowed = _CONFIG_NAMES if _takes_config(cls) else params | _CONFIG_NAMES
     once = assigned_once(cls)
     values = {attr: ast.unparse(v) for attr, v in init_assignments(cls).items() if attr in once}
     out = {}
@@ -85,6 +85,10 @@ def _config_expressions(cls: type) -> dict[str, str]:
         if names and names <= allowed and names - {"None", "True", "False"} and not _calls(tree):
             out[attr] = ast.unparse(tree)
     return out
+
+
+def _takes_config(cls: type) -> bool:
+    return "config" in inspect.signature(cls.__init__).parameters
 
 
 def _calls(tree: ast.AST) -> bool:

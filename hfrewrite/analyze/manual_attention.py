@@ -185,12 +185,11 @@ def _proven_options(soft: Node, q: Node, k: Node, v: Node, got, traced: Traced) 
     for window in windows:
         if held and not proven_band(buffer, window):
             continue
-        mask = held
         unscaled = next((x for x in (q, _unscaled(q)) if _reproduces(x, k, v, got, None, window)), None)
         if unscaled is not None:
-            return _Proven(unscaled, {"scaling": None, "sliding_window": window}, mask, False)
+            return _Proven(unscaled, {"scaling": None, "sliding_window": window}, held, False)
         if scale is not None and _reproduces(q, k, v, got, scale, window):
-            return _Proven(q, {"scaling": scale, "sliding_window": window}, mask, unscaled_scores)
+            return _Proven(q, {"scaling": scale, "sliding_window": window}, held, unscaled_scores)
     return None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hfrewrite.verify.engine import Tokens
-from hfrewrite.verify.fixtures import DEFAULT_PROMPTS, checkpoint_architecture
+from hfrewrite.verify.fixtures import DEFAULT_PROMPTS, checkpoint_architecture, uses_latent_attention
 from hfrewrite.verify.runner import run_worker
 
 LOGPROB_TOL = 1e-4
@@ -35,9 +35,7 @@ MLA_LOGPROB_TOL = 2e-4
 
 def logprob_tolerance(ckpt: Path | str) -> float:
     """The float32 logprob tolerance for a checkpoint: wider for latent attention (MLA)."""
-    path = Path(ckpt) / "config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    return MLA_LOGPROB_TOL if config.get("kv_lora_rank") is not None else LOGPROB_TOL
+    return MLA_LOGPROB_TOL if uses_latent_attention(ckpt) else LOGPROB_TOL
 
 
 @dataclass(frozen=True)
@@ -176,6 +174,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
     hf_ok, gen_ok = "error" not in hf, "error" not in gen
     nat_ok = nat is not None and "error" not in nat
     diff_native = diff_hf = None
+    tol = logprob_tolerance(case.ckpt)
     ran = _ran_file(gen) if gen_ok else None
     ran_file_under_test = (
         gen_ok
@@ -199,7 +198,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
         if nat_ok:
             diff_native = _max_diff(gen["tokens"], gen["logprobs"], nat["tokens"], nat["logprobs"])
         for name, diff in (("native", diff_native), ("HF", diff_hf)):
-            if diff is not None and diff > logprob_tolerance(case.ckpt):
+            if diff is not None and diff > tol:
                 problems.append(f"logprobs differ from {name} by {diff:.2e}")
     timings = {}
     for name, r in (("hf", hf), ("generated", gen), ("native", nat or {})):
@@ -210,7 +209,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
         if worker.get(key) is not None:
             timings[f"worker_{key}"] = worker[key]
     return VerifyReport(
-        logprob_tol=logprob_tolerance(case.ckpt),
+        logprob_tol=tol,
         ckpt=str(case.ckpt),
         architecture=arch,
         generated_module=str(case.generated_module),

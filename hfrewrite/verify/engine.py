@@ -27,7 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hfrewrite.verify.fixtures import DEFAULT_PROMPTS, checkpoint_architecture, runs_custom_code
+from hfrewrite.verify.fixtures import (
+    DEFAULT_PROMPTS,
+    checkpoint_architecture,
+    runs_custom_code,
+    uses_latent_attention,
+)
 
 MAX_MODEL_LEN = 128
 KV_CACHE_BYTES = 64 << 20  # plenty for tiny models; a freed LLM returns it
@@ -304,9 +309,8 @@ def _mla_backend(ckpt: Path, options: dict) -> dict:
     """On a CPU with AMX tiles vLLM runs latent attention (MLA) with its AMX backend, which
     packs bfloat16/float16/int8 weights only: a float32 run of an MLA checkpoint asks for
     vLLM's reference CPU_MLA backend instead (a bfloat16 one keeps AMX)."""
-    config = json.loads((Path(ckpt) / "config.json").read_text())
-    uses_mla = config.get("kv_lora_rank") is not None
-    if uses_mla and options.get("dtype") == "float32" and "attention_backend" not in options:
+    float32 = options.get("dtype") == "float32"
+    if float32 and uses_latent_attention(ckpt) and "attention_backend" not in options:
         return {"attention_backend": "CPU_MLA"}
     return {}
 

@@ -123,6 +123,13 @@ def checkpoint_architecture(ckpt: Path) -> str:
     return json.loads((Path(ckpt) / "config.json").read_text())["architectures"][0]
 
 
+def uses_latent_attention(ckpt: Path | str) -> bool:
+    """The checkpoint's config sets ``kv_lora_rank`` (DeepSeek-style latent attention, which
+    vLLM runs with its MLA backends); False without a config.json."""
+    path = Path(ckpt) / "config.json"
+    return path.is_file() and json.loads(path.read_text()).get("kv_lora_rank") is not None
+
+
 def write_vllm_standin(dst: Path, name: str = "llama", replace: dict[str, str] | None = None) -> Path:
     """Write vLLM's own ``vllm/model_executor/models/<name>.py`` to ``dst``, relative
     imports made absolute, as a stand-in for a generated file (a known-good reference).
