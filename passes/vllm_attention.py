@@ -60,6 +60,7 @@ from hfrewrite.emit.position_code import (
     ALIBI_INIT,
     ALIBI_SLOPES,
     CAUSAL_WINDOW,
+    SOURCE_ROPE_THETA,
     rope_init,
     rotary_builders,
 )
@@ -130,6 +131,10 @@ def _init_without_source_rope(init: cst.FunctionDef, att: AttentionPlan, name: s
     refuses where ``self.attn`` or ``self.rotary_emb`` stay taken."""
     if "rotary_emb" in att.replaced_calls:  # the source's rotary module: the proven rope
         init = t.with_body(init, [s for s in init.body.body if t.self_attr_assigned(s) != "rotary_emb"])
+    if att.rope_table is not None:  # rebuilt where the base is read off its table
+        init = t.with_body(
+            init, [s for s in init.body.body if t.self_attr_assigned(s) != att.rope_table.child]
+        )
     assigned = {t.self_attr_assigned(s) for s in init.body.body}
     if {"attn", "rotary_emb"} & assigned:
         raise HfrewriteError(f"{name}: {NAME}: self.attn / self.rotary_emb already exist")
@@ -161,6 +166,8 @@ def _attention_options(kwargs: dict[str, cst.BaseExpression], att: AttentionPlan
 def _rope_parameters(att: AttentionPlan, init: cst.FunctionDef, name: str) -> str:
     """The expression ``get_rope`` reads the rope parameters from."""
     rope_parameters = "config.rope_parameters"
+    if att.rope_table is not None:  # the base the source's rotary module computes
+        return '{"rope_type": "default", "rope_theta": rope_theta}'
     if att.rope_fields:  # a transformers 4.x config: the fields the replay read, by name
         entries = ", ".join(  # a field of the config, or the source's constant base
             f'"{key}": {field if field[0].isdigit() else "config." + field}' for key, field in att.rope_fields
@@ -226,7 +233,7 @@ def _init_with_attention(
                     if att.alibi
                     else ""
                     if positionless(att)  # learned positions, added to the embeddings
-                    else rope_init(att, HEAD_DIM, rope_parameters)
+                    else _source_rope_theta(cls, att) + rope_init(att, HEAD_DIM, rope_parameters)
                 )
                 + "self.attn = Attention(\n"
                 "    self.num_heads,\n"
@@ -241,6 +248,32 @@ def _init_with_attention(
                 ")\n"
             ),
         ],
+    )
+
+
+def _source_rope_theta(cls: cst.ClassDef, att: AttentionPlan) -> str:
+    """``rope_theta = source_rope_theta(...)``: the base read off the table of the source's
+    rotary module, built as its ``__init__`` builds it, where the analysis proved that table."""
+    if att.rope_table is None:
+        return ""
+    table, name = att.rope_table, cls.name.value
+    built = [
+        t.assigned_value(s)
+        for s in t.find_method(cls, "__init__").body.body
+        if t.self_attr_assigned(s) == table.child
+    ]
+    if len(built) != 1 or att.rotary_dim != att.head_dim:
+        raise HfrewriteError(
+            f"{name}: {NAME}: self.{table.child} (its rope table) is not built once, over whole heads"
+        )
+    return (
+        "# The source's rotary module computes the base: read off its table at load.\n"
+        "rope_theta = source_rope_theta(\n"
+        f"    {t.code(built[0])},\n"
+        f"    lambda rope, n: rope({table.call}),\n"
+        f"    config.{att.max_position_field},\n"
+        f"    {HEAD_DIM},\n"
+        ")\n"
     )
 
 
@@ -413,6 +446,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = _with_code_before(module, ALIBI_SLOPES, att.module_class)
     if att.window_mask:
         module = _with_code_before(module, CAUSAL_WINDOW, att.module_class)
+    if att.rope_table is not None:
+        module = _with_code_before(module, SOURCE_ROPE_THETA, att.module_class)
     if att.sinks:
         imports += ["set_weight_attrs", "sharded_weight_loader"]
         rows.append(

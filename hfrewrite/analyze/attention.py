@@ -42,12 +42,19 @@ from hfrewrite.analyze.manual_attention import (
     by_hand_facts,
     is_softmax,
 )
-from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, refuse
+from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, RopeTable, refuse
 from hfrewrite.analyze.position_scale import peel_position_scale
 from hfrewrite.analyze.q_prescale import peel_q_prescale
 from hfrewrite.analyze.replaced_calls import replaced_calls
-from hfrewrite.analyze.rope import RopeFact, legacy_rope_fields, per_layer_type, prove_rope
+from hfrewrite.analyze.rope import (
+    RopeFact,
+    computed_base_reason,
+    legacy_rope_fields,
+    per_layer_type,
+    prove_rope,
+)
 from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_table import prove_rope_table
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
     Traced,
@@ -117,6 +124,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_per_layer_type=per_layer_type(config),
         rope_fields=legacy_rope_fields(config) if fact else (),
         max_position_field=_max_position_field(config),
+        rope_table=rope.table,
         qkv_layout=fused,
         qkv_unpack_lines=proj.unpack_lines,
         q_position_scale=q_scale,
@@ -170,6 +178,7 @@ class _Rope(NamedTuple):
     fact: RopeFact | None  # None: no rope
     norm_after: dict[str, str] | None  # role -> the norm right after the rope (hunyuan)
     ends: dict[str, Node]  # q/k -> where the proven rope ends (empty without a rope)
+    table: RopeTable | None = None  # the source's module whose table gives a computed base
 
 
 def _rope(
@@ -214,7 +223,27 @@ def _rope(
         if isinstance(rope, str):
             refuse("vllm_attention", f"rotary embedding: {rope}")
     rope_ends = {r: args[r].args[0] if norm_after is not None else args[r] for r in "qk"}
-    return _Rope(rope_in, rope, norm_after, rope_ends if rope else {})
+    table = _rope_table(traced, path, rope, value(args["q"]).shape[-2], config, layer_type)
+    return _Rope(rope_in, rope, norm_after, rope_ends if rope else {}, table)
+
+
+def _rope_table(traced: Traced, path: str, rope, seq: int, config, layer_type) -> RopeTable | None:
+    """The source's rotary module whose table the file reads a computed base off, where the
+    replay proved a base no config field holds; else None."""
+    if rope is None or rope.source_base is None:
+        return None
+    length = getattr(config, _max_position_field(config), None)
+    table = (
+        prove_rope_table(traced, path, rope.source_base, rope.rotary_dim, seq, length)
+        if isinstance(length, int)
+        else f"no config field holds the longest position ({_max_position_field(config)})"
+    )
+    if isinstance(table, str):
+        refuse(
+            "vllm_attention",
+            f"rotary embedding: {computed_base_reason(rope.source_base, config, layer_type)} ({table})",
+        )
+    return table
 
 
 def _norms(

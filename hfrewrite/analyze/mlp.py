@@ -66,9 +66,7 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     if len(outputs) != 1 or outputs[0] not in ends:
         return NoMatch(PATTERN, cls, "the block output is not one linear projection")
     down = ends[outputs[0]]
-    if adds_residual:  # only the ungated rewrite keeps the forward (and its add) as written
-        if len(linears) != 2:
-            return NoMatch(PATTERN, cls, "a gated MLP that adds a tensor it is given to its output")
+    if adds_residual and len(linears) == 2:  # the rewrites keep the forward's add as written
         return _ungated(traced, path, cls, linears, down)
     if len(linears) == 2:
         fused = _fused_gate_up(traced, path, cls, linears, down, config)

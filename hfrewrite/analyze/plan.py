@@ -139,9 +139,21 @@ class AttentionPlan:
     rope_fields: tuple[tuple[str, str], ...] = ()
     # The config field holding the longest position the rope table must cover
     max_position_field: str = "max_position_embeddings"
+    # A base no config field holds: the source's rotary module whose table the file reads it
+    # off at load (analyze/rope_table.py), else None
+    rope_table: RopeTable | None = None
     # The block returns its output projection plus a tensor it is given (BLOOM, TeleChat:
     # the layer's residual add inside the attention), proven on the trace
     adds_residual: bool = False
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """The attention's child module whose rope table the file reads the base off at load,
+    and its call as the file writes it."""
+
+    child: str  # the attention's attribute (``rotary_emb``)
+    call: str  # its arguments, ``n`` the length: ``torch.zeros(n, 1, 1), dtype=torch.float32``
 
 
 @dataclass(frozen=True)

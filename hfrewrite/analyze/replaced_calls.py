@@ -11,7 +11,8 @@ from torch.fx import Node
 from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.dataflow import ancestors, path_nodes
 from hfrewrite.analyze.identity_attributes import identity_attributes, identity_dropouts
-from hfrewrite.analyze.trace import Traced, called_from, causal_sdpa, relative, scopes
+from hfrewrite.analyze.source_frames import called_from
+from hfrewrite.analyze.trace import Traced, causal_sdpa, relative, scopes
 
 
 def replaced_calls(

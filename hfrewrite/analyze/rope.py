@@ -38,6 +38,9 @@ class RopeFact:
     style: RopeStyle
     rotary_dim: int
     reversed: bool = False  # rotates by -theta: vLLM's table with sin negated
+    # a default neox rope of a base no config field holds (TeleChat's NTK alpha): the base the
+    # replay read, for analyze/rope_table.py to prove on the source's own rotary module
+    source_base: float | None = None
 
 
 def rope_parameters(config, layer_type: str | None = None) -> dict:
@@ -230,16 +233,22 @@ def prove_rope(
     if not shaped:
         return "the rope input and output are not both [batch, heads, seq, head_dim]"
     if (base := _source_base(values, widths[0])) is not None:
-        return (
-            f"the source turns q and k by a default rope of base {base:.0f}, not "
-            f"{float(params.get('rope_theta', 10000.0)):.6g} (the config's rope_theta, or the default): a base "
-            "the source computes (from the head size or the length: an NTK alpha) is not proven for other configs"
-        )
+        return RopeFact(style=RopeStyle.NEOX, rotary_dim=widths[0], source_base=base)
     if _inv_freq(config, params, layer_type, widths[0]) is None:
         return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {widths[0]}"
     return (
         f"the replay matches no rope vLLM computes from rope_parameters "
         f"(neox or GPT-J style, either direction, over rotary dim {' or '.join(map(str, widths))} of {head_dim})"
+    )
+
+
+def computed_base_reason(base: float, config, layer_type: str | None = None) -> str:
+    """Why a rope of a base the source computes is refused, where its table is not proven."""
+    theta = float(rope_parameters(config, layer_type).get("rope_theta", 10000.0))
+    return (
+        f"the source turns q and k by a default rope of base {base:.0f}, not {theta:.6g} (the config's "
+        "rope_theta, or the default): a base the source computes (from the head size or the length: "
+        "an NTK alpha) is not proven for other configs"
     )
 
 

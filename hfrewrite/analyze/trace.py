@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import inspect
 import operator
-import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +37,7 @@ from hfrewrite.analyze.causal_mask import causal_mask
 from hfrewrite.analyze.einops_backend import register_einops_backend
 from hfrewrite.analyze.linear_classes import is_linear
 from hfrewrite.analyze.plan import LinearFact
+from hfrewrite.analyze.source_frames import source_frames_and_lines
 from hfrewrite.analyze.traced_factories import recorded_factories
 
 ATTN_IMPLEMENTATION = "hfrewrite_opaque"
@@ -219,6 +218,7 @@ class ValueTracer(Tracer):
         self.placeholders: list[torch.Tensor] = []
         self.returns_tuple: dict[str, bool] = {}  # submodule path -> its forward returned a tuple
         self.returns_list: dict[str, bool] = {}  # ... a list (GPT-1's `[a] + attn_outputs[1:]`)
+        self.called_with: dict[str, tuple] = {}  # submodule path -> (args, kwargs) values, first call
         self.evaluating = False  # see traced_factories
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -228,6 +228,9 @@ class ValueTracer(Tracer):
         if m not in self.submodule_paths:  # built on the fly, e.g. ``ACT2FN[name](x)``
             return forward(*args, **kwargs)
         out = super().call_module(m, forward, args, kwargs)
+        self.called_with.setdefault(
+            self.submodule_paths[m], (_concrete(tuple(args)), _concrete(dict(kwargs)))
+        )
         self.returns_tuple.setdefault(self.submodule_paths[m], isinstance(out, tuple | list))
         self.returns_list.setdefault(self.submodule_paths[m], isinstance(out, list))
         return out
@@ -237,7 +240,7 @@ class ValueTracer(Tracer):
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> Node:
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
-        node.meta["frames"], node.meta["lines"] = _source_frames_and_lines()
+        node.meta["frames"], node.meta["lines"] = source_frames_and_lines()
         if kind == "get_attr":  # also those made for constants, parameters and modules
             with _maybe_revert_all_patches():
                 node.meta["value"] = _get_attr(self.root, target)
@@ -336,32 +339,6 @@ class ValueTracer(Tracer):
         return root, [self.root]
 
 
-_NOT_SOURCE = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-
-
-def _source_frames_and_lines() -> tuple[tuple, dict]:
-    """Code objects of the Python frames (outermost first) that led to a node, torch's and
-    hfrewrite's own left out (which function of the model's source computed it), and the
-    line each was executing."""
-    frames, lines, frame = [], {}, sys._getframe(2)
-    while frame is not None:
-        if not frame.f_code.co_filename.startswith(_NOT_SOURCE):
-            frames.append(frame.f_code)
-            lines.setdefault(frame.f_code, frame.f_lineno)
-        frame = frame.f_back
-    return tuple(reversed(frames)), lines
-
-
-def called_from(node: Node, caller) -> Any:
-    """The code object of the function ``caller`` (a code object) called directly on the
-    way to ``node``, or None (``node`` computed in ``caller`` itself, or not under it)."""
-    frames = node.meta.get("frames", ())
-    if caller not in frames:
-        return None
-    i = frames.index(caller)
-    return frames[i + 1] if i + 1 < len(frames) else None
-
-
 def _get_attr(root: nn.Module, target: str) -> Any:
     value: Any = root
     for atom in target.split("."):
@@ -388,6 +365,7 @@ class Traced:
     inputs: tuple[torch.Tensor, ...]  # the example tensors, in placeholder order
     returns_tuple: dict[str, bool] = field(default_factory=dict)  # submodule path -> returned a tuple
     returns_list: dict[str, bool] = field(default_factory=dict)  # (that tuple is a list)
+    called_with: dict[str, tuple] = field(default_factory=dict)  # submodule path -> (args, kwargs) values
 
     @property
     def graph(self) -> Graph:
@@ -474,6 +452,13 @@ def is_identity_dropout(node: Node, traced: Traced) -> bool:
     return torch.is_tensor(after) and torch.equal(before, after)
 
 
+def _concrete(x: Any) -> Any:
+    """``_value_of`` through tuples, lists and dicts."""
+    if isinstance(x, dict):
+        return {k: _concrete(y) for k, y in x.items()}
+    return type(x)(map(_concrete, x)) if isinstance(x, tuple | list) else _value_of(x)
+
+
 def value(node: Any) -> Any:
     """The concrete value a node computed (constants are their own value)."""
     return node.meta["value"] if isinstance(node, Node) else node
@@ -493,4 +478,6 @@ def trace(
     with torch.no_grad(), recorded_factories(tracer):
         graph = tracer.trace(module)
     gm = GraphModule(tracer.root, graph, type(module).__name__)
-    return Traced(module, gm, tuple(tracer.placeholders), tracer.returns_tuple, tracer.returns_list)
+    return Traced(
+        module, gm, tuple(tracer.placeholders), tracer.returns_tuple, tracer.returns_list, tracer.called_with
+    )

@@ -9,6 +9,7 @@ import ast
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.analyze.plan import AttentionPlan
 from hfrewrite.emit import cst_tools as t
@@ -155,7 +156,7 @@ def _scope(
     return _Scope(
         cls=cls,
         body=body,
-        allowed=_allowed_calls(ctx.plan.attention),
+        allowed=_with_aliases(_allowed_calls(ctx.plan.attention), body),
         states=state_names(body[split_at + 1 :]),
         false_switches=false_switches,
         params=params,
@@ -173,6 +174,21 @@ def _allowed_calls(att: AttentionPlan) -> set[str]:
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     return allowed
+
+
+def _with_aliases(allowed: set[str], body: list[cst.BaseStatement]) -> set[str]:
+    """``allowed`` and the local names ``forward`` binds to one of them
+    (TeleChat's ``apply_rotary_fn = apply_rotary_pos_emb_torch``)."""
+    aliases = {
+        s.body[0].targets[0].target.value
+        for s in body
+        if m.matches(
+            s,
+            m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name())]),
+        )
+        and s.body[0].value.value in allowed
+    }
+    return allowed | aliases
 
 
 def _drop_or_refuse(statement: cst.BaseStatement, scope: _Scope) -> None:

@@ -22,13 +22,24 @@ def projection_at(body: list[cst.BaseStatement], attr: str) -> int:
 
 
 def residual_param(forward: cst.FunctionDef, attr: str, cls: str) -> str:
-    """The one parameter of ``forward`` that the statements after its ``self.<attr>`` call read."""
+    """The one parameter of ``forward`` that the first statement after its ``self.<attr>``
+    call to read the projection's output reads beside it (not the caches and flags that later
+    statements return or test)."""
     body = list(forward.body.body)
     at = projection_at(body, attr)
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)} - {"self"}
-    read = sorted(set().union(*(t.root_names(s) for s in body[at + 1 :])) & params) if at >= 0 else []
+    outputs = _assigned(body[at]) if at >= 0 else set()
+    combining = next((s for s in body[at + 1 :] if t.root_names(s) & outputs), None) if outputs else None
+    after = [combining] if combining is not None else body[at + 1 :] if at >= 0 else []
+    read = sorted(set().union(set(), *(t.root_names(s) for s in after)) & params)
     if len(read) != 1:
         raise HfrewriteError(
             f"{cls}: the tensor added after self.{attr} is not one parameter of forward (reads {read or 'none'})"
         )
     return read[0]
+
+
+def _assigned(statement: cst.BaseStatement) -> set[str]:
+    """The plain names a statement assigns (``x = ...``, ``x, _ = ...``)."""
+    targets = [n.target for n in t.walk(statement) if isinstance(n, cst.AssignTarget)]
+    return {n.value for target in targets for n in t.walk(target) if isinstance(n, cst.Name)}

@@ -116,3 +116,24 @@ def test_baichuan_13b_alibi_converts_in_place_and_verifies(tmp_path, capsys):
     assert fixtures.runs_custom_code(ckpt)
     assert main(["verify", str(ckpt), "--generated", str(generated), "--trust-remote-code"]) == 0
     assert capsys.readouterr().out.strip().endswith("verified")
+
+
+def test_telechat_reads_the_rope_base_its_rotary_class_computes_at_load(tmp_path, capsys):
+    """TeleChat's rotary class computes its base from an NTK alpha of
+    ``config.training_seqlen`` (no config field holds it): the file reads the base off that
+    class's own table at load, so a checkpoint trained on another length, whose base differs,
+    verifies too. (vLLM removed its own TeleChat, v1, in 0.25.)"""
+    repo = shutil.copytree(DATA / "telechat", tmp_path / "telechat")
+    out = tmp_path / "out"
+    assert main(["convert", str(repo), "--trust-remote-code", "-o", str(out)]) == 0
+    assert "greedy tokens equal on 4 prompts" in capsys.readouterr().out
+    generated = out / "telechat.py"
+    text = generated.read_text()
+    assert "rope_theta = source_rope_theta(" in text and "def source_rope_theta(" in text
+
+    config = validation_config(resolve(str(repo), trust_remote_code=True).config)
+    config.training_seqlen = 32768  # NTK alpha 15 instead of 3: another base
+    ckpt = fixtures.save_random_checkpoint(config, tmp_path / "ckpt", seed=1)
+    assert fixtures.runs_custom_code(ckpt)
+    assert main(["verify", str(ckpt), "--generated", str(generated), "--trust-remote-code"]) == 0
+    assert capsys.readouterr().out.strip().endswith("verified")
