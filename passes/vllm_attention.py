@@ -405,9 +405,9 @@ def _input_as_hidden_states(
 
 
 def _with_code_before(module: cst.Module, code: str, before: str) -> cst.Module:
-    """``module`` with the function ``code`` defined before the class ``before``."""
+    """``module`` with the statements of ``code`` (helper functions) before the class ``before``."""
     at = next(i for i, n in enumerate(module.body) if isinstance(n, cst.ClassDef) and n.name.value == before)
-    return module.with_changes(body=[*module.body[:at], t.stmt(code), *module.body[at:]])
+    return module.with_changes(body=[*module.body[:at], *cst.parse_module(code).body, *module.body[at:]])
 
 
 def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cst.Module:

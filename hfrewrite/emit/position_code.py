@@ -76,31 +76,48 @@ def causal_window(mask: torch.Tensor) -> int | None:
 # a rope whose base the source's rotary module computes (analyze/rope_table.py, which runs
 # this very text): the base read off the module's table for the real config, at load
 SOURCE_ROPE_THETA = """\
-def source_rope_theta(rotary: nn.Module, call, length: int, rotary_dim: int) -> float:
-    # The base of the default (neox) rope whose cos/sin table the source's rotary module
-    # builds, read off that table; it must be the same rope's table at every length vLLM
-    # may run, up to `length` positions.
+_rope_thetas: dict = {}  # read once per rotary class, state, call and length
+
+
+def source_rope_theta(rotary: nn.Module, call, length: int, rotary_dim: int):
+    # The base of the default (neox) rope whose cos/sin table the source's rotary
+    # module builds, read off that table; it must be the same rope's table at
+    # every length vLLM may run, up to `length` positions.
+    state = [(k, repr(v)) for k, v in sorted(vars(rotary).items()) if k[0] != "_"]
+    key = (type(rotary), call.__code__, length, rotary_dim, repr(state))
+    if key not in _rope_thetas:
+        _rope_thetas[key] = _read_rope_theta(rotary, call, length, rotary_dim)
+    return _rope_thetas[key]
+
+
+def _read_rope_theta(rotary: nn.Module, call, length: int, rotary_dim: int):
     def table(n: int) -> torch.Tensor:
         with torch.no_grad():
             cos, sin = call(rotary.eval(), n)[:2]
-        cos, sin = (t.double().reshape(t.shape[0], -1)[:n, :rotary_dim] for t in (cos, sin))
-        if cos.shape != (n, rotary_dim):
-            raise ValueError(f"hfrewrite: the source's rotary table has no {n} rows")
-        return torch.stack((cos, sin))
+        rows = [t.double().reshape(t.shape[0], -1)[:n, :rotary_dim] for t in (cos, sin)]
+        if rows[0].shape != (n, rotary_dim):
+            raise ValueError(f"hfrewrite: the source's rope table has no {n} rows")
+        return torch.stack(rows)
 
     full, last = table(length), rotary_dim // 2 - 1
-    theta = math.atan2(full[1, 1, 1], full[0, 1, 1]) ** (-rotary_dim / 2)  # lane 1, position 1
-    at = max(1, min(length - 1, int(theta ** (2 * last / rotary_dim))))  # the slowest lane there
-    theta = (math.atan2(full[1, at, last], full[0, at, last]) / at) ** (-rotary_dim / (2 * last))
-    inv_freq = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq).repeat(1, 2)
-    lengths = {1, 2, 3, length} | {2**k + e for k in range(length.bit_length()) for e in (-1, 0, 1)}
-    if not torch.allclose(full, torch.stack((angles.cos(), angles.sin())), atol=1e-3) or any(
-        not torch.allclose(table(n), full[:, :n], atol=1e-3) for n in sorted(lengths) if 0 < n < length
+    # lane 1 at position 1, then the slowest lane where it has turned by about 1
+    theta = math.atan2(full[1, 1, 1], full[0, 1, 1]) ** (-rotary_dim / 2)
+    at = max(1, min(length - 1, int(theta ** (2 * last / rotary_dim))))
+    angle = math.atan2(full[1, at, last], full[0, at, last]) / at
+    theta = angle ** (-rotary_dim / (2 * last))
+    lanes = torch.arange(0, rotary_dim, 2, dtype=torch.float64)
+    steps = torch.arange(length, dtype=torch.float64)
+    angles = torch.outer(steps, theta ** (-lanes / rotary_dim)).repeat(1, 2)
+    want = torch.stack((angles.cos(), angles.sin()))
+    bits = range(length.bit_length())
+    lengths = {1, 2, 3} | {2**k + e for k in bits for e in (-1, 0, 1)}
+    shorter = [n for n in sorted(lengths) if 0 < n < length]
+    if not torch.allclose(full, want, atol=1e-3) or any(
+        not torch.allclose(table(n), full[:, :n], atol=1e-3) for n in shorter
     ):
         raise ValueError(
-            "hfrewrite: the source's rotary table is not one default rope at every length "
-            f"up to {length}: this file cannot serve it"
+            "hfrewrite: the source's rotary table is not one default rope at every "
+            f"length up to {length}: this file cannot serve it"
         )
     return theta
 """
