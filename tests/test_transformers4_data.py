@@ -70,3 +70,24 @@ def test_each_is_a_causal_lm_under_its_release(tmp_path):
     for r in results:
         assert r["reloads"] and r["cache_equals_recompute"], r
         assert r["distinct"] > 1, r  # greedy decoding does not collapse into one token
+
+
+def test_chatglm_is_analysed_through_its_nested_layout_and_refused_at_its_rope(tmp_path, capsys, monkeypatch):
+    """ChatGLM3's parts sit at three depths (embedding.word_embeddings, encoder.layers,
+    encoder.final_layernorm, output_layer) and its layers run sequence first, with a rope
+    helper compiled by TorchScript: its layers are traced and analysed, and refused at the
+    rope, whose width (half of each head) and base (10000 * rope_ratio) no proof ties to the
+    config yet."""
+    from hfrewrite.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = shutil.copytree(DATA / "chatglm", tmp_path / "chatglm")
+    assert (
+        main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(tmp_path / "out")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        "SelfAttention: vllm_attention: rotary embedding: the source turns the first 16 of each head's 32"
+        in err
+    )
+    assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ import torch
 import transformers
 from torch import nn
 
+from hfrewrite.analyze.model_layout import ModelLayout, outside_stack
 from hfrewrite.analyze.plan import NoMatch, PositionEmbeddingPlan, Refusal, refuse
 from hfrewrite.analyze.position_embedding import prove_position_embedding, token_embedding
 from hfrewrite.analyze.shrink import VOCAB
@@ -78,9 +79,7 @@ class ExampleRun:
     position: PositionEmbeddingPlan | None = None  # a position table added to its rows
 
 
-def example_run(
-    model: nn.Module, base: nn.Module, layers: list[nn.Module], embeds: list[str], head: str
-) -> ExampleRun:
+def example_run(model: nn.Module, layout: ModelLayout) -> ExampleRun:
     """Run the model once on ids and read the glue between its parts from the values:
     what each layer receives, which of the base model's ``embeds`` looks up the tokens and
     whether another adds position rows to them, whether the first layer receives the
@@ -88,17 +87,24 @@ def example_run(
     which child normalises the last layer's output into the lm_head, and whether the
     logits are post-processed. The vLLM model interface writes that glue itself and
     carries the source's statements where the values show there are some."""
-    run = _recorded_run(model, base, layers, head)
+    base, layers, embeds, head = layout.base, layout.layers, layout.embeds, layout.head
+    stack = layout.layers_attr if layout.nested else ""
+    run = _recorded_run(model, base, layers, head, stack)
     seen, calls = run.layer_inputs, run.calls
     first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
     embedded = _tokens_embedded(base, embeds, calls, run.ids, first)
     head_in = calls[head][0]
     norm, scaled = _final_norm(base, run.children[:-1], calls, head_in)
+    # sequence-first layers (ChatGLM): the embeddings and the logits are transposed around
+    # them, a layout vLLM's flat [tokens, hidden] rows do not have
+    seq_first = stack != "" and _same(_transposed(embedded.start), first)
     return ExampleRun(
         layer_inputs=[seen[i] for i in range(len(layers))],
         final_norm=norm,
-        logits_postprocessed=not _same(calls[head][1], run.logits),
-        embeddings_transformed=not _same(embedded.start, first),
+        logits_postprocessed=not _same(
+            _transposed(calls[head][1]) if seq_first else calls[head][1], run.logits
+        ),
+        embeddings_transformed=not (seq_first or _same(embedded.start, first)),
         head_input=head_in[0] if isinstance(head_in, tuple | list) else head_in,
         head_input_scaled=scaled,
         head_output=calls[head][1],
@@ -122,9 +128,12 @@ def _record(store: dict, key, value) -> None:  # hooks must return None
     store[key] = value  # the last call: a final norm may also run on the embeddings
 
 
-def _recorded_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], head: str) -> _RecordedRun:
+def _recorded_run(
+    model: nn.Module, base: nn.Module, layers: list[nn.Module], head: str, stack: str = ""
+) -> _RecordedRun:
     """Run the model once on ids, hooks recording what each decoder layer receives and what
-    each child of the base model, the lm_head and the last layer read and return."""
+    each child of the base model (each module outside the decoder ``stack`` where that sits
+    deeper), the lm_head and the last layer read and return."""
     seen: dict[int, tuple[tuple, dict]] = {}
     calls: dict[str, tuple] = {}
     hooks = [
@@ -135,9 +144,11 @@ def _recorded_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], he
         for i, layer in enumerate(layers)
     ]
     children = [
-        (name, child) for name, child in base.named_children() if not isinstance(child, nn.ModuleList)
+        (name, child)
+        for name, child in (outside_stack(base, stack) if stack else base.named_children())
+        if not isinstance(child, nn.ModuleList)
     ]
-    children.append((head, getattr(model, head)))
+    children.append((head, model.get_submodule(head)))
     hooks += [
         child.register_forward_hook(lambda _, args, out, name=name: _record(calls, name, (args, out)))
         for name, child in children
@@ -153,6 +164,12 @@ def _recorded_run(model: nn.Module, base: nn.Module, layers: list[nn.Module], he
         for hook in hooks:
             hook.remove()
     return _RecordedRun(ids=ids, logits=logits, layer_inputs=seen, calls=calls, children=children)
+
+
+def _transposed(x):
+    """``x`` (or its first item) with its first two dims swapped."""
+    x = x[0] if isinstance(x, tuple | list) else x
+    return x.transpose(0, 1) if torch.is_tensor(x) and x.dim() >= 2 else x
 
 
 def _same(a, b) -> bool:
@@ -188,7 +205,7 @@ def _tokens_embedded(
     if len(embeds) == 2:
         other = next(e for e in embeds if e != embed)
         position = prove_position_embedding(
-            other, getattr(base, other), calls.get(other, (None, None))[1], start, first
+            other, base.get_submodule(other), calls.get(other, (None, None))[1], start, first
         )
         if isinstance(position, NoMatch):
             raise Refusal(position)

@@ -94,7 +94,8 @@ def prove_head_layout(
 
 def prove_output_layout(call: Node, o_node: Node) -> None:
     """The output projection reads the attention output ``[b, s, heads, d]`` as
-    ``[b, s, heads * d]``, the layout vLLM's ``Attention`` returns (checked on values)."""
+    ``[b, s, heads * d]`` (or ``[s, b, heads * d]``): per token, the layout vLLM's
+    ``Attention`` returns (checked on values)."""
     out = value(call)
     out = out[0] if isinstance(out, (tuple, list)) else out
     got = value(o_node.args[0]) if o_node.args else None
@@ -104,6 +105,8 @@ def prove_output_layout(call: Node, o_node: Node) -> None:
             "the attention output is not [batch, seq, heads, head_dim]",
         )
     want = out.reshape(*out.shape[:2], -1)
+    if got.shape == want.transpose(0, 1).shape and got.shape != want.shape:
+        want = want.transpose(0, 1)  # sequence first (ChatGLM): [s, b, heads * d], the same rows
     if got.shape != want.shape or not torch.equal(got, want):
         refuse(
             "vllm_attention",

@@ -19,11 +19,11 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.alibi import proven_factor
+from hfrewrite.analyze.gqa_expansion import before_expansion
 from hfrewrite.analyze.mask_window import mask_buffer, proven_band
 from hfrewrite.analyze.plan import refuse
 from hfrewrite.analyze.trace import (
     Traced,
-    before_expansion,
     causal_sdpa,
     is_identity_dropout,
     relative,

@@ -105,12 +105,12 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True, heads
     transposed_classes, transposed = swap_transposed_linears(model)  # Conv1D -> nn.Linear
     linear_classes = prove_linear_classes(model)  # before any trace: its linear leaves
     layout = model_layout(model, config, small)
-    run = example_run(model, layout.base, layout.layers, layout.embeds, layout.head)
+    run = example_run(model, layout)
     flipped = flipped_tie(small, build_model)
     if flipped is not None:
         initialise_empty(flipped)
-    flipped_head = getattr(flipped, layout.head, None) if flipped is not None else None
-    kind = head_kind(getattr(model, layout.head), run.head_input, run.head_output, small, flipped_head)
+    flipped_head = flipped.get_submodule(layout.head) if flipped is not None else None
+    kind = head_kind(model.get_submodule(layout.head), run.head_input, run.head_output, small, flipped_head)
     source = _SourceModel(
         config=config,
         small=small,
@@ -206,11 +206,8 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         siblings += routings
 
     layer = traces[0].module
-    norms = norm_facts(
-        norm_modules(layer, decoder, attention, getattr(layout.base, run.final_norm or "", None)),
-        small,
-        decoder,
-    )
+    final = layout.base.get_submodule(run.final_norm) if run.final_norm else None
+    norms = norm_facts(norm_modules(layer, decoder, attention, final), small, decoder)
     decoder, declined = norms.decoder, declined + norms.declined
     if per_layer[0].declined is not None:  # the layer shape itself was not fusable
         declined += (per_layer[0].declined,)
@@ -270,7 +267,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         base_model_class=type(base).__name__,
         base_model_attr=source.layout.base_attr,
         embed_tokens=run.embed,
-        embed_class=embedding_subclass(getattr(base, run.embed)),
+        embed_class=embedding_subclass(base.get_submodule(run.embed)),
         layers=source.layout.layers_attr,
         final_norm=run.final_norm,
         lm_head=head,

@@ -24,10 +24,13 @@ class ModelLayout:
     base_attr: str  # model.<base_attr>: the base model
     base: nn.Module  # (model.<base_attr>.<inner> when the base model only wraps it)
     inner: str  # OPT's "decoder": the child of the base model holding the stack, else ""
-    layers_attr: str  # base.<layers_attr>: the decoder layers' ModuleList
+    layers_attr: str  # base.<layers_attr>: the decoder layers' ModuleList (dotted when nested)
     layers: list[nn.Module]
-    embeds: list[str]  # the base model's Embedding children
-    head: str  # model.<head>: the lm_head
+    embeds: list[str]  # the base model's Embedding children (dotted paths when nested)
+    head: str  # model.<head>: the lm_head (ChatGLM's "transformer.output_layer" when nested)
+    # the parts sit at several depths of the base model (ChatGLM's embedding.word_embeddings,
+    # encoder.layers, encoder.final_layernorm, output_layer): the file flattens them
+    nested: bool = False
 
 
 def model_layout(model: nn.Module, config, small) -> ModelLayout:
@@ -35,18 +38,60 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     base_attr, base = _base_model(model)
     inner = _wrapped_stack(base, config)
     base = getattr(base, inner) if inner else base
-    _refuse_unfollowed_stack(base, f"{base_attr}.{inner}" if inner else base_attr, config, small)
-    layers_attr = _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
-    layers = list(getattr(base, layers_attr))
+    nested = _nested_stack(base, config) if getattr(small, "auto_map", None) else ""  # Hub code
+    if not nested:
+        _refuse_unfollowed_stack(base, f"{base_attr}.{inner}" if inner else base_attr, config, small)
+    layers_attr = nested or _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
+    layers = list(base.get_submodule(layers_attr))
     if len({type(layer) for layer in layers}) != 1:
         refuse("model_layout", "decoder layers of several classes", type(base).__name__)
 
-    embeds = [name for name, child in base.named_children() if isinstance(child, nn.Embedding)]
-    embeds += [name for name, child in base.named_children() if buffer_table(child)]  # XGLM's
+    parts = outside_stack(base, layers_attr) if nested else list(base.named_children())
+    embeds = [name for name, child in parts if isinstance(child, nn.Embedding)]
+    embeds += [name for name, child in parts if buffer_table(child)]  # XGLM's
     if not embeds:
         refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
-    head = _one_child(model, "lm_head Linear", lambda m: is_head(m, small))
-    return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, head)
+    heads = [name for name, child in model.named_children() if is_head(child, small)]
+    if nested and not heads:  # ChatGLM's transformer.output_layer
+        heads = [
+            f"{base_attr}.{n}" for n, m in parts if is_head(m, small) and not isinstance(m, nn.Embedding)
+        ]
+    if len(heads) != 1:
+        refuse("model_layout", f"expected one lm_head Linear child, found {heads}", type(model).__name__)
+    return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, heads[0], bool(nested))
+
+
+def refuse_nested(layout: ModelLayout) -> None:
+    """Refuse a layout whose parts sit deeper than children of the base model: its layers
+    are analysed, but the file builds one flat base model."""
+    if layout.nested:
+        refuse(
+            "model_layout",
+            f"the decoder layers sit at {layout.base_attr}.{layout.layers_attr} and the lm_head at "
+            f"{layout.head}, deeper than children of the base model: the file does not flatten them yet",
+            type(layout.base).__name__,
+        )
+
+
+def outside_stack(base: nn.Module, layers_attr: str) -> list[tuple[str, nn.Module]]:
+    """The modules of ``base`` at any depth, the decoder stack and what it holds left out."""
+    return [
+        (name, m)
+        for name, m in base.named_modules()
+        if name and name != layers_attr and not name.startswith(f"{layers_attr}.")
+    ]
+
+
+def _nested_stack(base: nn.Module, config) -> str:
+    """The dotted path of the one decoder ModuleList deeper than a child of ``base``, when
+    ``base`` holds none itself (ChatGLM's ``encoder.layers``; not an encoder-decoder), else "".
+    """
+    if getattr(config, "is_encoder_decoder", False) or any(
+        isinstance(m, nn.ModuleList) for m in base.children()
+    ):
+        return ""
+    lists = [name for name, m in base.named_modules() if isinstance(m, nn.ModuleList)]
+    return lists[0] if len(lists) == 1 and lists[0].count(".") == 1 else ""
 
 
 def buffer_table(module: nn.Module) -> str | None:
@@ -60,7 +105,9 @@ def buffer_table(module: nn.Module) -> str | None:
 
 def flattened(path: str | None, layout: ModelLayout) -> str | None:
     """A module path of the source model as the file builds it: the wrapped stack's holder
-    (OPT's ``model.decoder``) is the base model itself there."""
+    (OPT's ``model.decoder``) is the base model itself there. A nested layout refuses here,
+    once its layers are analysed: the file builds one flat base model."""
+    refuse_nested(layout)
     if path is None or not layout.inner:
         return path
     return path.replace(f"{layout.base_attr}.{layout.inner}.", f"{layout.base_attr}.", 1)

@@ -22,6 +22,7 @@ found interleaved, one that computes something else matches no candidate.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -88,14 +89,16 @@ def _same_layout(xv, yv):
     """(x, y) with x in y's [batch, heads, seq, head_dim] layout when the rope region also
     moves the heads axis (Qwen rotates in [batch, seq, heads, head_dim], then permutes):
     the replay on the transposed x then proves both."""
-    if (
-        torch.is_tensor(xv)
-        and torch.is_tensor(yv)
-        and xv.dim() == 4
-        and xv.shape != yv.shape
-        and xv.transpose(1, 2).shape == yv.shape
-    ):
+    if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.dim() == 4 and xv.shape != yv.shape):
+        return xv, yv
+    if xv.transpose(1, 2).shape == yv.shape:
         return xv.transpose(1, 2), yv
+    # another order (ChatGLM's [seq, batch, heads, head_dim]): the one whose position 0,
+    # which any rope leaves as it is, is y's
+    for order in itertools.permutations(range(4)):
+        laid = xv.permute(order)
+        if laid.shape == yv.shape and torch.allclose(laid[..., 0, :], yv[..., 0, :], atol=ATOL):
+            return laid, yv
     return xv, yv
 
 
@@ -236,10 +239,24 @@ def prove_rope(
         return RopeFact(style=RopeStyle.NEOX, rotary_dim=widths[0], source_base=base)
     if _inv_freq(config, params, layer_type, widths[0]) is None:
         return f"rope_type {params.get('rope_type')!r} gives no frequencies for rotary dim {widths[0]}"
+    if (turned := _turned_lanes(values)) not in widths:
+        return (
+            f"the source turns the first {turned} of each head's {head_dim} lanes, a width no config field "
+            "holds (ChatGLM's `rotary_dim // 2`): its width and base are not proven for other configs"
+        )
     return (
         f"the replay matches no rope vLLM computes from rope_parameters "
         f"(neox or GPT-J style, either direction, over rotary dim {' or '.join(map(str, widths))} of {head_dim})"
     )
+
+
+def _turned_lanes(values) -> int:
+    """How many leading lanes of each head the position-dependent op changes: the lanes after
+    them pass every position through as they are."""
+    x, y = values[0]
+    same = torch.isclose(x, y, atol=ATOL).flatten(0, -2).all(dim=0)  # per lane, at every position
+    changed = (~same).nonzero()
+    return int(changed.max()) + 1 if len(changed) else 0
 
 
 def computed_base_reason(base: float, config, layer_type: str | None = None) -> str:

@@ -35,8 +35,10 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 from hfrewrite.analyze.causal_mask import causal_mask
 from hfrewrite.analyze.einops_backend import register_einops_backend
+from hfrewrite.analyze.gqa_expansion import before_expansion, permuted_before_expansion
 from hfrewrite.analyze.linear_classes import is_linear
 from hfrewrite.analyze.plan import LinearFact
+from hfrewrite.analyze.scripted import python_for_scripted
 from hfrewrite.analyze.source_frames import source_frames_and_lines
 from hfrewrite.analyze.traced_factories import recorded_factories
 
@@ -115,24 +117,6 @@ def _grouped(query, key, value):
     """k and v with each kv head repeated for its group: query head h reads kv head h // groups."""
     groups = query.shape[1] // key.shape[1]
     return (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
-
-
-def before_expansion(expanded: Node, heads: int) -> Node:
-    """The k/v node a GQA expansion (``repeat_interleave``, ``repeat_kv``) made ``expanded``
-    from: the nearest earlier value whose kv heads, each repeated for its group, equal
-    ``expanded``'s value (checked on the values); ``expanded`` itself when none."""
-    node, want = expanded, expanded.meta.get("value")
-    for _ in range(4):
-        val = node.meta.get("value")
-        if torch.is_tensor(val) and val.dim() == 4 and val.shape[1] < heads and heads % val.shape[1] == 0:
-            if torch.equal(val.repeat_interleave(heads // val.shape[1], dim=1), want):
-                return node
-            break
-        inputs = [a for a in node.all_input_nodes if torch.is_tensor(a.meta.get("value"))]
-        if len(inputs) != 1:
-            break
-        node = inputs[0]
-    return expanded
 
 
 def is_attention_leaf(node: torch.fx.Node) -> bool:
@@ -288,11 +272,20 @@ class ValueTracer(Tracer):
         ):
             return None
         heads = q.value.shape[1]
-        k, v = (ValueProxy(before_expansion(x.node, heads), self) for x in (k, v))
+        k, v = (self._unexpanded(x, heads) for x in (k, v))
         if k.value.shape[1] != v.value.shape[1]:
             return None  # k and v expanded differently
         out = self.create_proxy("call_function", causal_sdpa, (None, q, k, v, None), {"scaling": scale})
         return out[0].transpose(1, 2)
+
+    def _unexpanded(self, x: ValueProxy, heads: int) -> ValueProxy:
+        """k or v before a GQA expansion, in the attention's layout (ChatGLM expands its
+        sequence-first k/v, then permutes them: the unexpanded value permuted the same way)."""
+        node = before_expansion(x.node, heads)
+        if node is not x.node:
+            return ValueProxy(node, self)
+        found = permuted_before_expansion(x.node, heads)
+        return ValueProxy(found[0], self).permute(*found[1]) if found else x
 
     def _evaluate(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         args = map_aggregate(args, _value_of)
@@ -475,7 +468,7 @@ def trace(
     """
     register_einops_backend(ValueProxy)  # once per process (setdefault), when tracing starts
     tracer = ValueTracer(tuple(args), dict(kwargs or {}), layer_masks)
-    with torch.no_grad(), recorded_factories(tracer):
+    with torch.no_grad(), recorded_factories(tracer), python_for_scripted(module):
         graph = tracer.trace(module)
     gm = GraphModule(tracer.root, graph, type(module).__name__)
     return Traced(
