@@ -175,33 +175,37 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
     """A checkpoint-fused ``self.<gate_up> = nn.Linear(H, 2 * I)`` whose halves the
     analysis proved are gate and up: the layer loads the tensor as it is, and the forward
     is the block the analysis proved, ``down(act_and_mul(gate_up(x)))``."""
-    name, attr, act = cls.name.value, mlp.gate.attr, mlp.act_attr
+    name, attr, act = cls.name.value, mlp.gate.attr, mlp.act_attr or _ACT_FN
+    if not mlp.act_attr:  # torch's function, called in forward (ChatGLM's swiglu closure)
+        init = t.find_method(cls, "__init__")
+        cls = t.set_method(
+            cls, t.with_body(init, _with_act_fn(name, list(init.body.body), init, mlp.activation))
+        )
     init, body, where = t.init_assignments(cls, (attr, act), NAME)
     call, a = t.assigned_value(body[where[attr]]), t.assigned_value(body[where[act]])
-    size_out = t.arg(call, 1, "out_features")
-    if not (
-        t.call_name(call) == "nn.Linear"
-        and isinstance(size_out, cst.BinaryOperation)
-        and isinstance(size_out.operator, cst.Multiply)
-        and t.code(size_out.left) == "2"
-    ):
+    size_out, intermediate = t.arg(call, 1, "out_features"), None
+    if isinstance(size_out, cst.BinaryOperation) and isinstance(size_out.operator, cst.Multiply):
+        sides = (size_out.left, size_out.right)  # 2 * I, or I * 2
+        intermediate = next((o for s, o in (sides, sides[::-1]) if t.code(s) == "2"), None)
+    if t.call_name(call) != "nn.Linear" or intermediate is None:
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear(H, 2 * I)")
-    if not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
+    if mlp.act_attr and not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
         raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")
     bias = t.arg(call, 2, "bias")
     merged = t.stmt(
         "# The checkpoint holds gate and up in one tensor, which this layer loads as it is.\n"
         f"self.{attr} = MergedColumnParallelLinear(\n"
-        f"    {t.code(t.arg(call, 0, 'in_features'))},\n    [{t.code(size_out.right)}] * 2,\n"
+        f"    {t.code(t.arg(call, 0, 'in_features'))},\n    [{t.code(intermediate)}] * 2,\n"
         f"    bias={t.code(bias) if bias is not None else 'True'},\n"
         f'    quant_config=quant_config,\n    prefix=f"{{prefix}}.{attr}",\n)\n'
     )
     body[where[attr]] = merged.with_changes(
         leading_lines=[*body[where[attr]].leading_lines, *merged.leading_lines]
     )
-    body[where[act]] = t.stmt(
-        f"self.{act} = get_act_and_mul_fn({t.code(a.slice[0].slice.value)})\n"
-    ).with_changes(leading_lines=body[where[act]].leading_lines)
+    if mlp.act_attr:
+        body[where[act]] = t.stmt(
+            f"self.{act} = get_act_and_mul_fn({t.code(a.slice[0].slice.value)})\n"
+        ).with_changes(leading_lines=body[where[act]].leading_lines)
     forward = t.find_method(cls, "forward")
     x = [p.name.value for p in forward.params.params if p.name.value != "self"]
     if len(x) != 1:

@@ -206,13 +206,8 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
     whole = value(proj)
     half = whole.shape[-1] // 2
     for act, up in (product.args, product.args[::-1]):
-        if not (
-            isinstance(act, Node)
-            and act.op == "call_module"
-            and len(act.args) == 1
-            and not act.kwargs
-            and isinstance(up, Node)
-        ):
+        functional = _functional_activation(act)  # ChatGLM's swiglu: F.silu(x[0]) * x[1]
+        if not ((_is_act_module_call(act) or functional) and isinstance(up, Node)):
             continue
         gate = act.args[0]
         if not (_only_from(gate, proj) and _only_from(up, proj)):
@@ -220,7 +215,7 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
         if torch.equal(value(gate), whole[..., :half]) and torch.equal(value(up), whole[..., half:]):
             fact = traced.linear_fact(proj, path)
             fact = LinearFact(fact.attr, fact.in_features, half, fact.bias)
-            activation = _config_activation(traced.submodule(act), config)
+            activation = functional or _config_activation(traced.submodule(act), config)
             if activation not in ACT_AND_MUL:
                 return NoMatch(
                     PATTERN,
@@ -235,15 +230,8 @@ def _fused_gate_up(traced: Traced, path: str, cls: str, linears: list, down: Nod
                     "(replayed on the traced values)",
                 )
             d = traced.linear_fact(down, path)
-            return MlpPlan(
-                cls,
-                fact,
-                fact,
-                d,
-                relative(act.target, path),
-                activation,
-                fused_gate_up=True,
-            )
+            act_attr = "" if functional else relative(act.target, path)  # "": torch's function
+            return MlpPlan(cls, fact, fact, d, act_attr, activation, fused_gate_up=True)
     return None
 
 

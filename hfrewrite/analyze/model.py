@@ -15,7 +15,6 @@ absorbs (the sliding window, which the source computes per layer) is kept in
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -39,13 +38,19 @@ from hfrewrite.analyze.example_run import ExampleRun, build_model, error_line, e
 from hfrewrite.analyze.head_counts import head_expressions, head_fields
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
-from hfrewrite.analyze.lm_head import TRANSPOSED_WHEN_UNTIED, head_kind
+from hfrewrite.analyze.lm_head import head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
-from hfrewrite.analyze.model_layout import ModelLayout, embedding_subclass, flattened, model_layout
+from hfrewrite.analyze.model_layout import (
+    ModelLayout,
+    embedding_subclass,
+    flattened,
+    model_layout,
+    refuse_nested,
+)
 from hfrewrite.analyze.model_norms import norm_facts, norm_modules
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.moe_variants import with_other_routings
@@ -63,10 +68,11 @@ from hfrewrite.analyze.plan import (
 )
 from hfrewrite.analyze.qkv_width import prove_at_more_heads
 from hfrewrite.analyze.rope import ABSOLUTE_ROTARY_FIELD
+from hfrewrite.analyze.rope_constants import prove_rope_constants
 from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.shrink import HEADS, shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
-from hfrewrite.analyze.tied_head import flipped_tie, tied_target
+from hfrewrite.analyze.tied_head import flipped_tie, head_sibling, tied_target
 from hfrewrite.analyze.trace import (
     Traced,
     trace,
@@ -92,12 +98,20 @@ def analyze(config: transformers.PretrainedConfig) -> ModelPlan:
         torch.set_num_threads(threads)
 
 
-def _analyze(config: transformers.PretrainedConfig, branches: bool = True, heads: int = HEADS) -> ModelPlan:
+def _analyze(
+    config: transformers.PretrainedConfig,
+    branches: bool = True,
+    heads: int = HEADS,
+    edits: dict | None = None,
+) -> ModelPlan:
     """The plan of ``config`` shrunk to ``heads`` query heads; with ``branches``, the other
     branches of MLA's query and rope and of a router's string switch proven on sibling
     configs (analyze/mla_variants.py, analyze/moe_variants.py), and a reordered q/k/v
-    layout at a second head count (analyze/qkv_width.py)."""
+    layout at a second head count (analyze/qkv_width.py); ``edits``: fields set on the shrunk
+    config (analyze/rope_constants.py)."""
     small = _shrunk(config, heads)
+    for field, edited in (edits or {}).items():
+        setattr(small, field, edited)
     torch.manual_seed(0)
     model = build_model(small)
     model.eval()
@@ -123,7 +137,10 @@ def _analyze(config: transformers.PretrainedConfig, branches: bool = True, heads
         transposed_classes=transposed_classes,
         transposed=transposed,
     )
-    return _model_plan(source, _layer_plans(source, branches))
+    plan = _model_plan(source, _layer_plans(source, branches))
+    if branches:  # siblings prove facts of the layers alone
+        refuse_nested(layout)
+    return plan
 
 
 @dataclass(frozen=True)
@@ -189,7 +206,10 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     attention = _emitted_attention(per_layer, traces[0], small)
     if branches:
         prove_at_more_heads(attention, lambda heads: _analyze(config, False, heads).attention.qkv_layout)
-    siblings = _head_sibling(config, source.head_kind)
+        attention = prove_rope_constants(
+            attention, small, lambda e: _analyze(config, False, edits=e).attention
+        )
+    siblings = head_sibling(config, source.head_kind)
     if branches and isinstance(attention, MlaPlan):
         attention, more, branch_configs = with_other_branches(
             config, attention, lambda other: _analyze(other, branches=False).attention
@@ -232,16 +252,6 @@ def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> At
             attention, traced.module.get_submodule(per_layer[0].decoder.attention_block), small
         )
     return attention
-
-
-def _head_sibling(config, kind: str) -> tuple:
-    """The sibling config with the other ``tie_word_embeddings`` when the head's layout
-    depends on it: validated both ways."""
-    if kind != TRANSPOSED_WHEN_UNTIED:
-        return ()
-    other = copy.deepcopy(config)
-    other.tie_word_embeddings = not getattr(config, "tie_word_embeddings", False)
-    return ((f"tie_word_embeddings={other.tie_word_embeddings} (the head's other layout)", other),)
 
 
 def _with_routings(config, moe: MoePlan, model: nn.Module) -> tuple[MoePlan, tuple, tuple]:

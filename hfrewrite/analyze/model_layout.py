@@ -105,9 +105,7 @@ def buffer_table(module: nn.Module) -> str | None:
 
 def flattened(path: str | None, layout: ModelLayout) -> str | None:
     """A module path of the source model as the file builds it: the wrapped stack's holder
-    (OPT's ``model.decoder``) is the base model itself there. A nested layout refuses here,
-    once its layers are analysed: the file builds one flat base model."""
-    refuse_nested(layout)
+    (OPT's ``model.decoder``) is the base model itself there."""
     if path is None or not layout.inner:
         return path
     return path.replace(f"{layout.base_attr}.{layout.inner}.", f"{layout.base_attr}.", 1)

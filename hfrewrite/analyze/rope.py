@@ -229,7 +229,12 @@ def prove_rope(
         if not all(_both_4d(xv, yv) for xv, yv in values):
             continue
         shaped, positions = True, torch.arange(values[0][0].shape[2])
-        for rotary_dim in widths:
+        turned = _turned_lanes(values)  # a width the config does not hold (ChatGLM's half)
+        legacy = not getattr(config, "rope_parameters", None)  # analyze/rope_constants.py proves it
+        for rotary_dim in [
+            *widths,
+            *([turned] if legacy and 0 < turned < head_dim and turned % 2 == 0 else []),
+        ]:
             fact = _replayed(config, params, layer_type, rotary_dim, values, positions)
             if fact is not None:
                 return fact

@@ -14,6 +14,8 @@ import copy
 import torch
 from torch import nn
 
+from hfrewrite.analyze.lm_head import TRANSPOSED_WHEN_UNTIED
+
 
 def flipped_tie(small, build) -> nn.Module | None:
     """The causal LM built from ``small`` with ``tie_word_embeddings`` flipped, or None where
@@ -40,3 +42,13 @@ def tied_target(tied: nn.Module | None, head: str) -> str | None:
         if name != head and isinstance(module, nn.Embedding) and module.weight is weight
     ]
     return shared[0] if len(shared) == 1 else None
+
+
+def head_sibling(config, kind: str) -> tuple:
+    """The sibling config with the other ``tie_word_embeddings`` when the head's layout
+    depends on it: validated both ways."""
+    if kind != TRANSPOSED_WHEN_UNTIED:
+        return ()
+    other = copy.deepcopy(config)
+    other.tie_word_embeddings = not getattr(config, "tie_word_embeddings", False)
+    return ((f"tie_word_embeddings={other.tie_word_embeddings} (the head's other layout)", other),)
