@@ -72,12 +72,14 @@ def test_each_is_a_causal_lm_under_its_release(tmp_path):
         assert r["distinct"] > 1, r  # greedy decoding does not collapse into one token
 
 
-def test_chatglm_is_analysed_through_its_nested_layout_and_refused_at_its_rope(tmp_path, capsys, monkeypatch):
+def test_chatglm_is_analysed_through_its_nested_layout_and_refused_at_its_flattening(
+    tmp_path, capsys, monkeypatch
+):
     """ChatGLM3's parts sit at three depths (embedding.word_embeddings, encoder.layers,
     encoder.final_layernorm, output_layer) and its layers run sequence first, with a rope
-    helper compiled by TorchScript: its layers are traced and analysed, and refused at the
-    rope, whose width (half of each head) and base (10000 * rope_ratio) no proof ties to the
-    config yet."""
+    helper compiled by TorchScript, a partial interleaved rope of base 10000 * rope_ratio (both
+    tied to the config by sibling analyses) and a swiglu closure: its layers are analysed,
+    and the model is refused where the file would have to flatten its base model."""
     from hfrewrite.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -86,8 +88,6 @@ def test_chatglm_is_analysed_through_its_nested_layout_and_refused_at_its_rope(t
         main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(tmp_path / "out")]) == 2
     )
     err = capsys.readouterr().err
-    assert (
-        "SelfAttention: vllm_attention: rotary embedding: the source turns the first 16 of each head's 32"
-        in err
-    )
+    assert "model_layout: the decoder layers sit at transformer.encoder.layers and the lm_head at" in err
+    assert "the file does not flatten them yet" in err
     assert not (tmp_path / "out").exists()

@@ -399,6 +399,33 @@ def test_fused_projection_halves_are_gate_and_up():
     ), plan
 
 
+class SwigluClosureMlp(nn.Module):
+    """ChatGLM3's MLP: one projection to twice the width, then a closure built in __init__
+    that chunks it and multiplies torch's silu of one half by the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense_h_to_4h, self.dense_4h_to_h = (
+            nn.Linear(8, 16 * 2, bias=False),
+            nn.Linear(16, 8, bias=False),
+        )
+
+        def swiglu(x):
+            x = torch.chunk(x, 2, dim=-1)
+            return nn.functional.silu(x[0]) * x[1]
+
+        self.activation_func = swiglu
+
+    def forward(self, x):
+        return self.dense_4h_to_h(self.activation_func(self.dense_h_to_4h(x)))
+
+
+def test_torchs_activation_function_on_one_half_times_the_other_is_fused_gate_up():
+    plan = mlp_of(SwigluClosureMlp())
+    assert (plan.fused_gate_up, plan.gate.attr, plan.gate.out_features) == (True, "dense_h_to_4h", 16), plan
+    assert (plan.act_attr, plan.activation) == ("", "silu")
+
+
 @pytest.mark.parametrize(
     "edit",
     [

@@ -300,6 +300,65 @@ def test_checkpoint_fused_gate_up():
     assert_rewrites(fuse_gate_up, BEFORE_FUSED_GATE_UP, AFTER_FUSED_GATE_UP, plan)
 
 
+BEFORE_SWIGLU_CLOSURE = """\
+class MLP(nn.Module):
+    def __init__(self, config, device=None):
+        super().__init__()
+        self.add_bias = config.add_bias_linear
+        self.dense_h_to_4h = nn.Linear(
+            config.hidden_size, config.ffn_hidden_size * 2, bias=self.add_bias, device=device
+        )
+
+        def swiglu(x):
+            x = torch.chunk(x, 2, dim=-1)
+            return F.silu(x[0]) * x[1]
+
+        self.activation_func = swiglu
+        self.dense_4h_to_h = nn.Linear(config.ffn_hidden_size, config.hidden_size, bias=self.add_bias)
+
+    def forward(self, hidden_states):
+        intermediate_parallel = self.activation_func(self.dense_h_to_4h(hidden_states))
+        return self.dense_4h_to_h(intermediate_parallel)
+"""
+
+AFTER_SWIGLU_CLOSURE = """\
+class MLP(nn.Module):
+    def __init__(self, config, device=None):
+        super().__init__()
+        self.add_bias = config.add_bias_linear
+        # The checkpoint holds gate and up in one tensor, which this layer loads as it is.
+        self.dense_h_to_4h = MergedColumnParallelLinear(
+            config.hidden_size,
+            [config.ffn_hidden_size] * 2,
+            bias=self.add_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.dense_h_to_4h",
+        )
+
+        def swiglu(x):
+            x = torch.chunk(x, 2, dim=-1)
+            return F.silu(x[0]) * x[1]
+
+        self.activation_func = swiglu
+        self.dense_4h_to_h = nn.Linear(config.ffn_hidden_size, config.hidden_size, bias=self.add_bias)
+        self.act_fn = get_act_and_mul_fn("silu")
+
+    def forward(self, hidden_states):
+        gate_up, _ = self.dense_h_to_4h(hidden_states)
+        return self.dense_4h_to_h(self.act_fn(gate_up))
+"""
+
+
+def test_checkpoint_fused_gate_up_with_torchs_activation_in_a_closure():
+    # ChatGLM3: `nn.Linear(H, I * 2)`, its activation torch's silu in a closure; vLLM's act_fn beside it
+    fact = LinearFact("dense_h_to_4h", 128, 256, False)
+    mlp = MlpPlan(
+        "MLP", fact, fact, LinearFact("dense_4h_to_h", 256, 128, False), "", "silu", fused_gate_up=True
+    )
+    plan = dataclasses.replace(llama_like("ChatGLM", "chatglm"), mlp=mlp)
+    assert_rewrites(fuse_gate_up, BEFORE_SWIGLU_CLOSURE, AFTER_SWIGLU_CLOSURE, plan)
+
+
 BEFORE_UNGATED_MLP = """\
 class ArceeMLP(nn.Module):
     def __init__(self, config):
