@@ -58,3 +58,9 @@ def causal_mask(mask: Any, length: int, layer_masks: bool = False) -> bool:
         return torch.equal(mask, allowed)
     very_negative = mask <= torch.finfo(mask.dtype).min / 2
     return mask.is_floating_point() and bool((mask[allowed] == 0).all() and very_negative[~allowed].all())
+
+
+def windowed(config) -> bool:
+    """Whether the config sets any attention window (a mask over a short example run would
+    look causal without it)."""
+    return any("window" in key and value not in (None, False, 0) for key, value in config.to_dict().items())

@@ -26,6 +26,7 @@ from torch import nn
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.branches import forward_switches, init_switches
+from hfrewrite.analyze.causal_mask import windowed
 from hfrewrite.analyze.checkpoint import (
     checkpoint_prefix_renames,
     checkpoint_renames,
@@ -67,7 +68,7 @@ from hfrewrite.analyze.plan import (
     refuse,
 )
 from hfrewrite.analyze.qkv_width import prove_at_more_heads
-from hfrewrite.analyze.rope import ABSOLUTE_ROTARY_FIELD
+from hfrewrite.analyze.rope import rotary_field
 from hfrewrite.analyze.rope_constants import prove_rope_constants
 from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.shrink import HEADS, shrink_config
@@ -194,7 +195,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     """Trace each decoder layer and analyse it; the plans all layers share (see _analyze for
     ``branches``)."""
     config, small, layout, run = source.config, source.small, source.layout, source.run
-    masks = not _windowed(small)  # a causal mask the base model hands its layers is proven by value
+    masks = not windowed(small)  # a causal mask the base model hands its layers is proven by value
     traces = [
         _trace_layer(layer, args, kwargs, masks)
         for layer, (args, kwargs) in zip(layout.layers, run.layer_inputs)
@@ -246,7 +247,7 @@ def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> At
     if isinstance(attention, AttentionPlan):
         lines = traced_lines(traced, per_layer[0].decoder.attention_block)
         attention = dataclasses.replace(
-            attention, **head_fields(small, attention), **_rotary_field(small, attention), traced_lines=lines
+            attention, **head_fields(small, attention), **rotary_field(small, attention), traced_lines=lines
         )
         attention = head_expressions(
             attention, traced.module.get_submodule(per_layer[0].decoder.attention_block), small
@@ -340,25 +341,11 @@ def _without_proven(switches: tuple, causal_lm: str, soft_cap: str | None) -> tu
 MTP_FIELDS = ("num_nextn_predict_layers",)
 
 
-def _rotary_field(small, attention: AttentionPlan) -> dict:
-    """The config field the proven rotary width came from, when it is GPT-J's absolute one."""
-    width = getattr(small, ABSOLUTE_ROTARY_FIELD, None)
-    if attention.rope and attention.rotary_dim != attention.head_dim and width == attention.rotary_dim:
-        return {"rotary_dim_field": ABSOLUTE_ROTARY_FIELD}
-    return {}
-
-
 def _required(fact):
     """``fact``, unless it is a NoMatch: then analysis stops with it."""
     if isinstance(fact, NoMatch):
         raise Refusal(fact)
     return fact
-
-
-def _windowed(config) -> bool:
-    """Whether the config sets any attention window (a mask over a short example run would
-    look causal without it)."""
-    return any("window" in key and value not in (None, False, 0) for key, value in config.to_dict().items())
 
 
 def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool = False) -> Traced:

@@ -310,3 +310,11 @@ def _replayed(config, params: dict, layer_type, rotary_dim: int, values, positio
             ):
                 return RopeFact(style=style, rotary_dim=rotary_dim, reversed=reverse)
     return None
+
+
+def rotary_field(small, attention) -> dict:
+    """The config field the proven rotary width came from, when it is GPT-J's absolute one."""
+    width = getattr(small, ABSOLUTE_ROTARY_FIELD, None)
+    if attention.rope and attention.rotary_dim != attention.head_dim and width == attention.rotary_dim:
+        return {"rotary_dim_field": ABSOLUTE_ROTARY_FIELD}
+    return {}

@@ -34,7 +34,7 @@ def prove_rope_constants(att, small, analyze: Callable[[dict], AttentionPlan]) -
         return att  # no rope, a config with rope_parameters (the replay read them), or a base read at load
     fields = dict(att.rope_fields)
     factor = None
-    if att.rotary_dim != att.head_dim and "partial_rotary_factor" not in fields:
+    if att.rotary_dim != att.head_dim and "partial_rotary_factor" not in fields and not att.rotary_dim_field:
         factor = _constant_share(att, small, analyze, float(DEFAULT_THETA))
     if fields.get("rope_theta") == DEFAULT_THETA:
         fields["rope_theta"] = _base(att, small, analyze, factor)
