@@ -26,8 +26,14 @@ carried layer, ``carry_decoder_layer``) only the norm classes are replaced.
 A norm class built from the config alone (``Norm(config)``, ERNIE-4.5) becomes
 ``RMSNorm(config.<size>, eps=config.<eps>)`` with the fields the analysis found by value.
 
-Preconditions: the norm class's ``__init__`` takes ``(size, eps)``, or only the config with
-its fields proven; each block and norm of the plan is called in the source forward.
+A norm class chosen in ``__init__`` by a config test (``Func = RMSNorm if config.rmsnorm
+else LayerNorm``, ChatGLM3) is inlined as the traced class, the test guarded
+(``hfrewrite/emit/norm_aliases.py``); torch's factory keywords (``device=``, ``dtype=``) are
+left to vLLM.
+
+Preconditions: the norm class's ``__init__`` takes ``(size, eps)`` (and torch's factory
+keywords), or only the config with its fields proven; each block and norm of the plan is
+called in the source forward.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.norm_aliases import inline_norm_aliases
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
 from hfrewrite.errors import HfrewriteError
 
@@ -55,10 +62,27 @@ class _RenameCalls(cst.CSTTransformer):
                 a.with_changes(keyword=cst.Name(self.params.get(a.keyword.value, a.keyword.value)))
                 if a.keyword
                 else a
-                for a in updated.args
+                for i, a in enumerate(updated.args)
+                if (a.keyword.value not in FACTORY_KWARGS if a.keyword else i < 2)  # vLLM places them
             ]
+            if len(args) < len(updated.args):  # what was left of the dropped ones' commas
+                args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             return updated.with_changes(func=cst.Name(self.new), args=args)
         return updated
+
+
+# torch's factory keywords (``nn.LayerNorm(..., device=None, dtype=None)``): where the
+# weight is made and in which dtype, which vLLM decides for its own layers
+FACTORY_KWARGS = ("device", "dtype")
+
+
+def _factory_extras(init: cst.FunctionDef) -> bool:
+    """``__init__(self, size, eps=..., device=None, dtype=None, **kwargs)``: only torch's
+    factory keywords (with defaults) and a ``**kwargs`` beyond the size and eps."""
+    params = init.params.params[1:]
+    return len(params) >= 2 and all(
+        p.name.value in FACTORY_KWARGS and p.default is not None for p in params[2:]
+    )
 
 
 def _index_calling(body, attr: str) -> int:
@@ -147,9 +171,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     vllm_norm = plan.norm.kind.vllm_class  # analyze/norm_kinds.py
     norm_init = t.find_method(t.find_class(module, plan.norm.module_class), "__init__")
     params = [p.name.value for p in norm_init.params.params][1:]
+    module = inline_norm_aliases(module, plan.norm.module_class)  # `Norm = A if config.x else B`
     if plan.norm.config_fields:  # built from the config alone: its proven fields
         renamer = _FromConfig(plan.norm.module_class, vllm_norm, plan.norm.config_fields)
-    elif params[:2] != ["hidden_size", "eps"] and len(params) != 2:
+    elif params[:2] != ["hidden_size", "eps"] and len(params) != 2 and not _factory_extras(norm_init):
         raise HfrewriteError(f"{plan.norm.module_class}: {NAME}: __init__ is not (size, eps)")
     else:
         renamer = _RenameCalls(

@@ -366,7 +366,9 @@ def _weights_mapper(plan, stacks: dict[str, list[_Shard]]) -> str:
     if plan.base_model_inner:  # OPT's model.decoder is the file's base model: model.
         base = plan.base_model_attr
         renamed = ((f"{base}.{plan.base_model_inner}.", f"{base}."), *renamed)
-    prefixes = "".join(f'        "{old}": "{new}",\n' for old, new in renamed)
+    prefixes = "".join(  # None: a tensor of a part the file drops, skipped
+        f'        "{old}": {"None" if new is None else chr(34) + new + chr(34)},\n' for old, new in renamed
+    )
     if prefixes:
         mapper += f"    orig_to_new_prefix={{\n{prefixes}    }},\n"
     if substr:

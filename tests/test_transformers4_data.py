@@ -72,22 +72,28 @@ def test_each_is_a_causal_lm_under_its_release(tmp_path):
         assert r["distinct"] > 1, r  # greedy decoding does not collapse into one token
 
 
-def test_chatglm_is_analysed_through_its_nested_layout_and_refused_at_its_flattening(
-    tmp_path, capsys, monkeypatch
-):
+def test_chatglm_converts_through_its_nested_layout(tmp_path, capsys, monkeypatch):
     """ChatGLM3's parts sit at three depths (embedding.word_embeddings, encoder.layers,
     encoder.final_layernorm, output_layer) and its layers run sequence first, with a rope
     helper compiled by TorchScript, a partial interleaved rope of base 10000 * rope_ratio (both
-    tied to the config by sibling analyses) and a swiglu closure: its layers are analysed,
-    and the model is refused where the file would have to flatten its base model."""
+    tied to the config by sibling analyses) and a swiglu closure: the file builds its parts in
+    one flat base model, with vLLM's rope over half of each head, and refuses the configs whose
+    branches it does not build (the per-head q/k/v split of multi_query_attention=False)."""
     from hfrewrite.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     repo = shutil.copytree(DATA / "chatglm", tmp_path / "chatglm")
     assert (
-        main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(tmp_path / "out")]) == 2
+        main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(tmp_path / "out")]) == 0
     )
-    err = capsys.readouterr().err
-    assert "model_layout: the decoder layers sit at transformer.encoder.layers and the lm_head at" in err
-    assert "the file does not flatten them yet" in err
-    assert not (tmp_path / "out").exists()
+    text = (tmp_path / "out" / "chatglm.py").read_text()
+    for shows in (
+        '"rope_theta": 10000.0 * config.rope_ratio',
+        '"partial_rotary_factor": 0.5',
+        "is_neox_style=False",
+        "if not (config.multi_query_attention):",
+        '"transformer.encoder.layers.": "transformer.layers.",',
+        '"transformer.rotary_pos_emb.": None,',
+        "self.output_layer = ParallelLMHead(",
+    ):
+        assert shows in text, shows

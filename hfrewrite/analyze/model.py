@@ -36,6 +36,7 @@ from hfrewrite.analyze.checkpoint import (
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import ExampleRun, build_model, error_line, example_run, initialise_empty
+from hfrewrite.analyze.flat_layout import flat_plan
 from hfrewrite.analyze.head_counts import head_expressions, head_fields
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
@@ -50,7 +51,6 @@ from hfrewrite.analyze.model_layout import (
     embedding_subclass,
     flattened,
     model_layout,
-    refuse_nested,
 )
 from hfrewrite.analyze.model_norms import norm_facts, norm_modules
 from hfrewrite.analyze.moe import analyze_moe
@@ -138,10 +138,7 @@ def _analyze(
         transposed_classes=transposed_classes,
         transposed=transposed,
     )
-    plan = _model_plan(source, _layer_plans(source, branches))
-    if branches:  # siblings prove facts of the layers alone
-        refuse_nested(layout)
-    return plan
+    return flat_plan(_model_plan(source, _layer_plans(source, branches)), layout, small)
 
 
 @dataclass(frozen=True)

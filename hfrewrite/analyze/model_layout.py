@@ -2,8 +2,10 @@
 ModuleList, its Embedding children and the lm_head; and whether its embedding class is one
 vLLM's ``VocabParallelEmbedding`` computes.
 
-A layout this analysis does not follow (no base model, a decoder stack deeper than a child
-of the base model, an encoder-decoder) refuses with the ``model_layout`` pattern.
+A layout this analysis does not follow (no base model, an encoder-decoder, a decoder stack
+deeper than a child of the base model outside Hub code) refuses with the ``model_layout``
+pattern. Hub code whose parts sit one level deeper (ChatGLM3's ``encoder.layers``) is
+followed there; analyze/flat_layout.py names them for the flat file.
 """
 
 from __future__ import annotations
@@ -59,18 +61,6 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     if len(heads) != 1:
         refuse("model_layout", f"expected one lm_head Linear child, found {heads}", type(model).__name__)
     return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, heads[0], bool(nested))
-
-
-def refuse_nested(layout: ModelLayout) -> None:
-    """Refuse a layout whose parts sit deeper than children of the base model: its layers
-    are analysed, but the file builds one flat base model."""
-    if layout.nested:
-        refuse(
-            "model_layout",
-            f"the decoder layers sit at {layout.base_attr}.{layout.layers_attr} and the lm_head at "
-            f"{layout.head}, deeper than children of the base model: the file does not flatten them yet",
-            type(layout.base).__name__,
-        )
 
 
 def outside_stack(base: nn.Module, layers_attr: str) -> list[tuple[str, nn.Module]]:

@@ -473,3 +473,8 @@ class ModelPlan:
     # The child of the HF base model that holds the stack, when the base model only wraps it
     # (OPT's "decoder"): the file builds that child as the base model; names are mapped
     base_model_inner: str = ""
+    # (attribute, class) of the base model's children holding its parts where they sit deeper
+    # (ChatGLM3's embedding and encoder; analyze/flat_layout.py): built flat in the base model
+    flat_holders: tuple[tuple[str, str], ...] = ()
+    # the lm_head is built inside the base model's __init__ (ChatGLM3's output_layer)
+    flat_head: bool = False

@@ -29,6 +29,7 @@ from hfrewrite.emit.attention_body import (
     raises_only,
     reads_dropped_cache,
     state_names,
+    taken_layout,
     unrecognised,
 )
 from hfrewrite.emit.pass_api import PassContext
@@ -79,6 +80,7 @@ class _Scope:
     allowed: set[str]
     states: dict[str, str]
     false_switches: set[str]  # the forward's switches the traced config left False (ast.dump)
+    true_switches: set[str]  # ... and those it took
     params: set[str]
     caches: set[str]  # the Hugging Face inputs vLLM does not pass
     convention: set[str]  # and what the forward computes from them alone
@@ -118,6 +120,11 @@ def read_after_split(
             and all(not unrecognised(s, scope.allowed) for s in statement.body.body)
         ):
             norm_test = test  # the traced config took it: the plan's norms, under its test
+        elif taken_layout(
+            statement, scope.true_switches, t.init_exprs(scope.cls), scope.allowed, scope.states
+        ):
+            # the head split the analysis accounted for: configs taking the other branch refused
+            untaken.append(t.expr(f"not ({t.code(statement.test)})"))
         elif test is not None and guards_rope(statement, scope.allowed, scope.states):
             rope_test = test  # NoPE layers: the source's own condition on its rope
         elif cache_update(statement, scope.params) or (
@@ -148,17 +155,21 @@ def _scope(
     body = list(forward.body.body)
     params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
     kept = forward.params.params[1].name.value if len(forward.params.params) > 1 else ""  # hidden states
-    false_switches = {
-        ast.dump(ast.parse(test, mode="eval").body)
-        for owner, test, value in ctx.plan.forward_switches
-        if owner == cls.name.value and value is False
+    switches = {
+        value: {
+            ast.dump(ast.parse(test, mode="eval").body)
+            for owner, test, taken in ctx.plan.forward_switches
+            if owner == cls.name.value and taken is value
+        }
+        for value in (False, True)
     }
     return _Scope(
         cls=cls,
         body=body,
         allowed=_with_aliases(_allowed_calls(ctx.plan.attention), body),
         states=state_names(body[split_at + 1 :]),
-        false_switches=false_switches,
+        false_switches=switches[False],
+        true_switches=switches[True],
         params=params,
         caches=params - {"self", kept},
         convention=convention_locals(forward),

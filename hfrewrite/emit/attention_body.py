@@ -255,8 +255,43 @@ def guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, st
         for target in small.targets
         for name in t.root_names(target.target)
     }
+    read = set().union(set(), *(t.root_names(s) for s in statement.body.body))
+    return (
+        all(not unrecognised(s, allowed_calls) for s in statement.body.body)
+        and bool({states.get(name) for name in assigned} & {"q", "k"})
+        and bool(read - set(states) - assigned - {"self"})  # the position inputs (cos, sin)
+    )
+
+
+def taken_layout(
+    statement: cst.BaseStatement,
+    true_switches: set[str],
+    init_exprs: dict[str, str],
+    allowed_calls: set[str],
+    states: dict[str, str],
+) -> bool:
+    """``if <config switch the trace took>: ... else: ...`` whose taken body only lays out
+    the q/k/v states through the allowed calls (ChatGLM3's multi-query head split): what the
+    analysis accounted for; ``config_guards`` refuses configs that take the other branch."""
+    if not isinstance(statement, cst.If) or isinstance(statement.orelse, cst.If):
+        return False
+    try:
+        expr = t.config_test(t.code(statement.test), init_exprs)
+    except ValueError:
+        return False
+    if ast.dump(ast.parse(expr, mode="eval").body) not in true_switches:
+        return False
+    assigned = {
+        name
+        for s in statement.body.body
+        if isinstance(s, cst.SimpleStatementLine)
+        for small in s.body
+        if isinstance(small, cst.Assign)
+        for target in small.targets
+        for name in t.root_names(target.target)
+    }
     return all(not unrecognised(s, allowed_calls) for s in statement.body.body) and bool(
-        {states.get(name) for name in assigned} & {"q", "k"}
+        {states.get(name) for name in assigned} & {"q", "k", "v"}
     )
 
 

@@ -16,6 +16,7 @@ from hfrewrite.passes import (
     carry_decoder_layer,
     config_guards,
     drop_dead_locals,
+    flatten_base_model,
     fuse_experts,
     fuse_gate_up,
     fuse_qkv,
@@ -38,6 +39,7 @@ from hfrewrite.passes import (
 
 # The one place that orders the passes; `hfrewrite convert --list-passes` prints this.
 PASSES: tuple[ModuleType, ...] = (
+    flatten_base_model,  # first: the other passes find the parts where a flat model has them
     taken_branches,
     inline_helpers,
     carry_decoder_layer,

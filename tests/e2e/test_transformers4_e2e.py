@@ -39,6 +39,9 @@ CONVERTED = {
     "deepseek": ("deepseek_v3", "scale=self.softmax_scale"),
     # ... with DeepSeek-R1's released YaRN (a 4.x rope_scaling): vLLM's deepseek_yarn rope
     "deepseek_r1_yarn": ("deepseek_v3", '"rope_type": "deepseek_yarn"}'),
+    # parts at three depths built flat, sequence-first layers, multi-query [q; k; v], a rope
+    # over half of each head at 10000 * rope_ratio (proven on sibling configs), a swiglu closure
+    "chatglm": ("chatglm", '"rope_theta": 10000.0 * config.rope_ratio'),
 }
 # variants: (the repository, its config.json's values changed)
 R1_YARN = {
@@ -58,7 +61,10 @@ ALSO_SHOWS = {
     "deepseek_r1_yarn": "        if config.rope_scaling is None:\n            raise NotImplementedError(",
 }
 # the second checkpoint's config, where it differs from the repository's (json values)
-SECOND = {"ernie4_5": {"tie_word_embeddings": False}}  # the head's other layout
+SECOND = {
+    "ernie4_5": {"tie_word_embeddings": False},  # the head's other layout
+    "chatglm": {"rope_ratio": 50},  # ChatGLM3-6B-32K's: another rope base
+}
 
 
 @pytest.fixture(autouse=True)

@@ -175,3 +175,33 @@ def test_a_norm_built_from_the_config_gets_its_proven_fields():
         rewrite(
             fused_residual_norm, source.replace("LlamaRMSNorm(config)", "LlamaRMSNorm(config, 2)", 1), plan
         )
+
+
+def test_a_norm_class_chosen_by_a_config_test_and_torchs_factory_keywords():
+    # ChatGLM3: `LayerNormFunc = RMSNorm if config.rmsnorm else LayerNorm`, its norm taking
+    # torch's device and dtype: the traced class inlined, the other branch refused, the
+    # factory keywords left to vLLM
+    source = (
+        BEFORE_LLAMA_DECODER_LAYER.replace(
+            "def __init__(self, hidden_size, eps=1e-6):",
+            "def __init__(self, hidden_size, eps=1e-6, device=None, dtype=None, **kwargs):",
+        )
+        .replace(
+            "        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)\n",
+            "        LayerNormFunc = LlamaRMSNorm if config.rmsnorm else LayerNorm\n"
+            "        self.input_layernorm = LayerNormFunc(config.hidden_size, eps=config.rms_norm_eps, device=None)\n",
+        )
+        .replace(
+            "self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)",
+            "self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, None, None)",
+        )
+    )
+    out = rewrite(fused_residual_norm, source, llama_like())
+    assert (
+        "        if not (config.rmsnorm):\n"
+        '            raise NotImplementedError("hfrewrite: converted for configs where `config.rmsnorm` is True: '
+        'another norm class is built here")\n'
+        "        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)\n"
+        "        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)\n"
+    ) in out, out
+    assert "LayerNormFunc" not in out
