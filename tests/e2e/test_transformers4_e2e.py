@@ -143,3 +143,28 @@ def test_telechat_reads_the_rope_base_its_rotary_class_computes_at_load(tmp_path
     assert fixtures.runs_custom_code(ckpt)
     assert main(["verify", str(ckpt), "--generated", str(generated), "--trust-remote-code"]) == 0
     assert capsys.readouterr().out.strip().endswith("verified")
+
+
+def test_chatglm_equals_vllms_own_chatglm(tmp_path):
+    """vLLM ships ChatGLM3 (``chatglm.py``): the generated file computes what it computes, on
+    a checkpoint the repository's code saved with ChatGLM3-6B-32K's ``rope_ratio``."""
+    from hfrewrite.verify.engine import vllm_run
+
+    repo = shutil.copytree(DATA / "chatglm", tmp_path / "chatglm")
+    out = tmp_path / "out"
+    assert main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(out)]) == 0
+    second = json.loads((repo / "config.json").read_text()) | {"rope_ratio": 50, "name_or_path": str(repo)}
+    job = {"kind": "references", "model_id": str(repo), "configs": [["rope_ratio 50", second]]}
+    job |= {"prompts": [[1, 2, 3]], "max_tokens": 1, "out_dir": str(tmp_path / "second"), "seed": 1}
+    ckpt = Path(run_front(NEWEST_4X, job)["references"][0]["ckpt"])
+    arch, prompts = (
+        "ChatGLMForConditionalGeneration",
+        [[1], [1, 2, 3, 4, 5], [i % 200 + 1 for i in range(40)]],
+    )
+    native = vllm_run(ckpt, prompts, 16, architecture=arch)
+    generated = vllm_run(ckpt, prompts, 16, generated_module=out / "chatglm.py", architecture=arch)
+    assert native["model_file"].endswith("vllm/model_executor/models/chatglm.py"), native["model_file"]
+    assert generated["model_file"] == str((out / "chatglm.py").resolve()), generated["model_file"]
+    assert generated["tokens"] == native["tokens"]
+    diff = max(abs(a - b) for x, y in zip(native["logprobs"], generated["logprobs"]) for a, b in zip(x, y))
+    assert diff < 1e-4, diff
