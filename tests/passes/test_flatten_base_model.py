@@ -4,11 +4,11 @@
 import dataclasses
 
 import pytest
+from harness import assert_rewrites, rewrite
+from hfrewrite.passes import flatten_base_model
+from plans import llama_like
 
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.passes import flatten_base_model
-from tests.passes.harness import assert_rewrites, rewrite
-from tests.passes.plans import llama_like
 
 BEFORE = """\
 class Embedding(nn.Module):
