@@ -48,6 +48,7 @@ def test_docs_passes_page_is_generated_from_the_docstrings():
 # strip_hf_runtime counts the names the modeling source imports from Transformers internals.
 MATCHES = {
     "llama": {
+        "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,  # LlamaDecoderLayer.forward takes `residual`: fused, not carried
@@ -71,6 +72,7 @@ MATCHES = {
         "type_config_params": 1,  # LlamaMLP(config: LlamaConfig)
     },
     "qwen3_moe": {
+        "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,
@@ -94,6 +96,7 @@ MATCHES = {
         "type_config_params": 1,  # Qwen3MoeMLP
     },
     "deepseek_v3": {
+        "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,
@@ -117,6 +120,7 @@ MATCHES = {
         "type_config_params": 1,  # DeepseekV3MLP
     },
     "gemma": {
+        "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,
@@ -140,6 +144,7 @@ MATCHES = {
         "type_config_params": 1,  # GemmaMLP
     },
     "starcoder2": {
+        "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 1,  # Starcoder2DecoderLayer: LayerNorms kept, forward carried
