@@ -226,10 +226,12 @@ def helper_branches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
 _INIT_NAMES = {"config", "hasattr", "getattr", "None", "True", "False"}
 
 
-def init_switches(module: nn.Module, config) -> tuple[tuple[str, bool], ...]:
+def init_switches(module: nn.Module, config, written=None) -> tuple[tuple[str, bool], ...]:
     """(test source, value on ``config``) for each ``if`` of the module's ``__init__`` whose
     test reads only its ``config`` parameter and constants (DeepSeek's Hub MoE:
-    ``if hasattr(config, "ep_size") and config.ep_size > 1:`` builds the experts either way)."""
+    ``if hasattr(config, "ep_size") and config.ep_size > 1:`` builds the experts either way);
+    ``written``: each test rewritten first (analyze/flat_layout.py: ``self.<attr>`` as the
+    config expression ``__init__`` assigns it)."""
     tree = method_tree(type(module), "__init__")
     if tree is None:
         return ()
@@ -237,13 +239,14 @@ def init_switches(module: nn.Module, config) -> tuple[tuple[str, bool], ...]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.If):
             continue
-        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+        test = written(node.test) if written else node.test
+        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
         if "config" not in names or names - _INIT_NAMES:
             continue
-        code = compile(ast.Expression(node.test), "<switch>", "eval")
+        code = compile(ast.Expression(test), "<switch>", "eval")
         scope = {"__builtins__": {}, "hasattr": hasattr, "getattr": getattr}
         try:
-            found.append((ast.unparse(node.test), bool(eval(code, scope, {"config": config}))))
+            found.append((ast.unparse(test), bool(eval(code, scope, {"config": config}))))
         except (AttributeError, TypeError, ValueError, KeyError):
             continue  # a test the config cannot answer: not decided here
     return tuple(found)

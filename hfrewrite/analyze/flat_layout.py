@@ -13,7 +13,7 @@ import dataclasses
 
 from torch import nn
 
-from hfrewrite.analyze.branches import init_assignments, method_tree
+from hfrewrite.analyze.branches import init_assignments, init_switches
 from hfrewrite.analyze.model_layout import ModelLayout
 from hfrewrite.analyze.plan import ModelPlan, refuse
 
@@ -77,25 +77,8 @@ def _holder_switches(holder: nn.Module, small) -> tuple[tuple[str, bool], ...]:
     """(test, value on ``small``) of each ``if`` in the holder's ``__init__`` on its own
     attributes set from the config (``if self.post_layer_norm:``), the attributes written as
     their config expressions (``config.post_layer_norm``): the form the hoisted test takes."""
-    tree, assigned = method_tree(type(holder), "__init__"), init_assignments(type(holder))
-    if tree is None:
-        return ()
-    found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.If):
-            continue
-        test = _with_config_attrs(node.test, assigned)
-        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-        if names - {"config", "None", "True", "False"}:
-            continue
-        try:
-            value = eval(
-                compile(ast.Expression(test), "<switch>", "eval"), {"__builtins__": {}}, {"config": small}
-            )
-        except (AttributeError, TypeError, ValueError, KeyError):
-            continue
-        found.append((ast.unparse(test), bool(value)))
-    return tuple(found)
+    assigned = init_assignments(type(holder))
+    return init_switches(holder, small, lambda test: _with_config_attrs(test, assigned))
 
 
 def _with_config_attrs(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:

@@ -246,7 +246,18 @@ def config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
 def guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, str]) -> bool:
     """The body only re-assigns q/k states through the allowed (rope and layout) calls:
     the position-dependent region the analysis proved is the rope, under a condition."""
-    assigned = {
+    assigned = _assigned_names(statement)
+    read = set().union(set(), *(t.root_names(s) for s in statement.body.body))
+    return (
+        all(not unrecognised(s, allowed_calls) for s in statement.body.body)
+        and bool({states.get(name) for name in assigned} & {"q", "k"})
+        and bool(read - set(states) - assigned - {"self"})  # the position inputs (cos, sin)
+    )
+
+
+def _assigned_names(statement: cst.If) -> set[str]:
+    """The names the ``if`` body's plain assignments bind (their roots)."""
+    return {
         name
         for s in statement.body.body
         if isinstance(s, cst.SimpleStatementLine)
@@ -255,12 +266,6 @@ def guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, st
         for target in small.targets
         for name in t.root_names(target.target)
     }
-    read = set().union(set(), *(t.root_names(s) for s in statement.body.body))
-    return (
-        all(not unrecognised(s, allowed_calls) for s in statement.body.body)
-        and bool({states.get(name) for name in assigned} & {"q", "k"})
-        and bool(read - set(states) - assigned - {"self"})  # the position inputs (cos, sin)
-    )
 
 
 def taken_layout(
@@ -281,15 +286,7 @@ def taken_layout(
         return False
     if ast.dump(ast.parse(expr, mode="eval").body) not in true_switches:
         return False
-    assigned = {
-        name
-        for s in statement.body.body
-        if isinstance(s, cst.SimpleStatementLine)
-        for small in s.body
-        if isinstance(small, cst.Assign)
-        for target in small.targets
-        for name in t.root_names(target.target)
-    }
+    assigned = _assigned_names(statement)
     return all(not unrecognised(s, allowed_calls) for s in statement.body.body) and bool(
         {states.get(name) for name in assigned} & {"q", "k", "v"}
     )
