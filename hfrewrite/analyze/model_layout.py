@@ -133,8 +133,9 @@ def _base_model(model: nn.Module) -> tuple[str, nn.Module]:
 
 
 def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> None:
-    """Refuse a decoder stack this analysis does not follow: deeper than a child of the base
-    model (Hub custom code), or none (an encoder-decoder, no decoder layers)."""
+    """Refuse a decoder stack this analysis does not follow: Hub code whose ModuleLists sit
+    deeper, but not as the one stack ``_nested_stack`` follows (several, or deeper than a
+    child's child), or none (an encoder-decoder, no decoder layers)."""
     nested = [name for name, m in base.named_modules() if isinstance(m, nn.ModuleList) and "." in name]
     custom = bool(getattr(small, "auto_map", None))  # Hub custom code: a decoder kept deeper
     if (
@@ -145,8 +146,8 @@ def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> 
     ):
         refuse(
             "model_layout",
-            f"the decoder layers sit at {base_attr}.{nested[0]}, deeper than a child of the base "
-            "model (ChatGLM's encoder.layers): this analysis does not follow them there yet",
+            f"ModuleLists {nested} sit under {base_attr}, none as its child: the analysis follows "
+            "one decoder stack held by a child of the base model (ChatGLM3's encoder.layers), not these",
             type(base).__name__,
         )
     if getattr(config, "is_encoder_decoder", False) or not any(
