@@ -42,14 +42,17 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         init = cls and t.find_method(cls, "__init__")
         if init is None:
             continue
-        # a helper's switch is carried only by a method: a test __init__ still makes (a size)
-        # does not show that the emitted forward takes the other branch
+        # a helper's or a forward's switch is carried only by a method (or a guard): a test
+        # __init__ still makes (a size, LFM2's layer kind) does not show that the emitted
+        # forward takes the other branch; __init__'s own switches are carried by __init__
+        in_init = {test for owner, test in ctx.plan.init_switches_tested if owner == name}
         tested = {False: _tested(cls), True: _tested(cls, methods_only=True)}
         dropped = list(
             dict.fromkeys(
                 (test, value)
                 for test, value, helper in switches
-                if ast.dump(ast.parse(test, mode="eval").body) not in tested[helper] and not _selector(test)
+                if ast.dump(ast.parse(test, mode="eval").body) not in tested[helper or test not in in_init]
+                and not _selector(test)
             )
         )
         if not dropped:
@@ -95,7 +98,7 @@ def _tested(cls: cst.ClassDef, methods_only: bool = False) -> set[str]:
     def _add(test: cst.BaseExpression) -> None:
         text = " ".join(t.code(test).split())
         try:
-            text = t.config_test(text, exprs)
+            text = t.config_test(text, {attr: f"({value})" for attr, value in exprs.items()})
         except ValueError:
             pass
         found.update(ast.dump(n) for n in _tests_within(ast.parse(text, mode="eval").body))

@@ -11,8 +11,12 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from typing import Literal
 
 from torch import nn
+
+# which methods' switches: forward and __init__, one of them, or the forward's helpers
+Part = Literal["both", "forward", "init", "helpers"]
 
 
 def method_tree(cls: type, method: str) -> ast.Module | None:
@@ -84,25 +88,31 @@ def init_assignments(cls: type) -> dict[str, ast.expr]:
     }
 
 
-def config_switches(module: nn.Module, helpers: bool = False) -> tuple[tuple[str, bool], ...]:
-    """``config_branches`` of ``module``'s forward (``helpers``: of the methods its forward
-    calls instead, Falcon's ``_split_heads``) that read only the config, each in the
-    form its ``__init__`` can evaluate: ``self.config.x`` -> ``config.x``, ``self.attr`` ->
-    the config expression ``__init__`` assigns it. Tests on anything else (``self.training``,
-    a computed attribute) are left out: they are not config switches."""
+def config_switches(module: nn.Module, part: Part = "both") -> tuple[tuple[str, bool], ...]:
+    """``config_branches`` of ``module``'s ``part``: its forward and ``__init__``, one of the
+    two, or the methods its forward calls (``helpers``: Falcon's ``_split_heads``), that read
+    only the config, or the config and the constructor's parameters, each in the form its
+    ``__init__`` can evaluate: ``self.config.x`` -> ``config.x``, ``self.attr`` -> the config
+    expression ``__init__`` assigns it. Tests on anything else (``self.training``, a computed
+    attribute) are left out: they are not config switches."""
     assigned = {"config": "config"}
     params = _init_parameters(type(module))
     for attr, value in init_assignments(type(module)).items():
         names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-        if ("config" in names and names <= {"config", "getattr"}) or (
+        # the config alone, or the config and the constructor's parameters (LFM2's
+        # `config.layer_types[layer_idx] == "full_attention"`: a switch per layer)
+        if ("config" in names and names <= {"config", "getattr"} | params) or (
             isinstance(value, ast.Name) and value.id in params  # a constructor flag
         ):
             assigned[attr] = ast.unparse(value)
     once = assigned_once(type(module))
-    if helpers:
+    found: tuple = ()
+    if part == "helpers":
         found = tuple(b for name in forward_helpers(module) for b in config_branches(module, name))
-    else:
-        found = config_branches(module) + tuple(  # and __init__'s, on attributes it assigns once
+    if part in ("both", "forward"):
+        found += config_branches(module)
+    if part in ("both", "init"):  # __init__'s, on attributes it assigns once
+        found += tuple(
             (test, outcome)
             for test, outcome in config_branches(module, "__init__")
             if _self_attrs(test) <= once
@@ -113,7 +123,7 @@ def config_switches(module: nn.Module, helpers: bool = False) -> tuple[tuple[str
         text = ast.unparse(tree)
         if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
             out.append((text, outcome))
-    return tuple(out)
+    return tuple(dict.fromkeys(out))
 
 
 def forward_helpers(module: nn.Module) -> tuple[str, ...]:
@@ -272,18 +282,18 @@ def causal_switch(module: nn.Module) -> tuple[tuple[str, bool], ...]:
 
 
 def forward_switches(
-    model: nn.Module, base: nn.Module, layer: nn.Module, *plans, helpers: bool = False
+    model: nn.Module, base: nn.Module, layer: nn.Module, *plans, part: Part = "both"
 ) -> tuple:
-    """(class, config test, traced value) of the config switches in the forwards of the causal
-    LM, the base model, the decoder layer and the attention / MLP / MoE classes (the first
-    instance of each), and of the attention's ``is_causal``; ``helpers``: those of the
-    methods the forwards call, instead."""
+    """(class, config test, traced value) of the config switches (``config_switches`` of
+    ``part``) of the causal LM, the base model, the decoder layer and the attention / MLP /
+    MoE classes (the first instance of each), and, for "both", of the attention's
+    ``is_causal``."""
     names = {getattr(p, "module_class", None) for p in plans} - {None}
     modules = [model, base, layer]
     modules += [next(m for m in model.modules() if type(m).__name__ == n) for n in sorted(names)]
     out = []
     for module in dict.fromkeys(modules):
         cls = type(module).__name__
-        found = config_switches(module, helpers) + (() if helpers else causal_switch(module))
+        found = config_switches(module, part) + (causal_switch(module) if part == "both" else ())
         out += [(cls, test, value) for test, value in found]
     return tuple(dict.fromkeys(out))

@@ -316,9 +316,18 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
             soft_cap,
         ),
         helper_switches=forward_switches(
-            model, base, layers[0], plans.attention, plans.mlp, plans.moe, helpers=True
+            model, base, layers[0], plans.attention, plans.mlp, plans.moe, part="helpers"
         ),
+        init_switches_tested=_init_only(model, base, layers[0], plans),
     )
+
+
+def _init_only(model, base, layer, plans) -> tuple[tuple[str, str], ...]:
+    """(class, test) of the switches the ``__init__``s test and their forwards do not."""
+    args = (model, base, layer, plans.attention, plans.mlp, plans.moe)
+    tested = {(owner, test) for owner, test, _ in forward_switches(*args, part="forward")}
+    inits = [(owner, test) for owner, test, _ in forward_switches(*args, part="init")]
+    return tuple(dict.fromkeys(s for s in inits if s not in tested))
 
 
 def _without_proven(switches: tuple, causal_lm: str, soft_cap: str | None) -> tuple:

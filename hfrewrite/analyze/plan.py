@@ -454,6 +454,9 @@ class ModelPlan:
     # ... of the methods those forwards call (Falcon's _split_heads): a test only __init__
     # still makes (a size) does not show that the emitted forward takes the other branch
     helper_switches: tuple[tuple[str, str, bool], ...] = ()
+    # (class, config test) of those switches its ``__init__`` tests: an ``if`` the file's
+    # ``__init__`` still makes carries them; the forward's own need a test in a method
+    init_switches_tested: tuple[tuple[str, str], ...] = ()
     # The source's nn.Linear subclasses proven to compute nn.Linear's function and built with
     # its constructor (analyze/linear_classes.py: Falcon-RW's ``Linear``): built as nn.Linear
     linear_classes: tuple[str, ...] = ()

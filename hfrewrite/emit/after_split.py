@@ -120,13 +120,13 @@ def read_after_split(
             and all(not unrecognised(s, scope.allowed) for s in statement.body.body)
         ):
             norm_test = test  # the traced config took it: the plan's norms, under its test
+        elif test is not None and guards_rope(statement, scope.allowed, scope.states):
+            rope_test = test  # NoPE layers: the source's own condition on its rope
         elif taken_layout(
             statement, scope.true_switches, t.init_exprs(scope.cls), scope.allowed, scope.states
         ):
             # the head split the analysis accounted for: configs taking the other branch refused
             untaken.append(t.expr(f"not ({t.code(statement.test)})"))
-        elif test is not None and guards_rope(statement, scope.allowed, scope.states):
-            rope_test = test  # NoPE layers: the source's own condition on its rope
         elif cache_update(statement, scope.params) or (
             att.direct_sdpa
             and (

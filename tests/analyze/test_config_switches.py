@@ -37,3 +37,29 @@ def test_forward_and_init_switches_in_init_form():
 
 def test_a_flag_set_by_the_constructor_is_read_as_built():
     assert ("is_cross_attention", True) in config_switches(Attention(Config(), is_cross_attention=True))
+
+
+class KindConfig:
+    layer_types = ("full_attention", "conv")
+
+
+class Layer(nn.Module):
+    """LFM2's decoder layer: its kind is the config's entry at the constructor's index."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.is_attention_layer = config.layer_types[layer_idx] == "full_attention"
+        if self.is_attention_layer:
+            self.attn = nn.Identity()
+
+    def forward(self, x):
+        if self.is_attention_layer:
+            return self.attn(x)
+        return -x
+
+
+def test_a_switch_on_the_config_at_a_constructor_index_is_a_config_switch():
+    test = "config.layer_types[layer_idx] == 'full_attention'"
+    assert config_switches(Layer(KindConfig(), 0), "forward") == ((test, True),)
+    assert config_switches(Layer(KindConfig(), 1), "init") == ((test, False),)
+    assert config_switches(Layer(KindConfig(), 0)) == ((test, True),)  # the same test, once

@@ -66,7 +66,7 @@ def test_ambiguous_or_computed_counts_are_not_taken():
 def test_switches_of_the_helpers_the_traced_forward_reaches():
     module = FalconStyle(CONFIG)
     assert forward_helpers(module) == ("_split",)  # _grouped sits under `if self.new_arch` (False)
-    assert config_switches(module, helpers=True) == (("config.multi_query", True),)
+    assert config_switches(module, "helpers") == (("config.multi_query", True),)
     assert ("config.new_arch", False) in config_switches(module)
 
 

@@ -133,3 +133,20 @@ def test_a_config_switch_is_carried_or_refused(kind, tmp_path, monkeypatch):
         assert "on the switch on" in str(exc) and "NotImplementedError: hfrewrite:" in str(exc), exc
         assert f"config.{SWITCH}" in str(exc), exc
     # else: the file carries the switch, and equals Hugging Face with it on
+
+
+@pytest.mark.vllm
+def test_a_layer_kind_the_trace_never_saw_is_refused_by_the_file():
+    """LFM2's default config has attention layers only, and its layer tests its kind per
+    layer (``config.layer_types[layer_idx]``): the file, whose layers call attention only,
+    refuses in real vLLM a checkpoint with short-conv layers instead of failing in forward."""
+    resolved = resolve("lfm2")
+    generated = convert.generate(resolved)
+    hybrid = resolved.config.__class__.from_dict(
+        {**resolved.config.to_dict(), "layer_types": ["full_attention", "conv"], "num_hidden_layers": 2}
+    )
+    with pytest.raises(HfrewriteError) as refused:
+        validate(resolved, generated, (("conv layers", hybrid),))
+    message = str(refused.value)
+    assert "on conv layers" in message and "NotImplementedError: hfrewrite: Lfm2DecoderLayer" in message
+    assert "config.layer_types[layer_idx] == 'full_attention'" in message

@@ -152,3 +152,72 @@ def test_config_guards_leave_implementation_selectors_alone():
     out = config_guards.run(cst.parse_module(source), PassContext(plan, "modeling_test.py")).module.code
     assert "_attn_implementation" not in out
     assert "if not (config.multi_query):\n" in out
+
+
+_LAYER_KIND = dedent(
+    """\
+    class LlamaDecoderLayer(nn.Module):
+        def __init__(self, config, layer_idx):
+            super().__init__()
+            self.is_attention_layer = config.layer_types[layer_idx] == "full_attention"
+            if self.is_attention_layer:
+                self.self_attn = Attention(config)
+            else:
+                self.conv = ShortConv(config)
+
+        def forward(self, positions, hidden_states):
+            return self.self_attn(positions, hidden_states)
+    """
+)
+_KIND_TEST = 'config.layer_types[layer_idx] == "full_attention"'
+
+
+def test_config_guards_refuse_a_forward_switch_that_init_also_tests():
+    """LFM2 tests its layer kind in ``__init__`` (what to build) and in forward (what to call):
+    a template forward that calls only the attention drops the second, so the ``if`` that
+    ``__init__`` still makes does not carry it, and configs with other kinds are refused."""
+    from hfrewrite.passes import config_guards
+
+    plan = dataclasses.replace(llama_like(), forward_switches=(("LlamaDecoderLayer", _KIND_TEST, True),))
+    out = config_guards.run(cst.parse_module(_LAYER_KIND), PassContext(plan, "modeling_test.py")).module.code
+    guard = f"if not ({_KIND_TEST}):\n"
+    assert guard in out and out.index(guard) < out.index("self.is_attention_layer =")
+
+
+def test_config_guards_leave_a_switch_only_init_tests_to_init():
+    """A switch of ``__init__`` alone (GPT-2's scale, StableLM's second norm) is carried by the
+    ``if`` the emitted ``__init__`` still makes: no guard."""
+    from hfrewrite.passes import config_guards
+
+    plan = dataclasses.replace(
+        llama_like(),
+        forward_switches=(("LlamaDecoderLayer", _KIND_TEST, True),),
+        init_switches_tested=(("LlamaDecoderLayer", _KIND_TEST),),
+    )
+    result = config_guards.run(cst.parse_module(_LAYER_KIND), PassContext(plan, "modeling_test.py"))
+    assert result.module.code == _LAYER_KIND and not result.fused
+
+
+def test_config_guards_read_a_conditional_attribute_as_one_operand():
+    """Cohere2's ``self.sliding_window`` is ``config.sliding_window if <kind> else None``: the
+    carried ``if self.sliding_window is not None:`` is that whole expression tested, not a
+    conditional whose else branch is ``None is not None``."""
+    from hfrewrite.passes import config_guards
+
+    source = dedent(
+        """\
+        class LlamaAttention(nn.Module):
+            def __init__(self, config, layer_idx):
+                super().__init__()
+                self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "s" else None
+
+            def forward(self, q):
+                if self.sliding_window is not None:
+                    q = q + 1
+                return q
+        """
+    )
+    test = '(config.sliding_window if config.layer_types[layer_idx] == "s" else None) is not None'
+    plan = dataclasses.replace(llama_like(), forward_switches=(("LlamaAttention", test, True),))
+    result = config_guards.run(cst.parse_module(source), PassContext(plan, "modeling_test.py"))
+    assert result.module.code == source and not result.fused
