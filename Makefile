@@ -19,7 +19,8 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	apertus jais2 nemotron phi3 glm phi cohere cohere2 smollm3 hunyuan_v1_dense gpt_neox \
 	persimmon granite nanochat glm4_moe dots1 granitemoe granitemoeshared flex_olmo hunyuan_v1_moe ernie4_5_moe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt gpt_bigcode gpt2 gptj stablelm cwm \
-	minimax_m2 hy_v3 exaone4 exaone_moe
+	minimax_m2 hy_v3 exaone4 exaone_moe biogpt codegen falcon gpt_neo ministral3 openai-gpt opt xglm \
+	aria_text
 
 .PHONY: setup analysis-setup quant-setup demo lint test test-fast golden coverage docs fuzz validation-cost hub-configs
 

@@ -29,6 +29,13 @@ def test_there_are_goldens():
     assert len(GOLDEN) >= 40
 
 
+def test_make_golden_regenerates_every_golden():
+    """`make golden` converts exactly the types whose files golden/ holds."""
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    listed = re.search(r"^GOLDEN_TYPES := (.*?)(?<!\\)\n", makefile, re.DOTALL | re.MULTILINE).group(1)
+    assert sorted(listed.replace("\\", " ").split()) == sorted(p.stem for p in GOLDEN)
+
+
 def test_starts_with_spdx_and_the_source_it_was_adapted_from(golden):
     lines = golden[0].splitlines()
     assert lines[0] == "# SPDX-License-Identifier: Apache-2.0"  # vLLM's SPDX check, both lines

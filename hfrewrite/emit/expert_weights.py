@@ -38,7 +38,7 @@ def _experts_one_by_one(self, weights):
     # The checkpoint stacks each layer's experts: {layout}.
     # The fused-MoE loader takes one expert's gate, up and down at a time (analysis
     # proved the layout by replay).
-    for name, tensor in weights:
+    for name, tensor in weights:{renames}
         prefix, _, param = name.rpartition(".{experts}.")
         if param not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
             yield name, tensor
@@ -114,7 +114,21 @@ def _stacked_experts_helper(moe) -> cst.FunctionDef:
             down=".T" if moe.experts_transposed else "",
             rows='.T if kind == "weight" else stacked' if moe.experts_transposed else "",
             split=split,
+            renames=_renamed_first(moe.checkpoint_renames),
         )
+    )
+
+
+def _renamed_first(renames: tuple[tuple[str, str], ...]) -> str:
+    """The lines giving the checkpoint's expert tensors the module's names (transformers'
+    load-time renames, Aria's ``experts.fc1.weight`` -> ``experts.gate_up_proj``) before
+    they are split: the mapper renames only after this helper ran."""
+    if not renames:
+        return ""
+    pairs = ", ".join(f"({old!r}, {new!r})" for old, new in renames).replace("'", '"')
+    return (
+        "\n        # transformers' load-time renames first: the split reads the module's names"
+        f"\n        for old, new in ({pairs},):\n            name = name.replace(old, new)"
     )
 
 

@@ -1,6 +1,6 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
 granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss, minimax_m2,
-hy_v3, exaone_moe.
+hy_v3, exaone_moe, aria_text.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -171,6 +171,13 @@ CASES: dict[str, tuple[str, dict]] = {
             "sliding_window": 8,
         },
     ),
+    # aria_text: a router whose softmax runs over the top-k logits, stacked experts transposed
+    # ([E, H, 2I]) that the checkpoint names `experts.fc1.weight` / `fc2.weight` (transformers
+    # renames them when it loads), and two shared experts in one wider MLP added to every token.
+    "aria_text-transposed-renamed-shared": (
+        "aria_text",
+        {"moe_num_experts": 8, "moe_topk": 2, "intermediate_size": 64, "moe_num_shared_experts": 2},
+    ),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the
 # reference, and the generated file must match it, not vLLM native.
@@ -189,7 +196,9 @@ CARRIED_ROUTERS = {"phimoe-carried-router"}
 # vLLM 0.32's own phimoe.py greedily emits token 0 at every step on this checkpoint on CPU
 # (Hugging Face and the generated file agree): Hugging Face is the reference there.
 NATIVE_WRONG = {"phimoe-carried-router"}
-NO_NATIVE = {"dots1-grouped-sigmoid"}  # vLLM 0.32 has no dots1 model file: Hugging Face is the reference
+# vLLM 0.32 has no dots1 model file, and registers Aria's multimodal class only: Hugging Face
+# is the reference
+NO_NATIVE = {"dots1-grouped-sigmoid", "aria_text-transposed-renamed-shared"}
 # vLLM 0.32's own dbrx.py cannot load a dbrx checkpoint (KeyError 'blocks.0.ffn.experts.w13_weight':
 # its load_weights looks the experts up under names the fused-MoE runner no longer gives them).
 # vLLM 0.32's own minimax_m2.py asks the CPU router for sigmoid scores without grouped top-k,
