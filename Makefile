@@ -21,6 +21,8 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt gpt_bigcode gpt2 gptj stablelm cwm \
 	minimax_m2 hy_v3 exaone4 exaone_moe biogpt codegen falcon gpt_neo ministral3 openai-gpt opt xglm \
 	aria_text
+# goldens converted from a config under golden/configs/ (golden/configs/README.md says why)
+GOLDEN_CONFIGS := lfm2
 
 .PHONY: setup analysis-setup quant-setup demo lint test test-fast golden coverage docs fuzz validation-cost hub-configs
 
@@ -92,6 +94,7 @@ coverage: setup
 
 golden: setup
 	for t in $(GOLDEN_TYPES); do $(HFR) convert $$t -o golden --force || exit 1; done
+	for c in $(GOLDEN_CONFIGS); do $(HFR) convert golden/configs/$$c -o golden --force || exit 1; done
 
 # Config fuzzing (tests/e2e/test_config_fuzz.py): FUZZ_EXAMPLES hypothesis draws over the supported families,
 # each run in real vLLM against Hugging Face; counts into docs/fuzz.json (docs/reliability.md).

@@ -32,8 +32,11 @@ def test_there_are_goldens():
 def test_make_golden_regenerates_every_golden():
     """`make golden` converts exactly the types whose files golden/ holds."""
     makefile = (Path(__file__).parent.parent / "Makefile").read_text()
-    listed = re.search(r"^GOLDEN_TYPES := (.*?)(?<!\\)\n", makefile, re.DOTALL | re.MULTILINE).group(1)
-    assert sorted(listed.replace("\\", " ").split()) == sorted(p.stem for p in GOLDEN)
+    listed = []
+    for name in ("GOLDEN_TYPES", "GOLDEN_CONFIGS"):
+        found = re.search(rf"^{name} := (.*?)(?<!\\)\n", makefile, re.DOTALL | re.MULTILINE).group(1)
+        listed += found.replace("\\", " ").split()
+    assert sorted(listed) == sorted(p.stem for p in GOLDEN)
 
 
 def test_starts_with_spdx_and_the_source_it_was_adapted_from(golden):

@@ -81,6 +81,9 @@ def describe(label: str, c: dict[str, Any]) -> str:
             f", MLA (latent {c['kv_lora_rank']} + rope {c['qk_rope_head_dim']}, "
             f"q rank {c['q_lora_rank']}, nope {c['qk_nope_head_dim']}, v {c['v_head_dim']})"
         )
+    kinds = c.get("layer_types", [])
+    if "conv" in kinds:
+        text += f", {kinds.count('conv')} of the layers short convolutions"
     return text + f", vocab {c['vocab_size']}, float32, random weights"
 
 
@@ -250,7 +253,32 @@ GPT_BIGCODE = ModelSpec(
     label="GPT-BigCode (StarCoder: learned positions, multi-query attention)",
 )
 
-MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE)
+# A hybrid: LFM2's gated short-convolution layers (vLLM's ShortConv, a convolution state
+# cache) between attention layers, in the released order (two conv layers, then attention).
+# conv_dim and block_dim: the Hub config's fields vLLM's own lfm2.py reads.
+_LFM2 = {"block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0, "conv_L_cache": 3}
+LFM2 = ModelSpec(
+    key="lfm2",
+    model_type="lfm2",
+    config={
+        **_DENSE,
+        **_LFM2,
+        "conv_dim": _DENSE["hidden_size"],
+        "block_dim": _DENSE["hidden_size"],
+        "layer_types": ["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"],
+    },
+    quick_config={
+        **_SMALL,
+        **_LFM2,
+        "conv_dim": _SMALL["hidden_size"],
+        "block_dim": _SMALL["hidden_size"],
+        "layer_types": ["conv", "full_attention"],
+    },
+    golden="lfm2.py",
+    label="LFM2 (hybrid: short convolutions and attention)",
+)
+
+MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE, LFM2)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {

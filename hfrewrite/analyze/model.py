@@ -38,6 +38,14 @@ from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
 from hfrewrite.analyze.example_run import ExampleRun, build_model, error_line, example_run, initialise_empty
 from hfrewrite.analyze.flat_layout import flat_plan
 from hfrewrite.analyze.head_counts import head_expressions, head_fields
+from hfrewrite.analyze.layer_agreement import (
+    LayerFacts,
+    attention_layers,
+    compare_layers,
+    mixer_plan,
+    one_kind,
+    rope_layers,
+)
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import head_kind
@@ -65,12 +73,13 @@ from hfrewrite.analyze.plan import (
     NoMatch,
     NormPlan,
     Refusal,
+    ShortConvPlan,
     refuse,
 )
 from hfrewrite.analyze.qkv_width import prove_at_more_heads
 from hfrewrite.analyze.rope import rotary_field
 from hfrewrite.analyze.rope_constants import prove_rope_constants
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.short_conv import NOT_A_CONV, analyze_short_conv, with_layer_test
 from hfrewrite.analyze.shrink import HEADS, shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, head_sibling, tied_target
@@ -169,6 +178,7 @@ class _LayerPlans:
     norm: NormPlan | None  # None: the source's norms are kept
     declined: tuple[NoMatch, ...]
     siblings: tuple[tuple[str, object], ...]
+    mixer: ShortConvPlan | None  # a hybrid model's other mixer
 
 
 def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
@@ -199,9 +209,11 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     ]
     types = getattr(small, "layer_types", None) or [None] * len(traces)
     per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
-    decoder = per_layer[0].decoder
-    declined = _compare_layers(per_layer)
-    attention = _emitted_attention(per_layer, traces[0], small)
+    # a hybrid model's first attention layer leads: the other mixer's layers agree with it
+    lead = per_layer.index(attention_layers(per_layer)[0])
+    decoder = per_layer[lead].decoder
+    declined = compare_layers(per_layer)
+    attention = _emitted_attention(per_layer, traces[lead], small)
     if branches:
         prove_at_more_heads(attention, lambda heads: _analyze(config, False, heads).attention.qkv_layout)
         attention = prove_rope_constants(
@@ -215,39 +227,44 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         declined += more
         siblings += branch_configs
     mlp, moe = (
-        _one_kind([f.mlp for f in per_layer], MlpPlan),
-        _one_kind([f.moe for f in per_layer], MoePlan),
+        one_kind([f.mlp for f in per_layer], MlpPlan),
+        one_kind([f.moe for f in per_layer], MoePlan),
     )
     if branches and moe is not None:
         moe, more, routings = _with_routings(config, moe, source.model)
         declined += more
         siblings += routings
 
-    layer = traces[0].module
+    layer = traces[lead].module
     final = layout.base.get_submodule(run.final_norm) if run.final_norm else None
     norms = norm_facts(norm_modules(layer, decoder, attention, final), small, decoder)
     decoder, declined = norms.decoder, declined + norms.declined
-    if per_layer[0].declined is not None:  # the layer shape itself was not fusable
-        declined += (per_layer[0].declined,)
-    if not decoder.fused and (hidden := hidden_output(traces[0])) is not None:
-        args, kwargs = run.layer_inputs[0]  # the carried forward's inputs vLLM leaves at their defaults
+    if per_layer[lead].declined is not None:  # the layer shape itself was not fusable
+        declined += (per_layer[lead].declined,)
+    if not decoder.fused and (hidden := hidden_output(traces[lead])) is not None:
+        args, kwargs = run.layer_inputs[lead]  # the carried forward's inputs vLLM leaves at their defaults
         decoder = dataclasses.replace(
-            decoder, free_defaults=free_defaults(layout.layers[0], args, kwargs, value(hidden))
+            decoder, free_defaults=free_defaults(layout.layers[lead], args, kwargs, value(hidden))
         )
-    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings)
+    mixer = mixer_plan(per_layer)
+    if mixer is not None:
+        has_attention = [facts.attention is not None for facts in per_layer]
+        mixer = with_layer_test(mixer, layout.layers, has_attention, per_layer[lead].decoder.attention_block)
+    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer)
 
 
 def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> AttentionPlan | MlaPlan:
-    """The attention facts to emit (:func:`_rope_layers`), with the config fields of the head
+    """The attention facts to emit (:func:`rope_layers`), with the config fields of the head
     counts and rotary width and the source lines the attention was traced from."""
-    attention = _rope_layers(per_layer)
+    attention = rope_layers(per_layer)
+    lead = attention_layers(per_layer)[0]
     if isinstance(attention, AttentionPlan):
-        lines = traced_lines(traced, per_layer[0].decoder.attention_block)
+        lines = traced_lines(traced, lead.decoder.attention_block)
         attention = dataclasses.replace(
             attention, **head_fields(small, attention), **rotary_field(small, attention), traced_lines=lines
         )
         attention = head_expressions(
-            attention, traced.module.get_submodule(per_layer[0].decoder.attention_block), small
+            attention, traced.module.get_submodule(lead.decoder.attention_block), small
         )
     return attention
 
@@ -300,6 +317,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         declined=plans.declined,
         moe=plans.moe,
         sibling_configs=plans.siblings,
+        short_conv=plans.mixer,
         linear_classes=source.linear_classes,
         position_embedding=run.position,
         base_init_switches=init_switches(base, small),
@@ -365,18 +383,6 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
     return traced
 
 
-@dataclass(frozen=True)
-class LayerFacts:
-    """What one traced decoder layer proves: its MLP block is either a dense gated MLP or
-    a sparse MoE block (whose shared expert, if any, is a dense MLP too)."""
-
-    decoder: DecoderLayerPlan
-    attention: AttentionPlan | MlaPlan
-    mlp: MlpPlan | None  # the dense MLP, or the MoE block's shared expert
-    moe: MoePlan | None
-    declined: NoMatch | None  # the layer's shape vLLM's fused norms do not fit: its forward is carried
-
-
 def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> LayerFacts:
     """The facts of one layer (``small``: the traced config)."""
     decoder = analyze_decoder(traced)
@@ -397,7 +403,9 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
         carried = None
     analyze = analyze_mla if is_mla(traced, decoder.attention_block) else analyze_attention
-    attention = _required(analyze(traced, decoder.attention_block, small, layer_type))
+    attention, mixer = _mixer(
+        traced, decoder, analyze(traced, decoder.attention_block, small, layer_type), small
+    )
     block = decoder.mlp_block
     mlp = (
         analyze_inline_mlp(traced, decoder.mlp_linears)
@@ -405,7 +413,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
         else analyze_mlp(traced, block, config)
     )
     if not isinstance(mlp, NoMatch):
-        return LayerFacts(decoder, attention, mlp, None, carried)
+        return LayerFacts(decoder, attention, mlp, None, carried, mixer)
     moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)
     if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
         _required(mlp)  # no experts at all: the dense MLP's reason is the one to give
@@ -420,80 +428,18 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
     shared = None
     if moe.shared_expert:
         shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", config))
-    return LayerFacts(decoder, attention, shared, moe, carried)
+    return LayerFacts(decoder, attention, shared, moe, carried, mixer)
 
 
-def _one_kind(plans: list, kind: type):
-    """The plan of one kind all layers share (sizes aside), or None when no layer has one."""
-    found = [p for p in plans if p is not None]
-    if not found:
-        return None
-    shapes = {_without_sizes(p) for p in found}
-    if len(shapes) != 1:
-        refuse(
-            "uniform_layers",
-            f"layers differ in their {kind.__name__}",
-            found[0].module_class,
-        )
-    return found[0]
-
-
-def _without_sizes(plan):
-    if isinstance(plan, MlpPlan):
-        gate = plan.gate and (plan.gate.attr, plan.gate.bias)
-        return (
-            plan.module_class,
-            gate,
-            plan.up.attr,
-            plan.down.attr,
-            plan.up.bias,
-            plan.act_attr,
-        )
-    return plan
-
-
-def _compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
-    """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
-    window is kept as a declined fact."""
-    first = per_layer[0]
-    for i, facts in enumerate(per_layer[1:], start=1):
-        if (facts.decoder, _no_window(facts.attention)) != (first.decoder, _no_window(first.attention)):
-            refuse("uniform_layers", f"layer {i} differs", facts.decoder.module_class)
-    windows = [getattr(facts.attention, "sliding_window", None) for facts in per_layer]
-    if len(set(windows)) == 1:
-        return ()
-    reason = f"layers differ in sliding_window {windows}; the source's per-layer expression is carried"
-    return (NoMatch("uniform_sliding_window", first.attention.module_class, reason),)
-
-
-def _no_window(attention: AttentionPlan) -> AttentionPlan:
-    """The facts layers must share: sliding windows may differ, and rope may be absent
-    on some layers (NoPE: cohere2's global layers), never different where present."""
-    if isinstance(attention, MlaPlan):
-        return attention
-    return dataclasses.replace(
-        attention,
-        sliding_window=None,
-        rope=False,
-        rope_style=RopeStyle.NEOX,
-        rotary_dim=None,
-        rope_reversed=False,
-        replaced_calls=(),
+def _mixer(traced: Traced, decoder: DecoderLayerPlan, attention, small) -> tuple:
+    """(attention, None) for a layer whose mixer is attention; (None, plan) for a hybrid
+    model's layer whose mixer is a proven short convolution; else the refusal of the two that
+    says why (the attention's, unless the block is a convolution)."""
+    if not isinstance(attention, NoMatch):
+        return attention, None
+    mixer = (
+        analyze_short_conv(traced.module, decoder.attention_block, small) if decoder.attention_block else None
     )
-
-
-def _rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
-    """The attention facts to emit: a layer with rope (all roped layers agree on it),
-    marked when other layers have none."""
-    plans = [facts.attention for facts in per_layer]
-    if isinstance(plans[0], MlaPlan):
-        return plans[0]
-    roped = [a for a in plans if a.rope]
-    if len({(a.rope_style, a.rotary_dim, a.rope_reversed, a.replaced_calls) for a in roped}) > 1:
-        refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
-    chosen = roped[0] if roped else plans[0]
-    return dataclasses.replace(
-        chosen,
-        sliding_window=plans[0].sliding_window,
-        nope_layers=bool(roped) and len(roped) != len(plans),
-    )
+    if isinstance(mixer, ShortConvPlan):
+        return None, mixer
+    raise Refusal(mixer if mixer is not None and mixer.reason != NOT_A_CONV else attention)

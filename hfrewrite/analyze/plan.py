@@ -383,6 +383,20 @@ class DecoderLayerPlan:
 
 
 @dataclass(frozen=True)
+class ShortConvPlan:
+    """A hybrid model's other mixer: a gated short convolution proven to compute vLLM's ``ShortConv``."""
+
+    module_class: str  # the source's block class, e.g. "Lfm2ShortConv"
+    attr: str  # the decoder layer's child holding it, e.g. "conv"
+    kernel: int  # at the traced config: what config.conv_L_cache gives ShortConv
+    bias: bool
+    # the decoder layer forward's test choosing attention or this mixer (``self.is_attention_layer``),
+    # proven on every traced layer; True: attention is its body, the mixer its else
+    layer_test: str = ""
+    attention_when: bool = True
+
+
+@dataclass(frozen=True)
 class PositionEmbeddingPlan:
     """A learned absolute position table added to the token embeddings
     (analyze/position_embedding.py)."""
@@ -481,3 +495,5 @@ class ModelPlan:
     flat_holders: tuple[tuple[str, str], ...] = ()
     # the lm_head is built inside the base model's __init__ (ChatGLM3's output_layer)
     flat_head: bool = False
+    # A hybrid model's other layers' mixer (LFM2's short convolutions, analyze/short_conv.py)
+    short_conv: ShortConvPlan | None = None

@@ -28,6 +28,7 @@ from hfrewrite.passes import (
     parallel_embedding,
     prune_unused_params,
     row_parallel,
+    short_conv_mixer,
     stale_docstrings,
     strip_hf_runtime,
     taken_branches,
@@ -53,6 +54,7 @@ PASSES: tuple[ModuleType, ...] = (
     parallel_embedding,
     vllm_model_interface,
     moe_interface,
+    short_conv_mixer,  # before thread_layer_args: the layer's __init__ reads cache_config
     thread_layer_args,
     load_weights,
     strip_hf_runtime,

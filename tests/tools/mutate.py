@@ -99,7 +99,7 @@ EQUIVALENT = {
     (
         "hfrewrite/analyze/model.py",
         "NumberReplacer",
-        "layer = traces[0].module",
+        "layer = traces[lead].module",
     ): "_compare_layers has proven every traced layer's decoder plan alike (the same norm attributes), so the "
     "last layer's norms are of the first's classes; the norm facts come from the classes' formulas",
     (

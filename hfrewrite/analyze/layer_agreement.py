@@ -1,0 +1,148 @@
+"""What the traced decoder layers of one model must agree on, and the facts to emit from
+them: one layer shape, one MLP or MoE kind, one rope where rope is applied (NoPE layers
+aside), sliding windows that may differ per layer. A hybrid model's layers of another mixer
+(LFM2's short convolutions) agree with its attention layers on everything but the mixer,
+and among themselves on that."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hfrewrite.analyze.plan import (
+    AttentionPlan,
+    DecoderLayerPlan,
+    MlaPlan,
+    MlpPlan,
+    MoePlan,
+    NoMatch,
+    ShortConvPlan,
+    refuse,
+)
+from hfrewrite.analyze.rope_styles import RopeStyle
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What one traced decoder layer proves: its MLP block is either a dense gated MLP or
+    a sparse MoE block (whose shared expert, if any, is a dense MLP too)."""
+
+    decoder: DecoderLayerPlan
+    attention: AttentionPlan | MlaPlan | None  # None: a hybrid model's layer of another mixer
+    mlp: MlpPlan | None  # the dense MLP, or the MoE block's shared expert
+    moe: MoePlan | None
+    declined: NoMatch | None  # the layer's shape vLLM's fused norms do not fit: its forward is carried
+    mixer: ShortConvPlan | None = None  # that other mixer (its block is decoder.attention_block)
+
+
+def one_kind(plans: list, kind: type):
+    """The plan of one kind all layers share (sizes aside), or None when no layer has one."""
+    found = [p for p in plans if p is not None]
+    if not found:
+        return None
+    shapes = {_without_sizes(p) for p in found}
+    if len(shapes) != 1:
+        refuse(
+            "uniform_layers",
+            f"layers differ in their {kind.__name__}",
+            found[0].module_class,
+        )
+    return found[0]
+
+
+def _without_sizes(plan):
+    if isinstance(plan, MlpPlan):
+        gate = plan.gate and (plan.gate.attr, plan.gate.bias)
+        return (
+            plan.module_class,
+            gate,
+            plan.up.attr,
+            plan.down.attr,
+            plan.up.bias,
+            plan.act_attr,
+        )
+    return plan
+
+
+def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
+    """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
+    window is kept as a declined fact."""
+    first = attention_layers(per_layer)[0]
+    for i, facts in enumerate(per_layer):
+        if facts.mixer is not None:  # its mixer sits where the attention layers have theirs
+            same = _but_the_mixer(facts.decoder) == _but_the_mixer(first.decoder)
+        else:
+            same = (facts.decoder, _no_window(facts.attention)) == (
+                first.decoder,
+                _no_window(first.attention),
+            )
+        if not same:
+            refuse("uniform_layers", f"layer {i} differs", facts.decoder.module_class)
+    windows = [getattr(facts.attention, "sliding_window", None) for facts in attention_layers(per_layer)]
+    if len(set(windows)) == 1:
+        return ()
+    reason = f"layers differ in sliding_window {windows}; the source's per-layer expression is carried"
+    return (NoMatch("uniform_sliding_window", first.attention.module_class, reason),)
+
+
+def _no_window(attention: AttentionPlan) -> AttentionPlan:
+    """The facts layers must share: sliding windows may differ, and rope may be absent
+    on some layers (NoPE: cohere2's global layers), never different where present."""
+    if isinstance(attention, MlaPlan):
+        return attention
+    return dataclasses.replace(
+        attention,
+        sliding_window=None,
+        rope=False,
+        rope_style=RopeStyle.NEOX,
+        rotary_dim=None,
+        rope_reversed=False,
+        replaced_calls=(),
+    )
+
+
+def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
+    """The attention facts to emit: a layer with rope (all roped layers agree on it),
+    marked when other layers have none."""
+    plans = [facts.attention for facts in attention_layers(per_layer)]
+    if isinstance(plans[0], MlaPlan):
+        return plans[0]
+    roped = [a for a in plans if a.rope]
+    if len({(a.rope_style, a.rotary_dim, a.rope_reversed, a.replaced_calls) for a in roped}) > 1:
+        refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
+    chosen = roped[0] if roped else plans[0]
+    return dataclasses.replace(
+        chosen,
+        sliding_window=plans[0].sliding_window,
+        nope_layers=bool(roped) and len(roped) != len(plans),
+    )
+
+
+def attention_layers(per_layer: list[LayerFacts]) -> list[LayerFacts]:
+    """The layers with attention; a model whose layers all mix otherwise refuses."""
+    found = [facts for facts in per_layer if facts.attention is not None]
+    if not found:
+        refuse(
+            "decoder_layer",
+            "no layer computes attention: a model of short convolutions alone is not a decoder vLLM's attention serves",
+            per_layer[0].decoder.module_class,
+        )
+    return found
+
+
+def mixer_plan(per_layer: list[LayerFacts]) -> ShortConvPlan | None:
+    """The one other mixer of a hybrid model's layers, if any."""
+    return one_kind([facts.mixer for facts in per_layer], ShortConvPlan)
+
+
+def _but_the_mixer(decoder: DecoderLayerPlan) -> DecoderLayerPlan:
+    """``decoder`` less what names or returns its first block's mixer."""
+    mixer = decoder.attention_block
+    blocks = tuple(dataclasses.replace(b, block="") if b.block == mixer else b for b in decoder.blocks)
+    return dataclasses.replace(
+        decoder,
+        blocks=blocks,
+        attention_block="",
+        attention_returns_tuple=False,
+        attention_returns_list=False,
+    )

@@ -1,0 +1,137 @@
+"""short_conv_mixer: a hybrid model's short-convolution layers as vLLM's ShortConv."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hfrewrite.passes import short_conv_mixer
+
+from hfrewrite.analyze.plan import ShortConvPlan
+from hfrewrite.errors import HfrewriteError
+from tests.passes.harness import apply, assert_rewrites
+from tests.passes.plans import llama_like
+
+CONV = ShortConvPlan(
+    module_class="LlamaShortConv", attr="conv", kernel=3, bias=False, layer_test="self.is_attention_layer"
+)
+PLAN = dataclasses.replace(llama_like(), short_conv=CONV)
+
+SHORT_CONV = """\
+class LlamaShortConv(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.width = config.hidden_size
+        self.conv = nn.Conv1d(self.width, self.width, kernel_size=config.conv_L_cache, groups=self.width)
+"""
+
+BEFORE = (
+    SHORT_CONV
+    + """
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx, cache_config=None, quant_config=None, prefix=""):
+        super().__init__()
+        self.is_attention_layer = config.layer_types[layer_idx] == "full_attention"
+        if self.is_attention_layer:
+            self.self_attn = LlamaAttention(config, cache_config=cache_config, prefix=f"{prefix}.self_attn")
+        else:
+            self.conv = LlamaShortConv(config, layer_idx)
+
+    def forward(self, positions, hidden_states, residual):
+        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        return hidden_states, residual
+
+
+class LlamaForCausalLM(nn.Module, SupportsPP):
+    packed_modules_mapping = {}
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+"""
+)
+
+AFTER = (
+    SHORT_CONV
+    + """
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx, cache_config=None, quant_config=None, prefix=""):
+        super().__init__()
+        self.is_attention_layer = config.layer_types[layer_idx] == "full_attention"
+        if self.is_attention_layer:
+            self.self_attn = LlamaAttention(config, cache_config=cache_config, prefix=f"{prefix}.self_attn")
+        else:
+            self.conv = ShortConv(
+                config,
+                dim=config.hidden_size,
+                layer_idx=extract_layer_index(prefix),
+                model_config=get_current_vllm_config().model_config,
+                cache_config=cache_config,
+                quant_config=quant_config,
+                prefix=f"{prefix}.conv",
+            )
+
+    def forward(self, positions, hidden_states, residual):
+        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.is_attention_layer:
+            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        else:
+            output = torch.empty_like(hidden_states)
+            self.conv(hidden_states, output)
+            hidden_states = output
+        return hidden_states, residual
+
+
+class LlamaForCausalLM(nn.Module, SupportsPP, HasInnerState, IsHybrid):
+    packed_modules_mapping = {}
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+        return MambaStateDtypeCalculator.short_conv_state_dtype(
+            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
+        )
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, int]]:
+        # The convolution state of each short-convolution layer: its channels, sharded
+        # over tensor-parallel ranks, by the kernel's length less one.
+        config = vllm_config.model_config.hf_config
+        return MambaStateShapeCalculator.short_conv_state_shape(
+            tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
+            intermediate_size=config.hidden_size,
+            conv_kernel=config.conv_L_cache,
+        )
+
+    @classmethod
+    def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+        return MambaStateCopyFuncCalculator.short_conv_state_copy_func()
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+"""
+)
+
+
+def test_the_mixer_becomes_shortconv_chosen_by_the_layers_own_test():
+    assert_rewrites(short_conv_mixer, BEFORE, AFTER, PLAN)
+
+
+def test_attention_in_the_else_branch_keeps_its_side():
+    plan = dataclasses.replace(
+        PLAN, short_conv=dataclasses.replace(CONV, layer_test="self.is_conv", attention_when=False)
+    )
+    out = apply(short_conv_mixer, BEFORE, plan).module.code
+    assert "        if self.is_conv:\n            output = torch.empty_like(hidden_states)\n" in out
+    assert "        else:\n            hidden_states = self.self_attn(" in out
+
+
+def test_channels_not_read_off_the_config_refuse():
+    before = BEFORE.replace("self.width = config.hidden_size", "self.width = layer_idx * 8")
+    with pytest.raises(HfrewriteError, match="not an expression of its config"):
+        apply(short_conv_mixer, before, PLAN)
+
+
+def test_no_plan_no_change():
+    assert apply(short_conv_mixer, BEFORE, llama_like()).module.code == BEFORE
