@@ -418,12 +418,8 @@ def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cs
     return module.with_changes(body=[*body[:at], cls, *body[at:]])
 
 
-def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    att = ctx.plan.attention
-    if isinstance(att, MlaPlan):  # passes/mla_attention.py
-        return PassResult(module=module)
-    cls = t.find_class(module, att.module_class)
-    cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
+def _described(att: AttentionPlan) -> str:
+    """The ``--explain`` row of the attention's replacement: what ran, and its positions."""
     style = att.rope_style.label
     rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
     rope = (
@@ -438,7 +434,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         rope = "no rope (learned or fixed positions added to the embeddings)"
     called = "torch SDPA or attention by hand (proven causal)" if att.direct_sdpa else "attention interface"
     window = "; windows read off the mask buffer" if att.window_mask else ""
-    rows = [FusionRow(att.module_class, f"{called} -> vllm Attention{softcap} + {rope}{window}")]
+    return f"{called} -> vllm Attention{softcap} + {rope}{window}"
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    att = ctx.plan.attention
+    if isinstance(att, MlaPlan):  # passes/mla_attention.py
+        return PassResult(module=module)
+    cls = t.find_class(module, att.module_class)
+    cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
+    rows = [FusionRow(att.module_class, _described(att))]
     rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
     if att.alibi:

@@ -40,3 +40,21 @@ def test_no_module_of_the_compiler_is_over_the_size_limit():
         for p in (ROOT / folder).rglob("*.py")
     }
     assert {f: n for f, n in sizes.items() if n > MAX_LINES} == {}
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_passes_or_the_analysis_is_over_60_lines():
+    """A pass or an analysis step reads at one sitting: long functions are split into named steps."""
+    import ast
+
+    long = {
+        f"{p.relative_to(ROOT)}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+        for folder in ("passes", "hfrewrite/analyze")
+        for p in (ROOT / folder).rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    }
+    assert long == {}

@@ -67,16 +67,7 @@ def shrink_config(
         before = head_dim or config.hidden_size // heads
         after = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
         _set(small, "rotary_dim", max(2, 2 * round(rotary * after / before / 2)))
-    kinds = {}  # per-layer kind lists (attention, MLP): each kind kept once, in order
-    for field in ("layer_types", "mlp_layer_types"):
-        types = getattr(config, field, None)
-        if isinstance(types, list) and types:
-            kinds[field] = list(dict.fromkeys(types))
-    n = max(2, *map(len, kinds.values())) if kinds else 2
-    _set(small, "num_hidden_layers", n)
-    for field, distinct in kinds.items():
-        _set(small, field, distinct + distinct[-1:] * (n - len(distinct)))
-    _shrink_layer_patterns(config, small, n)
+    _shrink_layer_kinds(config, small)
     if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
         # MoE models whose config can make some layers dense: trace one of each kind.
         _set(small, "mlp_only_layers", [0])
@@ -91,6 +82,21 @@ def shrink_config(
         _set(small, "pad_token_id", None)
     small._attn_implementation = ATTN_IMPLEMENTATION
     return small
+
+
+def _shrink_layer_kinds(config, small) -> None:
+    """Two layers, or one per distinct entry of the per-layer kind lists (attention, MLP),
+    each kind kept once, in order."""
+    kinds = {}
+    for field in ("layer_types", "mlp_layer_types"):
+        types = getattr(config, field, None)
+        if isinstance(types, list) and types:
+            kinds[field] = list(dict.fromkeys(types))
+    n = max(2, *map(len, kinds.values())) if kinds else 2
+    _set(small, "num_hidden_layers", n)
+    for field, distinct in kinds.items():
+        _set(small, field, distinct + distinct[-1:] * (n - len(distinct)))
+    _shrink_layer_patterns(config, small, n)
 
 
 def same_as_hidden(config, sizes: dict) -> list[str]:
