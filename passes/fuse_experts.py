@@ -38,6 +38,7 @@ agrees with the plan.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -285,20 +286,34 @@ def _route_method(moe) -> cst.FunctionDef:
     )
 
 
+def _one_per_condition(guards: str) -> str:
+    """``guards`` with one guard per refused condition (LFM2-MoE's ``use_expert_bias`` is
+    both an ``__init__`` and a router switch): the first one's message is kept."""
+    kept: dict[str, str] = {}
+    for guard in re.split(r"(?m)^(?=if )", guards):
+        if guard:
+            kept.setdefault(guard.splitlines()[0], guard)
+    return "".join(kept.values())
+
+
 def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
     """The rewritten block and the emitted renormalisation expression."""
     moe = ctx.plan.moe
     name = moe.module_class
     block = t.find_class(module, name)
     init, init_guards = taken_init_branches(
-        t.find_method(block, "__init__"), moe.init_switches, moe.module_class
+        t.find_method(block, "__init__"),
+        moe.init_switches,
+        moe.module_class,
+        t.init_exprs(block),
+        keep=lambda s: bool(moe.shared_expert) and _builds_only(s, moe.shared_expert),  # both ways
     )
     built = {t.self_attr_assigned(s): t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s)}
     sources = _sources(module, block, built, moe)
     rebuilt = _rebuilt_init(init, moe, sources.sizes)
     experts = _fused_experts(moe, sources, _handoff(moe, rebuilt.optional_shared))
     new_init = [*rebuilt.body, experts.with_changes(leading_lines=rebuilt.experts_at.leading_lines)]
-    new_init = t.guards_first(new_init, init_guards + sources.guards)
+    new_init = t.guards_first(new_init, _one_per_condition(init_guards + sources.guards))
     block = t.set_method(block, t.with_body(init, new_init))
     block = t.set_method(block, _forward(moe))
     block = t.without_unused_methods(block)  # the runner routes: dbrx's routing method, moe_infer go

@@ -297,3 +297,19 @@ def forward_switches(
         found = config_switches(module, part) + (causal_switch(module) if part == "both" else ())
         out += [(cls, test, value) for test, value in found]
     return tuple(dict.fromkeys(out))
+
+
+def with_config_attrs(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:
+    """``test`` with each ``self.<attr>`` replaced by what ``__init__`` assigns it, where
+    that reads the config alone."""
+
+    class _Swap(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute):
+            value = assigned.get(node.attr)
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and value is not None:
+                names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+                if names <= {"config"}:
+                    return value
+            return self.generic_visit(node)
+
+    return _Swap().visit(ast.parse(ast.unparse(test), mode="eval")).body

@@ -8,12 +8,11 @@ are mapped onto the flat ones. Children the file drops that hold state but no pa
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 
 from torch import nn
 
-from hfrewrite.analyze.branches import init_assignments, init_switches
+from hfrewrite.analyze.branches import init_assignments, init_switches, with_config_attrs
 from hfrewrite.analyze.model_layout import ModelLayout
 from hfrewrite.analyze.plan import ModelPlan, refuse
 
@@ -78,20 +77,4 @@ def _holder_switches(holder: nn.Module, small) -> tuple[tuple[str, bool], ...]:
     attributes set from the config (``if self.post_layer_norm:``), the attributes written as
     their config expressions (``config.post_layer_norm``): the form the hoisted test takes."""
     assigned = init_assignments(type(holder))
-    return init_switches(holder, small, lambda test: _with_config_attrs(test, assigned))
-
-
-def _with_config_attrs(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:
-    """``test`` with each ``self.<attr>`` replaced by what ``__init__`` assigns it, where
-    that reads the config alone."""
-
-    class _Swap(ast.NodeTransformer):
-        def visit_Attribute(self, node: ast.Attribute):
-            value = assigned.get(node.attr)
-            if isinstance(node.value, ast.Name) and node.value.id == "self" and value is not None:
-                names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-                if names <= {"config"}:
-                    return value
-            return self.generic_visit(node)
-
-    return _Swap().visit(ast.parse(ast.unparse(test), mode="eval")).body
+    return init_switches(holder, small, lambda test: with_config_attrs(test, assigned))

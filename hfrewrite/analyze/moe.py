@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx import Node
 
-from hfrewrite.analyze.branches import config_branches, init_switches
+from hfrewrite.analyze.branches import config_branches, init_assignments, init_switches, with_config_attrs
 from hfrewrite.analyze.moe_modules import (
     expert_list,
     expert_mlp,
@@ -84,14 +84,21 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         facts = _carried_router(traced, path, index, weights, hidden) or facts
     if isinstance(facts, str):
         return NoMatch(PATTERN, cls, facts)
-    # the config's activation, or gpt_oss's clamped swiglu (which the replay tells apart)
-    activations = [a for a in (activation, "swigluoai") if a in MOE_ACTIVATIONS]
+    # the config's activation, or gpt_oss's clamped swiglu (which the replay tells apart); a
+    # config naming none (LFM2-MoE's experts call F.silu themselves): silu, proven the same way
+    activations = [a for a in (activation or "silu", "swigluoai") if a in MOE_ACTIVATIONS]
     biases = {n for n, _ in experts_mod.named_parameters() if n.endswith("bias")}
     if biases not in (set(), {"gate_up_proj_bias", "down_proj_bias"}):
         return NoMatch(PATTERN, cls, f"the experts have biases {sorted(biases)}")
     plan = _stacked_plan(traced, path, call, facts, activations[0], bool(biases))
     if isinstance(plan, NoMatch):
         return plan
+    # its __init__'s switches, on the config or on attributes set from it (LFM2-MoE's
+    # `if self.use_expert_bias:` building its correction bias)
+    assigned = init_assignments(type(block))
+    plan = dataclasses.replace(
+        plan, init_switches=init_switches(block, config, lambda test: with_config_attrs(test, assigned))
+    )
     return _replayed(block, plan, experts_mod, value(root(hidden)), activations, activation)
 
 

@@ -72,6 +72,8 @@ def shrink_config(
         # MoE models whose config can make some layers dense: trace one of each kind.
         _set(small, "mlp_only_layers", [0])
         _set(small, "decoder_sparse_step", 1)
+    if getattr(config, "num_experts", 0) and (getattr(config, "num_dense_layers", 0) or 0) > 0:
+        _set(small, "num_dense_layers", 1)  # LFM2-MoE's first dense layers: one, then MoE
     _shrink_routing(config, small)
     _shrink_windows(small)
     _shrink_rope_factors(small)

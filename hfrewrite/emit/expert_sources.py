@@ -178,6 +178,13 @@ def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str
     act = experts.get("act_fn", "")
     if moe.activation == "swigluoai":  # gpt_oss's clamped swiglu: vLLM's activation of that name
         act = 'ACT2FN["swigluoai"]'
+    elif (
+        act
+        and isinstance(t.expr(act), cst.Name | cst.Attribute)
+        and "config" not in t.root_names(t.expr(act))
+    ):
+        # one function whatever the config (LFM2-MoE's F.silu): the activation the replay proved
+        act = f'ACT2FN["{moe.activation}"]'
     if not act.startswith("ACT2FN["):
         raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
     # transformers' names first, else the experts' attribute holding the size (by value)

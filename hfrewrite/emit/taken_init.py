@@ -12,16 +12,30 @@ import libcst as cst
 from hfrewrite.emit import cst_tools as t
 
 
-def taken_init_branches(init: cst.FunctionDef, switches, cls: str) -> tuple[cst.FunctionDef, str]:
+def taken_init_branches(
+    init: cst.FunctionDef, switches, cls: str, exprs: dict[str, str] | None = None, keep=None
+) -> tuple[cst.FunctionDef, str]:
     """``__init__`` with each ``if`` on a config switch of ``switches`` ((test, traced value),
     analyze/branches.py ``init_switches``) replaced by the branch the traced config took,
-    and the guards refusing configs that take another."""
+    and the guards refusing configs that take another; ``exprs``: the class's ``init_exprs``,
+    for tests on attributes ``__init__`` sets from the config (``if self.use_expert_bias:``);
+    ``keep``: a predicate on the ``if`` statements left as they are (a branch the caller
+    carries both ways, ernie's optional shared expert)."""
     known = {ast.dump(ast.parse(test, mode="eval").body): (test, value) for test, value in switches}
     taken = []
 
+    def _key(test: cst.BaseExpression) -> str:
+        text = t.code(test)
+        if exprs:
+            try:
+                text = t.config_test(text, {attr: f"({value})" for attr, value in exprs.items()})
+            except ValueError:
+                pass
+        return ast.dump(ast.parse(text, mode="eval").body)
+
     class _Taken(cst.CSTTransformer):
         def leave_If(self, original: cst.If, updated: cst.If):
-            found = known.get(ast.dump(ast.parse(t.code(updated.test), mode="eval").body))
+            found = None if keep is not None and keep(updated) else known.get(_key(updated.test))
             if found is None or isinstance(updated.orelse, cst.If):
                 return updated
             taken.append(found)

@@ -1,5 +1,5 @@
-"""The hybrid golden, proved in real vLLM: LFM2, whose short-convolution layers run as vLLM's
-``ShortConv`` with its convolution state cache between its attention layers.
+"""The hybrid goldens, proved in real vLLM: LFM2 and LFM2-MoE, whose short-convolution layers
+run as vLLM's ``ShortConv`` with its convolution state cache between their attention layers.
 
 Tiny float32 checkpoints with conv and attention layers in the released order (conv first)
 and one with attention first: greedy tokens equal Hugging Face's, chosen-token logprobs within
@@ -19,9 +19,16 @@ from hfrewrite.verify.fixtures import make_tiny_checkpoint
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # conv_dim and block_dim: the Hub config's fields that vLLM's own lfm2.py reads
 LFM2 = {"conv_dim": 128, "block_dim": 128, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0}
-CASES = {
-    "lfm2-conv-first": ["conv", "conv", "full_attention", "conv"],
-    "lfm2-attention-first": ["full_attention", "conv", "full_attention"],
+# LFM2-MoE: one dense layer, then MoE; sigmoid routing with a (random) expert bias for the choice
+LFM2_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "num_dense_layers": 1}
+CASES: dict[str, tuple[str, list[str], dict]] = {
+    "lfm2-conv-first": ("lfm2", ["conv", "conv", "full_attention", "conv"], LFM2),
+    "lfm2-attention-first": ("lfm2", ["full_attention", "conv", "full_attention"], LFM2),
+    "lfm2_moe-conv-first-dense-first": (
+        "lfm2_moe",
+        ["conv", "full_attention", "conv", "full_attention"],
+        LFM2_MOE,
+    ),
 }
 
 
@@ -30,16 +37,16 @@ def reports(tmp_path_factory):
     cases = [
         VerifyCase(
             make_tiny_checkpoint(
-                "lfm2",
+                model_type,
                 tmp_path_factory.mktemp(name),
                 seed=i,
                 layer_types=kinds,
                 num_hidden_layers=len(kinds),
-                **LFM2,
+                **overrides,
             ),
-            GOLDEN / "lfm2.py",
+            GOLDEN / f"{model_type}.py",
         )
-        for i, (name, kinds) in enumerate(CASES.items())
+        for i, (name, (model_type, kinds, overrides)) in enumerate(CASES.items())
     ]
     return dict(zip(CASES, verify_many(cases)))
 
@@ -68,15 +75,17 @@ def test_hybrid_layers_are_vllms(reports, case):
     report = reports[case]
     structure, native = report.generated_structure, report.native_structure
     assert structure and native, report.summary()
-    for kind, layer in zip(CASES[case], structure):
-        assert layer["Linear"] == 0, layer
+    _model_type, kinds, overrides = CASES[case]
+    dense = overrides.get("num_dense_layers", len(kinds))  # LFM2's layers are all dense
+    for i, (kind, layer) in enumerate(zip(kinds, structure)):
+        counted = {name: n for name, n in layer.items() if n}
         if kind == "conv":
-            counted = {name: n for name, n in layer.items() if n}
-            assert counted == {
-                "MergedColumnParallelLinear": 2,
-                "RowParallelLinear": 2,
-                "ColumnParallelLinear": 1,
-            }
+            mixer = {"MergedColumnParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 1}
         else:
-            assert layer["QKVParallelLinear"] == 1 and layer["RowParallelLinear"] == 2, layer
+            mixer = {"QKVParallelLinear": 1, "RowParallelLinear": 1}
+        if i < dense:
+            mlp = {"MergedColumnParallelLinear": 1, "RowParallelLinear": 1}
+        else:
+            mlp = {"MoERunner": 1, "GateLinear": 1}
+        assert counted == {k: mixer.get(k, 0) + mlp.get(k, 0) for k in {*mixer, *mlp}}, layer
     assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native]
