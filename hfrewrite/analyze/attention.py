@@ -52,6 +52,7 @@ from hfrewrite.analyze.rope import (
     legacy_rope_fields,
     per_layer_type,
     prove_rope,
+    refuse_rope,
 )
 from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.rope_table import prove_rope_table
@@ -221,7 +222,7 @@ def _rope(
                     {r: relative(args[r].target, path) for r in "qk"},
                 )
         if isinstance(rope, str):
-            refuse("vllm_attention", f"rotary embedding: {rope}")
+            refuse_rope(rope)
     rope_ends = {r: args[r].args[0] if norm_after is not None else args[r] for r in "qk"}
     table = _rope_table(traced, path, rope, value(args["q"]).shape[-2], config, layer_type)
     return _Rope(rope_in, rope, norm_after, rope_ends if rope else {}, table)
@@ -239,10 +240,7 @@ def _rope_table(traced: Traced, path: str, rope, seq: int, config, layer_type) -
         else f"no config field holds the longest position ({_max_position_field(config)})"
     )
     if isinstance(table, str):
-        refuse(
-            "vllm_attention",
-            f"rotary embedding: {computed_base_reason(rope.source_base, config, layer_type)} ({table})",
-        )
+        refuse_rope(f"{computed_base_reason(rope.source_base, config, layer_type)} ({table})")
     return table
 
 

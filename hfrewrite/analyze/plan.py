@@ -26,6 +26,7 @@ class NoMatch:
     pattern: str  # e.g. "fuse_qkv"; "" when analysis stopped before any pattern (no model built)
     module_class: str  # e.g. "LlamaAttention"; "" when no module is at hand
     reason: str
+    topic: str = field(default="", compare=False)  # what was refused, for a caller to tell: "rope"
 
     def __str__(self) -> str:
         return ": ".join(part for part in (self.module_class, self.pattern, self.reason) if part)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.plan import NoMatch, Refusal
 from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.trace import value
 
@@ -318,3 +320,9 @@ def rotary_field(small, attention) -> dict:
     if attention.rope and attention.rotary_dim != attention.head_dim and width == attention.rotary_dim:
         return {"rotary_dim_field": ABSOLUTE_ROTARY_FIELD}
     return {}
+
+
+def refuse_rope(reason: str, module_class: str = "") -> NoReturn:
+    """Refuse the attention's rotary embedding: a refusal its sibling analyses tell from the
+    others by its topic (rope_constants.py), not by its wording."""
+    raise Refusal(NoMatch("vllm_attention", module_class, f"rotary embedding: {reason}", topic="rope"))

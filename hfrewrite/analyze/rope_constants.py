@@ -20,10 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from hfrewrite.analyze.plan import AttentionPlan, Refusal, refuse
-from hfrewrite.analyze.rope import DEFAULT_THETA, LEGACY_PARTIAL
-
-ROPE_REFUSAL = "rotary embedding"  # how a sibling's refusal of its rope begins (attention.py)
+from hfrewrite.analyze.plan import AttentionPlan, Refusal
+from hfrewrite.analyze.rope import DEFAULT_THETA, LEGACY_PARTIAL, refuse_rope
 
 
 def prove_rope_constants(att, small, analyze: Callable[[dict], AttentionPlan]) -> AttentionPlan | object:
@@ -56,7 +54,7 @@ def _proves(analyze, edits: dict) -> bool | None:
     try:
         analyze(edits)
     except Refusal as e:
-        return False if e.no_match.reason.startswith(ROPE_REFUSAL) else None
+        return False if e.no_match.topic == "rope" else None
     return True
 
 
@@ -73,14 +71,13 @@ def _base(att: AttentionPlan, small, analyze, factor: float | None) -> str:
         if scaled and constant is False:
             found.append(field)
         elif scaled is False and constant is False:
-            refuse(
-                "vllm_attention",
-                f"rotary embedding: config.{field} changes the rope's base other than as its "
+            refuse_rope(
+                f"config.{field} changes the rope's base other than as its "
                 f"factor (at {field}=3 the replay matches neither 30000 nor 10000)",
                 att.module_class,
             )
     if len(found) > 1:
-        refuse("vllm_attention", f"rotary embedding: a base of 10000 times each of {found}", att.module_class)
+        refuse_rope(f"a base of 10000 times each of {found}", att.module_class)
     return f"{DEFAULT_THETA} * config.{found[0]}" if found else DEFAULT_THETA
 
 
@@ -96,9 +93,8 @@ def _constant_share(att: AttentionPlan, small, analyze, base: float) -> float:
             continue
         if other.head_dim == 2 * att.head_dim and other.rotary_dim == 2 * att.rotary_dim:
             return share
-    refuse(
-        "vllm_attention",
-        f"rotary embedding: the source turns the first {att.rotary_dim} of each head's {att.head_dim} "
+    refuse_rope(
+        f"the source turns the first {att.rotary_dim} of each head's {att.head_dim} "
         "lanes, a width no config field holds, and no field doubling the head size proves it a share",
         att.module_class,
     )

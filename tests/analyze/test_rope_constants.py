@@ -13,6 +13,7 @@ import transformers
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.plan import NoMatch, Refusal
+from hfrewrite.analyze.rope import refuse_rope
 from hfrewrite.analyze.rope_constants import prove_rope_constants
 from hfrewrite.analyze.trace import trace
 from tests.analyze.test_lookalikes import RopeAttention, rotate_half_neox, tables
@@ -43,7 +44,7 @@ def source(base, width):
         given = edits["rope_parameters"]
         turned = int(head * given.get("partial_rotary_factor", 1.0))
         if given["rope_theta"] != base(fields) or turned != width(head):
-            raise Refusal(NoMatch("vllm_attention", "SelfAttention", "rotary embedding: no match"))
+            refuse_rope("no match", "SelfAttention")  # as the analysis refuses a rope
         return dataclasses.replace(MAIN, head_dim=head, rotary_dim=turned)
 
     return analyze
@@ -74,3 +75,19 @@ def test_a_base_a_field_changes_otherwise_is_refused():
 def test_a_width_of_fixed_lanes_is_not_a_share_of_the_head():
     with pytest.raises(Refusal, match="no field doubling the head size proves it a share"):
         prove_rope_constants(MAIN, SMALL, source(lambda f: 10000.0, lambda head: HEAD_DIM // 2))
+
+
+def test_a_sibling_refused_for_another_reason_proves_nothing_whatever_its_wording():
+    """Only a refusal of the rope itself (its topic) says the sibling's rope is not the one
+    given; another refusal, even worded like one, leaves the field undecided: the constant."""
+
+    chatglm = source(lambda f: 10000.0 * f["rope_ratio"], half)
+
+    def analyze(edits: dict) -> object:
+        try:
+            return chatglm(edits)
+        except Refusal as refused:  # the same words, without the topic
+            raise Refusal(NoMatch("vllm_attention", "SelfAttention", refused.no_match.reason)) from None
+
+    att = prove_rope_constants(MAIN, SMALL, analyze)
+    assert att.rope_fields[0] == ("rope_theta", "10000.0")
