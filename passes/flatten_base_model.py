@@ -45,7 +45,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         rows.append(FusionRow(base.name.value, f"{attr} ({cls}) built flat: its parts are the base model's"))
     head: list[cst.BaseStatement] = []
     if plan.flat_head:
-        head = [_unwrapped(s) for s in body if t.self_attr_assigned(s) == plan.lm_head]
+        head = [_unwrapped(s, plan.flat_head) for s in body if t.self_attr_assigned(s) == plan.lm_head]
         body = [s for s in body if t.self_attr_assigned(s) != plan.lm_head]
         if len(head) != 1:
             raise HfrewriteError(f"{base.name.value}: {NAME}: self.{plan.lm_head} is not built once")
@@ -147,12 +147,13 @@ def _locals(body: list[cst.BaseStatement]) -> set[str]:
     }
 
 
-def _unwrapped(s: cst.BaseStatement) -> cst.BaseStatement:
-    """``self.x = wrapper(nn.Linear, a, b, **kw)`` -> ``self.x = nn.Linear(a, b)``."""
+def _unwrapped(s: cst.BaseStatement, cls: str) -> cst.BaseStatement:
+    """``self.x = wrapper(nn.Linear, a, b, **kw)`` -> ``self.x = nn.Linear(a, b)``, where the
+    analysis found ``x`` of class ``cls`` and the wrapper is given that class first."""
     call = t.assigned_value(s)
     if isinstance(call, cst.Call) and call.args and not call.args[0].keyword:
         first = t.dotted(call.args[0].value) or ""
-        if first.startswith("nn.") or first[:1].isupper():
+        if first.rsplit(".", 1)[-1] == cls and t.dotted(call.func).rsplit(".", 1)[-1] != cls:
             args = [a for a in call.args[1:] if a.star != "**"]
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             new = call.with_changes(func=call.args[0].value, args=args)

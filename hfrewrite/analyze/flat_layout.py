@@ -55,7 +55,7 @@ def flat_plan(plan: ModelPlan, layout: ModelLayout, small) -> ModelPlan:
         base_init_switches=plan.base_init_switches
         + tuple(s for holder in holders for s in _holder_switches(base.get_submodule(holder), small)),
         flat_holders=tuple(holders.items()),
-        flat_head=head != plan.lm_head,
+        flat_head=type(base.get_submodule(head)).__name__ if head != plan.lm_head else "",
         head_tied_to=_flat_path(plan.head_tied_to, attr, flat),
     )
 

@@ -494,7 +494,7 @@ class ModelPlan:
     # (attribute, class) of the base model's children holding its parts where they sit deeper
     # (ChatGLM3's embedding and encoder; analyze/flat_layout.py): built flat in the base model
     flat_holders: tuple[tuple[str, str], ...] = ()
-    # the lm_head is built inside the base model's __init__ (ChatGLM3's output_layer)
-    flat_head: bool = False
+    # the class of the lm_head built inside the base model's __init__ (ChatGLM3's output_layer: "Linear")
+    flat_head: str = ""
     # A hybrid model's other layers' mixer (LFM2's short convolutions, analyze/short_conv.py)
     short_conv: ShortConvPlan | None = None

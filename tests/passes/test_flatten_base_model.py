@@ -101,7 +101,7 @@ PLAN = dataclasses.replace(
     final_norm="final_layernorm",
     lm_head="output_layer",
     flat_holders=(("embedding", "Embedding"), ("encoder", "GLMTransformer")),
-    flat_head=True,
+    flat_head="Linear",
 )
 
 
