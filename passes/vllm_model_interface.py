@@ -160,7 +160,11 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
     if hidden is None and not plan.final_norm:  # no final norm (GPT-1): the stream's width
         hidden = "config.hidden_size"
     if hidden is None:
-        raise HfrewriteError(f"{name}: {NAME}: final norm self.{plan.final_norm} not built in __init__")
+        built = [t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s) == plan.final_norm]
+        how = "in __init__" if not built else "by one call"
+        if built and isinstance(built[0], cst.IfExp):
+            how = "by one call: a conditional expression chooses its class"
+        raise HfrewriteError(f"{name}: {NAME}: final norm self.{plan.final_norm} not built {how}")
     streams = '["hidden_states", "residual"]' if plan.decoder_layer.fused else '["hidden_states"]'
     body += t.stmts(
         "self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(\n"
