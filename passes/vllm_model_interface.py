@@ -145,7 +145,7 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
             new = t.stmts(_layer_stack(t.assigned_value(s), name, attr))
         elif attr == plan.final_norm:
             norm = t.assigned_value(s)
-            hidden = t.code(norm.args[0].value) if isinstance(norm, cst.Call) and norm.args else None
+            hidden = _norm_width(norm)
             new = t.stmts(
                 f"if {norm_ranks}:\n"
                 f"    self.{attr} = {t.code(norm)}\n"
@@ -160,10 +160,8 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
     if hidden is None and not plan.final_norm:  # no final norm (GPT-1): the stream's width
         hidden = "config.hidden_size"
     if hidden is None:
-        built = [t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s) == plan.final_norm]
-        how = "in __init__" if not built else "by one call"
-        if built and isinstance(built[0], cst.IfExp):
-            how = "by one call: a conditional expression chooses its class"
+        built = any(t.self_attr_assigned(s) == plan.final_norm for s in init.body.body)
+        how = "over a width read off its arguments" if built else "in __init__"
         raise HfrewriteError(f"{name}: {NAME}: final norm self.{plan.final_norm} not built {how}")
     streams = '["hidden_states", "residual"]' if plan.decoder_layer.fused else '["hidden_states"]'
     body += t.stmts(
@@ -171,6 +169,16 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
         f"    {streams}, {hidden}\n)\n"
     )
     return t.with_body(t.find_method(tpl, "__init__"), t.guards_first(body, guards))
+
+
+def _norm_width(norm: cst.BaseExpression) -> str | None:
+    """The width a final norm is built over: its first argument, the same in both classes a
+    config chooses between (Cohere2-MoE's ``RMSNorm(...) if config.rms_norm_eps is not None
+    else LayerNorm(...)``, carried as it is); None when it is not read off."""
+    if isinstance(norm, cst.IfExp):
+        widths = {_norm_width(norm.body), _norm_width(norm.orelse)}
+        return widths.pop() if len(widths) == 1 else None
+    return t.code(norm.args[0].value) if isinstance(norm, cst.Call) and norm.args else None
 
 
 def _base_forward(tpl: cst.ClassDef, plan) -> cst.FunctionDef:

@@ -437,17 +437,24 @@ def resolved_self(expression: str, exprs: dict[str, str]) -> str:
 
 def guarded_divisions(node: cst.CSTNode, divisor) -> list[tuple[str, cst.BaseExpression]]:
     """Each ``x / d`` or ``x /= d`` in ``node`` whose ``d`` passes ``divisor``: the tests of
-    the ``if`` statements around it joined by ``and`` ("True" when none), and ``d``."""
+    the ``if`` statements around it joined by ``and`` ("True" when none), each negated where
+    the division is in its ``else`` or ``elif`` branch, and ``d``."""
     found: list[tuple[str, cst.BaseExpression]] = []
 
     class _Find(cst.CSTVisitor):
         def __init__(self) -> None:
             self.conditions: list[str] = []
 
-        def visit_If(self, node: cst.If) -> None:
+        def visit_If_body(self, node: cst.If) -> None:
             self.conditions.append(code(node.test))
 
-        def leave_If(self, node: cst.If) -> None:
+        def leave_If_body(self, node: cst.If) -> None:
+            self.conditions.pop()
+
+        def visit_If_orelse(self, node: cst.If) -> None:
+            self.conditions.append(f"not ({code(node.test)})")
+
+        def leave_If_orelse(self, node: cst.If) -> None:
             self.conditions.pop()
 
         def _found(self, d: cst.BaseExpression) -> None:

@@ -5,6 +5,8 @@ options beyond softmax top-k, each from the source expression holding its consta
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -19,9 +21,10 @@ def _is_sum(node: cst.BaseExpression) -> bool:
     return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name("sum")))))
 
 
-def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str | None:
+def _renormalize(router: cst.ClassDef, attrs: dict[str, str] | None, name: str) -> str | None:
     """The source's condition for `w /= w.sum(...)` ("True" if unconditional), or None.
-    The divisor may be a name assigned from a sum (`denominator = w.sum(...) + eps`)."""
+    The divisor may be a name assigned from a sum (`denominator = w.sum(...) + eps`);
+    ``attrs`` None: the condition in the source's own terms (``self.<attr>``)."""
     forward = t.find_method(router, "forward")
     sums = {
         t.code(target.target)
@@ -39,11 +42,30 @@ def _renormalize(router: cst.ClassDef, attrs: dict[str, str], name: str) -> str 
     if not found:
         return None
     condition = found[0]
+    if attrs is None:
+        return condition
     for attr, expr in attrs.items():  # `self.norm_topk_prob` -> `config.norm_topk_prob`
         condition = condition.replace(f"self.{attr}", expr)
     if "self." in condition:
         raise HfrewriteError(f"{name}: {NAME}: renormalisation depends on {condition}")
     return condition
+
+
+def _traced_value(condition: str, branches) -> bool | None:
+    """The value of a conjunction of the router's tests (each maybe negated) on the traced
+    module, from ``branches`` ((test, value) of the router forward's switches); None where
+    no conjunct decides it."""
+    known = {ast.dump(ast.parse(test, mode="eval").body): value for test, value in branches}
+    tree = ast.parse(condition, mode="eval").body
+    conjuncts = tree.values if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.And) else [tree]
+    values = []
+    for conjunct in conjuncts:
+        negated = isinstance(conjunct, ast.UnaryOp) and isinstance(conjunct.op, ast.Not)
+        value = known.get(ast.dump(conjunct.operand if negated else conjunct))
+        values.append(None if value is None else value != negated)
+    if False in values:
+        return False
+    return True if values and None not in values else None
 
 
 def source_renormalize(
@@ -53,6 +75,12 @@ def source_renormalize(
     that refuse configs flipping the router's other branches."""
     renormalize = _renormalize(router_cls, router, name)
     router_forward = t.find_method(router_cls, "forward")
+    divided = _renormalize(router_cls, None, name)  # the condition in the source's own terms
+    if divided not in (None, "True") and _traced_value(divided, moe.router_branches) is False:
+        # the division sits on a branch the traced config did not take (Cohere2-MoE's sigmoid
+        # selection): the renormalisation the replay proved, if any, is the taken branch's own
+        # softmax over the top-k logits; the guards below refuse the other branches
+        renormalize = "True" if moe.renormalize else None
     if renormalize is None and moe.renormalize and not m.findall(router_forward, m.If() | m.IfExp()):
         renormalize = "True"  # a softmax over the top-k logits, unconditional: the replay proved it
     if (renormalize is None and moe.renormalize) or (renormalize == "True" and not moe.renormalize):

@@ -1,6 +1,6 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
 granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss, minimax_m2,
-hy_v3, exaone_moe, aria_text.
+hy_v3, exaone_moe, aria_text, cohere2_moe.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -174,6 +174,19 @@ CASES: dict[str, tuple[str, dict]] = {
     # aria_text: a router whose softmax runs over the top-k logits, stacked experts transposed
     # ([E, H, 2I]) that the checkpoint names `experts.fc1.weight` / `fc2.weight` (transformers
     # renames them when it loads), and two shared experts in one wider MLP added to every token.
+    # cohere2_moe: a parallel attention + MoE block off one LayerNorm, a router whose softmax
+    # runs over the top-k logits on one branch of its switch (its renormalising division sits
+    # on the sigmoid branch the file refuses), NoPE global layers with sliding windows
+    "cohere2_moe-softmax-over-top-k-parallel-block": (
+        "cohere2_moe",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "tie_word_embeddings": False,
+        },
+    ),
     "aria_text-transposed-renamed-shared": (
         "aria_text",
         {"moe_num_experts": 8, "moe_topk": 2, "intermediate_size": 64, "moe_num_shared_experts": 2},
@@ -193,9 +206,11 @@ CARRIED_LINEARS = {
     "phimoe-carried-router": 1,
 }  # source nn.Linear kept: shared MLP, router
 CARRIED_ROUTERS = {"phimoe-carried-router"}
+# vLLM 0.32's own cohere2_moe.py does not match transformers 5.19 on this checkpoint (tokens
+# apart from the first step): Hugging Face is the reference there.
 # vLLM 0.32's own phimoe.py greedily emits token 0 at every step on this checkpoint on CPU
 # (Hugging Face and the generated file agree): Hugging Face is the reference there.
-NATIVE_WRONG = {"phimoe-carried-router"}
+NATIVE_WRONG = {"phimoe-carried-router", "cohere2_moe-softmax-over-top-k-parallel-block"}
 # vLLM 0.32 has no dots1 model file, and registers Aria's multimodal class only: Hugging Face
 # is the reference
 NO_NATIVE = {"dots1-grouped-sigmoid", "aria_text-transposed-renamed-shared"}
