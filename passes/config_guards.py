@@ -27,6 +27,7 @@ import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.taken_init import one_guard_per_condition
 
 NAME = "config_guards"
 
@@ -57,11 +58,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         )
         if not dropped:
             continue
-        refused: dict[str, str] = {}  # one guard per refused condition (`not x` True is `x` False)
-        for test, value in dropped:
-            guard = _guard(name, test, value)
-            refused.setdefault(ast.dump(ast.parse(guard.splitlines()[0][3:-1], mode="eval").body), guard)
-        guards = "".join(refused.values())
+        guards = one_guard_per_condition("".join(_guard(name, test, value) for test, value in dropped))
         cls = t.set_method(cls, t.with_body(init, t.guards_first(list(init.body.body), guards)))
         module = sites.replace_class(module, name, cls)
         rows += [

@@ -38,7 +38,6 @@ agrees with the plan.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -56,7 +55,7 @@ from hfrewrite.emit.expert_sources import (
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.pure_expressions import computed_local
 from hfrewrite.emit.router_sources import routing_kwargs, source_renormalize
-from hfrewrite.emit.taken_init import taken_init_branches
+from hfrewrite.emit.taken_init import one_guard_per_condition, taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -286,16 +285,6 @@ def _route_method(moe) -> cst.FunctionDef:
     )
 
 
-def _one_per_condition(guards: str) -> str:
-    """``guards`` with one guard per refused condition (LFM2-MoE's ``use_expert_bias`` is
-    both an ``__init__`` and a router switch): the first one's message is kept."""
-    kept: dict[str, str] = {}
-    for guard in re.split(r"(?m)^(?=if )", guards):
-        if guard:
-            kept.setdefault(guard.splitlines()[0], guard)
-    return "".join(kept.values())
-
-
 def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, str]:
     """The rewritten block and the emitted renormalisation expression."""
     moe = ctx.plan.moe
@@ -313,7 +302,7 @@ def rewrite_block(module: cst.Module, ctx: PassContext) -> tuple[cst.ClassDef, s
     rebuilt = _rebuilt_init(init, moe, sources.sizes)
     experts = _fused_experts(moe, sources, _handoff(moe, rebuilt.optional_shared))
     new_init = [*rebuilt.body, experts.with_changes(leading_lines=rebuilt.experts_at.leading_lines)]
-    new_init = t.guards_first(new_init, _one_per_condition(init_guards + sources.guards))
+    new_init = t.guards_first(new_init, one_guard_per_condition(init_guards + sources.guards))
     block = t.set_method(block, t.with_body(init, new_init))
     block = t.set_method(block, _forward(moe))
     block = t.without_unused_methods(block)  # the runner routes: dbrx's routing method, moe_infer go

@@ -6,6 +6,7 @@ model's parts (OPT's final norm and embedding projections)."""
 from __future__ import annotations
 
 import ast
+import re
 
 import libcst as cst
 
@@ -45,3 +46,15 @@ def taken_init_branches(
 
     init = init.visit(_Taken())
     return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")
+
+
+def one_guard_per_condition(guards: str) -> str:
+    """``guards`` (``if <condition>:`` blocks) with one guard per refused condition, the
+    first one's message kept: two switches refusing the same condition (``not x`` True is
+    ``x`` False, a switch of both ``__init__`` and the router) make one guard."""
+    kept: dict[str, str] = {}
+    for guard in re.split(r"(?m)^(?=if )", guards):
+        if guard:
+            condition = ast.parse(guard.splitlines()[0][3:-1], mode="eval").body
+            kept.setdefault(ast.dump(condition), guard)
+    return "".join(kept.values())
