@@ -68,12 +68,9 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
         raise HfrewriteError(f"{cls}: {NAME}: self.{attr} is not ModuleList([... for i in range(N)])")
     index, count = gen.target.value, t.code(gen.iter.args[0].value)
     layer = lc.elt
-    args = [
-        a.with_changes(value=t.expr("extract_layer_index(prefix)"))
-        if isinstance(a.value, cst.Name) and a.value.value == index
-        else a
-        for a in layer.args
-    ]
+    # the loop index, wherever the call reads it (Bamba's config.layers_block_type[i] too)
+    at = t.expr("extract_layer_index(prefix)")
+    args = [m.replace(a, m.Name(index), at) for a in layer.args]
     extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
     call = f"{t.code(layer.func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
     return (
@@ -81,6 +78,38 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
         f"    {count},\n    lambda prefix: {call},\n"
         f'    prefix=f"{{prefix}}.{attr}",\n)\n'
     )
+
+
+def folded_layer_loop(statements: list[cst.BaseStatement], attr: str) -> list[cst.BaseStatement]:
+    """``statements`` with ``xs = []; for i in range(N): xs.append(Layer(...));
+    self.<attr> = nn.ModuleList(xs)`` (Bamba's) written as the one
+    ``self.<attr> = nn.ModuleList([Layer(...) for i in range(N)])`` it means."""
+    out = list(statements)
+    for i in range(len(out) - 2):
+        empty, loop, built = out[i : i + 3]
+        name = m.Name()
+        listed = m.SimpleStatementLine(
+            body=[m.Assign(targets=[m.AssignTarget(target=name)], value=m.List(elements=[]))]
+        )
+        if not (
+            m.matches(empty, listed) and isinstance(loop, cst.For) and t.self_attr_assigned(built) == attr
+        ):
+            continue
+        xs = empty.body[0].targets[0].target.value
+        appended = loop.body.body[0] if len(loop.body.body) == 1 else None
+        call = m.Call(func=m.Attribute(value=m.Name(xs), attr=m.Name("append")), args=[m.Arg(value=m.Call())])
+        if not (
+            m.matches(appended, m.SimpleStatementLine(body=[m.Expr(value=call)]))
+            and loop.orelse is None
+            and t.code(t.assigned_value(built)) == f"nn.ModuleList({xs})"
+        ):
+            continue
+        element = t.code(appended.body[0].value.args[0].value)
+        stacked = t.stmt(
+            f"self.{attr} = nn.ModuleList([{element} for {t.code(loop.target)} in {t.code(loop.iter)}])\n"
+        )
+        return [*out[:i], stacked.with_changes(leading_lines=empty.leading_lines), *out[i + 3 :]]
+    return out
 
 
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
@@ -137,7 +166,7 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
     norm_ranks = "get_pp_group().is_last_rank"
     if f"self.{plan.final_norm}" in {t.dotted(a) for a in m.findall(cst.Module(glue), m.Attribute())}:
         norm_ranks = "get_pp_group().is_first_rank or get_pp_group().is_last_rank"
-    for s in init.body.body:
+    for s in folded_layer_loop(list(init.body.body), plan.layers):
         attr = t.self_attr_assigned(s)
         if _is_call_to(s, "super().__init__") or _is_call_to(s, "self.post_init"):
             continue

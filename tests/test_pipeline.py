@@ -62,7 +62,7 @@ MATCHES = {
         "parallel_embedding": 2,  # embed_tokens, lm_head
         "vllm_model_interface": 2,  # LlamaModel, LlamaForCausalLM
         "moe_interface": 0,
-        "short_conv_mixer": 0,
+        "hybrid_mixer": 0,
         "thread_layer_args": 3,  # prefix: LlamaMLP, LlamaAttention, LlamaDecoderLayer
         "load_weights": 1,  # LlamaForCausalLM.hf_to_vllm_mapper
         "config_guards": 0,
@@ -87,7 +87,7 @@ MATCHES = {
         "parallel_embedding": 2,
         "vllm_model_interface": 2,
         "moe_interface": 1,  # Qwen3MoeForCausalLM(..., MixtureOfExperts)
-        "short_conv_mixer": 0,
+        "hybrid_mixer": 0,
         "thread_layer_args": 4,  # attention, MLP, sparse MoE block, decoder layer
         "load_weights": 1,
         "config_guards": 0,
@@ -112,7 +112,7 @@ MATCHES = {
         "parallel_embedding": 2,
         "vllm_model_interface": 2,
         "moe_interface": 1,
-        "short_conv_mixer": 0,
+        "hybrid_mixer": 0,
         "thread_layer_args": 4,  # MLP, MoE block, attention, decoder layer
         "load_weights": 1,
         "config_guards": 0,
@@ -137,7 +137,7 @@ MATCHES = {
         "parallel_embedding": 3,  # GemmaTextScaledWordEmbedding rebased, embed_tokens, lm_head
         "vllm_model_interface": 2,
         "moe_interface": 0,
-        "short_conv_mixer": 0,
+        "hybrid_mixer": 0,
         "thread_layer_args": 3,
         "load_weights": 1,
         "config_guards": 1,  # GemmaAttention: is_causal from use_bidirectional_attention
@@ -162,7 +162,7 @@ MATCHES = {
         "parallel_embedding": 2,
         "vllm_model_interface": 2,
         "moe_interface": 0,
-        "short_conv_mixer": 0,
+        "hybrid_mixer": 0,
         "thread_layer_args": 3,
         "load_weights": 1,
         "config_guards": 0,

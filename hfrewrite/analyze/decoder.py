@@ -55,8 +55,8 @@ def analyze_decoder(traced: Traced) -> DecoderLayerPlan | NoMatch:
     """Residual blocks of a traced decoder layer, in execution order."""
     cls = type(traced.module).__name__
     (result,) = next(n for n in traced.graph.nodes if n.op == "output").args
-    if isinstance(result, (tuple, list)) and len(result) == 1:
-        result = result[0]
+    if isinstance(result, (tuple, list)) and result and all(map(_side_output, result[1:])):
+        result = result[0]  # hidden states, then attention weights or nothing (Bamba's)
     if not isinstance(result, Node):
         return NoMatch(PATTERN, cls, "the layer does not return one hidden-states tensor")
     blocks: list[ResidualBlock] = []
@@ -127,6 +127,17 @@ def _residual_block(traced: Traced, node: Node) -> tuple[ResidualBlock, Node] | 
         names = ", ".join(a.name for a in reads)
         why = why or f"{block} does not read only a norm of the residual (it reads {names})"
     return why or f"{node.name} adds no submodule output to the residual stream"
+
+
+def _side_output(returned: object) -> bool:
+    """A layer output beside its hidden states that no layer reads: nothing, or what a block
+    handed back besides its output (the attention weights)."""
+    if returned is None:
+        return True
+    if not isinstance(returned, Node) or len(returned.users) != 1:
+        return False
+    source = returned.args[0] if returned.target is operator.getitem else returned
+    return isinstance(source, Node) and top_scope(source) is not None
 
 
 def _past_dropouts(node: object, traced: Traced) -> object:

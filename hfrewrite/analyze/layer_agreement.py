@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
+    MixerPlan,
     MlaPlan,
     MlpPlan,
     MoePlan,
     NoMatch,
-    ShortConvPlan,
     refuse,
 )
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -32,7 +32,7 @@ class LayerFacts:
     mlp: MlpPlan | None  # the dense MLP, or the MoE block's shared expert
     moe: MoePlan | None
     declined: NoMatch | None  # the layer's shape vLLM's fused norms do not fit: its forward is carried
-    mixer: ShortConvPlan | None = None  # that other mixer (its block is decoder.attention_block)
+    mixer: MixerPlan | None = None  # that other mixer (its block is decoder.attention_block)
 
 
 def one_kind(plans: list, kind: type):
@@ -124,15 +124,16 @@ def attention_layers(per_layer: list[LayerFacts]) -> list[LayerFacts]:
     if not found:
         refuse(
             "decoder_layer",
-            "no layer computes attention: a model of short convolutions alone is not a decoder vLLM's attention serves",
+            "no layer computes attention: a model of state-space or convolution mixers alone is not a decoder vLLM's attention serves",
             per_layer[0].decoder.module_class,
         )
     return found
 
 
-def mixer_plan(per_layer: list[LayerFacts]) -> ShortConvPlan | None:
+def mixer_plan(per_layer: list[LayerFacts]) -> MixerPlan | None:
     """The one other mixer of a hybrid model's layers, if any."""
-    return one_kind([facts.mixer for facts in per_layer], ShortConvPlan)
+    mixers = [facts.mixer for facts in per_layer]
+    return one_kind(mixers, type(next((m for m in mixers if m is not None), None)))
 
 
 def _but_the_mixer(decoder: DecoderLayerPlan) -> DecoderLayerPlan:

@@ -51,6 +51,7 @@ from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
+from hfrewrite.analyze.mixers import analyze_mixer, with_layer_test
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
@@ -66,6 +67,7 @@ from hfrewrite.analyze.moe_variants import with_other_routings
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
+    MixerPlan,
     MlaPlan,
     MlpPlan,
     ModelPlan,
@@ -73,13 +75,11 @@ from hfrewrite.analyze.plan import (
     NoMatch,
     NormPlan,
     Refusal,
-    ShortConvPlan,
     refuse,
 )
 from hfrewrite.analyze.qkv_width import prove_at_more_heads
 from hfrewrite.analyze.rope import rotary_field
 from hfrewrite.analyze.rope_constants import prove_rope_constants
-from hfrewrite.analyze.short_conv import NOT_A_CONV, analyze_short_conv, with_layer_test
 from hfrewrite.analyze.shrink import HEADS, shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, head_sibling, tied_target
@@ -178,7 +178,7 @@ class _LayerPlans:
     norm: NormPlan | None  # None: the source's norms are kept
     declined: tuple[NoMatch, ...]
     siblings: tuple[tuple[str, object], ...]
-    mixer: ShortConvPlan | None  # a hybrid model's other mixer
+    mixer: MixerPlan | None  # a hybrid model's other mixer
 
 
 def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
@@ -317,7 +317,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         declined=plans.declined,
         moe=plans.moe,
         sibling_configs=plans.siblings,
-        short_conv=plans.mixer,
+        mixer=plans.mixer,
         linear_classes=source.linear_classes,
         position_embedding=run.position,
         base_init_switches=init_switches(base, small),
@@ -437,9 +437,7 @@ def _mixer(traced: Traced, decoder: DecoderLayerPlan, attention, small) -> tuple
     says why (the attention's, unless the block is a convolution)."""
     if not isinstance(attention, NoMatch):
         return attention, None
-    mixer = (
-        analyze_short_conv(traced.module, decoder.attention_block, small) if decoder.attention_block else None
-    )
-    if isinstance(mixer, ShortConvPlan):
+    mixer = analyze_mixer(traced.module, decoder.attention_block, small) if decoder.attention_block else None
+    if mixer is not None and not isinstance(mixer, NoMatch):
         return None, mixer
-    raise Refusal(mixer if mixer is not None and mixer.reason != NOT_A_CONV else attention)
+    raise Refusal(mixer or attention)

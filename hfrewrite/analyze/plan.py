@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
+from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -384,20 +385,6 @@ class DecoderLayerPlan:
 
 
 @dataclass(frozen=True)
-class ShortConvPlan:
-    """A hybrid model's other mixer: a gated short convolution proven to compute vLLM's ``ShortConv``."""
-
-    module_class: str  # the source's block class, e.g. "Lfm2ShortConv"
-    attr: str  # the decoder layer's child holding it, e.g. "conv"
-    kernel: int  # at the traced config: what config.conv_L_cache gives ShortConv
-    bias: bool
-    # the decoder layer forward's test choosing attention or this mixer (``self.is_attention_layer``),
-    # proven on every traced layer; True: attention is its body, the mixer its else
-    layer_test: str = ""
-    attention_when: bool = True
-
-
-@dataclass(frozen=True)
 class PositionEmbeddingPlan:
     """A learned absolute position table added to the token embeddings
     (analyze/position_embedding.py)."""
@@ -496,5 +483,5 @@ class ModelPlan:
     flat_holders: tuple[tuple[str, str], ...] = ()
     # the class of the lm_head built inside the base model's __init__ (ChatGLM3's output_layer: "Linear")
     flat_head: str = ""
-    # A hybrid model's other layers' mixer (LFM2's short convolutions, analyze/short_conv.py)
-    short_conv: ShortConvPlan | None = None
+    # A hybrid model's other layers' mixer (LFM2's short convolutions, Bamba's Mamba-2)
+    mixer: MixerPlan | None = None

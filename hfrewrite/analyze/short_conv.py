@@ -10,15 +10,11 @@ kernel size and bias switch off the config, builds the same layer from the trace
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfrewrite.analyze.branches import method_tree
-from hfrewrite.analyze.plan import NoMatch, Refusal, ShortConvPlan
+from hfrewrite.analyze.plan import NoMatch, ShortConvPlan
 
 PATTERN = "short_conv"
 # the children vLLM's ShortConv builds: the checkpoint's names load into them as they are
@@ -100,54 +96,3 @@ def reference(module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         F.pad(gated, (kernel - 1, 0)), module.conv.weight, module.conv.bias, groups=gated.shape[1]
     )
     return module.out_proj(c * mixed.transpose(1, 2))
-
-
-def with_layer_test(
-    plan: ShortConvPlan, layers: list[nn.Module], attention: list[bool], block: str
-) -> ShortConvPlan:
-    """``plan`` with the decoder layer's own test choosing its mixer: an ``if`` of its forward
-    calling ``self.<block>`` (the attention) on one side and the mixer on the other, whose
-    test, evaluated on each traced layer, is true exactly where that layer has attention."""
-    cls = type(layers[0])
-    tree = method_tree(cls, "forward")
-    found = []
-    for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, ast.If):
-            body, orelse = _self_calls(node.body), _self_calls(node.orelse)
-            if (
-                {block, plan.attr} <= body | orelse
-                and not {block, plan.attr} <= body
-                and not {block, plan.attr} <= orelse
-            ):
-                found.append((node.test, block in body))
-    if len(found) != 1:
-        raise Refusal(
-            NoMatch(PATTERN, cls.__name__, f"no one test of its forward chooses {block} or {plan.attr}")
-        )
-    test, attention_when = found[0]
-    code = compile(ast.Expression(test), "<test>", "eval")
-    for layer, has_attention in zip(layers, attention):
-        try:
-            chosen = bool(eval(code, {}, {"self": layer})) == attention_when  # the source's own test
-        except Exception:  # noqa: BLE001 - a test on more than the layer
-            chosen = None
-        if chosen is not has_attention:
-            raise Refusal(
-                NoMatch(
-                    PATTERN, cls.__name__, f"`{ast.unparse(test)}` does not tell its attention layers apart"
-                )
-            )
-    return dataclasses.replace(plan, layer_test=ast.unparse(test), attention_when=attention_when)
-
-
-def _self_calls(statements: list[ast.stmt]) -> set[str]:
-    """The ``self.<attr>(...)`` calls anywhere in ``statements``."""
-    return {
-        node.func.attr
-        for statement in statements
-        for node in ast.walk(statement)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "self"
-    }

@@ -78,6 +78,7 @@ def shrink_config(
     _shrink_windows(small)
     _shrink_rope_factors(small)
     _shrink_mla(config, small)
+    _shrink_state_space(config, small)
     _shrink_sub_configs(config, small, sizes, heads_to)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
@@ -97,8 +98,26 @@ def _shrink_layer_kinds(config, small) -> None:
     n = max(2, *map(len, kinds.values())) if kinds else 2
     _set(small, "num_hidden_layers", n)
     for field, distinct in kinds.items():
-        _set(small, field, distinct + distinct[-1:] * (n - len(distinct)))
+        set_layer_kinds(config, small, field, distinct + distinct[-1:] * (n - len(distinct)))
     _shrink_layer_patterns(config, small, n)
+
+
+def set_layer_kinds(config, small, field: str, wanted: list) -> None:
+    """``small.<field>`` (a per-layer kind list of ``config``) set to ``wanted``; where the
+    config computes that list from the indices of one kind's layers (Bamba's
+    ``attn_layer_indices``), that index list, found by its values, set to where ``wanted``
+    has that kind."""
+    _set(small, field, wanted)
+    if getattr(small, field) == wanted[: len(getattr(small, field))]:
+        return
+    types = getattr(config, field)
+    for name, indices in sorted(vars(config).items()):
+        if not (isinstance(indices, list | tuple) and indices and all(type(i) is int for i in indices)):
+            continue
+        kinds = {types[i] for i in indices if 0 <= i < len(types)}
+        if len(kinds) == 1 and [i for i, kind in enumerate(types) if kind in kinds] == list(indices):
+            _set(small, name, [i for i, kind in enumerate(wanted) if kind in kinds])
+            return
 
 
 def same_as_hidden(config, sizes: dict) -> list[str]:
@@ -256,8 +275,30 @@ def _shrink_mla(config, small) -> None:
         _set(small, "max_position_embeddings", 4096)
 
 
+# Mamba-2 mixers (Bamba, Granite-4.0-H): heads, head size and state size, the heads times
+# the head size kept equal to the expanded width and a multiple of the groups
+_SSM_HEADS, _SSM_STATE = 8, 16
+
+
+def _shrink_state_space(config, small) -> None:
+    """A Mamba-2 mixer's sizes at the shrunk width: ``mamba_n_heads`` heads of
+    ``mamba_expand * hidden_size / mamba_n_heads`` channels, ``mamba_d_state`` 16."""
+    heads, expand = getattr(config, "mamba_n_heads", None), getattr(config, "mamba_expand", None)
+    if not (isinstance(heads, int) and isinstance(expand, int)):
+        return
+    groups = getattr(config, "mamba_n_groups", 1) or 1
+    heads = _SSM_HEADS if _SSM_HEADS % groups == 0 else 2 * groups
+    _set(small, "mamba_n_heads", heads)
+    if isinstance(getattr(config, "mamba_d_head", None), int):
+        _set(small, "mamba_d_head", expand * small.hidden_size // heads)
+    if isinstance(getattr(config, "mamba_d_state", None), int):
+        _set(small, "mamba_d_state", _SSM_STATE)
+
+
 def _set(config, name: str, value) -> None:
-    """Set a config field, unless the config computes it (a read-only property)."""
+    """Set a config field, unless the config computes it (a read-only property, possibly
+    under another name through its ``attribute_map``)."""
+    name = getattr(config, "attribute_map", {}).get(name, name)
     attr = getattr(type(config), name, None)
     if not (isinstance(attr, property) and attr.fset is None):
         setattr(config, name, value)

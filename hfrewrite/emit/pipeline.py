@@ -21,6 +21,7 @@ from hfrewrite.passes import (
     fuse_gate_up,
     fuse_qkv,
     fused_residual_norm,
+    hybrid_mixer,
     inline_helpers,
     load_weights,
     mla_attention,
@@ -28,7 +29,6 @@ from hfrewrite.passes import (
     parallel_embedding,
     prune_unused_params,
     row_parallel,
-    short_conv_mixer,
     stale_docstrings,
     strip_hf_runtime,
     taken_branches,
@@ -54,7 +54,7 @@ PASSES: tuple[ModuleType, ...] = (
     parallel_embedding,
     vllm_model_interface,
     moe_interface,
-    short_conv_mixer,  # before thread_layer_args: the layer's __init__ reads cache_config
+    hybrid_mixer,  # before thread_layer_args: the layer's __init__ reads cache_config
     thread_layer_args,
     load_weights,
     strip_hf_runtime,

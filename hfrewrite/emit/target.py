@@ -39,6 +39,7 @@ VLLM: dict[str, str] = {
     "MambaStateCopyFuncCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaStateDtypeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaStateShapeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
+    "MambaMixer2": "vllm.model_executor.layers.mamba.mamba_mixer2",
     "ShortConv": "vllm.model_executor.layers.mamba.short_conv",
     "HasInnerState": "vllm.model_executor.models.interfaces",
     "IsHybrid": "vllm.model_executor.models.interfaces",

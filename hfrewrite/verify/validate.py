@@ -76,10 +76,12 @@ def _one_more_layer(small) -> None:
     single = any(isinstance(k, list) and any(k.count(x) == 1 for x in k) for k in lists)
     if not single and not any(getattr(small, f, None) for f in _DENSE_LAYERS):
         return
+    from hfrewrite.analyze.shrink import set_layer_kinds
+
     for field in ("layer_types", "mlp_layer_types"):
         kinds = getattr(small, field, None)
         if isinstance(kinds, list) and len(kinds) == n:
-            setattr(small, field, [*kinds, kinds[-1]])
+            set_layer_kinds(small, small, field, [*kinds, kinds[-1]])
     small.num_hidden_layers = n + 1
 
 

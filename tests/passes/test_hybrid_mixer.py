@@ -1,11 +1,11 @@
-"""short_conv_mixer: a hybrid model's short-convolution layers as vLLM's ShortConv."""
+"""hybrid_mixer: a hybrid model's short-convolution layers as vLLM's ShortConv."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from hfrewrite.passes import short_conv_mixer
+from hfrewrite.passes import hybrid_mixer
 
 from hfrewrite.analyze.plan import ShortConvPlan
 from hfrewrite.errors import HfrewriteError
@@ -15,7 +15,7 @@ from tests.passes.plans import llama_like
 CONV = ShortConvPlan(
     module_class="LlamaShortConv", attr="conv", kernel=3, bias=False, layer_test="self.is_attention_layer"
 )
-PLAN = dataclasses.replace(llama_like(), short_conv=CONV)
+PLAN = dataclasses.replace(llama_like(), mixer=CONV)
 
 SHORT_CONV = """\
 class LlamaShortConv(nn.Module):
@@ -115,14 +115,14 @@ class LlamaForCausalLM(nn.Module, SupportsPP, HasInnerState, IsHybrid):
 
 
 def test_the_mixer_becomes_shortconv_chosen_by_the_layers_own_test():
-    assert_rewrites(short_conv_mixer, BEFORE, AFTER, PLAN)
+    assert_rewrites(hybrid_mixer, BEFORE, AFTER, PLAN)
 
 
 def test_attention_in_the_else_branch_keeps_its_side():
     plan = dataclasses.replace(
-        PLAN, short_conv=dataclasses.replace(CONV, layer_test="self.is_conv", attention_when=False)
+        PLAN, mixer=dataclasses.replace(CONV, layer_test="self.is_conv", attention_when=False)
     )
-    out = apply(short_conv_mixer, BEFORE, plan).module.code
+    out = apply(hybrid_mixer, BEFORE, plan).module.code
     assert "        if self.is_conv:\n            output = torch.empty_like(hidden_states)\n" in out
     assert "        else:\n            hidden_states = self.self_attn(" in out
 
@@ -130,8 +130,8 @@ def test_attention_in_the_else_branch_keeps_its_side():
 def test_channels_not_read_off_the_config_refuse():
     before = BEFORE.replace("self.width = config.hidden_size", "self.width = layer_idx * 8")
     with pytest.raises(HfrewriteError, match="not an expression of its config"):
-        apply(short_conv_mixer, before, PLAN)
+        apply(hybrid_mixer, before, PLAN)
 
 
 def test_no_plan_no_change():
-    assert apply(short_conv_mixer, BEFORE, llama_like()).module.code == BEFORE
+    assert apply(hybrid_mixer, BEFORE, llama_like()).module.code == BEFORE

@@ -1,0 +1,239 @@
+"""Mamba-2 blocks (Bamba's and Granite-4.0-H's mixer): the layers of a hybrid model that mix
+tokens with a selective state space, which vLLM runs as its own ``MambaMixer2`` with a
+convolution state and a recurrent state in its cache.
+
+vLLM's ``MambaMixer2`` computes ``z, xBC, dt = in_proj(h)``, a causal depthwise convolution
+of ``xBC`` then silu, ``x, B, C = xBC``, the scan ``s = exp(dt A) s + dt B x``,
+``y = C s + D x`` per head (``dt = softplus(dt + dt_bias)``, ``A = -exp(A_log)``, heads
+sharing the B and C of their group), then ``out_proj(norm(y * silu(z)))``, the RMS norm taken
+over each group's channels. A block is replaced by it only when replaying that formula with
+the block's own weights reproduces the block on values. ``MambaMixer2`` is built from
+arguments, not a config: each is the expression of the config the block's ``__init__``
+assigns, kept only when its traced value is what the block's structure shows."""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.plan import Mamba2Plan, NoMatch
+
+PATTERN = "mamba2"
+# the parts vLLM's MambaMixer2 builds, under the checkpoint's names (A_log is loaded as A)
+CHILDREN = ("in_proj", "conv1d", "norm", "out_proj")
+PARAMETERS = ("A_log", "D", "dt_bias")
+NOT_A_MAMBA2 = "not a Mamba-2 block (in_proj, conv1d, norm, out_proj, A_log, D, dt_bias)"
+_TOKENS = 7  # longer than the convolution, so that its window and the scan are exercised
+_ACTIVATIONS = ("silu", "swish")  # what vLLM's causal convolution applies
+
+
+def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
+    """The plan of the block ``layer.<attr>`` when it is vLLM's Mamba-2 mixer on ``config``
+    (the traced config), else why not."""
+    module = layer.get_submodule(attr)
+    name = type(module).__name__
+    weighted = {n for n, m in module.named_children() if any(True for _ in m.parameters())}
+    params = {n for n, _ in module.named_parameters(recurse=False)}
+    if weighted != set(CHILDREN) or params != set(PARAMETERS):
+        return NoMatch(PATTERN, name, NOT_A_MAMBA2)
+    sizes = _sizes(module)
+    if isinstance(sizes, str):
+        return NoMatch(PATTERN, name, sizes)
+    args = _arguments(type(module), config, sizes)
+    if isinstance(args, str):
+        return NoMatch(PATTERN, name, args)
+    values = {kw: value for kw, (_, value) in args.items()}
+    if values["activation"] not in _ACTIVATIONS:
+        return NoMatch(PATTERN, name, f"its convolution's activation is {values['activation']!r}, not silu")
+    fixed = _fixed(type(module), config)
+    if isinstance(fixed, str):
+        return NoMatch(PATTERN, name, fixed)
+    difference = _replay_difference(module, values)
+    if difference is None or difference > 1e-4:
+        shown = "fails" if difference is None else f"differs by {difference:.2e}"
+        return NoMatch(PATTERN, name, f"replaying vLLM's Mamba-2 mixer {shown}")
+    return Mamba2Plan(
+        module_class=name,
+        attr=attr,
+        args=tuple((kw, expr) for kw, (expr, _) in args.items()),
+        fixed=fixed,
+    )
+
+
+def _sizes(module: nn.Module) -> dict | str:
+    """What the block's structure shows of MambaMixer2's arguments (a str: why it is not one)."""
+    conv, in_proj, out_proj = module.conv1d, module.in_proj, module.out_proj
+    if not (type(conv) is nn.Conv1d and type(in_proj) is nn.Linear and type(out_proj) is nn.Linear):
+        return "its conv1d, in_proj and out_proj are not a Conv1d and two Linears"
+    channels, heads, inner = conv.in_channels, module.A_log.numel(), out_proj.in_features
+    if not (conv.groups == channels == conv.out_channels and conv.stride == (1,) and conv.dilation == (1,)):
+        return f"conv1d is not a depthwise convolution over {channels} channels"
+    hidden = in_proj.in_features
+    if in_proj.out_features != inner + channels + heads or out_proj.out_features != hidden:
+        return f"in_proj does not project to [{inner} + {channels} + {heads}] (gate, conv input, time steps)"
+    if module.D.numel() != heads or module.dt_bias.numel() != heads or inner % heads:
+        return f"D and dt_bias are not one per head of {heads}, or {heads} heads do not split {inner}"
+    if (in_proj.bias is None) != (out_proj.bias is None) or module.norm.weight.numel() != inner:
+        return "its projections differ in bias, or its norm is not over the gated output"
+    eps = [v for v in vars(module.norm).values() if type(v) is float]
+    if len(eps) != 1:
+        return "its norm keeps no one epsilon"
+    return {
+        "hidden_size": hidden,
+        "conv_kernel_size": conv.kernel_size[0],
+        "intermediate_size": inner,
+        "use_conv_bias": conv.bias is not None,
+        "use_bias": in_proj.bias is not None,
+        "num_heads": heads,
+        "head_dim": inner // heads,
+        "rms_norm_eps": eps[0],
+        "groups_times_state": (channels - inner) // 2,
+    }
+
+
+def init_expressions(cls: type, config) -> list[tuple[str, str, object]]:
+    """(attribute, expression of ``config``, its value on ``config``) for each
+    ``self.<attribute> = ...`` of ``cls.__init__`` that reads the config alone, earlier
+    attributes substituted into later ones."""
+    tree = method_tree(cls, "__init__")
+    found: dict[str, ast.expr] = {}
+
+    class Assignments(ast.NodeVisitor):  # in source order
+        def visit_Assign(self, node):
+            target = node.targets[0]
+            if len(node.targets) == 1 and isinstance(target, ast.Attribute) and _is_self(target.value):
+                found[target.attr] = _substituted(node.value, found)
+
+    if tree is not None:
+        Assignments().visit(tree)
+    out = []
+    for attr, expr in found.items():
+        names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+        if "config" not in names or names - {"config", "int", "float", "tuple"}:
+            continue
+        code = ast.unparse(expr)
+        try:
+            value = eval(
+                code, {"int": int, "float": float, "tuple": tuple}, {"config": config}
+            )  # the source's own
+        except Exception:  # noqa: BLE001, S112 - an expression that does not evaluate on this config
+            continue
+        out.append((attr, code, value))
+    return out
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _substituted(expr: ast.expr, known: dict[str, ast.expr]) -> ast.expr:
+    """``expr`` with each ``self.<attr>`` assigned before replaced by its expression."""
+
+    class Substitute(ast.NodeTransformer):
+        def visit_Attribute(self, node):
+            if _is_self(node.value) and node.attr in known:
+                return known[node.attr]
+            return self.generic_visit(node)
+
+    return Substitute().visit(ast.parse(ast.unparse(expr), mode="eval")).body
+
+
+def _arguments(cls: type, config, sizes: dict) -> dict | str:
+    """MambaMixer2's keyword -> (config expression, traced value), each the one expression of
+    the block's ``__init__`` whose value is what the structure shows (among several of that
+    value, the attribute of the keyword's own name); groups and state size are the pair whose
+    product the convolution's width shows."""
+    exprs = init_expressions(cls, config)
+    chosen = {}
+    for kw, want in sizes.items():
+        if kw != "groups_times_state":
+            chosen[kw] = _one(exprs, kw, lambda v, want=want: type(v) is type(want) and v == want)
+            if chosen[kw] is None:
+                return f"no expression of its config in __init__ gives {kw} ({want})"
+    for kw in ("activation", "n_groups", "ssm_state_size"):
+        kind = str if kw == "activation" else int
+        chosen[kw] = _one(exprs, kw, lambda v, kind=kind: type(v) is kind)
+        if chosen[kw] is None:
+            return f"no expression of its config in __init__ gives {kw}"
+    groups, state = chosen["n_groups"][1], chosen["ssm_state_size"][1]
+    if groups * state != sizes["groups_times_state"] or sizes["num_heads"] % groups:
+        return f"n_groups ({groups}) and ssm_state_size ({state}) do not size its convolution"
+    return chosen
+
+
+def _one(exprs, kw: str, fits) -> tuple[str, object] | None:
+    """The expression of ``exprs`` fitting: the only one, or the one assigned to ``kw``."""
+    found = {(code, repr(value)): (attr, code, value) for attr, code, value in exprs if fits(value)}
+    if len(found) > 1:
+        found = {k: v for k, v in found.items() if v[0] == kw}
+    if len(found) != 1:
+        return None
+    _, code, value = next(iter(found.values()))
+    return code, value
+
+
+def _fixed(cls: type, config) -> tuple[tuple[str, str], ...] | str:
+    """The block's time-step limits (a (low, high) pair of floats from its config), which
+    vLLM's MambaMixer2 never applies: their traced value must be the no-op (0, inf), and the
+    file requires it of every config (a str: why the traced one is not)."""
+    out = []
+    for _, code, value in init_expressions(cls, config):
+        if isinstance(value, tuple | list) and len(value) == 2 and all(type(v) is float for v in value):
+            if tuple(value) != (0.0, math.inf):
+                return f"{code} is {tuple(value)}: vLLM's MambaMixer2 does not clamp its time steps"
+            out.append((f"tuple({code})", '(0.0, float("inf"))'))
+    return tuple(out)
+
+
+def _replay_difference(module: nn.Module, values: dict) -> float | None:
+    """The largest difference between the block and vLLM's formula on one random input."""
+    generator = torch.Generator().manual_seed(0)
+    weight = module.in_proj.weight
+    hidden = torch.randn(2, _TOKENS, values["hidden_size"], generator=generator, dtype=weight.dtype)
+    with torch.no_grad():
+        try:
+            got = module(hidden)
+        except Exception:  # noqa: BLE001 - a block that needs more than its hidden states
+            return None
+        got = got[0] if isinstance(got, tuple) else got
+        want = reference(module, hidden, values)
+    if not (torch.is_tensor(got) and got.shape == want.shape):
+        return None
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+
+
+def reference(module: nn.Module, hidden: torch.Tensor, values: dict) -> torch.Tensor:
+    """vLLM's Mamba-2 mixer of ``hidden`` [batch, tokens, hidden] from a zero state, with the
+    block's weights and the sizes ``values``, the scan taken token by token."""
+    inner, heads, groups = values["intermediate_size"], values["num_heads"], values["n_groups"]
+    state_size, kernel = values["ssm_state_size"], values["conv_kernel_size"]
+    batch, tokens, _ = hidden.shape
+    channels = inner + 2 * groups * state_size
+    gate, xbc, dt = module.in_proj(hidden).split([inner, channels, heads], dim=-1)
+    xbc = F.conv1d(
+        F.pad(xbc.transpose(1, 2), (kernel - 1, 0)), module.conv1d.weight, module.conv1d.bias, groups=channels
+    )
+    x, b, c = F.silu(xbc).transpose(1, 2).split([inner, groups * state_size, groups * state_size], dim=-1)
+    x = x.reshape(batch, tokens, heads, inner // heads)
+    b, c = (
+        t.reshape(batch, tokens, groups, state_size).repeat_interleave(heads // groups, dim=2) for t in (b, c)
+    )
+    dt = F.softplus(dt + module.dt_bias)
+    decay = torch.exp(dt * -torch.exp(module.A_log.float()))
+    state = hidden.new_zeros(batch, heads, inner // heads, state_size)
+    out = []
+    for i in range(tokens):
+        state = (
+            state * decay[:, i, :, None, None]
+            + (dt[:, i, :, None] * x[:, i])[..., None] * b[:, i, :, None, :]
+        )
+        out.append((state * c[:, i, :, None, :]).sum(-1) + module.D[:, None] * x[:, i])
+    y = torch.stack(out, dim=1).reshape(batch, tokens, inner) * F.silu(gate)
+    grouped = y.reshape(batch, tokens, groups, inner // groups)
+    y = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + values["rms_norm_eps"])
+    return module.out_proj(module.norm.weight * y.reshape(batch, tokens, inner))

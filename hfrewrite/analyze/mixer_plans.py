@@ -1,0 +1,42 @@
+"""The plans of a hybrid model's other mixers: the layers that mix tokens with something
+other than attention, each proven to compute one of vLLM's own state-caching layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ShortConvPlan:
+    """A gated short convolution proven to compute vLLM's ``ShortConv`` (analyze/short_conv.py)."""
+
+    module_class: str  # the source's block class, e.g. "Lfm2ShortConv"
+    attr: str  # the decoder layer's child holding it, e.g. "conv"
+    kernel: int  # at the traced config: what config.conv_L_cache gives ShortConv
+    bias: bool
+    # the decoder layer forward's test choosing attention or this mixer (``self.is_attention_layer``),
+    # proven on every traced layer; True: attention is its body, the mixer its else
+    layer_test: str = ""
+    attention_when: bool = True
+
+
+@dataclass(frozen=True)
+class Mamba2Plan:
+    """A Mamba-2 block proven to compute vLLM's ``MambaMixer2`` (analyze/mamba2.py)."""
+
+    module_class: str  # the source's block class, e.g. "BambaMixer"
+    attr: str  # the decoder layer's child holding it, e.g. "mamba"
+    # MambaMixer2's arguments, each the expression of the block's config that its __init__
+    # sizes the block with, proven equal to the traced block's structure
+    args: tuple[tuple[str, str], ...]
+    # config expressions whose traced value vLLM's MambaMixer2 assumes (the time-step limits
+    # it does not clamp to): (expression, its value written as code)
+    fixed: tuple[tuple[str, str], ...] = ()
+    layer_test: str = ""
+    attention_when: bool = True
+
+    def arg(self, name: str) -> str:
+        return dict(self.args)[name]
+
+
+MixerPlan = ShortConvPlan | Mamba2Plan

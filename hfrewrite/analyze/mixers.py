@@ -1,0 +1,88 @@
+"""The other mixers a hybrid model's layers may hold, one row each: the analysis proving a
+block one of vLLM's own state-caching layers, and the refusal saying a block is not of that
+kind at all (so that another kind's more specific reason is the one given). A new mixer is
+one row here, its plan in mixer_plans.py and its row in passes/hybrid_mixer.py."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from torch import nn
+
+from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.mamba2 import NOT_A_MAMBA2, analyze_mamba2
+from hfrewrite.analyze.mixer_plans import MixerPlan
+from hfrewrite.analyze.plan import NoMatch, Refusal
+from hfrewrite.analyze.short_conv import NOT_A_CONV, analyze_short_conv
+
+ROWS = (
+    (analyze_short_conv, NOT_A_CONV),
+    (analyze_mamba2, NOT_A_MAMBA2),
+)
+
+
+def analyze_mixer(layer: nn.Module, attr: str, config) -> MixerPlan | NoMatch | None:
+    """The plan of the first kind ``layer.<attr>`` proves to be; else the refusal of a kind
+    it has the parts of (None: it is of no kind here)."""
+    specific = None
+    for analyze, not_this_kind in ROWS:
+        plan = analyze(layer, attr, config)
+        if not isinstance(plan, NoMatch):
+            return plan
+        if plan.reason != not_this_kind:
+            specific = specific or plan
+    return specific
+
+
+def with_layer_test(plan: MixerPlan, layers: list[nn.Module], attention: list[bool], block: str) -> MixerPlan:
+    """``plan`` with the decoder layer's own test choosing its mixer: an ``if`` of its forward
+    calling ``self.<block>`` (the attention) on one side and the mixer on the other, whose
+    test, evaluated on each traced layer, is true exactly where that layer has attention."""
+    cls = type(layers[0])
+    tree = method_tree(cls, "forward")
+    found = []
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.If):
+            body, orelse = _self_calls(node.body), _self_calls(node.orelse)
+            if (
+                {block, plan.attr} <= body | orelse
+                and not {block, plan.attr} <= body
+                and not {block, plan.attr} <= orelse
+            ):
+                found.append((node.test, block in body))
+    if len(found) != 1:
+        raise Refusal(
+            NoMatch(
+                "hybrid_layer", cls.__name__, f"no one test of its forward chooses {block} or {plan.attr}"
+            )
+        )
+    test, attention_when = found[0]
+    code = compile(ast.Expression(test), "<test>", "eval")
+    for layer, has_attention in zip(layers, attention):
+        try:
+            chosen = bool(eval(code, {}, {"self": layer})) == attention_when  # the source's own test
+        except Exception:  # noqa: BLE001 - a test on more than the layer
+            chosen = None
+        if chosen is not has_attention:
+            raise Refusal(
+                NoMatch(
+                    "hybrid_layer",
+                    cls.__name__,
+                    f"`{ast.unparse(test)}` does not tell its attention layers apart",
+                )
+            )
+    return dataclasses.replace(plan, layer_test=ast.unparse(test), attention_when=attention_when)
+
+
+def _self_calls(statements: list[ast.stmt]) -> set[str]:
+    """The ``self.<attr>(...)`` calls anywhere in ``statements``."""
+    return {
+        node.func.attr
+        for statement in statements
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+    }

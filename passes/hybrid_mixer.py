@@ -1,0 +1,291 @@
+"""Run a hybrid model's other mixer layers as vLLM's own layer of that kind, with its state cache.
+
+Matches the decoder layer when the analysis proved its other mixer one of vLLM's state-caching
+layers (``ModelPlan.mixer``): a gated short convolution (LFM2's ``Lfm2ShortConv``) as
+``ShortConv``, a Mamba-2 block (Bamba's ``BambaMixer``) as ``MambaMixer2``, each replayed
+against vLLM's formula; and the layer forward's own test choosing it (``self.is_attention_layer``,
+proven on every traced layer). Each kind is one row (``ROWS``): how vLLM builds it, how the
+layer calls it, and the classmethods vLLM sizes its state with.
+
+Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
+
+* in the layer's ``__init__``, the source's block built as vLLM's class, with
+  ``model_config``, ``cache_config``, ``quant_config`` and ``prefix=f"{prefix}.<attr>"``; its
+  parts load the checkpoint's tensors under their own names (Mamba-2's ``A_log`` as ``A``,
+  load_weights). ShortConv takes the config and the block's channels; MambaMixer2 takes
+  the expressions of the config the analysis proved for each of its sizes, after a check that
+  refuses a config whose time-step limits vLLM would not apply;
+* in its forward, the attention call under the source's test, and in the other branch the
+  mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output);
+* on the causal LM, ``IsHybrid`` and ``HasInnerState`` and the three state classmethods.
+
+Preconditions: the layer's forward is vLLM's fused-residual one (fused_residual_norm) calling
+``self.<attention>(positions=..., hidden_states=...)``; the block is built from the config the
+layer's ``__init__`` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan
+from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.errors import HfrewriteError
+
+NAME = "hybrid_mixer"
+
+_SHORT_CONV_STATE = """\
+@classmethod
+def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+    return MambaStateDtypeCalculator.short_conv_state_dtype(
+        vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
+    )
+
+@classmethod
+def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, int]]:
+    # The convolution state of each short-convolution layer: its channels, sharded
+    # over tensor-parallel ranks, by the kernel's length less one.
+    config = vllm_config.model_config.hf_config
+    return MambaStateShapeCalculator.short_conv_state_shape(
+        tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
+        intermediate_size={channels},
+        conv_kernel=config.conv_L_cache,
+    )
+
+@classmethod
+def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+    return MambaStateCopyFuncCalculator.short_conv_state_copy_func()
+"""
+
+_MAMBA2_STATE = """\
+@classmethod
+def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+    return MambaStateDtypeCalculator.mamba2_state_dtype(
+        vllm_config.model_config.dtype,
+        vllm_config.cache_config.mamba_cache_dtype,
+        vllm_config.cache_config.mamba_ssm_cache_dtype,
+    )
+
+@classmethod
+def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+    # Each Mamba-2 layer's convolution window and recurrent state, sharded over
+    # tensor-parallel ranks by heads and groups.
+    config = vllm_config.model_config.hf_config
+    return MambaStateShapeCalculator.mamba2_state_shape(
+        tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
+        intermediate_size={intermediate_size},
+        n_groups={n_groups},
+        num_heads={num_heads},
+        head_dim={head_dim},
+        state_size={ssm_state_size},
+        conv_kernel={conv_kernel_size},
+        num_spec=vllm_config.num_speculative_tokens,
+    )
+
+@classmethod
+def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+    return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+"""
+
+_STATE_IMPORTS = (
+    "MambaStateCopyFunc",
+    "MambaStateCopyFuncCalculator",
+    "MambaStateDtypeCalculator",
+    "MambaStateShapeCalculator",
+    "IsHybrid",
+    "HasInnerState",
+    "get_current_vllm_config",
+    "VllmConfig",
+)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """How one kind of mixer is emitted."""
+
+    vllm_class: str
+    # (plan, source module) -> the arguments vLLM's class is built with, before the shared ones
+    arguments: Callable[[MixerPlan, cst.Module], str]
+    # (plan, source module) -> the causal LM's state classmethods
+    state_methods: Callable[[MixerPlan, cst.Module], str]
+    writes_into_buffer: bool  # called as ``mixer(x, output)`` rather than ``output = mixer(x)``
+    imports: tuple[str, ...]
+
+
+def _short_conv_arguments(plan: ShortConvPlan, module: cst.Module) -> str:
+    channels = _channels(module, plan.module_class)
+    return f"config,\ndim={channels},\nlayer_idx=extract_layer_index(prefix),\n"
+
+
+def _short_conv_state(plan: ShortConvPlan, module: cst.Module) -> str:
+    return _SHORT_CONV_STATE.format(channels=_channels(module, plan.module_class))
+
+
+def _mamba2_arguments(plan: Mamba2Plan, module: cst.Module) -> str:
+    return "".join(f"{kw}={expr},\n" for kw, expr in plan.args)
+
+
+def _mamba2_state(plan: Mamba2Plan, module: cst.Module) -> str:
+    return _MAMBA2_STATE.format(**dict(plan.args))
+
+
+ROWS: dict[type, _Row] = {
+    ShortConvPlan: _Row(
+        "ShortConv", _short_conv_arguments, _short_conv_state, True, ("ShortConv", "extract_layer_index")
+    ),
+    Mamba2Plan: _Row("MambaMixer2", _mamba2_arguments, _mamba2_state, False, ("MambaMixer2",)),
+}
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    mixer = ctx.plan.mixer
+    if mixer is None:
+        return PassResult(module=module)
+    row = ROWS[type(mixer)]
+    layer = ctx.plan.decoder_layer
+    if not layer.fused:
+        raise HfrewriteError(f"{layer.module_class}: {NAME}: a hybrid layer whose forward is carried")
+    arguments = row.arguments(mixer, module)
+    sites = Sites()
+    cls = t.find_class(module, layer.module_class)
+    init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
+    forward = _choosing_forward(t.find_method(cls, "forward"), layer.attention_block, mixer, row)
+    cls = t.set_method(t.set_method(cls, init), forward)
+    module = sites.replace_class(module, layer.module_class, cls)
+    lm = t.find_class(module, ctx.plan.architecture)
+    module = sites.replace_class(
+        module, ctx.plan.architecture, _hybrid_lm(lm, row.state_methods(mixer, module))
+    )
+    fused = FusionRow(
+        layer.module_class,
+        f"{mixer.attr}: {mixer.module_class} -> {row.vllm_class} (its state cached by vLLM)",
+    )
+    return PassResult(
+        module=module, imports=row.imports + _STATE_IMPORTS, fused=(fused,), matches=sites.count
+    )
+
+
+def _channels(module: cst.Module, block: str) -> str:
+    """The block's channel count as an expression of the ``config`` its ``__init__`` takes:
+    its Conv1d's ``in_channels``, each ``self.x`` replaced by what ``__init__`` assigns it."""
+    cls = t.find_class(module, block)
+    init = t.find_method(cls, "__init__")
+    convs = [
+        t.assigned_value(s)
+        for s in (n for n in t.walk(init.body) if isinstance(n, cst.SimpleStatementLine))
+        if t.self_attr_assigned(s) == "conv" and t.call_name(t.assigned_value(s)) == "nn.Conv1d"
+    ]
+    if len(convs) != 1:
+        raise HfrewriteError(f"{block}: {NAME}: self.conv is not built once as nn.Conv1d")
+    channels = t.resolved_self(t.code(t.arg(convs[0], 0, "in_channels")), t.init_exprs(cls))
+    params = [p.name.value for p in init.params.params]
+    if len(params) < 2 or params[1] != "config" or t.root_names(t.expr(channels)) - {"config"}:
+        raise HfrewriteError(
+            f"{block}: {NAME}: its channels ({channels}) are not an expression of its config"
+        )
+    return channels
+
+
+class _BuildMixer(cst.CSTTransformer):
+    """``self.<attr> = <Block>(config, ...)`` -> ``self.<attr> = <vLLM class>(...)``, after
+    the checks of the config values vLLM's class assumes."""
+
+    def __init__(self, mixer: MixerPlan, row: _Row, arguments: str) -> None:
+        self.mixer, self.row, self.arguments, self.built = mixer, row, arguments, 0
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if t.self_attr_assigned(updated) != self.mixer.attr:
+            return updated
+        call = t.assigned_value(updated)
+        if (
+            t.call_name(call) != self.mixer.module_class
+            or not call.args
+            or t.code(call.args[0].value) != "config"
+        ):
+            return updated
+        self.built += 1
+        shared = (
+            "model_config=get_current_vllm_config().model_config,\n"
+            "cache_config=cache_config,\nquant_config=quant_config,\n"
+            f'prefix=f"{{prefix}}.{self.mixer.attr}",\n'
+        )
+        lines = "".join(f"    {line}\n" for line in (self.arguments + shared).splitlines())
+        built = t.stmt(f"self.{self.mixer.attr} = {self.row.vllm_class}(\n{lines})\n")
+        checks = [_fixed_check(expr, value) for expr, value in getattr(self.mixer, "fixed", ())]
+        statements = [*checks, built]
+        statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
+        return cst.FlattenSentinel(statements)
+
+    def leave_FunctionDef(self, original, updated):
+        if self.built != 1:
+            raise HfrewriteError(
+                f"{self.mixer.module_class}: {NAME}: not built once as self.{self.mixer.attr} from the layer's config"
+            )
+        return updated
+
+
+def _fixed_check(expr: str, value: str) -> cst.BaseStatement:
+    """A check that ``expr`` has the value vLLM's layer assumes."""
+    message = f"vLLM's MambaMixer2 does not clamp time steps: {expr} must be {value}"
+    return t.stmt(f"if {expr} != {value}:\n    raise ValueError({message!r})\n")
+
+
+def _choosing_forward(
+    forward: cst.FunctionDef, attention: str, mixer: MixerPlan, row: _Row
+) -> cst.FunctionDef:
+    """``forward`` with its attention call under the source's test and the mixer in the
+    other branch."""
+    body = list(forward.body.body)
+    calls = [
+        i
+        for i, s in enumerate(body)
+        if m.matches(
+            s,
+            m.SimpleStatementLine(
+                body=[
+                    m.Assign(
+                        targets=[m.AssignTarget(target=m.Name())],
+                        value=m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name(attention))),
+                    )
+                ]
+            ),
+        )
+    ]
+    if len(calls) != 1:
+        raise HfrewriteError(f"{attention}: {NAME}: the layer's forward does not call self.{attention} once")
+    at = calls[0]
+    call = t.assigned_value(body[at])
+    stream = t.code(t.arg(call, 1, "hidden_states"))
+    target = body[at].body[0].targets[0].target.value
+    if row.writes_into_buffer:
+        output = "output" if "output" not in t.names_used(forward) else "mixed"
+        other = f"{output} = torch.empty_like({stream})\nself.{mixer.attr}({stream}, {output})\n{target} = {output}\n"
+    else:
+        other = f"{target} = self.{mixer.attr}({stream})\n"
+    attended = t.code(body[at]).strip() + "\n"
+    then, orelse = (attended, other) if mixer.attention_when else (other, attended)
+    choice = t.stmt(f"if {mixer.layer_test}:\n{_indented(then)}else:\n{_indented(orelse)}").with_changes(
+        leading_lines=body[at].leading_lines
+    )
+    return t.with_body(forward, [*body[:at], choice, *body[at + 1 :]])
+
+
+def _indented(lines: str) -> str:
+    return "".join(f"    {line}\n" for line in lines.splitlines())
+
+
+def _hybrid_lm(lm: cst.ClassDef, state_methods: str) -> cst.ClassDef:
+    """The causal LM as a hybrid model: the interfaces and the state classmethods."""
+    bases = [*lm.bases, cst.Arg(cst.Name("HasInnerState")), cst.Arg(cst.Name("IsHybrid"))]
+    methods = list(cst.parse_module(state_methods).body)
+    members = list(lm.body.body)
+    at = next(i for i, s in enumerate(members) if isinstance(s, cst.FunctionDef))
+    methods = [s.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for s in methods]
+    return lm.with_changes(
+        bases=bases, body=lm.body.with_changes(body=[*members[:at], *methods, *members[at:]])
+    )
