@@ -216,7 +216,7 @@ class _BuildMixer(cst.CSTTransformer):
         )
         lines = "".join(f"    {line}\n" for line in (self.arguments + shared).splitlines())
         built = t.stmt(f"self.{self.mixer.attr} = {self.row.vllm_class}(\n{lines})\n")
-        checks = [_fixed_check(expr, value) for expr, value in getattr(self.mixer, "fixed", ())]
+        checks = [_fixed_check(*fixed) for fixed in getattr(self.mixer, "fixed", ())]
         statements = [*checks, built]
         statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
         return cst.FlattenSentinel(statements)
@@ -229,9 +229,9 @@ class _BuildMixer(cst.CSTTransformer):
         return updated
 
 
-def _fixed_check(expr: str, value: str) -> cst.BaseStatement:
-    """A check that ``expr`` has the value vLLM's layer assumes."""
-    message = f"vLLM's MambaMixer2 does not clamp time steps: {expr} must be {value}"
+def _fixed_check(expr: str, value: str, why: str) -> cst.BaseStatement:
+    """A check that ``expr`` has the value the file was proven with."""
+    message = f"{expr} must be {value}: {why}"
     return t.stmt(f"if {expr} != {value}:\n    raise ValueError({message!r})\n")
 
 
@@ -286,6 +286,8 @@ def _hybrid_lm(lm: cst.ClassDef, state_methods: str) -> cst.ClassDef:
     members = list(lm.body.body)
     at = next(i for i, s in enumerate(members) if isinstance(s, cst.FunctionDef))
     methods = [s.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for s in methods]
+    if not members[at].leading_lines:  # the methods that followed stay a blank line apart
+        members[at] = members[at].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
     return lm.with_changes(
         bases=bases, body=lm.body.with_changes(body=[*members[:at], *methods, *members[at:]])
     )

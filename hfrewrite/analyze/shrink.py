@@ -107,8 +107,7 @@ def set_layer_kinds(config, small, field: str, wanted: list) -> None:
     config computes that list from the indices of one kind's layers (Bamba's
     ``attn_layer_indices``), that index list, found by its values, set to where ``wanted``
     has that kind."""
-    _set(small, field, wanted)
-    if getattr(small, field) == wanted[: len(getattr(small, field))]:
+    if _set(small, field, wanted):
         return
     types = getattr(config, field)
     for name, indices in sorted(vars(config).items()):
@@ -295,10 +294,12 @@ def _shrink_state_space(config, small) -> None:
         _set(small, "mamba_d_state", _SSM_STATE)
 
 
-def _set(config, name: str, value) -> None:
+def _set(config, name: str, value) -> bool:
     """Set a config field, unless the config computes it (a read-only property, possibly
-    under another name through its ``attribute_map``)."""
+    under another name through its ``attribute_map``); whether it was set."""
     name = getattr(config, "attribute_map", {}).get(name, name)
     attr = getattr(type(config), name, None)
-    if not (isinstance(attr, property) and attr.fset is None):
-        setattr(config, name, value)
+    if isinstance(attr, property) and attr.fset is None:
+        return False
+    setattr(config, name, value)
+    return True

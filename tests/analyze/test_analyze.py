@@ -541,6 +541,46 @@ def test_residual_adds_inside_a_module_are_found_in_either_order():
     assert result.blocks == (ResidualBlock("norm1", "attn"), ResidualBlock("norm2", "mlp")), result
 
 
+class BlockWithWeights(nn.Module):
+    """An attention-like block handing back weights beside its output."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        out = self.proj(x)
+        return out, out.softmax(-1)
+
+
+class ReturnsMoreThanItsStream(nn.Module):
+    """Bamba's layer: ``(hidden_states, attention weights or None)``."""
+
+    def __init__(self, extra: str):
+        super().__init__()
+        rms = transformers.models.llama.modeling_llama.LlamaRMSNorm
+        self.norm1, self.attn, self.norm2, self.mlp = rms(8), BlockWithWeights(), rms(8), nn.Linear(8, 8)
+        self.extra = extra
+
+    def forward(self, x):
+        out, weights = self.attn(self.norm1(x))
+        x = x + out
+        x = x + self.mlp(self.norm2(x))
+        extra = {"none": None, "weights": weights, "layer's own": x * 2}[self.extra]
+        return x, extra
+
+
+@pytest.mark.parametrize("extra", ["none", "weights"])
+def test_a_layer_returning_its_stream_beside_attention_weights_or_nothing_is_fused(extra):
+    result = decoder_of(ReturnsMoreThanItsStream(extra))
+    assert result.blocks == (ResidualBlock("norm1", "attn"), ResidualBlock("norm2", "mlp")), result
+
+
+def test_a_layer_returning_what_it_computes_itself_beside_its_stream_is_not_fused():
+    result = decoder_of(ReturnsMoreThanItsStream("layer's own"))
+    assert isinstance(result, NoMatch) and "does not return one hidden-states tensor" in result.reason
+
+
 def test_decoder_post_norm_is_no_match(mutate):
     mutate(
         ResidualLayer,
@@ -599,6 +639,22 @@ def test_shrunk_moe_config_keeps_one_layer_of_each_mlp_kind_and_groups_of_expert
     assert len(small.layer_types) == small.num_hidden_layers
     assert small.num_experts % small.n_group == 0 and small.num_experts // small.n_group >= 2
     small.validate_layer_type()
+
+
+def test_layer_kinds_computed_from_attention_indices_are_shrunk_through_the_indices():
+    """Bamba computes ``layer_types`` (a read-only property behind its attribute map) from
+    ``attn_layer_indices``: that list is found by its values and cut with the layers, and the
+    Mamba-2 heads times their width stay the expanded width; one more layer for validation
+    keeps two attention layers."""
+    from hfrewrite.analyze.shrink import shrink_config
+    from hfrewrite.verify.validate import validation_config
+
+    config = transformers.AutoConfig.for_model("bamba", num_hidden_layers=32, attn_layer_indices=[9, 18, 27])
+    small = shrink_config(config)
+    assert small.layer_types == ["linear_attention", "full_attention"] and small.attn_layer_indices == [1]
+    assert small.mamba_n_heads * small.mamba_d_head == small.mamba_expand * small.hidden_size
+    small.validate_architecture()
+    assert validation_config(config).layer_types == ["linear_attention", "full_attention", "full_attention"]
 
 
 def test_a_layer_unlike_the_first_is_named(monkeypatch):

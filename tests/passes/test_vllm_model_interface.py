@@ -284,3 +284,40 @@ def test_attributes_the_carried_logits_read_are_copied_once():
     after = rewrite(vllm_model_interface, source, logits_plan())
     causal_lm = after[after.index("class LlamaForCausalLM") :]
     assert causal_lm.count("self.config = config\n") == 1
+
+
+def test_a_layer_stack_built_by_a_loop_is_made_by_make_layers_with_the_index_wherever_read():
+    """Bamba appends its layers in a loop, each told its kind by the loop's index: that is the
+    stack ``nn.ModuleList([...])`` means, and each use of the index reads the layer's prefix."""
+    looped = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "        self.layers = nn.ModuleList(\n"
+        "            [LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]\n"
+        "        )\n",
+        "        decoder_layers = []\n"
+        "        for i in range(config.num_hidden_layers):\n"
+        "            decoder_layers.append(LlamaDecoderLayer(config, layer_idx=i, kind=config.kinds[i]))\n"
+        "        self.layers = nn.ModuleList(decoder_layers)\n",
+    )
+    assert looped != BEFORE_LLAMA_MODEL_AND_CAUSAL_LM
+    after = rewrite(vllm_model_interface, looped, llama_like())
+    assert (
+        "            lambda prefix: LlamaDecoderLayer(config, layer_idx=extract_layer_index(prefix), "
+        "kind=config.kinds[extract_layer_index(prefix)], cache_config=cache_config, "
+        "quant_config=quant_config, prefix=prefix),\n"
+    ) in after
+    assert "decoder_layers" not in after
+
+
+def test_a_loop_that_does_more_than_append_layers_is_not_a_stack():
+    looped = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "        self.layers = nn.ModuleList(\n"
+        "            [LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]\n"
+        "        )\n",
+        "        decoder_layers = []\n"
+        "        for i in range(config.num_hidden_layers):\n"
+        "            decoder_layers.append(LlamaDecoderLayer(config, i))\n"
+        "            decoder_layers.append(LlamaDecoderLayer(config, i))\n"
+        "        self.layers = nn.ModuleList(decoder_layers)\n",
+    )
+    with pytest.raises(HfrewriteError, match="ModuleList"):
+        rewrite(vllm_model_interface, looped, llama_like())

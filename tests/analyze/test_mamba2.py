@@ -1,0 +1,127 @@
+"""analyze/mamba2.py: a block is vLLM's MambaMixer2 only when its formula replays it, built
+from the config expressions the block's own __init__ sizes it with."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from torch import nn
+from transformers.models.bamba.modeling_bamba import BambaMixer, BambaRMSNormGated
+
+from hfrewrite.analyze.mamba2 import NOT_A_MAMBA2, analyze_mamba2, init_expressions
+from hfrewrite.analyze.mixers import analyze_mixer
+from hfrewrite.analyze.plan import Mamba2Plan, NoMatch
+
+SIZES = {"hidden_size": 64, "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 8, "mamba_chunk_size": 3}
+
+
+def _config(**changes) -> transformers.BambaConfig:
+    return transformers.BambaConfig(**{**SIZES, **changes})
+
+
+def _layer(block: nn.Module) -> nn.Module:
+    layer = nn.Module()
+    layer.mamba = block
+    return layer
+
+
+def _bamba_block(config=None) -> nn.Module:
+    torch.manual_seed(0)
+    block = BambaMixer(config or _config(), layer_idx=0)
+    with torch.no_grad():  # past the init's ones, so that a mixed-up D or dt_bias shows
+        for param in (block.A_log, block.D, block.dt_bias, block.norm.weight):
+            param.normal_(1.0, 0.3)
+    return block
+
+
+def test_bambas_mixer_is_vllms_with_its_configs_expressions():
+    plan = analyze_mamba2(_layer(_bamba_block()), "mamba", _config())
+    assert isinstance(plan, Mamba2Plan), plan
+    assert dict(plan.args) == {
+        "hidden_size": "config.hidden_size",
+        "conv_kernel_size": "config.mamba_d_conv",
+        "intermediate_size": "int(config.mamba_expand * config.hidden_size)",
+        "use_conv_bias": "config.mamba_conv_bias",
+        "use_bias": "config.mamba_proj_bias",
+        "num_heads": "config.mamba_n_heads",
+        "head_dim": "config.mamba_d_head",
+        "rms_norm_eps": "config.rms_norm_eps",
+        "activation": "config.hidden_act",
+        "n_groups": "config.mamba_n_groups",
+        "ssm_state_size": "config.mamba_d_state",
+    }
+    # the time-step limits vLLM does not clamp to stay off; one traced group is all that is proven
+    assert [expr for expr, _, _ in plan.fixed] == ["tuple(config.time_step_limit)", "config.mamba_n_groups"]
+
+
+def test_bambas_norm_over_all_channels_is_refused_with_two_groups():
+    """Bamba's gated norm spans every channel; vLLM's norms each group's: they differ with two."""
+    config = _config(mamba_n_groups=2)
+    plan = analyze_mamba2(_layer(_bamba_block(config)), "mamba", config)
+    assert isinstance(plan, NoMatch) and "replaying vLLM's Mamba-2 mixer differs" in plan.reason
+
+
+class _GroupedNorm(BambaRMSNormGated):
+    """The gated norm taken over each group's channels, as vLLM's is."""
+
+    groups = 2
+
+    def forward(self, hidden_states, gate=None):
+        x = hidden_states * nn.functional.silu(gate)
+        grouped = x.view(*x.shape[:-1], self.groups, -1)
+        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * grouped.view_as(x)
+
+
+def test_a_norm_over_each_groups_channels_is_proven_with_two_groups_and_not_fixed():
+    config = _config(mamba_n_groups=2)
+    block = _bamba_block(config)
+    block.norm = _grouped(block.norm)
+    plan = analyze_mamba2(_layer(block), "mamba", config)
+    assert isinstance(plan, Mamba2Plan), plan
+    assert [expr for expr, _, _ in plan.fixed] == ["tuple(config.time_step_limit)"]
+
+
+def _grouped(norm: BambaRMSNormGated) -> _GroupedNorm:
+    grouped = _GroupedNorm(norm.weight.numel(), eps=norm.variance_epsilon)
+    grouped.weight = norm.weight
+    return grouped
+
+
+class _GateAfterNorm(BambaRMSNormGated):
+    """The gate applied after the norm (Falcon-H1's ``mamba_norm_before_gate``): not vLLM's order."""
+
+    def forward(self, hidden_states, gate=None):
+        return super().forward(hidden_states) * nn.functional.silu(gate)
+
+
+def test_a_gate_after_the_norm_is_refused_by_the_replay():
+    block = _bamba_block()
+    norm = _GateAfterNorm(block.norm.weight.numel(), eps=block.norm.variance_epsilon)
+    norm.weight = block.norm.weight
+    block.norm = norm
+    plan = analyze_mamba2(_layer(block), "mamba", _config())
+    assert isinstance(plan, NoMatch) and "differs" in plan.reason
+
+
+def test_clamped_time_steps_are_refused():
+    config = _config(time_step_limit=(0.0, 1.0))
+    plan = analyze_mamba2(_layer(_bamba_block(config)), "mamba", config)
+    assert isinstance(plan, NoMatch) and "does not clamp time steps" in plan.reason
+
+
+def test_a_block_without_its_skip_parameter_is_not_mamba2():
+    block = _bamba_block()
+    del block.D
+    assert analyze_mamba2(_layer(block), "mamba", _config()) == NoMatch("mamba2", "BambaMixer", NOT_A_MAMBA2)
+    # nor of any other kind: the mixer table has nothing more specific to say
+    assert analyze_mixer(_layer(block), "mamba", _config()) is None
+
+
+def test_init_expressions_substitute_earlier_attributes_in_source_order():
+    found = {attr: code for attr, code, _ in init_expressions(BambaMixer, _config())}
+    assert found["intermediate_size"] == "int(config.mamba_expand * config.hidden_size)"
+    assert found["conv_dim"] == (
+        "int(config.mamba_expand * config.hidden_size) + 2 * config.mamba_n_groups * config.mamba_d_state"
+    )
+    assert "layer_idx" not in found  # reads the layer's index, not the config
