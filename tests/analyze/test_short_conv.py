@@ -8,8 +8,8 @@ import transformers
 from torch import nn
 from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
 
-from hfrewrite.analyze.plan import NoMatch, Refusal, ShortConvPlan
 from hfrewrite.analyze.mixers import with_layer_test
+from hfrewrite.analyze.plan import NoMatch, Refusal, ShortConvPlan
 from hfrewrite.analyze.short_conv import analyze_short_conv
 
 CONFIG = transformers.Lfm2Config(hidden_size=32, conv_L_cache=3, conv_bias=False)
