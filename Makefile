@@ -22,7 +22,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	minimax_m2 hy_v3 exaone4 exaone_moe biogpt codegen falcon gpt_neo ministral3 openai-gpt opt xglm \
 	aria_text cohere2_moe
 # goldens converted from a config under golden/configs/ (golden/configs/README.md says why)
-GOLDEN_CONFIGS := lfm2 lfm2_moe bamba
+GOLDEN_CONFIGS := lfm2 lfm2_moe bamba granitemoehybrid
 
 .PHONY: setup analysis-setup quant-setup demo lint test test-fast golden coverage docs fuzz validation-cost hub-configs
 

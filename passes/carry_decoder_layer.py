@@ -132,6 +132,23 @@ class _AttentionCall(cst.CSTTransformer):
         return updated
 
 
+class _MixerCall(cst.CSTTransformer):
+    """``self.<mixer>(hidden_states=x, cache_params=..., ...)`` -> ``self.<mixer>(x)``: a hybrid
+    model's other mixer (hybrid_mixer builds it as vLLM's layer, which keeps its own state)."""
+
+    def __init__(self, attr: str, first: str, cls: str) -> None:
+        self.func, self.first, self.cls, self.count = f"self.{attr}", first, cls, 0
+
+    def leave_Call(self, original, updated):
+        if t.call_name(updated) != self.func:
+            return updated
+        x = _bound_first(updated, self.first)
+        if x is None:
+            raise HfrewriteError(f"{self.cls}: {NAME}: {self.func}(...) passes no hidden states")
+        self.count += 1
+        return t.expr(f"{self.func}({t.code(x)})")
+
+
 def _count_calls(node: cst.CSTNode, func: str) -> int:
     found = []
 
@@ -153,10 +170,12 @@ def carry_forward(
     residual: tuple | None = None,
     free_defaults: tuple[str, ...] = (),
     as_list: bool = False,
+    mixer: tuple[str, str] | None = None,
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
     a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
-    layer the trace saw return a tuple returns its first element."""
+    layer the trace saw return a tuple returns its first element; a hybrid layer's other
+    ``mixer`` (its attribute, its forward's first parameter) is given the hidden states alone."""
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -174,6 +193,13 @@ def carry_forward(
         raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
     rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list)
     body = forward.body.visit(rewriter)
+    if mixer is not None:
+        mixing = _MixerCall(*mixer, name)
+        body = body.visit(mixing)
+        if mixing.count != 1:
+            raise HfrewriteError(
+                f"{name}: {NAME}: self.{mixer[0]} is called {mixing.count} times, expected once"
+            )
     if rewriter.count != 1:
         raise HfrewriteError(
             f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
@@ -273,6 +299,15 @@ def _appends_dropped(statement: cst.BaseStatement, name: str, dropped: set[str])
     return True
 
 
+def _mixer(module: cst.Module, plan) -> tuple[str, str] | None:
+    """A hybrid layer's other mixer: its attribute and its forward's first parameter."""
+    if plan.mixer is None:
+        return None
+    return plan.mixer.attr, _first_param(
+        t.find_method(t.find_class(module, plan.mixer.module_class), "forward")
+    )
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan
     if plan.decoder_layer.fused:
@@ -308,6 +343,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             residual=residual,
             free_defaults=layer.free_defaults if i == 0 else (),
             as_list=last and layer.attention_returns_list,
+            mixer=_mixer(module, plan) if i == 0 else None,
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"

@@ -327,7 +327,8 @@ def rewrite_attention(
     name = cls.name.value
     init, forward = t.find_method(cls, "__init__"), t.find_method(cls, "forward")
     kwargs = _attention_kwargs(cls, att)
-    if positionless(att) and ctx.plan.position_embedding is None:
+    # no position at all, unless the model's other mixer sees the order (Granite-4.0-H's Mamba-2)
+    if positionless(att) and ctx.plan.position_embedding is None and ctx.plan.mixer is None:
         raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
     init = _init_without_source_rope(init, att, name)
     body = list(forward.body.body)

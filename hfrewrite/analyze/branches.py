@@ -236,6 +236,14 @@ def helper_branches(module: nn.Module) -> tuple[tuple[str, bool], ...]:
 _INIT_NAMES = {"config", "hasattr", "getattr", "None", "True", "False"}
 
 
+def _optional_part(node: ast.AST) -> bool:
+    """``Part(...) if <test> else None`` (Granite-4.0-H's rotary embedding, built only when
+    ``config.position_embedding_type == "rope"``): a switch like an ``if``."""
+    return isinstance(node, ast.IfExp) and any(
+        isinstance(side, ast.Constant) and side.value is None for side in (node.body, node.orelse)
+    )
+
+
 def init_switches(module: nn.Module, config, written=None) -> tuple[tuple[str, bool], ...]:
     """(test source, value on ``config``) for each ``if`` of the module's ``__init__`` whose
     test reads only its ``config`` parameter and constants (DeepSeek's Hub MoE:
@@ -247,7 +255,7 @@ def init_switches(module: nn.Module, config, written=None) -> tuple[tuple[str, b
         return ()
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.If):
+        if not (isinstance(node, ast.If) or _optional_part(node)):
             continue
         test = written(node.test) if written else node.test
         names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}

@@ -154,16 +154,22 @@ def _uncast(node: object) -> object:
     return node
 
 
-def carried_layer(traced: Traced) -> DecoderLayerPlan:
+def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
     """A layer whose forward is carried: which direct submodule attends (it holds the
-    attention call) and which is the MLP (the other one with linears)."""
-    attending = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)}
+    attention call, or is a hybrid model's other ``mixer``) and which is the MLP (the other
+    one with linears; a MoE block beside a dense MLP, the two summed: the MoE)."""
+    attending = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)} or (
+        {mixer} if mixer else set()
+    )
     with_linears = {top_scope(n) for n in traced.linears_in("")}
-    with_linears |= {
+    moe = {
         top_scope(n) for n in traced.graph.nodes if n.op == "call_module" and is_experts(traced.submodule(n))
-    }  # a MoE block
+    }
+    with_linears |= moe
     cls = type(traced.module).__name__
     others = sorted(with_linears - attending - {None})
+    shared = [o for o in others if o not in moe] if len(others) == 2 and len(moe & set(others)) == 1 else []
+    others = [o for o in others if o not in shared]
     if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
         refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
     if not attending and attends_by_hand(traced.graph.nodes, traced):
@@ -194,6 +200,7 @@ def carried_layer(traced: Traced) -> DecoderLayerPlan:
         attention_block=path,
         mlp_block="" if inline else others[0],
         mlp_linears=inline,
+        shared_mlp_block=shared[0] if shared else "",
         attention_returns_tuple=traced.returns_tuple.get(path, True),
         attention_returns_list=traced.returns_list.get(path, False),
         attention_wrappers=tuple(wrappers),

@@ -124,7 +124,8 @@ def attention_layers(per_layer: list[LayerFacts]) -> list[LayerFacts]:
     if not found:
         refuse(
             "decoder_layer",
-            "no layer computes attention: a model of state-space or convolution mixers alone is not a decoder vLLM's attention serves",
+            "no layer computes attention: hfrewrite converts a hybrid's other mixers beside attention "
+            "layers, and this config has none (convert a config whose layers include attention)",
             per_layer[0].decoder.module_class,
         )
     return found

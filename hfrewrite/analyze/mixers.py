@@ -35,6 +35,18 @@ def analyze_mixer(layer: nn.Module, attr: str, config) -> MixerPlan | NoMatch | 
     return specific
 
 
+def mixer_child(layer: nn.Module, config) -> str:
+    """The one direct child of ``layer`` proven a mixer of some kind ("" when none is)."""
+    found = [
+        name
+        for name, child in layer.named_children()
+        if any(True for _ in child.parameters())
+        and (plan := analyze_mixer(layer, name, config)) is not None
+        and not isinstance(plan, NoMatch)
+    ]
+    return found[0] if len(found) == 1 else ""
+
+
 def with_layer_test(plan: MixerPlan, layers: list[nn.Module], attention: list[bool], block: str) -> MixerPlan:
     """``plan`` with the decoder layer's own test choosing its mixer: an ``if`` of its forward
     calling ``self.<block>`` (the attention) on one side and the mixer on the other, whose

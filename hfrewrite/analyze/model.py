@@ -51,7 +51,7 @@ from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
-from hfrewrite.analyze.mixers import analyze_mixer, with_layer_test
+from hfrewrite.analyze.mixers import analyze_mixer, mixer_child, with_layer_test
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
@@ -85,6 +85,7 @@ from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, head_sibling, tied_target
 from hfrewrite.analyze.trace import (
     Traced,
+    is_attention_leaf,
     trace,
     value,
 )
@@ -392,7 +393,8 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
         else:
             found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
             why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
-        decoder = carried_layer(traced)
+        attends = any(is_attention_leaf(n) for n in traced.graph.nodes)
+        decoder = carried_layer(traced, "" if attends else mixer_child(traced.module, small))
         carried = NoMatch(
             "fused_residual_norm",
             decoder.module_class,
@@ -428,6 +430,8 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
     shared = None
     if moe.shared_expert:
         shared = _required(analyze_mlp(traced, f"{block}.{moe.shared_expert}", config))
+    elif decoder.shared_mlp_block:  # beside the MoE block, summed with it by the carried forward
+        shared = _required(analyze_mlp(traced, decoder.shared_mlp_block, config))
     return LayerFacts(decoder, attention, shared, moe, carried, mixer)
 
 

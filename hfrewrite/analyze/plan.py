@@ -365,6 +365,8 @@ class DecoderLayerPlan:
     attention_block: str = "self_attn"
     mlp_block: str = "mlp"  # "": the MLP is written into the layer, its linears are:
     mlp_linears: tuple[str, ...] = ()  # the layer's own up and down Linears (OPT's fc1, fc2)
+    # a dense MLP beside a MoE mlp_block, summed with it by the carried forward (Granite-4.0-H)
+    shared_mlp_block: str = ""
     # The attention submodule returns a tuple (Hugging Face: output, weights); custom code
     # often returns the output tensor alone
     attention_returns_tuple: bool = True

@@ -9,6 +9,7 @@ import ast
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 
@@ -43,6 +44,14 @@ def taken_init_branches(
             orelse = updated.orelse.body.body if updated.orelse else ()
             body = updated.body.body if found[1] else orelse
             return cst.FlattenSentinel([*body]) if body else cst.RemoveFromParent()
+
+        def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
+            none = [side for side in (updated.body, updated.orelse) if m.matches(side, m.Name("None"))]
+            found = known.get(_key(updated.test)) if none else None
+            if found is None:
+                return updated
+            taken.append(found)
+            return updated.body if found[1] else updated.orelse
 
     init = init.visit(_Taken())
     return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")

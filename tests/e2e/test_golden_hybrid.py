@@ -27,6 +27,20 @@ LFM2_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size":
 # Bamba: four Mamba-2 heads of 64 channels, a 16-wide state; its attention layers are listed
 # by index (attn_layer_indices), its kinds computed from them
 BAMBA = {"mamba_n_heads": 4, "mamba_d_head": 64, "mamba_d_state": 16, "mamba_chunk_size": 4}
+# Granite-4.0-H: no rope, muP multipliers on embeddings, residuals, attention and logits, a MoE
+# block beside a shared MLP (or the shared MLP alone: no experts)
+GRANITE_H = {
+    **BAMBA,
+    "position_embedding_type": "nope",
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 64,
+    "shared_intermediate_size": 96,
+    "embedding_multiplier": 2.0,
+    "residual_multiplier": 0.5,
+    "attention_multiplier": 0.05,
+    "logits_scaling": 2.0,
+}
 CASES: dict[str, tuple[str, list[str], dict]] = {
     "lfm2-conv-first": ("lfm2", ["conv", "conv", "full_attention", "conv"], LFM2),
     "lfm2-attention-first": ("lfm2", ["full_attention", "conv", "full_attention"], LFM2),
@@ -41,11 +55,31 @@ CASES: dict[str, tuple[str, list[str], dict]] = {
         BAMBA,
     ),
     "bamba-attention-first": ("bamba", ["full_attention", "linear_attention", "full_attention"], BAMBA),
+    "granitemoehybrid-moe": (
+        "granitemoehybrid",
+        ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        GRANITE_H,
+    ),
+    "granitemoehybrid-dense": (
+        "granitemoehybrid",
+        ["linear_attention", "full_attention", "linear_attention"],
+        {**GRANITE_H, "num_local_experts": 0},
+    ),
 }
 MIXERS = {
     "conv": {"MergedColumnParallelLinear": 1, "ColumnParallelLinear": 1, "RowParallelLinear": 1},  # ShortConv
     "linear_attention": {"MergedColumnParallelLinear": 2, "RowParallelLinear": 1},  # MambaMixer2
 }
+
+
+def _mlp_layers(model_type: str, overrides: dict, i: int, layers: int) -> dict[str, int]:
+    """The parallel layers of layer ``i``'s MLP: a dense gated MLP, or the fused MoE and its
+    router; Granite-4.0-H's shared MLP beside its MoE, or alone without experts."""
+    dense = {"MergedColumnParallelLinear": 1, "RowParallelLinear": 1}
+    moe = {"MoERunner": 1, "GateLinear": 1}
+    if model_type == "granitemoehybrid":
+        return {**dense, **moe} if overrides["num_local_experts"] else dense
+    return dense if i < overrides.get("num_dense_layers", layers) else moe  # LFM2's: all dense
 
 
 def _kinds(model_type: str, kinds: list[str]) -> dict:
@@ -82,8 +116,13 @@ def test_hybrid_golden_matches_hf(reports, case):
     assert report.generated_tokens == report.hf_tokens, report.summary()
     assert report.logprob_diff_hf is not None and report.logprob_diff_hf <= LOGPROB_TOL, report.summary()
     assert report.generated_class.startswith("hfrewrite_generated_"), report.summary()
-    if CASES[case][0] == "bamba":  # vLLM 0.32 has no Bamba file: Hugging Face alone is the reference
+    model_type = CASES[case][0]
+    if model_type == "bamba":  # vLLM 0.32 has no Bamba file: Hugging Face alone is the reference
         assert report.native_tokens is None and report.problems == (), report.summary()
+        return
+    if model_type == "granitemoehybrid":  # vLLM's own granitemoehybrid.py: the file equals it too
+        assert report.native_tokens == report.hf_tokens == report.generated_tokens, report.summary()
+        assert report.logprob_diff_native <= LOGPROB_TOL and report.problems == (), report.summary()
         return
     # vLLM 0.32's own lfm2.py does not match transformers 5.19 here, with attention layers only
     # too (tokens apart within the first steps): Hugging Face is the reference; the test
@@ -102,15 +141,11 @@ def test_hybrid_layers_are_vllms(reports, case):
     report = reports[case]
     structure, native = report.generated_structure, report.native_structure
     assert structure and (native or CASES[case][0] == "bamba"), report.summary()
-    _model_type, kinds, overrides = CASES[case]
-    dense = overrides.get("num_dense_layers", len(kinds))  # LFM2's layers are all dense
+    model_type, kinds, overrides = CASES[case]
     for i, (kind, layer) in enumerate(zip(kinds, structure)):
         counted = {name: n for name, n in layer.items() if n}
         mixer = MIXERS.get(kind, {"QKVParallelLinear": 1, "RowParallelLinear": 1})
-        if i < dense:
-            mlp = {"MergedColumnParallelLinear": 1, "RowParallelLinear": 1}
-        else:
-            mlp = {"MoERunner": 1, "GateLinear": 1}
+        mlp = _mlp_layers(model_type, overrides, i, len(kinds))
         assert counted == {k: mixer.get(k, 0) + mlp.get(k, 0) for k in {*mixer, *mlp}}, layer
     if native:
         assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native]
