@@ -19,6 +19,8 @@ as written, with these changes:
   (``DecoderLayerPlan.free_defaults``: ``use_cache``, ``layer_past=None``) are read as those
   defaults, and the ``if`` statements this makes constant reduce to the branch they take;
 * a layer the trace saw return a tuple (transformers 4.x) returns its first element;
+* a hybrid layer's other mixer (``ModelPlan.mixer``: Granite-4.0-H's Mamba-2) is called with
+  the hidden states alone (``self.mamba(hidden_states)``), vLLM's layer keeping its own state;
 * nothing else may read the dropped Hugging Face inputs (masks, cache, position ids).
 
 A layer that reaches its attention through wrapper modules (dbrx's ``norm_attn_norm``,

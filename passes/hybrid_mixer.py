@@ -15,13 +15,15 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   load_weights). ShortConv takes the config and the block's channels; MambaMixer2 takes
   the expressions of the config the analysis proved for each of its sizes, after a check that
   refuses a config whose time-step limits vLLM would not apply;
-* in its forward, the attention call under the source's test, and in the other branch the
-  mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output);
+* in its fused forward, the attention call under the source's test, and in the other branch
+  the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
+  carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
+  already given the mixer the hidden states alone (a buffer is made for ShortConv);
 * on the causal LM, ``IsHybrid`` and ``HasInnerState`` and the three state classmethods.
 
 Preconditions: the layer's forward is vLLM's fused-residual one (fused_residual_norm) calling
-``self.<attention>(positions=..., hidden_states=...)``; the block is built from the config the
-layer's ``__init__`` is given.
+``self.<attention>(positions=..., hidden_states=...)``, or carried with one
+``y = self.<mixer>(x)``; the block is built from the config the layer's ``__init__`` is given.
 """
 
 from __future__ import annotations
@@ -296,15 +298,17 @@ class _IntoBuffer(cst.CSTTransformer):
         if t.call_name(call) != self.func or len(call.args) != 1:
             return updated
         self.count += 1
-        stream = t.code(call.args[0].value)
-        return cst.FlattenSentinel(
-            [
-                t.stmt(f"{target.value} = torch.empty_like({stream})\n").with_changes(
-                    leading_lines=updated.leading_lines
-                ),
-                t.stmt(f"{self.func}({stream}, {target.value})\n"),
-            ]
-        )
+        stream, first = t.code(call.args[0].value), []
+        if not isinstance(call.args[0].value, cst.Name):  # computed once, then read twice
+            name = "mixer_input" if "mixer_input" not in self.taken else "mixer_input_"
+            first, stream = [t.stmt(f"{name} = {stream}\n")], name
+        statements = [
+            *first,
+            t.stmt(f"{target.value} = torch.empty_like({stream})\n"),
+            t.stmt(f"{self.func}({stream}, {target.value})\n"),
+        ]
+        statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
+        return cst.FlattenSentinel(statements)
 
     def leave_FunctionDef(self, original, updated):
         if self.count != 1:
@@ -323,9 +327,11 @@ def _hybrid_lm(lm: cst.ClassDef, state_methods: str) -> cst.ClassDef:
     bases = [*lm.bases, cst.Arg(cst.Name("HasInnerState")), cst.Arg(cst.Name("IsHybrid"))]
     methods = list(cst.parse_module(state_methods).body)
     members = list(lm.body.body)
-    at = next(i for i, s in enumerate(members) if isinstance(s, cst.FunctionDef))
+    at = next((i for i, s in enumerate(members) if isinstance(s, cst.FunctionDef)), len(members))
     methods = [s.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for s in methods]
-    if not members[at].leading_lines:  # the methods that followed stay a blank line apart
+    if (
+        at < len(members) and not members[at].leading_lines
+    ):  # the methods that followed stay a blank line apart
         members[at] = members[at].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
     return lm.with_changes(
         bases=bases, body=lm.body.with_changes(body=[*members[:at], *methods, *members[at:]])

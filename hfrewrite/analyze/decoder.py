@@ -179,8 +179,8 @@ def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
     if not attending:
         refuse(
             "decoder_layer",
-            "no softmax attention call: a recurrent or state-space "
-            "mixer does not fit vLLM's decoder contract",
+            "no softmax attention call, and no child is a mixer vLLM has a layer for "
+            "(a gated short convolution: ShortConv; a Mamba-2 block: MambaMixer2)",
             cls,
         )
     inline = _inline_mlp(traced, others)

@@ -108,6 +108,10 @@ def init_expressions(cls: type, config) -> list[tuple[str, str, object]]:
             target = node.targets[0]
             if len(node.targets) == 1 and isinstance(target, ast.Attribute) and _is_self(target.value):
                 found[target.attr] = _substituted(node.value, found)
+                # a part's keyword arguments too (NemotronH's `nn.Linear(..., bias=config.use_bias)`)
+                for keyword in node.value.keywords if isinstance(node.value, ast.Call) else ():
+                    if keyword.arg:
+                        found[f"{target.attr}({keyword.arg}=)"] = _substituted(keyword.value, found)
 
     if tree is not None:
         Assignments().visit(tree)
@@ -168,13 +172,16 @@ def _arguments(cls: type, config, sizes: dict) -> dict | str:
 
 def _one(exprs, kw: str, fits) -> tuple[str, object] | None:
     """The expression of ``exprs`` fitting: the only one, or the one assigned to ``kw``."""
-    found = {(code, repr(value)): (attr, code, value) for attr, code, value in exprs if fits(value)}
+    found: dict[tuple[str, str], set[str]] = {}
+    for attr, code, value in exprs:
+        if fits(value):
+            found.setdefault((code, repr(value)), set()).add(attr)
     if len(found) > 1:
-        found = {k: v for k, v in found.items() if v[0] == kw}
+        found = {key: attrs for key, attrs in found.items() if kw in attrs}
     if len(found) != 1:
         return None
-    _, code, value = next(iter(found.values()))
-    return code, value
+    code = next(iter(found))[0]
+    return code, next(value for _, c, value in exprs if c == code)
 
 
 _CLAMP = "vLLM's MambaMixer2 does not clamp time steps"

@@ -36,15 +36,20 @@ def analyze_mixer(layer: nn.Module, attr: str, config) -> MixerPlan | NoMatch | 
 
 
 def mixer_child(layer: nn.Module, config) -> str:
-    """The one direct child of ``layer`` proven a mixer of some kind ("" when none is)."""
-    found = [
-        name
+    """The one direct child of ``layer`` proven a mixer of some kind ("" when none is); a
+    child with the parts of a kind that fails its proof refuses with that kind's reason."""
+    plans = {
+        name: analyze_mixer(layer, name, config)
         for name, child in layer.named_children()
         if any(True for _ in child.parameters())
-        and (plan := analyze_mixer(layer, name, config)) is not None
-        and not isinstance(plan, NoMatch)
-    ]
-    return found[0] if len(found) == 1 else ""
+    }
+    found = [name for name, plan in plans.items() if plan is not None and not isinstance(plan, NoMatch)]
+    if len(found) == 1:
+        return found[0]
+    failed = [plan for plan in plans.values() if isinstance(plan, NoMatch)]
+    if not found and failed:
+        raise Refusal(failed[0])
+    return ""
 
 
 def with_layer_test(plan: MixerPlan, layers: list[nn.Module], attention: list[bool], block: str) -> MixerPlan:

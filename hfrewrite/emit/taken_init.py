@@ -27,7 +27,7 @@ def taken_init_branches(
     taken = []
 
     def _key(test: cst.BaseExpression) -> str:
-        text = t.code(test)
+        text = f"({t.code(test).strip()})"  # a test over several lines parses in parentheses
         if exprs:
             try:
                 text = t.config_test(text, {attr: f"({value})" for attr, value in exprs.items()})

@@ -3,6 +3,7 @@ from the config expressions the block's own __init__ sizes it with."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 from torch import nn
@@ -125,3 +126,17 @@ def test_init_expressions_substitute_earlier_attributes_in_source_order():
         "int(config.mamba_expand * config.hidden_size) + 2 * config.mamba_n_groups * config.mamba_d_state"
     )
     assert "layer_idx" not in found  # reads the layer's index, not the config
+
+
+def test_a_layers_child_with_a_mixers_parts_that_fails_its_proof_gives_the_reason():
+    """A carried layer without attention: the child that is a Mamba-2 block but fails its
+    proof refuses with that reason, not a generic one."""
+    from hfrewrite.analyze.mixers import mixer_child
+    from hfrewrite.analyze.plan import Refusal
+
+    config = _config(time_step_limit=(0.0, 1.0))
+    layer = _layer(_bamba_block(config))
+    layer.norm = nn.LayerNorm(64)
+    with pytest.raises(Refusal, match="does not clamp time steps"):
+        mixer_child(layer, config)
+    assert mixer_child(_layer(_bamba_block()), _config()) == "mamba"

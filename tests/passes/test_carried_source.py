@@ -516,3 +516,65 @@ def test_per_head_qkv_chunked_in_two_is_refused():
     )
     with pytest.raises(HfrewriteError, match="is not chunked once into q, k and v"):
         rewrite(fuse_qkv, source, per_head_plan())
+
+
+HYBRID_BEFORE = (
+    ATTENTION
+    + """
+class Gemma2Mamba(nn.Module):
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        return hidden_states
+
+
+class Gemma2DecoderLayer(nn.Module):
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        if self.mamba is not None:
+            hidden_states = self.mamba(
+                hidden_states=hidden_states,
+                cache_params=past_key_values,
+                attention_mask=attention_mask,
+                **kwargs,
+            )
+        else:
+            hidden_states, _ = self.self_attn(
+                hidden_states=hidden_states,
+                position_embeddings=position_embeddings,
+                attention_mask=attention_mask,
+                **kwargs,
+            )
+        hidden_states = residual + hidden_states * self.residual_multiplier
+        return hidden_states
+"""
+)
+
+HYBRID_AFTER = (
+    ATTENTION
+    + """
+class Gemma2Mamba(nn.Module):
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        return hidden_states
+
+
+class Gemma2DecoderLayer(nn.Module):
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        if self.mamba is not None:
+            hidden_states = self.mamba(hidden_states)
+        else:
+            hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        hidden_states = residual + hidden_states * self.residual_multiplier
+        return hidden_states
+"""
+)
+
+
+def test_a_carried_hybrid_layer_calls_its_other_mixer_with_the_hidden_states_alone():
+    """Granite-4.0-H: the mixer's cache and mask arguments go with the layer's dropped inputs."""
+    from hfrewrite.analyze.plan import Mamba2Plan
+
+    mixer = Mamba2Plan(module_class="Gemma2Mamba", attr="mamba", args=(), layer_test="self.mamba is not None")
+    plan = dataclasses.replace(carried_plan(), mixer=mixer)
+    assert_rewrites(carry_decoder_layer, HYBRID_BEFORE, HYBRID_AFTER, plan)

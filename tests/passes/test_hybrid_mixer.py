@@ -256,3 +256,49 @@ def test_a_mamba2_block_becomes_mambamixer2_built_from_its_proven_expressions():
     was proven with, and its state classmethods read the same expressions."""
     plan = dataclasses.replace(llama_like(), mixer=MAMBA2)
     assert_rewrites(hybrid_mixer, MAMBA2_BEFORE, MAMBA2_AFTER, plan)
+
+
+CARRIED_BEFORE = (
+    SHORT_CONV
+    + """
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx, cache_config=None, quant_config=None, prefix=""):
+        super().__init__()
+        self.conv = LlamaShortConv(config, layer_idx) if config.kinds[layer_idx] == "conv" else None
+
+    def forward(self, positions, hidden_states):
+        residual = hidden_states
+        if self.conv is not None:
+            mixed = self.conv(self.norm(hidden_states))
+        else:
+            mixed = self.self_attn(positions=positions, hidden_states=self.norm(hidden_states))
+        return residual + mixed * self.multiplier
+
+
+class LlamaForCausalLM(nn.Module, SupportsPP):
+    packed_modules_mapping = {}
+"""
+)
+
+
+def test_a_carried_layer_keeps_its_test_and_gives_shortconv_a_buffer():
+    """A carried forward (carry_decoder_layer gave the mixer the hidden states alone) keeps
+    the source's test; ShortConv, which writes into a buffer, is given one."""
+    carried = dataclasses.replace(PLAN.decoder_layer, blocks=())
+    plan = dataclasses.replace(PLAN, decoder_layer=carried)
+    with pytest.raises(HfrewriteError, match="not built once"):  # built by an expression, not a statement
+        apply(hybrid_mixer, CARRIED_BEFORE, plan)
+    before = CARRIED_BEFORE.replace(
+        '        self.conv = LlamaShortConv(config, layer_idx) if config.kinds[layer_idx] == "conv" else None\n',
+        '        self.conv = None\n        if config.kinds[layer_idx] == "conv":\n            self.conv = LlamaShortConv(config, layer_idx)\n',
+    )
+    out = apply(hybrid_mixer, before, plan).module.code
+    assert (
+        "        if self.conv is not None:\n"
+        "            mixer_input = self.norm(hidden_states)\n"
+        "            mixed = torch.empty_like(mixer_input)\n"
+        "            self.conv(mixer_input, mixed)\n"
+        "        else:\n"
+    ) in out
+    assert "            self.conv = ShortConv(\n" in out
