@@ -153,7 +153,10 @@ class BambaAttention(nn.Module):
 
 class BambaMLP(nn.Module):
     def __init__(
-        self, config, quant_config: QuantizationConfig | None = None, prefix: str = ""
+        self,
+        config: BambaConfig,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
         self.hidden_size = config.hidden_size
@@ -190,10 +193,9 @@ class BambaDecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-
-        num_experts = 1
-        ffn_layer_class = BambaMLP if num_experts == 1 else None
-        self.feed_forward = ffn_layer_class(config)
+        self.feed_forward = BambaMLP(
+            config, quant_config=quant_config, prefix=f"{prefix}.feed_forward"
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -151,6 +151,17 @@ class _MixerCall(cst.CSTTransformer):
         return t.expr(f"{self.func}({t.code(x)})")
 
 
+def _mixer_called(body: cst.IndentedBlock, mixer: tuple[str, str] | None, cls: str) -> cst.IndentedBlock:
+    """``body`` with the hybrid layer's other mixer, called once, given the hidden states alone."""
+    if mixer is None:
+        return body
+    mixing = _MixerCall(*mixer, cls)
+    body = body.visit(mixing)
+    if mixing.count != 1:
+        raise HfrewriteError(f"{cls}: {NAME}: self.{mixer[0]} is called {mixing.count} times, expected once")
+    return body
+
+
 def _count_calls(node: cst.CSTNode, func: str) -> int:
     found = []
 
@@ -195,13 +206,7 @@ def carry_forward(
         raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
     rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list)
     body = forward.body.visit(rewriter)
-    if mixer is not None:
-        mixing = _MixerCall(*mixer, name)
-        body = body.visit(mixing)
-        if mixing.count != 1:
-            raise HfrewriteError(
-                f"{name}: {NAME}: self.{mixer[0]} is called {mixing.count} times, expected once"
-            )
+    body = _mixer_called(body, mixer, name)
     if rewriter.count != 1:
         raise HfrewriteError(
             f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"

@@ -10,6 +10,9 @@ Emits keyword parameters ``cache_config: CacheConfig | None = None``,
 ``cache_config=cache_config, ..., prefix=f"{prefix}.x"`` at each construction site (both
 classes of ``self.x = A(...) if cond else B(...)``, hy_v3's dense or sparse MLP).
 
+A part built through a local alias of its class chosen by literals (Bamba's
+``ffn_layer_class = BambaMLP if num_experts == 1 else None``) is built by the class's name.
+
 A class table the attention is chosen from (``CLASSES[config._attn_implementation](...)``,
 in the layer or in the wrapper that builds the attention) becomes the traced class.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.class_aliases import folded_class_aliases
 from hfrewrite.emit.pass_api import PassContext, PassResult
 
 NAME = "thread_layer_args"
@@ -163,6 +167,14 @@ class _ChosenAttention(cst.CSTTransformer):
         return updated
 
 
+def _without_class_aliases(node: cst.CSTNode) -> cst.CSTNode:
+    """A class whose ``__init__`` builds a part through a local alias of its class (Bamba's
+    ``ffn_layer_class``), building it by the class's name."""
+    init = t.find_method(node, "__init__") if isinstance(node, cst.ClassDef) else None
+    folded = folded_class_aliases(init) if init is not None else None
+    return t.set_method(node, folded) if folded is not init else node
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     attention, layer = ctx.plan.attention.module_class, ctx.plan.decoder_layer
     tables = _class_tables(module, attention)
@@ -172,6 +184,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if tables and len(attrs) == 1 + len(layer.attention_wrappers):
         chosen = _ChosenAttention(attrs[-1], attention, tables)
         module = t.replace_class(module, owner, t.find_class(module, owner).visit(chosen))
+    module = module.with_changes(body=[_without_class_aliases(node) for node in module.body])
     needs = _needs(module)
     imports = tuple(
         sym

@@ -179,8 +179,8 @@ def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
     if not attending:
         refuse(
             "decoder_layer",
-            "no softmax attention call, and no child is a mixer vLLM has a layer for "
-            "(a gated short convolution: ShortConv; a Mamba-2 block: MambaMixer2)",
+            "no softmax attention call, and no child is a mixer hfrewrite proves one of vLLM's "
+            "layers (a gated short convolution: ShortConv; a Mamba-2 block: MambaMixer2)",
             cls,
         )
     inline = _inline_mlp(traced, others)

@@ -147,8 +147,9 @@ def test_model_without_attention_and_mlp_blocks_is_refused():
     with pytest.raises(HfrewriteError) as e:
         plan_of("mamba")
     assert str(e.value) == (
-        "mamba: MambaBlock: decoder_layer: no softmax attention call: a recurrent or "
-        "state-space mixer does not fit vLLM's decoder contract"
+        "mamba: MambaBlock: decoder_layer: no softmax attention call, and no child is a mixer "
+        "hfrewrite proves one of vLLM's layers (a gated short convolution: ShortConv; a Mamba-2 "
+        "block: MambaMixer2)"
     )
 
 

@@ -190,3 +190,40 @@ def test_a_wrapper_choosing_the_attention_from_a_table_under_an_if():
         ),
     )
     assert_rewrites(thread_layer_args, BEFORE_WRAPPED_TABLE, AFTER_WRAPPED_TABLE, plan)
+
+
+def test_a_part_built_through_an_alias_chosen_by_literals_is_built_by_its_class():
+    """Bamba: ``num_experts = 1``, ``ffn_layer_class = BambaMLP if num_experts == 1 else None``,
+    ``self.feed_forward = ffn_layer_class(config)``: the MLP gets its quant_config and prefix."""
+    before = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.down_proj = RowParallelLinear(1, 1, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        num_experts = 1
+        ffn_layer_class = LlamaMLP if num_experts == 1 else None
+        self.feed_forward = ffn_layer_class(config)
+"""
+    out = rewrite(thread_layer_args, before, llama_like())
+    assert (
+        'self.feed_forward = LlamaMLP(config, quant_config = quant_config, prefix = f"{prefix}.feed_forward")'
+        in out
+    )
+    assert "num_experts" not in out and "ffn_layer_class" not in out
+
+
+def test_an_alias_read_otherwise_than_called_stays():
+    before = """\
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        kind = 1
+        cls = LlamaMLP if kind == 1 else None
+        self.kind = cls
+"""
+    assert rewrite(thread_layer_args, before, llama_like()) == before
