@@ -278,7 +278,51 @@ LFM2 = ModelSpec(
     label="LFM2 (hybrid: short convolutions and attention)",
 )
 
-MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE, LFM2)
+# A Mamba-2 hybrid: Granite-4.0-H's Mamba-2 layers (vLLM's MambaMixer2, convolution and
+# recurrent states cached) around two attention layers without rope, each layer a MoE block
+# beside a shared MLP, muP multipliers on embeddings, residuals, attention and logits.
+_GRANITE_H = {
+    "position_embedding_type": "nope",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 64,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.015625,
+    "logits_scaling": 6.0,
+}
+GRANITE_H = ModelSpec(
+    key="granitemoehybrid",
+    model_type="granitemoehybrid",
+    config={
+        **_without(_DENSE, "intermediate_size"),
+        **_GRANITE_H,
+        "intermediate_size": 512,
+        "shared_intermediate_size": 1024,
+        "mamba_n_heads": 32,
+        "mamba_d_head": 64,
+        "layer_types": ["linear_attention"] * 3
+        + ["full_attention"]
+        + ["linear_attention"] * 3
+        + ["full_attention"],
+    },
+    quick_config={
+        **_without(_SMALL, "intermediate_size"),
+        **_GRANITE_H,
+        "intermediate_size": 128,
+        "shared_intermediate_size": 256,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "layer_types": ["linear_attention", "full_attention"],
+    },
+    golden="granitemoehybrid.py",
+    label="Granite-4.0-H (hybrid: Mamba-2, attention without rope, MoE beside a shared MLP)",
+)
+
+MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE, LFM2, GRANITE_H)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {

@@ -33,3 +33,25 @@ def test_lfm2_moe_routing_and_activation_are_proven(lfm2_moe):
     moe = lfm2_moe.moe
     assert (moe.scoring, moe.correction_bias, moe.activation) == ("sigmoid", "expert_bias", "silu")
     assert ("config.use_expert_bias", True) in moe.init_switches
+
+
+def test_bambas_mamba2_layers_are_mambamixer2_chosen_by_the_layers_test():
+    plan = analyze(resolve(str(CONFIGS / "bamba")).config)
+    mamba = plan.mixer
+    assert (type(mamba).__name__, mamba.module_class, mamba.attr) == ("Mamba2Plan", "BambaMixer", "mamba")
+    assert (mamba.layer_test, mamba.attention_when) == ("self.block_type == 'linear_attention'", False)
+    assert (
+        mamba.arg("num_heads") == "config.mamba_n_heads"
+        and mamba.arg("ssm_state_size") == "config.mamba_d_state"
+    )
+    assert plan.decoder_layer.fused  # its layer returns (hidden states, weights or None): fused all the same
+
+
+def test_granite_4_h_layers_are_carried_with_a_shared_mlp_beside_the_moe():
+    plan = analyze(resolve(str(CONFIGS / "granitemoehybrid")).config)
+    layer = plan.decoder_layer
+    assert not layer.fused and (layer.mlp_block, layer.shared_mlp_block) == ("block_sparse_moe", "shared_mlp")
+    assert (plan.mixer.layer_test, plan.mixer.attention_when) == ("self.mamba is not None", False)
+    assert plan.mlp.module_class == "GraniteMoeHybridMLP" and plan.moe is not None
+    assert not plan.attention.rope  # no rope: the Mamba-2 layers see the order
+    assert ("config.position_embedding_type == 'rope'", False) in plan.base_init_switches

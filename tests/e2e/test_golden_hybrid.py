@@ -149,3 +149,22 @@ def test_hybrid_layers_are_vllms(reports, case):
         assert counted == {k: mixer.get(k, 0) + mlp.get(k, 0) for k in {*mixer, *mlp}}, layer
     if native:
         assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native]
+
+
+@pytest.mark.vllm
+def test_bamba_with_two_groups_is_refused_by_the_file(tmp_path):
+    """The golden was proven with one Mamba-2 group, where Bamba's norm over all channels and
+    vLLM's norm over each group's agree; a two-group checkpoint is refused when vLLM builds
+    the model, never run with another norm."""
+    kinds = ["linear_attention", "full_attention"]
+    ckpt = make_tiny_checkpoint(
+        "bamba",
+        tmp_path / "two-groups",
+        num_hidden_layers=2,
+        mamba_n_groups=2,
+        **BAMBA,
+        **_kinds("bamba", kinds),
+    )
+    (report,) = verify_many([VerifyCase(ckpt, GOLDEN / "bamba.py")])
+    assert report.generated_tokens is None, report.summary()
+    assert "config.mamba_n_groups must be 1" in report.errors.get("generated", ""), report.summary()
