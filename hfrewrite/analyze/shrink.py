@@ -280,18 +280,37 @@ _SSM_HEADS, _SSM_STATE = 8, 16
 
 
 def _shrink_state_space(config, small) -> None:
-    """A Mamba-2 mixer's sizes at the shrunk width: ``mamba_n_heads`` heads of
-    ``mamba_expand * hidden_size / mamba_n_heads`` channels, ``mamba_d_state`` 16."""
-    heads, expand = getattr(config, "mamba_n_heads", None), getattr(config, "mamba_expand", None)
+    """A Mamba-2 mixer's sizes at the shrunk width: ``mamba_n_heads`` heads whose widths add up
+    to the expanded width (``mamba_expand * hidden_size``, or Falcon-H1's ``mamba_d_ssm``), a
+    16-wide state; Mamba2's own config names them ``num_heads``, ``head_dim``, ``state_size``."""
+    names = _MAMBA2_NAMES if _is_mamba2_config(config) else _HYBRID_NAMES
+    heads_field, head_field, state_field, expand_field, groups_field = names
+    heads, expand = getattr(config, heads_field, None), getattr(config, expand_field, None)
     if not (isinstance(heads, int) and isinstance(expand, int)):
         return
-    groups = getattr(config, "mamba_n_groups", 1) or 1
+    groups = getattr(config, groups_field, 1) or 1
     heads = _SSM_HEADS if _SSM_HEADS % groups == 0 else 2 * groups
-    _set(small, "mamba_n_heads", heads)
-    if isinstance(getattr(config, "mamba_d_head", None), int):
-        _set(small, "mamba_d_head", expand * small.hidden_size // heads)
-    if isinstance(getattr(config, "mamba_d_state", None), int):
-        _set(small, "mamba_d_state", _SSM_STATE)
+    _set(small, heads_field, heads)
+    inner = expand * small.hidden_size
+    if isinstance(getattr(config, "mamba_d_ssm", None), int):
+        _set(small, "mamba_d_ssm", inner)
+    if isinstance(getattr(config, head_field, None), int):
+        _set(small, head_field, inner // heads)
+    if isinstance(getattr(config, state_field, None), int):
+        _set(small, state_field, _SSM_STATE)
+
+
+# (heads, head size, state size, expansion, groups) of a hybrid's Mamba-2 config (Bamba,
+# Granite-4.0-H, Falcon-H1), and of Mamba2's own
+_HYBRID_NAMES = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_expand", "mamba_n_groups")
+_MAMBA2_NAMES = ("num_heads", "head_dim", "state_size", "expand", "n_groups")
+
+
+def _is_mamba2_config(config) -> bool:
+    """A config of Mamba-2 layers alone (``Mamba2Config``): every one of its size fields."""
+    return all(isinstance(getattr(config, name, None), int) for name in _MAMBA2_NAMES) and not hasattr(
+        config, "num_attention_heads"
+    )
 
 
 def _set(config, name: str, value) -> bool:
