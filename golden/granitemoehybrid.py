@@ -278,14 +278,21 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         if config.layers_block_type[layer_idx] == "linear_attention":
             if tuple(config.time_step_limit) != (0.0, float("inf")):
                 raise ValueError(
-                    "tuple(config.time_step_limit) must be (0.0, "
-                    'float("inf")): vLLM\'s MambaMixer2 does not clamp time steps'
+                    "hfrewrite: this file needs "
+                    'tuple(config.time_step_limit) == (0.0, float("inf")): '
+                    "vLLM's MambaMixer2 does not clamp time steps"
+                )
+            if config.hidden_act not in ("silu", "swish"):
+                raise ValueError(
+                    "hfrewrite: this file needs config.hidden_act in "
+                    '("silu", "swish"): vLLM\'s causal convolution applies '
+                    "silu or nothing"
                 )
             if config.mamba_n_groups != 1:
                 raise ValueError(
-                    "config.mamba_n_groups must be 1: proven with one group "
-                    "only, where a norm over all channels is vLLM's norm "
-                    "over each group's"
+                    "hfrewrite: this file needs config.mamba_n_groups == 1: "
+                    "proven with one group only, where a norm over all "
+                    "channels is vLLM's norm over each group's"
                 )
             self.mamba = MambaMixer2(
                 hidden_size=config.hidden_size,

@@ -28,6 +28,7 @@ Preconditions: the layer's forward is vLLM's fused-residual one (fused_residual_
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -233,10 +234,20 @@ class _BuildMixer(cst.CSTTransformer):
         return updated
 
 
-def _fixed_check(expr: str, value: str, why: str) -> cst.BaseStatement:
-    """A check that ``expr`` has the value the file was proven with."""
-    message = f"{expr} must be {value}: {why}"
-    return t.stmt(f"if {expr} != {value}:\n    raise ValueError({message!r})\n")
+def _fixed_check(condition: str, why: str) -> cst.BaseStatement:
+    """A check that the config meets ``condition``, as the one the file was proven with."""
+    message = f"hfrewrite: this file needs {condition}: {why}"
+    return t.stmt(f"if {_negated(condition)}:\n    raise ValueError({message!r})\n")
+
+
+def _negated(condition: str) -> str:
+    """``a != b`` for ``a == b``, ``a not in b`` for ``a in b``, else ``not (...)``."""
+    tree = ast.parse(condition, mode="eval").body
+    flipped = {ast.Eq: ast.NotEq, ast.In: ast.NotIn}
+    if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in flipped:
+        tree.ops = [flipped[type(tree.ops[0])]()]
+        return ast.unparse(tree)
+    return f"not ({condition})"
 
 
 def _choosing_forward(

@@ -50,7 +50,7 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
     values = {kw: value for kw, (_, value) in args.items()}
     if values["activation"] not in _ACTIVATIONS:
         return NoMatch(PATTERN, name, f"its convolution's activation is {values['activation']!r}, not silu")
-    fixed = _fixed(type(module), config, args["n_groups"][0])
+    fixed = _fixed(type(module), config, args)
     if isinstance(fixed, str):
         return NoMatch(PATTERN, name, fixed)
     difference = _replay_difference(module, values)
@@ -186,23 +186,26 @@ def _one(exprs, kw: str, fits) -> tuple[str, object] | None:
 
 _CLAMP = "vLLM's MambaMixer2 does not clamp time steps"
 _ONE_GROUP = "proven with one group only, where a norm over all channels is vLLM's norm over each group's"
+_SILU = "vLLM's causal convolution applies silu or nothing"
 
 
-def _fixed(cls: type, config, groups: str) -> tuple[tuple[str, str, str], ...] | str:
-    """What the file requires of every config, as (expression, value as code, why): the
-    block's time-step limits (a (low, high) pair of floats from its config), which vLLM's
-    MambaMixer2 never applies, at the no-op (0, inf) they must have on the traced config (a
-    str: why they do not); and one group where the traced block has one, since with one
-    group a norm over all channels and vLLM's norm over each group's are the same, and the
-    replay tells them apart only with more."""
+def _fixed(cls: type, config, args: dict) -> tuple[tuple[str, str], ...] | str:
+    """What the file requires of every config, as (condition, why): the block's time-step
+    limits (a (low, high) pair of floats from its config), which vLLM's MambaMixer2 never
+    applies, at the no-op (0, inf) they must have on the traced config (a str: why they do
+    not); the convolution's activation silu; and one group where the traced block has one,
+    since with one group a norm over all channels and vLLM's norm over each group's are the
+    same, and the replay tells them apart only with more."""
     out = []
     for _, code, value in init_expressions(cls, config):
         if isinstance(value, tuple | list) and len(value) == 2 and all(type(v) is float for v in value):
             if tuple(value) != (0.0, math.inf):
                 return f"{code} is {tuple(value)}: {_CLAMP}"
-            out.append((f"tuple({code})", '(0.0, float("inf"))', _CLAMP))
-    if eval(groups, {"int": int}, {"config": config}) == 1:  # the source's own expression
-        out.append((groups, "1", _ONE_GROUP))
+            out.append((f'tuple({code}) == (0.0, float("inf"))', _CLAMP))
+    out.append((f"{args['activation'][0]} in {_ACTIVATIONS!r}".replace("'", '"'), _SILU))
+    groups, traced = args["n_groups"]
+    if traced == 1:
+        out.append((f"{groups} == 1", _ONE_GROUP))
     return tuple(out)
 
 

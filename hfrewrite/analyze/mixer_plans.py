@@ -29,9 +29,9 @@ class Mamba2Plan:
     # MambaMixer2's arguments, each the expression of the block's config that its __init__
     # sizes the block with, proven equal to the traced block's structure
     args: tuple[tuple[str, str], ...]
-    # config expressions whose traced value the file requires, (expression, its value written
-    # as code, why): the time-step limits vLLM's MambaMixer2 does not clamp to, one group
-    fixed: tuple[tuple[str, str, str], ...] = ()
+    # conditions on the config the file requires, (condition, why): the time-step limits
+    # vLLM's MambaMixer2 does not clamp to at (0, inf), a silu convolution, one group
+    fixed: tuple[tuple[str, str], ...] = ()
     layer_test: str = ""
     attention_when: bool = True
 

@@ -52,7 +52,11 @@ def test_bambas_mixer_is_vllms_with_its_configs_expressions():
         "ssm_state_size": "config.mamba_d_state",
     }
     # the time-step limits vLLM does not clamp to stay off; one traced group is all that is proven
-    assert [expr for expr, _, _ in plan.fixed] == ["tuple(config.time_step_limit)", "config.mamba_n_groups"]
+    assert [condition for condition, _ in plan.fixed] == [
+        'tuple(config.time_step_limit) == (0.0, float("inf"))',
+        'config.hidden_act in ("silu", "swish")',
+        "config.mamba_n_groups == 1",
+    ]
 
 
 def test_bambas_norm_over_all_channels_is_refused_with_two_groups():
@@ -80,7 +84,10 @@ def test_a_norm_over_each_groups_channels_is_proven_with_two_groups_and_not_fixe
     block.norm = _grouped(block.norm)
     plan = analyze_mamba2(_layer(block), "mamba", config)
     assert isinstance(plan, Mamba2Plan), plan
-    assert [expr for expr, _, _ in plan.fixed] == ["tuple(config.time_step_limit)"]
+    assert [condition for condition, _ in plan.fixed] == [
+        'tuple(config.time_step_limit) == (0.0, float("inf"))',
+        'config.hidden_act in ("silu", "swish")',
+    ]
 
 
 def _grouped(norm: BambaRMSNormGated) -> _GroupedNorm:

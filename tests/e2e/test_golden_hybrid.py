@@ -167,4 +167,6 @@ def test_bamba_with_two_groups_is_refused_by_the_file(tmp_path):
     )
     (report,) = verify_many([VerifyCase(ckpt, GOLDEN / "bamba.py")])
     assert report.generated_tokens is None, report.summary()
-    assert "config.mamba_n_groups must be 1" in report.errors.get("generated", ""), report.summary()
+    assert "this file needs config.mamba_n_groups == 1" in report.errors.get("generated", ""), (
+        report.summary()
+    )

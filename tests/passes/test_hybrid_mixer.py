@@ -153,7 +153,7 @@ MAMBA2 = Mamba2Plan(
         ("n_groups", "config.mamba_n_groups"),
         ("ssm_state_size", "config.mamba_d_state"),
     ),
-    fixed=(("config.mamba_n_groups", "1", "proven with one group only"),),
+    fixed=(("config.mamba_n_groups == 1", "proven with one group only"),),
     layer_test='self.block_type == "linear_attention"',
     attention_when=False,
 )
@@ -186,7 +186,7 @@ class LlamaDecoderLayer(nn.Module):
         self.block_type = layer_type
         if layer_type == "linear_attention":
             if config.mamba_n_groups != 1:
-                raise ValueError('config.mamba_n_groups must be 1: proven with one group only')
+                raise ValueError('hfrewrite: this file needs config.mamba_n_groups == 1: proven with one group only')
             self.mamba = MambaMixer2(
                 hidden_size=config.hidden_size,
                 conv_kernel_size=config.mamba_d_conv,
