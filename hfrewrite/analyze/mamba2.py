@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.mixer_replay import replay_difference
 from hfrewrite.analyze.plan import Mamba2Plan, NoMatch
 
 PATTERN = "mamba2"
@@ -53,7 +54,9 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
     fixed = _fixed(type(module), config, args)
     if isinstance(fixed, str):
         return NoMatch(PATTERN, name, fixed)
-    difference = _replay_difference(module, values)
+    difference = replay_difference(
+        module, values["hidden_size"], _TOKENS, lambda hidden: reference(module, hidden, values)
+    )
     if difference is None or difference > 1e-4:
         shown = "fails" if difference is None else f"differs by {difference:.2e}"
         return NoMatch(PATTERN, name, f"replaying vLLM's Mamba-2 mixer {shown}")
@@ -207,23 +210,6 @@ def _fixed(cls: type, config, args: dict) -> tuple[tuple[str, str], ...] | str:
     if traced == 1:
         out.append((f"{groups} == 1", _ONE_GROUP))
     return tuple(out)
-
-
-def _replay_difference(module: nn.Module, values: dict) -> float | None:
-    """The largest difference between the block and vLLM's formula on one random input."""
-    generator = torch.Generator().manual_seed(0)
-    weight = module.in_proj.weight
-    hidden = torch.randn(2, _TOKENS, values["hidden_size"], generator=generator, dtype=weight.dtype)
-    with torch.no_grad():
-        try:
-            got = module(hidden)
-        except Exception:  # noqa: BLE001 - a block that needs more than its hidden states
-            return None
-        got = got[0] if isinstance(got, tuple) else got
-        want = reference(module, hidden, values)
-    if not (torch.is_tensor(got) and got.shape == want.shape):
-        return None
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
 def reference(module: nn.Module, hidden: torch.Tensor, values: dict) -> torch.Tensor:

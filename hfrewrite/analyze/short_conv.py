@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfrewrite.analyze.mixer_replay import replay_difference
 from hfrewrite.analyze.plan import NoMatch, ShortConvPlan
 
 PATTERN = "short_conv"
@@ -49,7 +50,9 @@ def analyze_short_conv(layer: nn.Module, attr: str, config) -> ShortConvPlan | N
     why = _config_fits(module, config)
     if why:
         return NoMatch(PATTERN, name, why)
-    difference = _replay_difference(module)
+    difference = replay_difference(
+        module, module.conv.in_channels, _TOKENS, lambda hidden: reference(module, hidden)
+    )
     if difference is None or difference > 1e-5:
         shown = "fails" if difference is None else f"differs by {difference:.2e}"
         return NoMatch(PATTERN, name, f"replaying vLLM's gated short convolution {shown}")
@@ -66,24 +69,6 @@ def _config_fits(module: nn.Module, config) -> str:
     if set(biases.values()) != {bool(bias)}:
         return f"vLLM's ShortConv gives every part a bias when config.conv_bias ({bias}) says so, unlike {biases}"
     return ""
-
-
-def _replay_difference(module: nn.Module) -> float | None:
-    """The largest difference between the block and vLLM's formula on one random input."""
-    generator = torch.Generator().manual_seed(0)
-    dim = module.conv.in_channels
-    weight = module.in_proj.weight
-    hidden = torch.randn(2, _TOKENS, dim, generator=generator, dtype=weight.dtype)
-    with torch.no_grad():
-        try:
-            got = module(hidden)
-        except Exception:  # noqa: BLE001 - a block that needs more than its hidden states
-            return None
-        got = got[0] if isinstance(got, tuple) else got
-        want = reference(module, hidden)
-    if not (torch.is_tensor(got) and got.shape == want.shape):
-        return None
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
 def reference(module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
