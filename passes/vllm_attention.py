@@ -419,7 +419,7 @@ def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cs
     return module.with_changes(body=[*body[:at], cls, *body[at:]])
 
 
-def _described(att: AttentionPlan) -> str:
+def _described(att: AttentionPlan, hybrid: bool = False) -> str:
     """The ``--explain`` row of the attention's replacement: what ran, and its positions."""
     style = att.rope_style.label
     rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
@@ -431,6 +431,8 @@ def _described(att: AttentionPlan) -> str:
     softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
     if att.alibi:
         rope = f"ALiBi slopes x {att.alibi} (bias proven by replay)"
+    elif positionless(att) and hybrid:
+        rope = "no rope (the hybrid's other mixer sees the order)"
     elif positionless(att):
         rope = "no rope (learned or fixed positions added to the embeddings)"
     called = "torch SDPA or attention by hand (proven causal)" if att.direct_sdpa else "attention interface"
@@ -444,7 +446,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         return PassResult(module=module)
     cls = t.find_class(module, att.module_class)
     cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
-    rows = [FusionRow(att.module_class, _described(att))]
+    rows = [FusionRow(att.module_class, _described(att, hybrid=ctx.plan.mixer is not None))]
     rows += [FusionRow(att.module_class, note) for note in notes]
     imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
     if att.alibi:

