@@ -170,3 +170,20 @@ def test_bamba_with_two_groups_is_refused_by_the_file(tmp_path):
     assert "this file needs config.mamba_n_groups == 1" in report.errors.get("generated", ""), (
         report.summary()
     )
+
+
+@pytest.mark.vllm
+def test_granite_4_h_with_rope_is_refused_by_the_file(tmp_path):
+    """The golden's base model was traced without its rotary embedding (``Rotary(config) if
+    config.position_embedding_type == "rope" else None``): a rope checkpoint is refused when
+    vLLM builds the model, never run without its rope."""
+    kinds = ["linear_attention", "full_attention"]
+    config = {**GRANITE_H, "position_embedding_type": "rope"}
+    ckpt = make_tiny_checkpoint(
+        "granitemoehybrid", tmp_path / "rope", num_hidden_layers=2, layer_types=kinds, **config
+    )
+    (report,) = verify_many([VerifyCase(ckpt, GOLDEN / "granitemoehybrid.py")])
+    assert report.generated_tokens is None, report.summary()
+    assert "`config.position_embedding_type == 'rope'` is False" in report.errors.get("generated", ""), (
+        report.summary()
+    )
