@@ -13,8 +13,9 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   ``model_config``, ``cache_config``, ``quant_config`` and ``prefix=f"{prefix}.<attr>"``; its
   parts load the checkpoint's tensors under their own names (Mamba-2's ``A_log`` as ``A``,
   load_weights). ShortConv takes the config and the block's channels; MambaMixer2 takes
-  the expressions of the config the analysis proved for each of its sizes, after a check that
-  refuses a config whose time-step limits vLLM would not apply;
+  the expressions of the config the analysis proved for each of its sizes, after checks that
+  refuse the configs beyond that proof (``Mamba2Plan.fixed``: time steps vLLM would not
+  clamp, a convolution activation other than silu, more groups than the traced one);
 * in its fused forward, the attention call under the source's test, and in the other branch
   the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
   carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
@@ -118,6 +119,8 @@ class _Row:
     state_methods: Callable[[MixerPlan, cst.Module], str]
     writes_into_buffer: bool  # called as ``mixer(x, output)`` rather than ``output = mixer(x)``
     imports: tuple[str, ...]
+    # plan -> (condition, why) the config must meet, checked before the layer is built
+    checks: Callable[[MixerPlan], tuple[tuple[str, str], ...]] = lambda plan: ()
 
 
 def _short_conv_arguments(plan: ShortConvPlan, module: cst.Module) -> str:
@@ -141,7 +144,9 @@ ROWS: dict[type, _Row] = {
     ShortConvPlan: _Row(
         "ShortConv", _short_conv_arguments, _short_conv_state, True, ("ShortConv", "extract_layer_index")
     ),
-    Mamba2Plan: _Row("MambaMixer2", _mamba2_arguments, _mamba2_state, False, ("MambaMixer2",)),
+    Mamba2Plan: _Row(
+        "MambaMixer2", _mamba2_arguments, _mamba2_state, False, ("MambaMixer2",), lambda plan: plan.fixed
+    ),
 }
 
 
@@ -221,7 +226,7 @@ class _BuildMixer(cst.CSTTransformer):
         )
         lines = "".join(f"    {line}\n" for line in (self.arguments + shared).splitlines())
         built = t.stmt(f"self.{self.mixer.attr} = {self.row.vllm_class}(\n{lines})\n")
-        checks = [_fixed_check(*fixed) for fixed in getattr(self.mixer, "fixed", ())]
+        checks = [_fixed_check(*fixed) for fixed in self.row.checks(self.mixer)]
         statements = [*checks, built]
         statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
         return cst.FlattenSentinel(statements)

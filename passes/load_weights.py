@@ -28,7 +28,7 @@ from typing import NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.plan import Mamba2Plan, MlaPlan
+from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.analyze.qkv_layouts import MP_BLOCKS, QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_weights import experts_need_splitting, experts_one_by_one
@@ -371,8 +371,10 @@ def _weights_mapper(plan, stacks: dict[str, list[_Shard]]) -> str:
     )
     if prefixes:
         mapper += f"    orig_to_new_prefix={{\n{prefixes}    }},\n"
-    if isinstance(plan.mixer, Mamba2Plan):  # vLLM's MambaMixer2 loads A_log as A = -exp(A_log)
-        mapper += f'    orig_to_new_suffix={{".{plan.mixer.attr}.A_log": ".{plan.mixer.attr}.A"}},\n'
+    suffixes = plan.mixer.checkpoint_suffix_renames if plan.mixer is not None else ()
+    if suffixes:  # a hybrid's mixer parts vLLM names otherwise (Mamba-2's A_log loaded as A)
+        pairs = ", ".join(f'"{old}": "{new}"' for old, new in suffixes)
+        mapper += f"    orig_to_new_suffix={{{pairs}}},\n"
     if substr:
         mapper += f"    orig_to_new_substr={{\n{substr}    }},\n"
     return mapper + f"    orig_to_new_stacked={{\n{stacked}    }}\n)\n"

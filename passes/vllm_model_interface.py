@@ -80,6 +80,12 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     )
 
 
+def _module_list_of(name: str) -> m.Call:
+    return m.Call(
+        func=m.Attribute(value=m.Name("nn"), attr=m.Name("ModuleList")), args=[m.Arg(value=m.Name(name))]
+    )
+
+
 def folded_layer_loop(statements: list[cst.BaseStatement], attr: str) -> list[cst.BaseStatement]:
     """``statements`` with ``xs = []; for i in range(N): xs.append(Layer(...));
     self.<attr> = nn.ModuleList(xs)`` (Bamba's) written as the one
@@ -87,9 +93,8 @@ def folded_layer_loop(statements: list[cst.BaseStatement], attr: str) -> list[cs
     out = list(statements)
     for i in range(len(out) - 2):
         empty, loop, built = out[i : i + 3]
-        name = m.Name()
         listed = m.SimpleStatementLine(
-            body=[m.Assign(targets=[m.AssignTarget(target=name)], value=m.List(elements=[]))]
+            body=[m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.List(elements=[]))]
         )
         if not (
             m.matches(empty, listed) and isinstance(loop, cst.For) and t.self_attr_assigned(built) == attr
@@ -101,7 +106,7 @@ def folded_layer_loop(statements: list[cst.BaseStatement], attr: str) -> list[cs
         if not (
             m.matches(appended, m.SimpleStatementLine(body=[m.Expr(value=call)]))
             and loop.orelse is None
-            and t.code(t.assigned_value(built)) == f"nn.ModuleList({xs})"
+            and m.matches(t.assigned_value(built), _module_list_of(xs))
         ):
             continue
         element = t.code(appended.body[0].value.args[0].value)

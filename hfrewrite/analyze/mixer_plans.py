@@ -19,6 +19,10 @@ class ShortConvPlan:
     layer_test: str = ""
     attention_when: bool = True
 
+    @property
+    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
+        return ()  # ShortConv's parts load under the checkpoint's names
+
 
 @dataclass(frozen=True)
 class Mamba2Plan:
@@ -37,6 +41,11 @@ class Mamba2Plan:
 
     def arg(self, name: str) -> str:
         return dict(self.args)[name]
+
+    @property
+    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
+        """vLLM's MambaMixer2 loads ``A_log`` as its ``A``, which its loader makes ``-exp(A_log)``."""
+        return ((f".{self.attr}.A_log", f".{self.attr}.A"),)
 
 
 MixerPlan = ShortConvPlan | Mamba2Plan
