@@ -166,7 +166,7 @@ class NemotronAttention(nn.Module):
             prefix=f"{prefix}.qkv_proj",
         )
         self.o_proj = RowParallelLinear(
-            self.head_dim * self.num_heads,
+            self.head_dim * self.total_num_heads,
             self.hidden_size,
             bias=config.attention_bias,
             quant_config=quant_config,

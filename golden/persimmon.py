@@ -156,7 +156,7 @@ class PersimmonAttention(nn.Module):
             prefix=f"{prefix}.query_key_value",
         )
         self.dense = RowParallelLinear(
-            self.num_heads * self.head_dim,
+            self.total_num_heads * self.head_dim,
             self.hidden_size,
             bias=True,
             quant_config=quant_config,
@@ -167,12 +167,12 @@ class PersimmonAttention(nn.Module):
 
         if self.qk_layernorm:
             self.q_layernorm = nn.LayerNorm(
-                config.hidden_size // self.num_heads,
+                config.hidden_size // self.total_num_heads,
                 eps=config.layer_norm_eps,
                 elementwise_affine=True,
             )
             self.k_layernorm = nn.LayerNorm(
-                config.hidden_size // self.num_heads,
+                config.hidden_size // self.total_num_heads,
                 eps=config.layer_norm_eps,
                 elementwise_affine=True,
             )

@@ -196,7 +196,7 @@ class StableLmAttention(nn.Module):
         self.qk_layernorm = config.qk_layernorm
         if self.qk_layernorm:
             self.q_layernorm = StableLmLayerNormPerHead(
-                self.head_dim, self.num_heads, eps=config.layer_norm_eps
+                self.head_dim, self.total_num_heads, eps=config.layer_norm_eps
             )
             self.k_layernorm = StableLmLayerNormPerHead(
                 self.head_dim, self.num_key_value_heads, eps=config.layer_norm_eps

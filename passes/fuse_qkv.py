@@ -35,7 +35,7 @@ import libcst as cst
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
-from hfrewrite.emit.fused_projection import HEAD_SHARDING, free_qkv_names, rewrite_fused
+from hfrewrite.emit.fused_projection import HEAD_SHARDING, after_head_sharding, free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -169,13 +169,9 @@ def _fused_init(
     replaced = [where[a] for a in roles]
     first = min(replaced)
     fused[0] = fused[0].with_changes(leading_lines=body[first].leading_lines)
-    new_body = []
-    for i, s in enumerate(body):
-        if i == first:
-            new_body.extend(fused)
-        elif i not in replaced:
-            new_body.append(s)
-    return t.with_body(init, new_body)
+    before = [s for i, s in enumerate(body[:first]) if i not in replaced]
+    after = [s for i, s in enumerate(body) if i > first and i not in replaced]
+    return t.with_body(init, [*before, *fused, *after_head_sharding(after)])
 
 
 def _split_forward(forward: cst.FunctionDef, roles: tuple[str, str, str], name: str) -> cst.FunctionDef:

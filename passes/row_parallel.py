@@ -2,10 +2,12 @@
 
 Matches ``self.<o> = nn.Linear(I, H, bias=B)`` for the attention output projection and the
 MLP down projection named in the plan (fx: the linear producing the block's output), and
-the up projection of an ungated MLP (``down(act(up(x)))``, act proven elementwise).
+the up projection of an ungated MLP (``down(act(up(x)))``, act proven elementwise), and an
+attention's output gate (``o(attn * act(gate(x)))``, proven by replay), both column-parallel.
 
 Emits ``RowParallelLinear(I, H, bias=B, quant_config=..., prefix=...)`` (the up projection:
-``ColumnParallelLinear``, so each rank holds a slice of the intermediate); vLLM's parallel
+``ColumnParallelLinear``, so each rank holds a slice of the intermediate; the gate: a slice
+of the heads, the rank's own); vLLM's parallel
 linears return ``(output, bias)``, so ``y = self.o(x)`` becomes ``y, _ = self.o(x)`` and a
 call nested in an expression becomes ``self.o(x)[0]``.
 
@@ -93,6 +95,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
     att = ctx.plan.attention
     targets = [] if isinstance(att, MlaPlan) else [(att.module_class, att.o.attr, "RowParallelLinear")]
+    if not isinstance(att, MlaPlan) and att.output_gate is not None:  # sharded as the heads are
+        targets.append((att.module_class, att.output_gate.attr, "ColumnParallelLinear"))
     moe = ctx.plan.moe
     shared = moe is not None and moe.shared_expert is not None
     if mlp is not None:

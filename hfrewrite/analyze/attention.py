@@ -42,6 +42,7 @@ from hfrewrite.analyze.manual_attention import (
     by_hand_facts,
     is_softmax,
 )
+from hfrewrite.analyze.output_gate import output_gate
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, RopeTable, refuse
 from hfrewrite.analyze.position_scale import peel_position_scale
 from hfrewrite.analyze.q_prescale import peel_q_prescale
@@ -97,8 +98,13 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     if proj.fused is None:
         _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
     o_node, adds_residual = _output_projection(traced, path, scope, call)
-    only_layout(path_nodes(o_node, call, scope), traced, "the attention output")
-    prove_output_layout(call, o_node)
+    qkv_linears = list({n: None for f in proj.feeders.values() for n in linears_feeding(f, scope, traced)})
+    gate, on_output = output_gate(
+        traced, path, scope, call, o_node, qkv_linears, (heads.num_heads, heads.head_dim)
+    )
+    only_layout(on_output, traced, "the attention output")
+    if gate is None:
+        prove_output_layout(call, o_node)
     options = call_options(call, path, heads.num_heads)
     fact, fused, head_dim = rope.fact, proj.fused, heads.head_dim
     return AttentionPlan(
@@ -136,6 +142,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         **by_hand_facts(call, path),
         sinks=options.sinks,
         adds_residual=adds_residual,
+        output_gate=gate,
     )
 
 
@@ -328,7 +335,7 @@ def _max_position_field(config) -> str:
 
 
 def _qkv_group(traced: Traced, path: str) -> list[Node]:
-    """The one group of three Linears reading the same input, each called once."""
+    """The one group of three or more Linears reading the same input, each called once."""
     linears = traced.linears_in(path)
     names = [relative(n.target, path) for n in linears]
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -337,7 +344,8 @@ def _qkv_group(traced: Traced, path: str) -> list[Node]:
     groups: dict[Node, list[Node]] = {}  # insertion (graph) order
     for n in linears:
         groups.setdefault(n.args[0], []).append(n)
-    triples = [g for g in groups.values() if len(g) == 3]
+    # (a fourth linear on the same input is the output gate's: AFMoE, Laguna)
+    triples = [g for g in groups.values() if len(g) >= 3]
     if len(triples) != 1:
         refuse(
             "fuse_qkv",

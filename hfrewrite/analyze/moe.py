@@ -378,7 +378,8 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
         return None, None
     add = adds[0]
     # (hy_v3 adds the two in float32: casts are identities in the float32 analysis)
-    other = skip(next(a for a in add.args if root(a) is not experts_call and a is not experts_call))
+    # (AFMoE views the shared expert's [tokens, hidden] back to [batch, seq, hidden])
+    other = root(next(a for a in add.args if root(a) is not experts_call and a is not experts_call))
     gate = None
     if isinstance(other, Node) and other.target in (operator.mul, torch.mul):
         sig = next(
@@ -395,7 +396,7 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
         if not (gate_call.op == "call_module" and isinstance(traced.submodule(gate_call), nn.Linear)):
             return NoMatch(PATTERN, cls, "the shared expert gate is not a Linear"), None
         gate = relative(gate_call.target, path)
-        other = skip(next(a for a in other.args if a is not sig))
+        other = root(next(a for a in other.args if a is not sig))
     if not (isinstance(other, Node) and other.op == "call_module"):
         return NoMatch(
             PATTERN,

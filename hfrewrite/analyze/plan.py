@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
 from hfrewrite.analyze.norm_kinds import NormKind
+from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.rope_styles import RopeStyle
 
@@ -147,6 +148,8 @@ class AttentionPlan:
     # The block returns its output projection plus a tensor it is given (BLOOM, TeleChat:
     # the layer's residual add inside the attention), proven on the trace
     adds_residual: bool = False
+    # the attention output times act(gate(x)) before its projection (analyze/output_gate.py)
+    output_gate: OutputGate | None = None
 
 
 @dataclass(frozen=True)

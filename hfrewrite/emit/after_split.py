@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.plan import AttentionPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.attention_body import (
@@ -182,6 +183,8 @@ def _allowed_calls(att: AttentionPlan) -> set[str]:
     allowed = ALLOWED_CALLS | DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
     allowed |= FACTORIES if att.direct_sdpa else set()
     allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
+    if (gate := att.output_gate) is not None:  # the proven gate: its projection and activation
+        allowed |= {gate.attr, *gate.activation.calls, "mul"}
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     return allowed
@@ -269,6 +272,29 @@ def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) ->
     return t.with_body(init, body)
 
 
+_GATE = """\
+# The source's output gate (proven by replay): {described}.
+gate = self.{attr}(hidden_states)
+"""
+
+
+def gated_output(gate: OutputGate) -> str:
+    """The statements multiplying vLLM's attention output by the proven gate."""
+    code = _GATE.format(described=gate.describe(), attr=gate.attr)
+    if gate.upcast:  # as the source: the activation in float32, cast back
+        act = gate.activation.expression.format(gate="gate.float()")
+        code += f"gate = {act}.to(attn_output.dtype)\n"
+    else:
+        code += f"gate = {gate.activation.expression.format(gate='gate')}\n"
+    if gate.per_head:
+        return code + (
+            "attn_output = (\n"
+            f"    attn_output.view(*attn_output.shape[:-1], -1, {HEAD_DIM}) * gate.unsqueeze(-1)\n"
+            ").view(attn_output.shape)\n"
+        )
+    return code + "attn_output = attn_output * gate\n"
+
+
 def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: str | None, name: str) -> str:
     """vLLM's forward after the kept projection: ``norms``, the rope, ``self.attn`` and the
     output projection; ``residual``: the parameter added to its output."""
@@ -292,6 +318,8 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
         tail += norms
     return (
         tail
-        + f"attn_output = self.attn(q, k, v)\nattn_output = self.{att.o.attr}(attn_output)\n"
+        + "attn_output = self.attn(q, k, v)\n"
+        + (gated_output(att.output_gate) if att.output_gate else "")
+        + f"attn_output = self.{att.o.attr}(attn_output)\n"
         + (f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n")
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.analyze.fused_qkv import ITEM
 from hfrewrite.analyze.qkv_layouts import QkvLayout
@@ -93,13 +94,60 @@ _SHARDED = frozenset(
 )
 
 
-def _without_head_counts(statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """``statements`` less the source's later assignments of what HEAD_SHARDING binds."""
+def after_head_sharding(statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The source's ``__init__`` statements after HEAD_SHARDING: less their assignments of
+    what it binds, and sizing whole modules by the whole head counts (below)."""
     return [
-        s
+        _TotalCounts.sizing(s)
         for s in statements
         if not (t.self_attr_assigned(s) in _SHARDED and computes_only(t.assigned_value(s)))
     ]
+
+
+_TOTAL = {"num_heads": "total_num_heads", "num_kv_heads": "total_num_kv_heads"}
+
+
+class _TotalCounts(cst.CSTTransformer):
+    """After HEAD_SHARDING ``self.num_heads`` is the rank's count; a module the source builds
+    from it (Persimmon's ``dense``, Laguna's ``g_proj``: a parallel linear shards it itself, a
+    per-head norm divides by it) takes the whole count. Rewritten: the statements building a
+    module (``self.x = Class(...)``, also under an ``if``) and the locals they read; an
+    attribute kept for ``forward`` keeps the rank's count."""
+
+    @classmethod
+    def sizing(cls, statement: cst.BaseStatement) -> cst.BaseStatement:
+        if isinstance(statement, cst.If):
+            return statement.with_changes(
+                body=statement.body.with_changes(body=[cls.sizing(s) for s in statement.body.body]),
+                orelse=None if statement.orelse is None else cls.sizing(statement.orelse),
+            )
+        if isinstance(statement, cst.Else):
+            return statement.with_changes(
+                body=statement.body.with_changes(body=[cls.sizing(s) for s in statement.body.body])
+            )
+        if not isinstance(statement, cst.SimpleStatementLine) or not _builds_or_local(statement):
+            return statement
+        return statement.visit(cls())
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if m.matches(updated, m.Attribute(value=m.Name("self"))) and updated.attr.value in _TOTAL:
+            return updated.with_changes(attr=cst.Name(_TOTAL[updated.attr.value]))
+        return updated
+
+
+def _builds_or_local(statement: cst.SimpleStatementLine) -> bool:
+    """``self.x = Class(...)`` (a class by its capitalised name), or an assignment to locals."""
+    body = statement.body[0]
+    if not isinstance(body, cst.Assign):
+        return False
+    if all(isinstance(target.target, cst.Name) for target in body.targets):
+        return True
+    callee = t.call_name(body.value) if isinstance(body.value, cst.Call) else None
+    return (
+        callee is not None
+        and callee.rsplit(".", 1)[-1][:1].isupper()
+        and t.self_attr_assigned(statement) is not None
+    )
 
 
 def rewrite_fused(
@@ -170,7 +218,7 @@ def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, comment
         leading_lines=[*body[where[attr]].leading_lines, *fused[0].leading_lines]
     )
     at = where[attr]
-    return t.with_body(init, [*body[:at], *fused, *_without_head_counts(body[at + 1 :])])
+    return t.with_body(init, [*body[:at], *fused, *after_head_sharding(body[at + 1 :])])
 
 
 def _fused_forward(

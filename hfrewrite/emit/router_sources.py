@@ -139,7 +139,7 @@ def routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[str
             kwargs[kwarg] = f"({kwargs[kwarg]} if {when} else 1)"
     if moe.scoring != "softmax":
         kwargs["scoring_func"] = f'"{moe.scoring}"'
-    if moe.routed_scaling_factor != 1.0:
+    if "routed_scaling_factor" in exprs:  # the attribute the analysis found (whatever its value)
         kwargs["routed_scaling_factor"] = exprs["routed_scaling_factor"]
         kwargs["apply_routed_scale_to_output"] = "True"
     if moe.correction_bias:

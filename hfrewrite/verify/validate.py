@@ -82,6 +82,10 @@ def _one_more_layer(small) -> None:
         kinds = getattr(small, field, None)
         if isinstance(kinds, list) and len(kinds) == n:
             set_layer_kinds(small, small, field, [*kinds, kinds[-1]])
+    for field, items in sorted(vars(small).items()):  # other per-layer lists (Laguna's head counts)
+        per_layer = "layer" in field and field not in ("layer_types", "mlp_layer_types")
+        if per_layer and isinstance(items, list) and len(items) == n:
+            setattr(small, field, [*items, items[-1]])
     small.num_hidden_layers = n + 1
 
 

@@ -1,6 +1,6 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
 granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss, minimax_m2,
-hy_v3, exaone_moe, aria_text, cohere2_moe.
+hy_v3, exaone_moe, aria_text, cohere2_moe, afmoe, laguna.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -187,6 +187,45 @@ CASES: dict[str, tuple[str, dict]] = {
             "tie_word_embeddings": False,
         },
     ),
+    # afmoe: attention gated by sigmoid(gate_proj(x)) per lane, rope on the sliding layers only,
+    # sandwich norms, a dense first layer, sigmoid routing with a correction bias (choice only)
+    # renormalised then scaled, and a shared expert viewed back to [batch, seq, hidden]
+    "afmoe-sigmoid-output-gate-rope-on-sliding": (
+        "afmoe",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_dense_layers": 1,
+            "num_shared_experts": 1,
+            "sliding_window": 8,
+            "global_attn_every_n_layers": 2,
+            "route_scale": 2.5,
+            # the Hub config's routing fields, read by vLLM's own afmoe.py
+            "score_func": "sigmoid",
+            "route_norm": True,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+    ),
+    # laguna: attention gated per head by softplus(g_proj(x)) computed in float32, a head count
+    # per layer (the whole count sizes g_proj and o_proj; each rank keeps its share)
+    "laguna-per-head-softplus-gate-heads-per-layer": (
+        "laguna",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads_per_layer": [4, 8, 4],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+            "sliding_window": 8,
+            "moe_routed_scaling_factor": 2.0,
+        },
+    ),
     "aria_text-transposed-renamed-shared": (
         "aria_text",
         {"moe_num_experts": 8, "moe_topk": 2, "intermediate_size": 64, "moe_num_shared_experts": 2},
@@ -219,7 +258,12 @@ NO_NATIVE = {"dots1-grouped-sigmoid", "aria_text-transposed-renamed-shared"}
 # vLLM 0.32's own minimax_m2.py asks the CPU router for sigmoid scores without grouped top-k,
 # which that router asserts against (AssertionError in cpu_router.py); the generated file
 # takes the grouped path with one group, where the CPU router computes sigmoid routing.
-NATIVE_FAILS = {"dbrx-clip-qkv", "minimax_m2-block-correction-bias"}
+# vLLM 0.32's own laguna.py does the same (sigmoid routing without grouped top-k).
+NATIVE_FAILS = {
+    "dbrx-clip-qkv",
+    "minimax_m2-block-correction-bias",
+    "laguna-per-head-softplus-gate-heads-per-layer",
+}
 
 
 def restack_experts(ckpt: Path) -> None:
@@ -284,8 +328,16 @@ def test_moe_golden_matches_hf_and_vllm_native(reports, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_layers_use_fused_experts(reports, case):
     _model_type, overrides = CASES[case]
-    first_sparse = overrides.get("first_k_dense_replace", overrides.get("moe_layer_start_index", 0))
+    first_sparse = next(
+        (
+            overrides[k]
+            for k in ("first_k_dense_replace", "moe_layer_start_index", "num_dense_layers")
+            if k in overrides
+        ),
+        0,
+    )
     dense = set(overrides.get("mlp_only_layers", [])) | set(range(first_sparse))
+    dense |= {i for i, kind in enumerate(overrides.get("mlp_layer_types", [])) if kind == "dense"}
     structure = reports[case].generated_structure
     assert structure, reports[case].summary()
     for i, layer in enumerate(structure):

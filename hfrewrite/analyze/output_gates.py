@@ -1,0 +1,52 @@
+"""The output gates vLLM's attention files apply: one row per activation of the gate.
+
+A gated attention multiplies the attention output by ``act(gate_proj(x))`` before the output
+projection (AFMoE's sigmoid, Laguna's softplus), per lane (``[heads * head_dim]``) or per head
+(``[heads]``). Each row is the plan's fact (``OutputGate.activation``), the reference the
+analysis replays (``replay``) and the expression the file computes (``expression``, over the
+name ``{gate}``). A new activation is one row here and its tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+class GateActivation(enum.Enum):
+    """(the name reports give it, the file's expression of ``{gate}``)."""
+
+    SIGMOID = ("sigmoid", "torch.sigmoid({gate})")
+    SOFTPLUS = ("softplus", "torch.nn.functional.softplus({gate})")
+
+    def __init__(self, label: str, expression: str) -> None:
+        self.label = label
+        self.expression = expression
+
+    @property
+    def calls(self) -> frozenset[str]:
+        """The names a source's gate statement may call for this row."""
+        return frozenset({self.name.lower()})
+
+    def replay(self, gate: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(gate) if self is GateActivation.SIGMOID else F.softplus(gate)
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """The gate the analysis proved between the attention output and its projection."""
+
+    attr: str  # the gate's Linear, reading the block's input as q, k and v do
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: GateActivation
+    per_head: bool  # one gate per head ([heads]), else one per lane ([heads * head_dim])
+    upcast: bool  # the source computes the activation in float32 and casts back
+
+    def describe(self) -> str:
+        where = "per head" if self.per_head else "per lane"
+        return f"attention output x {self.activation.label}({self.attr}(x)), {where}"
