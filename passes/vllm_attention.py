@@ -29,6 +29,11 @@ Attention sinks the call passes (``s_aux=self.sinks``, one logit per head) go to
 fused projection and its split (dbrx's ``clip_qkv`` clamp, which the analysis proved
 elementwise) are kept.
 
+An output gate the analysis proved by replay (analyze/output_gate.py: the attention output
+times ``act(gate(x))``, per lane or per head: AFMoE, Laguna) is computed after ``self.attn``
+from the table row's expression, in float32 where the source computes it so; ``row_parallel``
+makes its projection column-parallel.
+
 Preconditions: the plan found rope on q and k; the attention call passes ``scaling=``; ``forward`` starts with the
 ``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
 source only reshapes q/k/v, applies the plan's q/k norms, calls the functions the analysis proved
@@ -468,6 +473,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             module,
             template_class("rope.py", "ReversedRotaryEmbedding", {}, {}),
             att.module_class,
+        )
+    if att.output_gate is not None:
+        rows.append(
+            FusionRow(att.module_class, f"output gate kept: {att.output_gate.describe()} (proven by replay)")
         )
     if att.q_norm:
         where = "after" if att.qk_norm_after_rope else "before"

@@ -98,13 +98,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     if proj.fused is None:
         _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
     o_node, adds_residual = _output_projection(traced, path, scope, call)
-    qkv_linears = list({n: None for f in proj.feeders.values() for n in linears_feeding(f, scope, traced)})
-    gate, on_output = output_gate(
-        traced, path, scope, call, o_node, qkv_linears, (heads.num_heads, heads.head_dim)
-    )
-    only_layout(on_output, traced, "the attention output")
-    if gate is None:
-        prove_output_layout(call, o_node)
+    gate = _output_path(traced, path, scope, call, o_node, proj, heads)
     options = call_options(call, path, heads.num_heads)
     fact, fused, head_dim = rope.fact, proj.fused, heads.head_dim
     return AttentionPlan(
@@ -457,6 +451,21 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
     if len(outputs) == 1 and adds_given_tensor(outputs[0], end, traced, path):
         return consumers[0], True
     refuse("vllm_attention", "the output projection does not end the block")
+
+
+def _output_path(
+    traced: Traced, path: str, scope: set[Node], call: Node, o_node: Node, proj: _Projections, heads: _Heads
+):
+    """The output gate between the attention and its projection, or None; the rest of that
+    path layout alone, and without a gate, the projection reading the heads as vLLM lays them."""
+    qkv_linears = list({n: None for f in proj.feeders.values() for n in linears_feeding(f, scope, traced)})
+    gate, on_output = output_gate(
+        traced, path, scope, call, o_node, qkv_linears, (heads.num_heads, heads.head_dim)
+    )
+    only_layout(on_output, traced, "the attention output")
+    if gate is None:
+        prove_output_layout(call, o_node)
+    return gate
 
 
 def _count(n: int) -> str:

