@@ -155,11 +155,11 @@ def _shrink_routing(config, small) -> None:
             _set(small, "n_shared_experts", 1)  # a bare type's default config (dots1) leaves it unset
     if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
         _set(small, "num_experts_per_tok", 3)  # a bare type's default config (deepseek_v2) leaves it unset
-    for name, scale in sorted(
-        vars(config).items()
-    ):  # AFMoE's route_scale, Laguna's moe_routed_scaling_factor
+    # routing scales (DeepSeek's routed_scaling_factor, AFMoE's route_scale, Laguna's
+    # moe_routed_scaling_factor): a scale of 1 multiplies invisibly
+    for name, scale in sorted(vars(config).items()):
         if "rout" in name and "scal" in name and type(scale) in (int, float):
-            _set(small, name, 2.5)  # a scale of 1 multiplies invisibly
+            _set(small, name, 2.5)
     if isinstance(getattr(config, "norm_topk_prob", None), bool):
         _set(small, "norm_topk_prob", True)
     if getattr(config, "moe_num_shared_experts", None) == 0:  # ernie: trace its optional shared expert
