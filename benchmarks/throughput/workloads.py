@@ -73,7 +73,8 @@ def describe(label: str, c: dict[str, Any]) -> str:
             f"(moe_intermediate {c['moe_intermediate_size']})"
         )
         if "n_group" in c:
-            text += f" in {c['n_group']} groups, top-{c['topk_group']} groups, sigmoid, {c['n_shared_experts']} shared"
+            shared = c.get("n_shared_experts", c.get("num_shared_experts"))
+            text += f" in {c['n_group']} groups, top-{c['topk_group']} groups, sigmoid, {shared} shared"
     else:
         text += f", intermediate {c.get('intermediate_size', c.get('n_inner'))}"
     if "kv_lora_rank" in c:
@@ -322,7 +323,30 @@ GRANITE_H = ModelSpec(
     label="Granite-4.0-H (hybrid: Mamba-2, attention without rope, MoE beside a shared MLP)",
 )
 
-MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE, LFM2, GRANITE_H)
+# AFMoE (Arcee's Trinity): attention gated by sigmoid(gate_proj(x)), rope on the sliding
+# layers only, sandwich norms, a dense first layer, then sigmoid routing with a correction
+# bias, scaled, beside a shared expert. The routing fields are the Hub config's, read by
+# vLLM's own afmoe.py.
+_AFMOE = {
+    "num_dense_layers": 1,
+    "num_shared_experts": 1,
+    "route_scale": 2.5,
+    "score_func": "sigmoid",
+    "route_norm": True,
+    "n_group": 1,
+    "topk_group": 1,
+    "global_attn_every_n_layers": 2,
+}
+AFMOE = ModelSpec(
+    key="afmoe",
+    model_type="afmoe",
+    config={**QWEN3_MOE.config, **_AFMOE, "sliding_window": 128},
+    quick_config={**QWEN3_MOE.quick_config, **_AFMOE, "sliding_window": 32},
+    golden="afmoe.py",
+    label="AFMoE (gated attention, sigmoid routing, shared expert)",
+)
+
+MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE, LFM2, GRANITE_H, AFMOE)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {
