@@ -373,12 +373,6 @@ class AfmoeModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
-        if config.mup_enabled:
-            raise NotImplementedError(
-                "hfrewrite: AfmoeModel was converted for configs where "
-                "`config.mup_enabled` is False: its forward takes another "
-                "branch here"
-            )
         cache_config = vllm_config.cache_config
         quant_config = vllm_config.quant_config
         self.config = config
@@ -428,6 +422,10 @@ class AfmoeModel(nn.Module):
                 hidden_states = inputs_embeds
             else:
                 hidden_states = self.embed_input_ids(input_ids)
+            # The source's own step between the embeddings and the first layer.
+            # Apply muP input scaling if enabled
+            if self.config.mup_enabled:
+                hidden_states = hidden_states * (self.config.hidden_size**0.5)
             residual = None
         else:
             assert intermediate_tensors is not None

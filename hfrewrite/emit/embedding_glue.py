@@ -25,7 +25,8 @@ def embedding_glue(
     """The source's statements that turn the embeddings into the first layer's input
     (granite's ``inputs_embeds * self.embedding_multiplier``, nanochat's norm), with the
     stream renamed to ``hidden_states``: a backward slice from the layer loop's input
-    over the top-level statements, stopping at the embedding lookup. Statements that read
+    over the top-level statements, stopping at the embedding lookup; an ``if`` assigning the
+    stream (AFMoE's muP scale) is kept whole, its test with it. Statements that read
     anything but the stream, ``self`` and libraries refuse (masks, positions, caches)."""
     body = list(forward.body.body) if forward is not None else []
     loop = _layer_loop(body, layers)
@@ -77,10 +78,16 @@ def _backward_slice(statements: list[cst.BaseStatement], first: str, embed: str)
             small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
         )
         lookup = {t.dotted(c.func) for c in m.findall(s, m.Call())} & {f"self.{embed}"}
-        if (isinstance(s, cst.If) or lookup) and assigned_names(s) & needed:
+        if lookup and assigned_names(s) & needed:
             # `if inputs_embeds is None: inputs_embeds = self.embed_tokens(...)`: the lookup
             stream |= assigned_names(s) & needed
             break
+        if isinstance(s, cst.If) and assigned_names(s) & needed:
+            # a switch on the stream (AFMoE's `if self.config.mup_enabled: h = h * ...`): kept,
+            # with its test; what it reads is judged with the rest of the slice
+            sliced.insert(0, s)
+            needed |= t.root_names(s) - GLUE_NAMES
+            continue
         if not (isinstance(target, cst.Name) and target.value in needed):
             continue
         reads = t.root_names(small.value) - GLUE_NAMES

@@ -209,6 +209,24 @@ CASES: dict[str, tuple[str, dict]] = {
             "topk_group": 1,
         },
     ),
+    # ... with muP: the embeddings scaled by sqrt(hidden_size) under the source's own `if`, which
+    # the file carries (traced with the switch off, as transformers' default config has it)
+    "afmoe-mup-embeddings": (
+        "afmoe",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "num_dense_layers": 1,
+            "num_shared_experts": 1,
+            "mup_enabled": True,
+            "tie_word_embeddings": False,
+            "score_func": "sigmoid",
+            "route_norm": True,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+    ),
     # laguna: attention gated per head by softplus(g_proj(x)) computed in float32, a head count
     # per layer (the whole count sizes g_proj and o_proj; each rank keeps its share)
     "laguna-per-head-softplus-gate-heads-per-layer": (

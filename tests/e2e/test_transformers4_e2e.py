@@ -145,6 +145,24 @@ def test_telechat_reads_the_rope_base_its_rotary_class_computes_at_load(tmp_path
     assert capsys.readouterr().out.strip().endswith("verified")
 
 
+def test_telechat_embedding_layernorm_switch_is_carried_with_its_test(tmp_path, capsys):
+    """TeleChat normalises its embeddings under ``if self.config.embed_layernorm:``; the trace
+    leaves that branch off, and the file carries the source's ``if`` (its norm vLLM's RMSNorm,
+    proven for the class): a checkpoint that turns it on verifies too."""
+    repo = shutil.copytree(DATA / "telechat", tmp_path / "telechat")
+    out = tmp_path / "out"
+    assert main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(out)]) == 0
+    generated = out / "telechat.py"
+    assert "            if self.config.embed_layernorm:\n" in generated.read_text()
+    config = validation_config(resolve(str(repo), trust_remote_code=True).config)
+    assert not config.embed_layernorm
+    config.embed_layernorm = True
+    ckpt = fixtures.save_random_checkpoint(config, tmp_path / "ckpt", seed=2)
+    capsys.readouterr()
+    assert main(["verify", str(ckpt), "--generated", str(generated), "--trust-remote-code"]) == 0
+    assert capsys.readouterr().out.strip().endswith("verified")
+
+
 def test_chatglm_equals_vllms_own_chatglm(tmp_path):
     """vLLM ships ChatGLM3 (``chatglm.py``): the generated file computes what it computes, on
     a checkpoint the repository's code saved with ChatGLM3-6B-32K's ``rope_ratio``."""

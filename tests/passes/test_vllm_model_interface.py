@@ -253,6 +253,40 @@ def test_steps_between_the_embeddings_and_the_first_layer_keep_their_order():
     ) in after
 
 
+def test_a_switch_on_the_embeddings_is_carried_with_its_test():
+    # AFMoE's muP: the `if` is the source's own, so configs either way compute what it does
+    after = rewrite(
+        vllm_model_interface,
+        glue_source(
+            "        hidden_states = inputs_embeds\n"
+            "        if self.config.mup_enabled:\n"
+            "            hidden_states = hidden_states * (self.config.hidden_size**0.5)\n"
+            "        position_embeddings = self.rotary_emb(hidden_states, position_ids)\n"
+        ),
+        transformed_plan(),
+    )
+    assert (
+        "                hidden_states = self.embed_input_ids(input_ids)\n"
+        "            # The source's own step between the embeddings and the first layer.\n"
+        "            if self.config.mup_enabled:\n"
+        "                hidden_states = hidden_states * (self.config.hidden_size**0.5)\n"
+        "            residual = None\n"
+    ) in after
+
+
+def test_a_switch_on_the_embeddings_reading_other_inputs_is_refused():
+    with pytest.raises(HfrewriteError, match="the embeddings are changed with attention_mask"):
+        rewrite(
+            vllm_model_interface,
+            glue_source(
+                "        hidden_states = inputs_embeds\n"
+                "        if self.config.mup_enabled:\n"
+                "            hidden_states = hidden_states * attention_mask\n"
+            ),
+            transformed_plan(),
+        )
+
+
 def test_transformed_embeddings_with_no_step_to_carry_are_refused():
     # the analysis saw the first layer read something else than the embeddings; the source shows no step
     with pytest.raises(HfrewriteError, match="the first layer does not read the embeddings as they are"):
