@@ -27,9 +27,9 @@ def step(what: str) -> Iterator[None]:
     if not enabled():
         yield
         return
-    print(f"hfrewrite: {what} ...", end="", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    try:
+    try:  # (the line printed inside: an interrupt right after it still marks it failed)
+        print(f"hfrewrite: {what} ...", end="", file=sys.stderr, flush=True)
         yield
     except BaseException:
         print(" failed", file=sys.stderr, flush=True)
