@@ -10,6 +10,7 @@ name ``{gate}``). A new activation is one row here and its tests.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,22 +18,26 @@ import torch.nn.functional as F
 
 
 class GateActivation(enum.Enum):
-    """(the name reports give it, the file's expression of ``{gate}``)."""
+    """(the name reports give it and a source's gate calls it by, the file's expression of
+    ``{gate}``, the reference the analysis replays)."""
 
-    SIGMOID = ("sigmoid", "torch.sigmoid({gate})")
-    SOFTPLUS = ("softplus", "torch.nn.functional.softplus({gate})")
+    SIGMOID = ("sigmoid", "torch.sigmoid({gate})", torch.sigmoid)
+    SOFTPLUS = ("softplus", "torch.nn.functional.softplus({gate})", F.softplus)
 
-    def __init__(self, label: str, expression: str) -> None:
+    def __init__(
+        self, label: str, expression: str, reference: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
         self.label = label
         self.expression = expression
+        self.reference = reference
 
     @property
     def calls(self) -> frozenset[str]:
         """The names a source's gate statement may call for this row."""
-        return frozenset({self.name.lower()})
+        return frozenset({self.label})
 
     def replay(self, gate: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(gate) if self is GateActivation.SIGMOID else F.softplus(gate)
+        return self.reference(gate)
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,12 @@ def test_each_split_kv_row_loads_k_and_v(layout):
     for lane, name in ((k, "key_value_k"), (v, "key_value_v")):
         rows = x @ loaded[f"layers.0.attn.{name}.weight"].T
         assert torch.equal(rows.reshape(1, 1, HK, D), lane)
+
+
+def test_each_output_gate_row_writes_what_it_replays():
+    from hfrewrite.analyze.output_gates import GateActivation
+
+    gate = torch.randn(3, H, generator=torch.Generator().manual_seed(2))
+    for row in GateActivation:
+        written = eval(row.expression.format(gate="gate"), {"torch": torch, "gate": gate})
+        assert torch.equal(written, row.replay(gate)), row
