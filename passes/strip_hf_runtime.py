@@ -36,6 +36,7 @@ from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.module_setups import without_registrations_of_dropped, without_unused_setups
 from hfrewrite.emit.pass_api import PassContext, PassResult
 from hfrewrite.emit.relative_imports import relative_imports, with_absolute_imports
+from hfrewrite.emit.torch_names import builds_a_class
 
 NAME = "strip_hf_runtime"
 # Attributes vLLM itself reads from the model classes (those built from `vllm_config`),
@@ -155,13 +156,6 @@ def _calls_and_persistence(cls: cst.ClassDef) -> tuple[set[str], bool]:
     return {t.dotted(c.func) or "" for c in calls}, persistent
 
 
-def _builds_a_class(call: str) -> bool:
-    """A call of a capitalised name: a layer (``nn.Linear``, vLLM's ``QKVParallelLinear``), or
-    some other class, but not an exception."""
-    last = call.rsplit(".", 1)[-1]
-    return last[:1].isupper() and not last.endswith(("Error", "Exception", "Warning"))
-
-
 def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> set[str]:
     """Module classes that hold no checkpoint state: no parameters, no persistent buffers,
     no layers (HF's rotary embedding). Dropping an unused one cannot orphan a weight."""
@@ -169,7 +163,7 @@ def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> s
 
     def holds_state(cls: cst.ClassDef) -> bool:
         calls, persistent = calls_of(cls)
-        layers = {c for c in calls if _builds_a_class(c)} - EMPTY_MODULES - {"nn.Buffer", "nn.Module"}
+        layers = {c for c in calls if builds_a_class(c)} - EMPTY_MODULES - {"nn.Buffer", "nn.Module"}
         return bool(
             persistent
             or layers

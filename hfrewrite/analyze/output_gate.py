@@ -90,7 +90,9 @@ def _replayed(
     out = out[0] if isinstance(out, (tuple, list)) else out
     got = value(o_node.args[0])
     module = traced.submodule(linear)
-    if module.out_features not in (num_heads, num_heads * head_dim) or out.dim() != 4:
+    if not (torch.is_tensor(out) and out.dim() == 4):
+        refuse(_PASS, "the attention output is not [batch, seq, heads, head_dim]")
+    if module.out_features not in (num_heads, num_heads * head_dim):
         refuse(
             _PASS, f"the output gate has {module.out_features} lanes: neither one per head nor one per lane"
         )
@@ -106,7 +108,7 @@ def _replayed(
             batch, seq, -1
         )
         if got.shape != want.shape:
-            continue
+            refuse(_PASS, "the output projection does not read the gated attention output per token")
         diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
         if diff <= 1e-5:
             return row, per_head

@@ -13,6 +13,7 @@ from hfrewrite.analyze.fused_qkv import ITEM
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pure_expressions import computes_only
+from hfrewrite.emit.torch_names import builds_a_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_qkv"
@@ -136,18 +137,14 @@ class _TotalCounts(cst.CSTTransformer):
 
 
 def _builds_or_local(statement: cst.SimpleStatementLine) -> bool:
-    """``self.x = Class(...)`` (a class by its capitalised name), or an assignment to locals."""
+    """``self.x = Class(...)`` (``builds_a_class``), or an assignment to locals."""
     body = statement.body[0]
     if not isinstance(body, cst.Assign):
         return False
     if all(isinstance(target.target, cst.Name) for target in body.targets):
         return True
     callee = t.call_name(body.value) if isinstance(body.value, cst.Call) else None
-    return (
-        callee is not None
-        and callee.rsplit(".", 1)[-1][:1].isupper()
-        and t.self_attr_assigned(statement) is not None
-    )
+    return callee is not None and builds_a_class(callee) and t.self_attr_assigned(statement) is not None
 
 
 def rewrite_fused(

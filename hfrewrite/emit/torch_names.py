@@ -101,3 +101,10 @@ def torch_nn_as_nn(
         default=0,
     )
     return new.with_changes(body=[*body[:at], cst.parse_statement("from torch import nn\n"), *body[at:]])
+
+
+def builds_a_class(call: str) -> bool:
+    """A call of a capitalised name: a layer (``nn.Linear``, vLLM's ``QKVParallelLinear``), or
+    some other class, but not an exception."""
+    last = call.rsplit(".", 1)[-1]
+    return last[:1].isupper() and not last.endswith(("Error", "Exception", "Warning"))

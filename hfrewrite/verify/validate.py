@@ -52,7 +52,7 @@ def validation_config(config):
 
     small = shrink_config(config)
     small._attn_implementation = "eager"  # transformers' reference attention
-    _one_more_layer(small)
+    _one_more_layer(config, small)
     window = getattr(small, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > WINDOW:
         small.sliding_window = WINDOW
@@ -63,7 +63,7 @@ def validation_config(config):
 _DENSE_LAYERS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_start_index")
 
 
-def _one_more_layer(small) -> None:
+def _one_more_layer(config, small) -> None:
     """One more layer like the last where the shrunk config holds one layer of a kind (a MoE
     layer after a dense one, a global layer after a sliding one): vLLM registers every
     attention and fused-MoE layer by its prefix, so a file that names two layers alike fails
@@ -82,8 +82,16 @@ def _one_more_layer(small) -> None:
         kinds = getattr(small, field, None)
         if isinstance(kinds, list) and len(kinds) == n:
             set_layer_kinds(small, small, field, [*kinds, kinds[-1]])
-    for field, items in sorted(vars(small).items()):  # other per-layer lists (Laguna's head counts)
-        per_layer = "layer" in field and field not in ("layer_types", "mlp_layer_types")
+    # other per-layer lists (Laguna's head counts): those of the config with an entry a layer,
+    # as the shrink cut them
+    layers = getattr(config, "num_hidden_layers", None)
+    for field, items in sorted(vars(small).items()):
+        whole = getattr(config, field, None)
+        per_layer = (
+            isinstance(whole, list)
+            and len(whole) == layers
+            and field not in ("layer_types", "mlp_layer_types")
+        )
         if per_layer and isinstance(items, list) and len(items) == n:
             setattr(small, field, [*items, items[-1]])
     small.num_hidden_layers = n + 1
