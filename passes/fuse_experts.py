@@ -168,6 +168,8 @@ def _rebuilt_init(init: cst.FunctionDef, moe, sizes: dict[str, str]) -> _Init:
             new = _replicated_gate(s, attr)
         elif attr == moe.shared_expert:
             new = s.visit(_NotReducing(moe.shared_expert))
+        elif attr == moe.output_module:
+            new = s  # run on the runner's output (A.X-K1's post_mlp_layernorm)
         else:
             continue  # training-only knobs (jitter noise...) and router copies of config
         new = new if isinstance(new, list) else [new]
@@ -260,11 +262,12 @@ def _forward(moe) -> cst.FunctionDef:
     steps = ["runs self.route" if moe.carried_router else "applies the gate"]
     steps += ["adds the shared expert"] if moe.shared_expert else []
     comment = f"# vLLM's MoE runner {' and '.join(steps)}"
+    output = "final_hidden_states.view(orig_shape)"
     body = (
         "orig_shape = hidden_states.shape\nhidden_states = hidden_states.view(-1, orig_shape[-1])\n"
         f"{comment}.\n"
         f"final_hidden_states = self.{moe.experts}(hidden_states=hidden_states, router_logits=hidden_states)\n"
-        "return final_hidden_states.view(orig_shape)\n"
+        f"return {f'self.{moe.output_module}({output})' if moe.output_module else output}\n"
     )
     forward = t.stmt("def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n    pass\n")
     return t.with_body(forward, t.stmts(body))

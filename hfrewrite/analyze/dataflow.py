@@ -74,7 +74,8 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
     projection) to ``arg`` (the attention input) passes through, when ``arg`` depends on
     the positions (a rope region lies between them); None when it does not."""
     order = {n: i for i, n in enumerate(source.graph.nodes)}
-    path = sorted([*path_nodes(arg, source, scope), arg], key=order.__getitem__)
+    # (not the sizes read off another role: GPT-NeoX-Japanese views k by q's sizes)
+    path = sorted([*(n for n in path_nodes(arg, source, scope) if not _sizes(n)), arg], key=order.__getitem__)
     on_path = set(path) | {source}
     mixed: set[Node] = set()
     for n in path:  # graph order: inputs first
@@ -90,6 +91,14 @@ def rope_start(arg: Node, source: Node, scope: set[Node]) -> Node | None:
         if not reaches(source, arg, on_path - {x}):
             return x
     return source
+
+
+def _sizes(node: Node) -> bool:
+    """A size or a tuple of sizes: it carries none of the values it was read off."""
+    val = node.meta.get("value")
+    return isinstance(val, int) or (
+        isinstance(val, tuple) and bool(val) and all(isinstance(v, int) for v in val)
+    )
 
 
 def _tensor(node: Node) -> bool:

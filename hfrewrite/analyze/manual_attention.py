@@ -243,20 +243,25 @@ def _unscaled(q: Node) -> Node | None:
 def _unflattened(graph, found: tuple) -> tuple:
     """``found`` of scores computed as ``[b * heads, s, d] @ [b * kv_heads, d, s]`` and viewed
     as ``[b, heads, s, s]`` (Falcon-RW, BLOOM): q, k, v and the output viewed back as
-    ``[b, heads, s, d]``; the flat output node is kept in the output's ``flat_from``."""
+    ``[b, heads, s, d]``; the flat output node is kept in the output's ``flat_from``. Only
+    the flat ones: v and the output may be per head already (GPT-NeoX-Japanese)."""
     q, k, v, out, qk, scores = found
     batch = value(scores).shape[0]
     views = []
-    anchor = out
     for node in (q, k, v, out):
         flat = value(node)
+        if flat.dim() == 4:
+            views.append(node)
+            continue
         shape = (batch, flat.shape[0] // batch, *flat.shape[1:])
-        with graph.inserting_after(anchor):
+        # q, k and v viewed before the output, the output after itself: the leaf, inserted
+        # after the output's view (or the output), reads them all
+        with graph.inserting_after(out) if node is out else graph.inserting_before(out):
             view = graph.call_method("reshape", (node, *shape))
         _copy_meta(view, node, flat.reshape(shape))
         views.append(view)
-        anchor = view
-    views[3].meta["flat_from"] = out
+    if views[3] is not out:
+        views[3].meta["flat_from"] = out
     return (*views, qk, scores)
 
 
@@ -320,13 +325,18 @@ def _operands(soft: Node, traced: Traced | None = None, make_k: bool = False) ->
     if k is None and isinstance(kt, Node) and torch.is_tensor(value(kt)) and value(kt).dim() == 4:
         k = _transposed_back(kt) if make_k else kt  # (a check only: any 4-d operand will do)
     operands = (q, k, v, out)
-    rank = 3 if flat else 4
-    if (rank == 3) != (qk_view is not None) or not all(
-        isinstance(x, Node) and torch.is_tensor(value(x)) and value(x).dim() == rank for x in operands
+    # scores from flat q and k (viewed per head after the product), probabilities @ v flat
+    # or per head: GPT-NeoX-Japanese's flat baddbmm scores meet a per-head @ v
+    ranks = (3 if qk_view is not None else 4,) * 2 + (3 if flat else 4,) * 2
+    if flat and qk_view is None:
+        return None
+    if not all(
+        isinstance(x, Node) and torch.is_tensor(value(x)) and value(x).dim() == rank
+        for x, rank in zip(operands, ranks, strict=True)
     ):
         return None
     batch = scores.shape[0]
-    if rank == 3 and any(value(x).shape[0] % batch for x in operands):
+    if any(value(x).shape[0] % batch for x in operands if value(x).dim() == 3):
         return None
     raw = value(q) @ value(kt)  # q @ k^T, before any scale or bias
     return q, k, v, out, raw.reshape(scores.shape), soft.args[0]

@@ -107,10 +107,13 @@ def _flip_query(config, plan: MlaPlan):
     if not hasattr(config, "q_lora_rank"):
         return None
     sibling = copy.deepcopy(config)
-    if plan.q_a is not None:
-        sibling.q_lora_rank = None
+    rank = None if plan.q_a is not None else LOW_RANK_QUERY
+    try:
+        sibling.q_lora_rank = rank
+    except Exception:  # a config typed to always have one (A.X-K1 validates an int): no other kind
+        return None
+    if rank is None:
         return "no low-rank query (q_lora_rank None)", sibling
-    sibling.q_lora_rank = LOW_RANK_QUERY
     return f"a low-rank query (q_lora_rank {LOW_RANK_QUERY})", sibling
 
 

@@ -134,6 +134,7 @@ def _stacked_plan(
         return shared
     if len(traced.outputs_of(path)) != 1:
         return NoMatch(PATTERN, cls, "the block returns more than one tensor")
+    output_module = _output_module(traced, path, {facts["router"], shared, relative(call.target, path)})
 
     num_experts = experts_mod.gate_up_proj.shape[0] if hasattr(experts_mod, "gate_up_proj") else None
     if num_experts is None or not hasattr(experts_mod, "down_proj"):
@@ -154,6 +155,7 @@ def _stacked_plan(
         experts_transposed=transposed,
         size_attrs=tuple(int_attr(experts_mod, size) for size in (int(num_experts), width, intermediate)),
         output_index=output_index,
+        output_module=output_module,
         experts_bias=experts_bias,
         shared_expert=shared,
         shared_expert_gate=shared_gate,
@@ -405,6 +407,17 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
         ), None
     shared = relative(other.target, path).split(".")[0]
     return shared, gate
+
+
+def _output_module(traced: Traced, path: str, parts: set) -> str | None:
+    """The block's own child (not the router, the experts or the shared expert), holding no
+    Linear, whose call returns the block's output (A.X-K1's ``post_mlp_layernorm``), or None.
+    The replay runs it on the fused experts' output: that proves where it stands."""
+    (out,) = traced.outputs_of(path)
+    if out.op != "call_module" or (attr := relative(out.target, path)) in parts or "." in attr:
+        return None
+    module = traced.submodule(out)
+    return None if any(isinstance(m, nn.Linear) for m in module.modules()) else attr
 
 
 def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:

@@ -72,6 +72,9 @@ def replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | No
         if plan.shared_expert_gate:
             shared = torch.sigmoid(block.get_submodule(plan.shared_expert_gate)(x2)) * shared
         out = out + shared
+    if plan.output_module:
+        with torch.no_grad():
+            out = block.get_submodule(plan.output_module)(out)
     with torch.no_grad():
         got = block(x)
     got = (got if plan.output_index is None else got[plan.output_index]).reshape(-1, x.shape[-1])

@@ -287,6 +287,7 @@ class MoePlan:
     # The block returns a tuple (gpt_oss: hidden states, router scores): the index of the
     # hidden states in it; the emitted block returns them alone
     output_index: int | None = None
+    output_module: str | None = None  # a child run on the whole output last (A.X-K1's norm)
     experts_transposed: bool = False
     experts_interleaved: bool = False
     experts_bias: bool = False

@@ -54,14 +54,33 @@ def free_qkv_names(forward: cst.FunctionDef, cls: str) -> cst.FunctionDef:
     clash = sorted(t.plain_names(forward) & set(_OURS))  # (not GPT-1's keyword `k=True`)
     if not clash:
         return forward
-    params = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)}
+    positional = {p.name.value for p in (*forward.params.posonly_params, *forward.params.params)}
+    keyword_only = {p.name.value for p in forward.params.kwonly_params}
     assigned = {
         n for s in t.walk(forward.body) if isinstance(s, cst.AssignTarget) for n in t.root_names(s.target)
     }
     renamed = {n: freed(n) for n in clash}
-    if set(clash) & params or not set(clash) <= assigned or set(renamed.values()) & used:
+    if set(clash) & keyword_only or not set(clash) <= assigned | positional or set(renamed.values()) & used:
         raise HfrewriteError(f"{cls}: {NAME}: forward already uses the names {'/'.join(clash)}")
-    return t.rename_locals(forward, renamed)
+    return _rename_positional(t.rename_locals(forward, renamed), renamed)
+
+
+def _rename_positional(forward: cst.FunctionDef, renamed: dict[str, str]) -> cst.FunctionDef:
+    """``forward`` with its positional parameters in ``renamed`` renamed (CTRL's
+    ``forward(self, v, k, q, ...)``; its layer passes them by position). A caller passing
+    one by keyword fails loudly in validation, never silently."""
+
+    def param(p: cst.Param) -> cst.Param:
+        name = renamed.get(p.name.value)
+        return p if name is None else p.with_changes(name=cst.Name(name))
+
+    params = forward.params
+    return forward.with_changes(
+        params=params.with_changes(
+            posonly_params=[param(p) for p in params.posonly_params],
+            params=[param(p) for p in params.params],
+        )
+    )
 
 
 class _Slices(cst.CSTTransformer):

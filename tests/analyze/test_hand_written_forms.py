@@ -137,3 +137,33 @@ def test_a_softmax_over_flat_scores_folds_as_the_per_head_one():
     traced = trace(module, (q, k, v, mask))
     assert fold_manual_attention(traced) == 1
     torch.testing.assert_close(traced.graph_module(q, k, v, mask), module(q, k, v, mask))
+
+
+class _FlatScoresPerHeadValues(nn.Module):
+    """GPT-NeoX-Japanese's form: q and k flattened to [batch * heads, s, d], the scores a
+    baddbmm on zeros at alpha 1/sqrt(d) viewed per head, the mask added, then a per-head
+    ``probs @ v`` on v as [batch, heads, s, d]."""
+
+    def forward(self, q, k, v, mask):
+        qf, kf = q.reshape(B * H, S, D), k.reshape(B * H, S, D)
+        zeros = torch.zeros(B * H, S, S, dtype=q.dtype)
+        scores = torch.baddbmm(zeros, qf, kf.transpose(1, 2), beta=1.0, alpha=D**-0.5)
+        scores = scores.view(B, H, S, -1) + mask
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def test_flat_scores_meeting_per_head_values_fold_into_causal_attention():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    mask = torch.full((S, S), float("-inf")).triu(1).expand(B, 1, S, S)
+    module, args = _FlatScoresPerHeadValues(), (q, k, v, mask)
+    traced = trace(module, args)
+    assert fold_manual_attention(traced) == 1
+    torch.testing.assert_close(traced.graph_module(*args), module(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_flat_scores_without_the_causal_mask_are_not_folded():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    args = (q, k, v, torch.zeros(B, 1, S, S))  # every key seen: not causal
+    assert fold_manual_attention(trace(_FlatScoresPerHeadValues(), args)) == 0
