@@ -19,6 +19,13 @@ from collections.abc import Callable
 
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal
 
+try:  # transformers 5's strict config dataclasses (huggingface_hub's validation)
+    from huggingface_hub.errors import StrictDataclassError
+
+    _INVALID_FIELD: tuple[type[Exception], ...] = (TypeError, ValueError, StrictDataclassError)
+except ImportError:  # the older huggingface_hub of a transformers 4.x analysis
+    _INVALID_FIELD = (TypeError, ValueError)
+
 PATTERN = "mla_attention"
 # A YaRN rope as DeepSeek releases it (V2-Lite: mscale 0.707 on both; here the two differ so
 # that the ratio vLLM puts on cos/sin is not 1).
@@ -110,7 +117,7 @@ def _flip_query(config, plan: MlaPlan):
     rank = None if plan.q_a is not None else LOW_RANK_QUERY
     try:
         sibling.q_lora_rank = rank
-    except Exception:  # a config typed to always have one (A.X-K1 validates an int): no other kind
+    except _INVALID_FIELD:  # a config typed to always have one (A.X-K1 validates an int): no other kind
         return None
     if rank is None:
         return "no low-rank query (q_lora_rank None)", sibling
