@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 
 import libcst as cst
+import torch
+import transformers
 
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
@@ -87,11 +89,27 @@ def _plan(resolved):
     try:
         with step("building and tracing a shrunk copy, proving replacements"):
             return resolved, analyze(resolved.config)
-    except CannotBuild:
+    except CannotBuild as e:
+        if resolved.source_kind == "type" and not _builds(resolved.config):
+            raise CannotBuild(
+                f"{e} (transformers {resolved.transformers_version}'s default {resolved.model_type} config "
+                "builds no model: convert a checkpoint's directory or config.json)"
+            ) from e
         if not resolved.custom_code:
             raise
     resolved = isolated(resolved)
     return resolved, resolved.isolated.plan
+
+
+def _builds(config) -> bool:
+    """Whether transformers builds ``config``'s causal LM as it is (on the meta device: no
+    memory for the weights of a full-size default config)."""
+    try:
+        with torch.device("meta"):
+            transformers.AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 (whatever the model's own code raises: it does not build)
+        return False
+    return True
 
 
 def isolated(resolved):

@@ -174,6 +174,9 @@ def _stateless_classes(module: cst.Module, calls_of=_calls_and_persistence) -> s
     return {name for name, cls in classes.items() if not holds_state(cls)}
 
 
+_EMPTY_LIST = m.Call(func=m.Attribute(value=m.Name("nn"), attr=m.Name("ModuleList")), args=[])
+
+
 class _PruneAttributes(cst.CSTTransformer):
     """Drop `self.x = ...` from a class's __init__ when nothing reads `self.x` in that class
     and no other class reads it through a submodule (`self.model.x`). A value that builds
@@ -203,10 +206,31 @@ class _PruneAttributes(cst.CSTTransformer):
         if attr and attr not in self.read:
             value = t.assigned_value(updated)
             builds = [c for c in _calls(value) if c not in PURE_CALLS]
-            if all(c in self.stateless for c in builds):
+            if m.matches(value, _EMPTY_LIST) or all(c in self.stateless for c in builds):
                 self.pruned += 1
                 return cst.RemoveFromParent()
         return updated
+
+    def leave_For(self, original, updated):
+        """A loop that only fills a list nothing reads with stateless modules (Granite-SWA's
+        ``self.rotary_embs.append(RotaryEmbedding(...))``), binding locals meanwhile."""
+        if self.depth != 1 or not self._fills_unread_list(updated.body.body):
+            return updated
+        self.pruned += 1
+        return cst.RemoveFromParent()
+
+    def _fills_unread_list(self, body) -> bool:
+        appended = [_self_append(s.body[0]) for s in body if isinstance(s, cst.SimpleStatementLine)]
+        lists = {a.value.func.value.attr.value for a in appended if a is not None}
+        if not lists or lists & self.read or any(not isinstance(s, cst.SimpleStatementLine) for s in body):
+            return False
+        for s in body:
+            if _self_append(s.body[0]) is None and (
+                len(s.body) != 1 or not isinstance(s.body[0], cst.Assign) or "self" in t.names_used(s)
+            ):
+                return False  # only locals bound beside the appends
+        built = [c for c in _calls(cst.Module(body=list(body))) if builds_a_class(c)]
+        return all(c in self.stateless for c in built)
 
 
 _BUFFER = m.SimpleStatementLine(
@@ -296,6 +320,9 @@ def _attribute_reads(node: cst.CSTNode) -> tuple[set[str], set[str]]:
     stack = [node]
     while stack:
         current = stack.pop()
+        if (appended := _self_append(current)) is not None:  # filling a list is no read of it
+            stack.extend(a.value for a in appended.value.args)
+            continue
         if isinstance(current, cst.Assign):
             stack.append(current.value)
             stack.extend(
@@ -318,6 +345,16 @@ def _attribute_reads(node: cst.CSTNode) -> tuple[set[str], set[str]]:
                 cross_reads.add(current.attr.value)
         stack.extend(t.children(current))
     return self_reads, cross_reads
+
+
+_SELF_APPEND = m.Expr(
+    m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("self")), attr=m.Name("append")))
+)
+
+
+def _self_append(node: cst.CSTNode) -> cst.Expr | None:
+    """``node`` when it is the statement ``self.x.append(...)``, else None."""
+    return node if m.matches(node, _SELF_APPEND) else None
 
 
 def _cross_reads(node: cst.CSTNode) -> set[str]:

@@ -19,11 +19,17 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "qwen3_next",
             "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface",
         ),
-        # GPT-NeoX-Japanese's attention by hand: scores over [batch * heads] viewed per head,
-        # probabilities @ v per head, a form the fold does not read.
+        # GPT-NeoX-Japanese's attention (by hand, folded) returns its output projection's
+        # bias apart, for the layer to add: the projection does not end the block.
         (
             "gpt_neox_japanese",
-            "GPTNeoXJapaneseLayer: decoder_layer: computes a softmax that is not recognised as attention",
+            "GPTNeoXJapaneseAttention: vllm_attention: the output projection does not end the block",
+        ),
+        # transformers' own default LFM2-MoE config has no layer_types and builds no model:
+        # the user is told to convert a real config instead.
+        (
+            "lfm2_moe",
+            "(transformers 5.19.0's default lfm2_moe config builds no model: convert a checkpoint's",
         ),
         # BERT is an encoder: no stack of decoder layers under its base model.
         ("bert", "BertModel: model_layout: not a decoder-only causal LM"),

@@ -71,19 +71,20 @@ from hfrewrite.analyze.trace import (
 
 
 def analyze_attention(
-    traced: Traced, path: str, config, layer_type: str | None = None
+    traced: Traced, path: str, config, layer_type: str | None = None, layer_idx: int | None = None
 ) -> AttentionPlan | NoMatch:
     """Facts of the attention submodule ``path`` ("" = the root) of a traced module;
     ``config``: the traced model's config (its rope parameters), ``layer_type``: the
-    traced layer's entry of ``config.layer_types``."""
+    traced layer's entry of ``config.layer_types``, ``layer_idx``: its index."""
     cls = type(traced.module.get_submodule(path)).__name__
     try:
-        return _analyze(traced, path, cls, config, layer_type)
+        return _analyze(traced, path, cls, config, (layer_type, layer_idx))
     except Refusal as refusal:
         return refusal.at(cls)
 
 
-def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None) -> AttentionPlan:
+def _analyze(traced: Traced, path: str, cls: str, config, layer: tuple) -> AttentionPlan:
+    """``layer``: the traced layer's (entry of ``config.layer_types``, index)."""
     scope = set(traced.nodes_in(path))
     call = _attention_call(traced, path)
     args = dict(zip("qkv", call.args[1:4]))
@@ -92,7 +93,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         proj = proj._replace(feeders={**proj.feeders, "q": prescale[0]})
     args["q"], q_scale = peel_position_scale(traced, path, scope, args["q"], proj.feeders["q"])
     heads = _heads(args, proj.q, proj.k)
-    rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer_type)
+    rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer)
     norms = _norms(traced, path, scope, args, proj.feeders, rope)
     qk_norm_over = _qk_norm_over(traced, path, norms, heads)
     if proj.fused is None:
@@ -123,6 +124,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         qk_norm_over=qk_norm_over,
         logit_softcap=None if options.softcap is None else float(options.softcap),
         rope_per_layer_type=per_layer_type(config),
+        rope_base_field=fact.base_field if fact else None,
         rope_fields=legacy_rope_fields(config) if fact else (),
         max_position_field=_max_position_field(config),
         rope_table=rope.table,
@@ -191,9 +193,11 @@ def _rope(
     feeders: dict,
     config,
     head_dim: int,
-    layer_type: str | None,
+    layer: tuple[str | None, int | None],
 ) -> _Rope:
-    """The rope on exactly q and k, proven by replay; only layout, casts and norms before it."""
+    """The rope on exactly q and k, proven by replay; only layout, casts and norms before it;
+    ``layer``: the traced layer's (entry of ``config.layer_types``, index)."""
+    layer_type, layer_idx = layer
     rope_in = {role: rope_start(arg, feeders[role], scope) for role, arg in args.items()}
     if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
         refuse(
@@ -205,7 +209,7 @@ def _rope(
         only_layout([*path_nodes(stop, feeders[role], scope), stop], traced, f"the {role} path")
     rope, norm_after = None, None
     if rope_in["q"] is not None:
-        rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type)
+        rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type, layer_idx)
         ends = [args[r] for r in "qk"]
         if isinstance(rope, str) and all(
             n.op == "call_module" and is_norm(traced.submodule(n)) for n in ends
@@ -216,6 +220,7 @@ def _rope(
                 config,
                 head_dim,
                 layer_type,
+                layer_idx,
             )
             if not isinstance(after, str):
                 rope, norm_after = (

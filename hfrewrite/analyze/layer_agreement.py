@@ -97,6 +97,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         rope_style=RopeStyle.NEOX,
         rotary_dim=None,
         rope_reversed=False,
+        rope_base_field=None,
         replaced_calls=(),
     )
 
@@ -108,7 +109,15 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     if isinstance(plans[0], MlaPlan):
         return plans[0]
     roped = [a for a in plans if a.rope]
-    if len({(a.rope_style, a.rotary_dim, a.rope_reversed, a.replaced_calls) for a in roped}) > 1:
+    if (
+        len(
+            {
+                (a.rope_style, a.rotary_dim, a.rope_reversed, a.rope_base_field, a.replaced_calls)
+                for a in roped
+            }
+        )
+        > 1
+    ):
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
     return dataclasses.replace(

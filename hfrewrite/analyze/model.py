@@ -209,7 +209,9 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         for layer, (args, kwargs) in zip(layout.layers, run.layer_inputs)
     ]
     types = getattr(small, "layer_types", None) or [None] * len(traces)
-    per_layer = [_layer_facts(t, config, small, layer_type) for t, layer_type in zip(traces, types)]
+    per_layer = [
+        _layer_facts(t, config, small, layer_type, i) for i, (t, layer_type) in enumerate(zip(traces, types))
+    ]
     # a hybrid model's first attention layer leads: the other mixer's layers agree with it
     lead = per_layer.index(attention_layers(per_layer)[0])
     decoder = per_layer[lead].decoder
@@ -384,8 +386,8 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
     return traced
 
 
-def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> LayerFacts:
-    """The facts of one layer (``small``: the traced config)."""
+def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_idx: int) -> LayerFacts:
+    """The facts of layer ``layer_idx`` (``small``: the traced config)."""
     decoder = analyze_decoder(traced)
     if isinstance(decoder, NoMatch) or len(decoder.blocks) != 2:
         if isinstance(decoder, NoMatch):
@@ -404,10 +406,12 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None) -> Layer
         blocks = decoder.blocks
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
         carried = None
-    analyze = analyze_mla if is_mla(traced, decoder.attention_block) else analyze_attention
-    attention, mixer = _mixer(
-        traced, decoder, analyze(traced, decoder.attention_block, small, layer_type), small
-    )
+    block = decoder.attention_block
+    if is_mla(traced, block):
+        attention = analyze_mla(traced, block, small, layer_type)
+    else:
+        attention = analyze_attention(traced, block, small, layer_type, layer_idx)
+    attention, mixer = _mixer(traced, decoder, attention, small)
     block = decoder.mlp_block
     mlp = (
         analyze_inline_mlp(traced, decoder.mlp_linears)

@@ -43,7 +43,10 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     nested = _nested_stack(base, config) if getattr(small, "auto_map", None) else ""  # Hub code
     if not nested:
         _refuse_unfollowed_stack(base, f"{base_attr}.{inner}" if inner else base_attr, config, small)
-    layers_attr = nested or _one_child(base, "ModuleList", lambda m: isinstance(m, nn.ModuleList))
+    # (a list of parameter-free modules is not the stack: Granite-SWA's rotary embeddings per base)
+    layers_attr = nested or _one_child(
+        base, "ModuleList", lambda m: isinstance(m, nn.ModuleList) and next(m.parameters(), None) is not None
+    )
     layers = list(base.get_submodule(layers_attr))
     if len({type(layer) for layer in layers}) != 1:
         refuse("model_layout", "decoder layers of several classes", type(base).__name__)

@@ -90,6 +90,7 @@ class AttentionPlan:
     logit_softcap: float | None = None  # tanh soft cap of the attention scores
     # rope_parameters are given per layer type: get_rope reads the layer's entry
     rope_per_layer_type: bool = False
+    rope_base_field: str | None = None  # each layer's base: its entry of this per-layer list
     # How one checkpoint tensor holds q, k and v (analyze/qkv_layouts.py): phi3's [q; k; v]
     # qkv_proj (q, k and v then name it), gpt_neox's per head, InternLM2's grouped per kv
     # head, or k and v beside q's own projection (TeleChat's key_value). None: three Linears

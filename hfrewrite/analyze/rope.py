@@ -22,6 +22,8 @@ found interleaved, one that computes something else matches no candidate.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import NoReturn
@@ -44,6 +46,9 @@ class RopeFact:
     # a default neox rope of a base no config field holds (TeleChat's NTK alpha): the base the
     # replay read, for analyze/rope_table.py to prove on the source's own rotary module
     source_base: float | None = None
+    # the per-layer config list whose entry at the layer is its base (Granite-SWA's
+    # ``layer_rope_theta``), where the config's own base is not
+    base_field: str | None = None
 
 
 def rope_parameters(config, layer_type: str | None = None) -> dict:
@@ -208,12 +213,17 @@ def apply_rope(
 
 
 def prove_rope(
-    pairs: list[tuple[Node, Node]], config, head_dim: int, layer_type: str | None = None
+    pairs: list[tuple[Node, Node]],
+    config,
+    head_dim: int,
+    layer_type: str | None = None,
+    layer_idx: int | None = None,
 ) -> RopeFact | str:
     """The one (style, rotary dim) that maps every ``(x, attention input)`` pair, or why not.
 
     Values are [batch, heads, seq, head_dim]; the example run's positions are 0..seq-1;
-    ``layer_type``: the traced layer's entry of ``config.layer_types``.
+    ``layer_type``: the traced layer's entry of ``config.layer_types``; ``layer_idx``: the
+    traced layer's index (its entry of a per-layer base list).
     """
     params = rope_parameters(config, layer_type)
     if not params:
@@ -242,6 +252,8 @@ def prove_rope(
                 return fact
     if not shaped:
         return "the rope input and output are not both [batch, heads, seq, head_dim]"
+    if (fact := _per_layer_base(config, params, layer_type, layer_idx, widths[0], values)) is not None:
+        return fact
     if (base := _source_base(values, widths[0])) is not None:
         return RopeFact(style=RopeStyle.NEOX, rotary_dim=widths[0], source_base=base)
     if _inv_freq(config, params, layer_type, widths[0]) is None:
@@ -255,6 +267,34 @@ def prove_rope(
         f"the replay matches no rope vLLM computes from rope_parameters "
         f"(neox or GPT-J style, either direction, over rotary dim {' or '.join(map(str, widths))} of {head_dim})"
     )
+
+
+def per_layer_bases(config) -> list[str]:
+    """Config fields holding one number per layer: candidates for each layer's rope base."""
+    layers = getattr(config, "num_hidden_layers", None)
+    return [
+        name
+        for name, items in sorted(vars(config).items())
+        if isinstance(items, list) and len(items) == layers and all(type(v) in (int, float) for v in items)
+    ]
+
+
+def _per_layer_base(config, params: dict, layer_type, layer_idx, rotary_dim: int, values) -> RopeFact | None:
+    """The rope whose base is this layer's entry of one per-layer list (the rest of the
+    config's rope parameters kept), where the config's own base did not replay."""
+    if layer_idx is None or per_layer_type(config):
+        return None
+    positions = torch.arange(values[0][0].shape[2])
+    for field in per_layer_bases(config):
+        base = getattr(config, field)[layer_idx]
+        if not base or base == params.get("rope_theta"):
+            continue
+        layered = copy.copy(config)
+        layered.rope_parameters = {**params, "rope_theta": float(base)}
+        fact = _replayed(layered, layered.rope_parameters, layer_type, rotary_dim, values, positions)
+        if fact is not None:
+            return dataclasses.replace(fact, base_field=field)
+    return None
 
 
 def _turned_lanes(values) -> int:

@@ -68,6 +68,7 @@ def shrink_config(
         after = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
         _set(small, "rotary_dim", max(2, 2 * round(rotary * after / before / 2)))
     _shrink_layer_kinds(config, small)
+    _vary_rope_bases(small)
     if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
         # MoE models whose config can make some layers dense: trace one of each kind.
         _set(small, "mlp_only_layers", [0])
@@ -89,17 +90,46 @@ def shrink_config(
 
 def _shrink_layer_kinds(config, small) -> None:
     """Two layers, or one per distinct entry of the per-layer kind lists (attention, MLP),
-    each kind kept once, in order."""
+    each kind kept once, in order; three where a per-layer list holds the rope base
+    (_vary_rope_bases: the layer without rope then shares its kind with a layer with one)."""
     kinds = {}
     for field in ("layer_types", "mlp_layer_types"):
         types = getattr(config, field, None)
         if isinstance(types, list) and types:
             kinds[field] = list(dict.fromkeys(types))
-    n = max(2, *map(len, kinds.values())) if kinds else 2
+    least = 3 if _rope_base_lists(config) else 2
+    n = max(least, *map(len, kinds.values())) if kinds else least
     _set(small, "num_hidden_layers", n)
     for field, distinct in kinds.items():
         set_layer_kinds(config, small, field, distinct + distinct[-1:] * (n - len(distinct)))
     _shrink_layer_patterns(config, small, n)
+
+
+def _rope_base_lists(config) -> list[str]:
+    """Per-layer lists holding the config's rope base or 0 at every layer, the base at one
+    at least (Granite-SWA's ``layer_rope_theta``: each layer's base, 0 for no rope)."""
+    params = getattr(config, "rope_parameters", None)
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    layers = getattr(config, "num_hidden_layers", None)
+    if type(theta) not in (int, float) or not theta or type(layers) is not int or layers < 2:
+        return []
+    return [
+        name
+        for name, items in sorted(vars(config).items())
+        if isinstance(items, list)
+        and len(items) == layers
+        and all(type(v) in (int, float) and v in (theta, 0) for v in items)
+        and theta in items
+    ]
+
+
+def _vary_rope_bases(small) -> None:
+    """Each list of _rope_base_lists gets each layer's own base and 0 at the second layer:
+    the trace then shows whether a layer's rope reads its own entry, and what 0 does
+    (analyze/rope.py proves it)."""
+    theta = float(small.rope_parameters["rope_theta"]) if _rope_base_lists(small) else 0.0
+    for name in _rope_base_lists(small):
+        _set(small, name, [0.0 if i == 1 else theta * (i + 2) for i in range(small.num_hidden_layers)])
 
 
 def set_layer_kinds(config, small, field: str, wanted: list) -> None:

@@ -302,6 +302,8 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
     tail += "".join(t.code(c) for c in source.carried)
     if source.rope_test is not None:
         tail += f"if {t.code(source.rope_test)}:  # layers without rope (NoPE), as in the source\n    "
+    elif att.nope_layers and att.rope_base_field:  # built where the layer's base is not 0
+        tail += "if self.rotary_emb is not None:  # layers without rope (NoPE)\n    "
     elif att.nope_layers:
         raise HfrewriteError(
             f"{name}: {_PASS}: some layers have no rope, but the source's rope is unconditional"

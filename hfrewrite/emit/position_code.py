@@ -125,7 +125,23 @@ def _read_rope_theta(rotary: nn.Module, call, length: int, rotary_dim: int):
 
 def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
     """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
-    ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads."""
+    ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads; at the
+    layer's own base where a per-layer list holds it (none where that is 0)."""
+    if att.rope_base_field is None:
+        return _rope_init(att, head_dim, rope_parameters)
+    built = _rope_init(att, head_dim, f'{{**{rope_parameters}, "rope_theta": rope_theta}}')
+    code = f"rope_theta = config.{att.rope_base_field}[layer_idx]  # this layer's own base\n"
+    if not att.nope_layers:
+        return code + built
+    indented = "".join(f"    {line}\n" for line in built.splitlines())
+    return (
+        code
+        + "# no rope (NoPE) where the layer's base is 0, as in the source\n"
+        + (f"self.rotary_emb = None\nif rope_theta:\n{indented}")
+    )
+
+
+def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
     if not att.rope_reversed:
         return (
             "self.rotary_emb = get_rope(\n"

@@ -186,6 +186,18 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
 }
 CASES |= {
+    # each layer's rope base its entry of `layer_rope_theta` (0: no rope), attention sinks,
+    # sliding windows of 8 on some layers
+    "granite_swa-rope-base-per-layer": (
+        "granite_swa",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 8,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "layer_rope_theta": [0.0, 10000.0, 500000.0, 0.0],
+            "attention_multiplier": 0.125,
+        },
+    ),
     # sliding window on the upper layers only (max_window_layers), a window shorter than
     # the prompts: vLLM 0.32's own qwen2.py refuses this config
     "qwen2-sliding-window-upper-layers": (

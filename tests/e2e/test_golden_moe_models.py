@@ -1,6 +1,6 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
 granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss, minimax_m2,
-hy_v3, exaone_moe, aria_text, cohere2_moe, afmoe, laguna.
+hy_v3, exaone_moe, aria_text, cohere2_moe, afmoe, laguna, granitemoe_swa.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -84,6 +84,33 @@ CASES: dict[str, tuple[str, dict]] = {
             "num_local_experts": 8,
             "num_experts_per_tok": 2,
             "shared_intermediate_size": 64,
+        },
+    ),
+    # granitemoe_swa: granitemoeshared's block with per-layer rope bases (`layer_rope_theta`,
+    # 0: no rope), attention sinks and sliding windows of 8 on some layers; its shared MLP
+    # is vLLM's MergedColumnParallelLinear + RowParallelLinear (its golden traced one)
+    "granitemoe_swa-rope-base-per-layer": (
+        "granitemoe_swa",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+            "num_hidden_layers": 4,
+            "sliding_window": 8,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "layer_rope_theta": [0.0, 10000.0, 500000.0, 0.0],
+            "attention_multiplier": 0.125,
+        },
+    ),
+    # ... and without the shared MLP (its size 0: the layer's own `if` skips it)
+    "granitemoe_swa-no-shared-mlp": (
+        "granitemoe_swa",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 0,
+            "layer_rope_theta": [10000.0, 0.0],
+            "attention_multiplier": 0.125,
         },
     ),
     # flex_olmo: olmoe's routing in a post-norm layer (carried forward).

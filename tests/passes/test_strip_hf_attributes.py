@@ -74,3 +74,53 @@ def test_a_module_of_a_class_without_layers_goes_unread():
         "",
     ).replace("return self.attn(hidden_states, hidden_states, hidden_states)", "return hidden_states")
     assert "self.crossattention" not in rewrite(strip_hf_runtime, source, llama_like())
+
+
+ROTARY_LIST = """\
+import copy
+
+import torch
+from torch import nn
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.inv_freq = nn.Buffer(torch.ones(4), persistent=False)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.mlp = nn.Linear(4, 4)
+        # one rotary module per base
+        self.rotary_embs = nn.ModuleList()
+        for theta in sorted(set(config.layer_rope_theta)):
+            theta_config = copy.deepcopy(config)
+            theta_config.rope_theta = theta
+            self.rotary_embs.append(LlamaRotaryEmbedding(theta_config))
+
+    def forward(self, x):
+        return self.mlp(x)
+"""
+
+
+def test_a_list_of_stateless_modules_nothing_reads_goes_with_the_loop_filling_it():
+    # Granite-SWA's rotary embeddings per base: the rotary class then goes as unreachable
+    # (the unused import goes when the file is formatted)
+    after = rewrite(strip_hf_runtime, ROTARY_LIST, llama_like())
+    assert "rotary_embs" not in after and "LlamaRotaryEmbedding" not in after and "theta" not in after
+    assert "        super().__init__()\n        self.mlp = nn.Linear(4, 4)\n\n    def forward" in after
+
+
+def test_the_list_stays_when_read_or_when_its_modules_hold_weights():
+    read = ROTARY_LIST.replace("return self.mlp(x)", "return self.mlp(x) + len(self.rotary_embs)")
+    assert "self.rotary_embs.append(LlamaRotaryEmbedding(theta_config))" in rewrite(
+        strip_hf_runtime, read, llama_like()
+    )
+    weighted = ROTARY_LIST.replace(
+        "self.inv_freq = nn.Buffer(torch.ones(4), persistent=False)", "self.proj = nn.Linear(4, 4)"
+    )
+    assert "self.rotary_embs.append(LlamaRotaryEmbedding(theta_config))" in rewrite(
+        strip_hf_runtime, weighted, llama_like()
+    )
