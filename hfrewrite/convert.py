@@ -90,15 +90,25 @@ def _plan(resolved):
         with step("building and tracing a shrunk copy, proving replacements"):
             return resolved, analyze(resolved.config)
     except CannotBuild as e:
-        if resolved.source_kind == "type" and not _builds(resolved.config):
-            raise CannotBuild(
-                f"{e} (transformers {resolved.transformers_version}'s default {resolved.model_type} config "
-                "builds no model: convert a checkpoint's directory or config.json)"
-            ) from e
         if not resolved.custom_code:
-            raise
+            if "cannot build" not in str(e):  # the shrunk model built, and its example run failed
+                raise
+            raise CannotBuild(f"{e} ({_whose_limit(resolved)})") from e
     resolved = isolated(resolved)
     return resolved, resolved.isolated.plan
+
+
+def _whose_limit(resolved) -> str:
+    """Why the traced model does not build: the config itself (transformers builds no model
+    from it either), or hfrewrite's shrunk copy of it."""
+    if _builds(resolved.config):
+        return "the config itself builds: the shrunk copy the analysis traces does not, a limit of hfrewrite"
+    if resolved.source_kind == "type":
+        return (
+            f"transformers {resolved.transformers_version}'s default {resolved.model_type} config "
+            "builds no model: convert a checkpoint's directory or config.json"
+        )
+    return "transformers builds no model from this config either"
 
 
 def _builds(config) -> bool:

@@ -24,10 +24,9 @@ proved (the default, or 1.0 where the scores are not scaled at all: GPT-Neo); wh
 are selected by a mask buffer proven a causal band (analyze/mask_window.py), each layer's
 window is read off the mask its own ``__init__`` builds: ``causal_window(bias)``.
 
-Attention sinks the call passes (``s_aux=self.sinks``, one logit per head) go to
-``Attention(sinks=...)``, the parameter cut to the rank's heads; statements between the
-fused projection and its split (dbrx's ``clip_qkv`` clamp, which the analysis proved
-elementwise) are kept.
+Attention sinks the call passes (``s_aux=self.sinks``) go to ``Attention(sinks=...)``, cut to
+the rank's heads; statements between the fused projection and its split (dbrx's ``clip_qkv``
+clamp, proven elementwise) are kept.
 
 An output gate the analysis proved by replay (analyze/output_gate.py: the attention output
 times ``act(gate(x))``, per lane or per head: AFMoE, Laguna) is computed after ``self.attn``
@@ -65,6 +64,7 @@ from hfrewrite.emit.position_code import (
     ALIBI_INIT,
     ALIBI_SLOPES,
     CAUSAL_WINDOW,
+    NO_POSITIONS,
     SOURCE_ROPE_THETA,
     rope_init,
     rotary_builders,
@@ -334,7 +334,7 @@ def rewrite_attention(
     kwargs = _attention_kwargs(cls, att)
     # no position at all, unless the model's other mixer sees the order (Granite-4.0-H's Mamba-2)
     if positionless(att) and ctx.plan.position_embedding is None and ctx.plan.mixer is None:
-        raise HfrewriteError(f"{name}: {NAME}: no rotary embedding on q and k (NoPE)")
+        raise HfrewriteError(f"{name}: {NAME}: {NO_POSITIONS}")
     init = _init_without_source_rope(init, att, name)
     body = list(forward.body.body)
     split_at = _split_at(body, name)

@@ -31,6 +31,12 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "lfm2_moe",
             "(transformers 5.19.0's default lfm2_moe config builds no model: convert a checkpoint's",
         ),
+        # PLBart's default config builds, its shrunk copy (heads not shrunk with the width)
+        # does not: the line says whose limit that is.
+        (
+            "plbart",
+            "(the config itself builds: the shrunk copy the analysis traces does not, a limit of hfrewrite)",
+        ),
         # BERT is an encoder: no stack of decoder layers under its base model.
         ("bert", "BertModel: model_layout: not a decoder-only causal LM"),
         # Mamba mixes with a recurrent state space, not softmax attention.

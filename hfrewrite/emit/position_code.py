@@ -123,6 +123,13 @@ def _read_rope_theta(rotary: nn.Module, call, length: int, rotary_dim: int):
 """
 
 
+# Why an attention with no rope is refused where no other part gives the model the order
+NO_POSITIONS = (
+    "no rotary embedding on q and k, and no position embedding added to the tokens' proven (CTRL's "
+    "sinusoidal table, a buffer of the base model, is not read): the file would see no order"
+)
+
+
 def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
     """``self.rotary_emb = ...``: ``get_rope``, or (rope turning by -theta) the template's
     ``ReversedRotaryEmbedding`` built from the same parameters ``get_rope`` reads; at the

