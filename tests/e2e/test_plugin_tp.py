@@ -260,8 +260,8 @@ _GATED = {
     "MergedColumnParallelLinear": 1,
     "RowParallelLinear": 2,
 }
-LAYERS["granite_swa"] = LAYERS["llama"]
 LAYER_LIST = {
+    "granite_swa": [LAYERS["llama"]] * 3,
     "laguna": [
         _GATED,
         {**_GATED, "MoERunner": 1, "GateLinear": 1},
