@@ -45,7 +45,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
+from vllm.model_executor.models.interfaces import (
+    EagleModelMixin,
+    SupportsLoRA,
+    SupportsPP,
+)
 from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     PPMissingLayer,
@@ -268,7 +272,7 @@ class GPTNeoBlock(nn.Module):
 
 
 @support_torch_compile
-class GPTNeoModel(nn.Module):
+class GPTNeoModel(nn.Module, EagleModelMixin):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -317,7 +321,7 @@ class GPTNeoModel(nn.Module):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
+    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
         if get_pp_group().is_first_rank:
             if inputs_embeds is not None:
                 hidden_states = inputs_embeds
@@ -329,15 +333,34 @@ class GPTNeoModel(nn.Module):
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]
 
-        for layer in islice(self.h, self.start_layer, self.end_layer):
+        # the layers' outputs an EAGLE-3 draft reads (none unless one is set)
+        aux_hidden_states: list[torch.Tensor] = []
+        if get_pp_group().is_first_rank:
+            self._maybe_add_hidden_state(
+                aux_hidden_states, self.start_layer, hidden_states, None
+            )
+        for idx, layer in enumerate(
+            islice(self.h, self.start_layer, self.end_layer),
+            start=self.start_layer,
+        ):
             hidden_states = layer(positions, hidden_states)
+            self._maybe_add_hidden_state(
+                aux_hidden_states, idx + 1, hidden_states, None
+            )
 
         if not get_pp_group().is_last_rank:
             return IntermediateTensors({"hidden_states": hidden_states})
-        return self.ln_f(hidden_states)
+        hidden_states = self.ln_f(hidden_states)
+        if aux_hidden_states:
+            return hidden_states, aux_hidden_states
+        return hidden_states
 
 
-class GPTNeoForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+class GPTNeoForCausalLM(
+    nn.Module,
+    SupportsLoRA,
+    SupportsPP,
+):
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
     # Hugging Face checkpoints keep the fused projections apart: each tensor is
     # loaded into its shard (weight_name: (param_name, shard_id)).
@@ -383,7 +406,7 @@ class GPTNeoForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
+    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
         return self.transformer(
             input_ids, positions, intermediate_tensors, inputs_embeds
         )

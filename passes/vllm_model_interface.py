@@ -13,7 +13,7 @@ Emits, following vLLM's ``llama.py``:
   ``templates/causal_lm.py``.
   The source's statements between the embedding lookup and the layer loop (granite's
   embedding multiplier) are carried onto the first pipeline rank, after the lookup.
-* causal LM: the template class (``SupportsLoRA``, ``SupportsPP``, ``compute_logits``,
+* causal LM: the template class (``SupportsLoRA``, ``SupportsPP``, ``SupportsEagle3``, ``compute_logits``,
   ``load_weights``...) with the source's LM-head statements spliced into ``__init__``.
 
 Preconditions: the decoder stack is a ``ModuleList`` comprehension over ``range(N)``; the
@@ -153,7 +153,7 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     ]
     return cls.with_changes(
         decorators=[cst.Decorator(cst.Name("support_torch_compile"))],
-        bases=[cst.Arg(t.expr("nn.Module"))],
+        bases=[cst.Arg(t.expr("nn.Module")), cst.Arg(t.expr("EagleModelMixin"))],
         body=cls.body.with_changes(body=[*members, *methods]),
     )
 
@@ -305,7 +305,28 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         tpl = carrying_logits(tpl, plan.lm_head, carried, bias)
     if plan.head_input_scaled:  # after the carried post-processing, which rebuilds compute_logits
         tpl = scaling_head_input(tpl, t.find_method(cls, "forward"), plan)
+    if not eagle3_drafts_fit(plan):
+        tpl = _without_eagle3(tpl)
     return tpl.with_changes(leading_lines=cls.leading_lines)
+
+
+def eagle3_drafts_fit(plan) -> bool:
+    """vLLM's EAGLE-3 proposer shares the target's embeddings, which it finds at
+    ``model.embed_tokens`` (or ``model.embedding``) only: a base model held under another
+    name (GPT-2's ``transformer``) keeps the checkpoint's names and declares no EAGLE-3."""
+    return plan.base_model_attr == "model" and plan.embed_tokens in ("embed_tokens", "embedding")
+
+
+_EAGLE3_METHODS = ("set_aux_hidden_state_layers", "get_eagle3_default_aux_hidden_state_layers")
+
+
+def _without_eagle3(tpl: cst.ClassDef) -> cst.ClassDef:
+    """``tpl`` without ``SupportsEagle3`` and its two methods."""
+    body = [
+        s for s in tpl.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in _EAGLE3_METHODS)
+    ]
+    bases = [b for b in tpl.bases if not m.matches(b.value, m.Name("SupportsEagle3"))]
+    return tpl.with_changes(bases=bases, body=tpl.body.with_changes(body=body))
 
 
 def _with_head_built(tpl: cst.ClassDef, base_model_attr: str, head: list[cst.BaseStatement]) -> cst.ClassDef:
@@ -344,6 +365,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             "Iterable",
             "SupportsLoRA",
             "SupportsPP",
+            "SupportsEagle3",
+            "EagleModelMixin",
             "AutoWeightsLoader",
         ),
         fused=(
@@ -351,7 +374,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 plan.base_model_class,
                 f"{plan.layers} -> make_layers (pipeline parallel), torch.compile",
             ),
-            FusionRow(plan.architecture, "vLLM model interface (SupportsLoRA, SupportsPP)"),
+            FusionRow(
+                plan.architecture,
+                f"vLLM model interface (SupportsLoRA, SupportsPP{', SupportsEagle3' * eagle3_drafts_fit(plan)})",
+            ),
             *(
                 [
                     FusionRow(

@@ -44,6 +44,8 @@ VLLM: dict[str, str] = {
     "HasInnerState": "vllm.model_executor.models.interfaces",
     "IsHybrid": "vllm.model_executor.models.interfaces",
     "MixtureOfExperts": "vllm.model_executor.models.interfaces",
+    "EagleModelMixin": "vllm.model_executor.models.interfaces",
+    "SupportsEagle3": "vllm.model_executor.models.interfaces",
     "SupportsLoRA": "vllm.model_executor.models.interfaces",
     "SupportsPP": "vllm.model_executor.models.interfaces",
     "set_weight_attrs": "vllm.model_executor.utils",

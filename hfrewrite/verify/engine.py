@@ -358,6 +358,12 @@ def _run_engine(
     ]
     # A module-level function: with tensor parallelism it is pickled to the workers.
     facts = llm.apply_model(_model_facts)[0]
+    if "speculative_config" in options:  # what the draft proposed and the model accepted
+        facts["spec_decode"] = {
+            m.name.removeprefix("vllm:spec_decode_"): getattr(m, "value", getattr(m, "values", None))
+            for m in llm.get_metrics()
+            if m.name.startswith("vllm:spec_decode_")
+        }
     if record:
         from hfrewrite.verify import divergence
 
