@@ -230,8 +230,10 @@ def _base_forward(tpl: cst.ClassDef, plan) -> cst.FunctionDef:
     )
     forward = t.find_method(carried, "forward")
     if not plan.final_norm:  # the lm_head reads the last layer's output (GPT-1)
-        body = list(forward.body.body)
-        body[-1] = t.stmt("return hidden_states\n")
+        normed = t.stmt("hidden_states = self.norm(hidden_states)\n")
+        body = [s for s in forward.body.body if not s.deep_equals(normed)]
+        if len(body) != len(forward.body.body) - 1:
+            raise HfrewriteError(f"{plan.base_model_class}: {NAME}: the template's final norm is not found")
         forward = t.with_body(forward, body)
     return forward
 

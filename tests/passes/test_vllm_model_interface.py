@@ -1,6 +1,7 @@
 """vllm_model_interface: vLLM's model interface for the base model and the causal LM."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from harness import assert_rewrites, rewrite
@@ -376,3 +377,11 @@ def test_a_loop_that_does_more_than_append_layers_is_not_a_stack():
     )
     with pytest.raises(HfrewriteError, match="ModuleList"):
         rewrite(vllm_model_interface, looped, llama_like())
+
+
+def test_a_base_model_without_a_final_norm_returns_the_last_layers_output():
+    # GPT-1 (openai-gpt): the template's final norm goes, the EAGLE-3 states stay
+    src = (Path(__file__).resolve().parents[2] / "golden" / "openai-gpt.py").read_text()
+    base = src[src.index("class OpenAIGPTModel") : src.index("class OpenAIGPTLMHeadModel")]
+    assert "self.norm" not in base
+    assert "            return hidden_states, aux_hidden_states\n        return hidden_states\n" in base
