@@ -83,7 +83,9 @@ def analyze_attention(
         return refusal.at(cls)
 
 
-def _analyze(traced: Traced, path: str, cls: str, config, layer: tuple) -> AttentionPlan:
+def _analyze(
+    traced: Traced, path: str, cls: str, config, layer: tuple[str | None, int | None]
+) -> AttentionPlan:
     """``layer``: the traced layer's (entry of ``config.layer_types``, index)."""
     scope = set(traced.nodes_in(path))
     call = _attention_call(traced, path)
