@@ -37,9 +37,11 @@ from __future__ import annotations
 from functools import partial
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.shared_matchers import SUPER_INIT
 from hfrewrite.errors import HfrewriteError
 
 NAME = "parallel_embedding"
@@ -67,7 +69,7 @@ def _onto_vocab_parallel(cls: cst.ClassDef) -> cst.ClassDef:
 
     class _Super(cst.CSTTransformer):
         def leave_Call(self, original, updated):
-            if t.code(updated.func) == "super().__init__":
+            if m.matches(updated.func, SUPER_INIT):
                 positional = [a for a in updated.args if a.keyword is None]
                 if len(positional) < 2:
                     raise HfrewriteError(f"{name}: {NAME}: super().__init__ does not pass (num, dim)")

@@ -36,6 +36,7 @@ from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.module_setups import without_registrations_of_dropped, without_unused_setups
 from hfrewrite.emit.pass_api import PassContext, PassResult
 from hfrewrite.emit.relative_imports import relative_imports, with_absolute_imports
+from hfrewrite.emit.shared_matchers import NN_MODULE, SUPER_INIT
 from hfrewrite.emit.torch_names import builds_a_class
 
 NAME = "strip_hf_runtime"
@@ -83,7 +84,7 @@ class _DropHfRuntime(cst.CSTTransformer):
             if t.dotted(getattr(d.decorator, "func", d.decorator)) not in self.hf_names
         ]
         bases = [b for b in updated.bases if t.dotted(b.value) not in self.hf_names]
-        if len(bases) != len(updated.bases) and not any(t.code(b.value) == "nn.Module" for b in bases):
+        if len(bases) != len(updated.bases) and not any(m.matches(b.value, NN_MODULE) for b in bases):
             bases = [cst.Arg(t.expr("nn.Module")), *bases]
         updated = updated.with_changes(decorators=decorators, bases=bases)
         body = [s for s in updated.body.body if _defined_name(s) not in HF_CLASS_HOOKS]
@@ -113,7 +114,7 @@ class _NoSuperArgs(cst.CSTTransformer):
         return node.name.value == "__init__"  # not into nested functions
 
     def leave_Call(self, original, updated):
-        if t.code(updated.func) == "super().__init__" and updated.args:
+        if m.matches(updated.func, SUPER_INIT) and updated.args:
             return updated.with_changes(args=[])
         return updated
 

@@ -69,6 +69,7 @@ from hfrewrite.emit.position_code import (
     rope_init,
     rotary_builders,
 )
+from hfrewrite.emit.shared_matchers import QKV_PROJECTION
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -361,10 +362,7 @@ _BEFORE_SPLIT_CALLS = {"clamp", "clip"}
 def _projection_at(body: list[cst.BaseStatement], split_at: int, cls: str) -> int:
     """Where ``qkv, _ = self.<proj>(...)`` is, the statements up to the split carried."""
     at = split_at - 1
-    while at >= 0 and not (
-        isinstance(body[at], cst.SimpleStatementLine)
-        and t.code(body[at]).lstrip().startswith("qkv, _ = self.")
-    ):
+    while at >= 0 and not m.matches(body[at], QKV_PROJECTION):
         switched = (
             config_switch(body[at]) is not None and body[at].orelse is None
         )  # mpt's `if self.clip_qkv:`

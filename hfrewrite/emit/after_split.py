@@ -35,6 +35,7 @@ from hfrewrite.emit.attention_body import (
 )
 from hfrewrite.emit.pass_api import PassContext
 from hfrewrite.emit.position_scaled import position_scaled, same_line
+from hfrewrite.emit.shared_matchers import TP_SIZE_LOCAL
 from hfrewrite.errors import HfrewriteError
 
 _PASS = "vllm_attention"  # the pass whose refusals these are
@@ -242,9 +243,7 @@ def qk_norms(
     elif att.qk_norm_over == "all_heads":
         norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
         # fuse_qkv's prologue already binds the tensor-parallel size to a local.
-        has_local = any(
-            t.code(s).strip() == "tp_size = get_tensor_model_parallel_world_size()" for s in init.body.body
-        )
+        has_local = any(m.matches(s, TP_SIZE_LOCAL) for s in init.body.body)
         tp_size = "tp_size" if has_local else "get_tensor_model_parallel_world_size()"
         init = t.with_body(
             init,

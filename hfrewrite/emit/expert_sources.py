@@ -209,7 +209,7 @@ def built_with_block_config(experts: cst.BaseExpression, expert_cls: cst.ClassDe
     return (
         len(calls) == 1
         and bool(calls[0].args)
-        and t.code(calls[0].args[0].value) == "config"
+        and m.matches(calls[0].args[0].value, m.Name("config"))
         and params[:1] == ["config"]
     )
 

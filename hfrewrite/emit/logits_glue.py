@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.embedding_glue import GLUE_NAMES, assigned_names
@@ -26,7 +27,7 @@ def logits_statements(forward: cst.FunctionDef | None, lm_head: str) -> list[cst
             if t.self_attr_assigned(s) is None
             and isinstance(s, cst.SimpleStatementLine)
             and isinstance(s.body[0], cst.Assign)
-            and t.code(s.body[0].targets[0].target) == "logits"
+            and m.matches(s.body[0].targets[0].target, m.Name("logits"))
             and t.call_name(s.body[0].value) == f"self.{lm_head}"
         ),
         None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 
@@ -25,7 +26,10 @@ class WrapWeights(cst.CSTTransformer):
         self.helper = helper
 
     def leave_Call(self, original, updated):
-        if t.code(updated.func) == "loader.load_weights" and updated.args:
+        if (
+            m.matches(updated.func, m.Attribute(value=m.Name("loader"), attr=m.Name("load_weights")))
+            and updated.args
+        ):
             first = updated.args[0].with_changes(
                 value=t.expr(f"self.{self.helper}({t.code(updated.args[0].value)})")
             )
@@ -67,7 +71,7 @@ class _IgnoringUnexpected(cst.CSTTransformer):
         self.suffixes = suffixes
 
     def leave_Call(self, original, updated):
-        if t.code(updated.func) == "AutoWeightsLoader" and len(updated.args) == 1:
+        if m.matches(updated.func, m.Name("AutoWeightsLoader")) and len(updated.args) == 1:
             listed = ", ".join(f'"{s}"' for s in self.suffixes)
             return t.expr(
                 f"AutoWeightsLoader({t.code(updated.args[0].value)}, ignore_unexpected_suffixes=[{listed}])"
