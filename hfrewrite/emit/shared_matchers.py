@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst.matchers as m
 
-SUPER_INIT = m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__"))  # super().__init__
+SUPER_INIT = m.Attribute(
+    value=m.Call(func=m.Name("super"), args=[]), attr=m.Name("__init__")
+)  # super().__init__
 NN_MODULE = m.Attribute(value=m.Name("nn"), attr=m.Name("Module"))
 
 # `qkv, _ = self.<projection>(...)`: the fused projection fuse_qkv writes, where
