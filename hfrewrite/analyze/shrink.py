@@ -127,8 +127,9 @@ def _vary_rope_bases(small) -> None:
     """Each list of _rope_base_lists gets each layer's own base and 0 at the second layer:
     the trace then shows whether a layer's rope reads its own entry, and what 0 does
     (analyze/rope.py proves it)."""
-    theta = float(small.rope_parameters["rope_theta"]) if _rope_base_lists(small) else 0.0
-    for name in _rope_base_lists(small):
+    lists = _rope_base_lists(small)
+    for name in lists:
+        theta = float(small.rope_parameters["rope_theta"])
         _set(small, name, [0.0 if i == 1 else theta * (i + 2) for i in range(small.num_hidden_layers)])
 
 
