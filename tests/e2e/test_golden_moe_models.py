@@ -292,9 +292,10 @@ CARRIED_LINEARS = {
 CARRIED_ROUTERS = {"phimoe-carried-router"}
 # vLLM 0.32's own cohere2_moe.py does not match transformers 5.19 on this checkpoint (tokens
 # apart from the first step): Hugging Face is the reference there.
-# vLLM 0.32's own phimoe.py greedily emits token 0 at every step on this checkpoint on CPU
-# (Hugging Face and the generated file agree): Hugging Face is the reference there.
-NATIVE_WRONG = {"phimoe-carried-router", "cohere2_moe-softmax-over-top-k-parallel-block"}
+NATIVE_WRONG = {"cohere2_moe-softmax-over-top-k-parallel-block"}
+# vLLM 0.32's own phimoe.py greedily emits token 0 at every step on this checkpoint on some
+# CPUs and agrees with Hugging Face on others (CI): either is accepted, nothing in between.
+NATIVE_ZEROS_ON_SOME_CPUS = {"phimoe-carried-router"}
 # vLLM 0.32 has no dots1 model file, and registers Aria's multimodal class only: Hugging Face
 # is the reference
 NO_NATIVE = {"dots1-grouped-sigmoid", "aria_text-transposed-renamed-shared"}
@@ -360,6 +361,9 @@ def test_moe_golden_matches_hf_and_vllm_native(reports, case):
     elif case in NATIVE_IGNORES_CONFIG | NATIVE_WRONG:
         assert report.native_tokens != report.hf_tokens, "vLLM native now agrees with HF: drop the exemption"
         problems = [p for p in problems if "native" not in p]  # only the native comparison is exempt
+    elif case in NATIVE_ZEROS_ON_SOME_CPUS and report.native_tokens != report.hf_tokens:
+        assert all(t == 0 for row in report.native_tokens for t in row), report.summary()
+        problems = [p for p in problems if "native" not in p]
     elif case not in NO_NATIVE:
         assert report.generated_tokens == report.native_tokens, report.summary()
         assert report.logprob_diff_native is not None and report.logprob_diff_native <= LOGPROB_TOL, (
