@@ -53,9 +53,10 @@ Tokens = list[list[int]]
 Logprobs = list[list[float]]
 
 
-def hf_model(ckpt: Path, dtype: str = "float32") -> Any:
+def hf_model(ckpt: Path, dtype: str = "float32", **options: Any) -> Any:
     """The checkpoint's Hugging Face causal LM in ``dtype`` (float32 unless asked), in eval
-    mode, with transformers' reference (eager) attention: soft caps and sliding windows exactly."""
+    mode, with transformers' reference (eager) attention: soft caps and sliding windows exactly.
+    ``options`` go to ``from_pretrained``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -64,6 +65,7 @@ def hf_model(ckpt: Path, dtype: str = "float32") -> Any:
         dtype=getattr(torch, dtype),
         attn_implementation="eager",
         trust_remote_code=runs_custom_code(ckpt),
+        **options,
     ).eval()
 
 
@@ -104,6 +106,28 @@ def hf_greedy(
             tokens.append(new)
             logprobs.append(lps)
     return tokens, logprobs
+
+
+def hf_float32_error(
+    ckpt: Path, prompts: Sequence[Sequence[int]], tokens: Tokens, logprobs: Logprobs
+) -> float:
+    """How far transformers' float32 chosen-token ``logprobs`` of the greedy ``tokens`` are
+    from its float64 ones on the same sequences (0.0 where the model does not run in float64)."""
+    import torch
+
+    try:
+        # experts one by one: the grouped kernel has no float64
+        model = hf_model(ckpt, "float64", experts_implementation="eager")
+        errors = [0.0]
+        with torch.no_grad():
+            for prompt, new, lps in zip(prompts, tokens, logprobs):
+                ids = torch.tensor([[*prompt, *new]])
+                logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]
+                exact = torch.log_softmax(logits, -1).gather(-1, torch.tensor(new)[:, None])[:, 0]
+                errors.append(float((exact - torch.tensor(lps, dtype=torch.float64)).abs().max()))
+    except Exception:  # noqa: BLE001 - a model that cannot run in float64 keeps the fixed tolerance
+        return 0.0
+    return max(errors)
 
 
 def greedy_without_cache(model, prompts: Sequence[Sequence[int]], max_tokens: int) -> tuple[Tokens, Logprobs]:
