@@ -36,6 +36,7 @@ anywhere else in the body.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
@@ -275,7 +276,7 @@ def _without_output_tuple(body: cst.IndentedBlock, dropped: set[str]) -> cst.Ind
     kept, first = [], None
     for s in stmts[:-1]:
         one = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
-        if isinstance(one, cst.Assign) and t.code(one.targets[0].target) == name and first is None:
+        if isinstance(one, cst.Assign) and m.matches(one.targets[0].target, m.Name(name)) and first is None:
             value = one.value
             if not (isinstance(value, cst.Tuple) and len(value.elements) == 1):
                 return body
@@ -299,7 +300,7 @@ def _appends_dropped(statement: cst.BaseStatement, name: str, dropped: set[str])
         return False
     for s in statement.body.body:
         one = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
-        if not (isinstance(one, cst.AugAssign) and t.code(one.target) == name):
+        if not (isinstance(one, cst.AugAssign) and m.matches(one.target, m.Name(name))):
             return False
         if not t.root_names(one.value) <= dropped:
             return False

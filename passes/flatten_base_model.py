@@ -20,9 +20,11 @@ moved in does not rebind what the base model's ``__init__`` already binds otherw
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.emit.shared_matchers import SUPER_INIT_CALL
 from hfrewrite.errors import HfrewriteError
 
 NAME = "flatten_base_model"
@@ -198,4 +200,4 @@ def _writes_only(s: cst.BaseStatement, names: set[str]) -> bool:
 
 
 def _super_init(s: cst.BaseStatement) -> bool:
-    return isinstance(s, cst.SimpleStatementLine) and t.code(s).strip().startswith("super().__init__(")
+    return m.matches(s, SUPER_INIT_CALL)

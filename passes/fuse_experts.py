@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_sources import (
@@ -55,6 +56,7 @@ from hfrewrite.emit.expert_sources import (
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.pure_expressions import computed_local
 from hfrewrite.emit.router_sources import routing_kwargs, source_renormalize
+from hfrewrite.emit.shared_matchers import ACT2FN_ENTRY, SUPER_INIT_BARE, self_attr
 from hfrewrite.emit.taken_init import one_guard_per_condition, taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -188,7 +190,7 @@ def _kept_unassigning(s: cst.BaseStatement, name: str, sizes: dict[str, str]) ->
         )
     if computed_local(s):  # hy_v3's `shared_intermediate = ...` (drop_dead_locals drops unread ones)
         return [s]
-    if t.code(s).strip() != "super().__init__()":
+    if not m.matches(s, SUPER_INIT_BARE):
         return []
     return [
         s,
@@ -360,10 +362,10 @@ def _module_list_sources(
             )
     act = f'"{mlp.activation}"'
     if mlp.act_attr:
-        act = code if (code := t.code(expert_init.get(mlp.act_attr))).startswith("ACT2FN[") else ""
-        if not act:
+        entry = expert_init.get(mlp.act_attr)
+        if entry is None or not m.matches(entry, ACT2FN_ENTRY):
             raise HfrewriteError(f"{name}: {NAME}: the experts' activation is not ACT2FN[...]")
-        act = act[len("ACT2FN[") : -1]
+        act = t.code(entry)[len("ACT2FN[") : -1]
     if router_exprs:
         renormalize, guards = source_renormalize(
             t.find_class(module, moe.router_class), router_exprs, moe, name
@@ -382,7 +384,7 @@ class _NotReducing(cst.CSTTransformer):
         self.attr = attr
 
     def leave_Assign(self, original, updated):
-        if t.code(updated.targets[0].target) == f"self.{self.attr}" and isinstance(updated.value, cst.Call):
+        if m.matches(updated.targets[0].target, self_attr(self.attr)) and isinstance(updated.value, cst.Call):
             arg = cst.Arg(
                 value=cst.Name("False"),
                 keyword=cst.Name("reduce_results"),

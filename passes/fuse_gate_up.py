@@ -29,9 +29,11 @@ exactly once, with gate and up called nowhere else.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.shared_matchers import same, self_attr
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_gate_up"
@@ -129,13 +131,11 @@ def _merged_linear(
         t.arg(u, 1, "out_features"),
         t.arg(u, 2, "bias"),
     )
-    if t.code(g_in) != t.code(u_in):
+    if not same(g_in, u_in):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
-    if (g_bias and t.code(g_bias)) != (u_bias and t.code(u_bias)):
+    if not same(g_bias, u_bias):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} differ in their bias setting")
-    sizes = (
-        f"[{t.code(g_out)}] * 2" if t.code(g_out) == t.code(u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
-    )
+    sizes = f"[{t.code(g_out)}] * 2" if same(g_out, u_out) else f"[{t.code(g_out)}, {t.code(u_out)}]"
     bias = t.code(g_bias) if g_bias is not None else "True"
     return t.stmt(
         "self.gate_up_proj = MergedColumnParallelLinear(\n"
@@ -160,7 +160,7 @@ def _fused_forward(name: str, forward: cst.FunctionDef, gate: str, up: str, act:
     fwd_body = _inline_projections(list(forward.body.body), {gate, up})
     for i, s in enumerate(fwd_body):
         new = s.visit(fuser)
-        if new is not s and fuser.inputs and t.code(new) != t.code(s):
+        if new is not s and fuser.inputs and not new.deep_equals(s):
             fwd_body[i : i + 1] = [
                 t.stmt(f"gate_up, _ = self.gate_up_proj({fuser.inputs[-1]})\n"),
                 new,
@@ -186,7 +186,7 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
     size_out, intermediate = t.arg(call, 1, "out_features"), None
     if isinstance(size_out, cst.BinaryOperation) and isinstance(size_out.operator, cst.Multiply):
         sides = (size_out.left, size_out.right)  # 2 * I, or I * 2
-        intermediate = next((o for s, o in (sides, sides[::-1]) if t.code(s) == "2"), None)
+        intermediate = next((o for s, o in (sides, sides[::-1]) if m.matches(s, m.Integer("2"))), None)
     if t.call_name(call) != "nn.Linear" or intermediate is None:
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear(H, 2 * I)")
     if mlp.act_attr and not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
@@ -261,7 +261,7 @@ def _inline_projections(body: list[cst.BaseStatement], attrs: set[str]) -> list[
                 and len(assign.targets) == 1
                 and isinstance(assign.targets[0].target, cst.Name)
                 and isinstance(assign.value, cst.Call)
-                and t.code(assign.value.func) == f"self.{attr}"
+                and m.matches(assign.value.func, self_attr(attr))
             ):
                 continue
             name, rest = assign.targets[0].target.value, body[i + 1 :]

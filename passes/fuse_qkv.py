@@ -32,11 +32,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.fused_projection import HEAD_SHARDING, after_head_sharding, free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.shared_matchers import same
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_qkv"
@@ -81,9 +83,9 @@ class _ReplaceCalls(cst.CSTTransformer):
         self.in_order: list[str] = []  # the arguments, in the order of the calls
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        func = t.dotted(updated.func) or ""
-        attr = func.removeprefix("self.")
-        if func.startswith("self.") and attr in self.names:
+        is_self = m.matches(updated.func, m.Attribute(value=m.Name("self")))
+        attr = updated.func.attr.value if is_self else ""
+        if is_self and attr in self.names:
             self.args[attr].append(",".join(t.code(a) for a in updated.args))
             self.in_order.append(self.args[attr][-1])
             return cst.Name(self.names[attr])
@@ -99,10 +101,6 @@ class _QkvSizes(NamedTuple):
     head_dim: cst.BaseExpression
     bias: cst.BaseExpression | None
     head_size: str  # `head_size = ...` where the head size is derived, else ""
-
-
-def _same_code(*nodes: cst.CSTNode | None) -> bool:
-    return len({t.code(n) if n is not None else "" for n in nodes}) == 1
 
 
 def _qkv_sizes(
@@ -123,13 +121,13 @@ def _qkv_sizes(
         (k_in, k_heads, k_dim, k_bias),
         (v_in, v_heads, v_dim, v_bias),
     ) = (parts[q], parts[k], parts[v])
-    if not _same_code(q_in, k_in, v_in):
+    if not same(q_in, k_in, v_in):
         raise HfrewriteError(f"{name}: {NAME}: q/k/v read different input sizes")
-    if not _same_code(q_bias, k_bias, v_bias):
+    if not same(q_bias, k_bias, v_bias):
         raise HfrewriteError(f"{name}: {NAME}: q/k/v differ in their bias setting")
-    if not _same_code(k_heads, v_heads):
+    if not same(k_heads, v_heads):
         raise HfrewriteError(f"{name}: {NAME}: k_proj and v_proj differ in out_features")
-    if not _same_code(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
+    if not same(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
         raise HfrewriteError(
             f"{name}: {NAME}: q/k/v differ in head_dim ({t.code(head_dim)}, {t.code(k_dim)}, {t.code(v_dim)})"
         )

@@ -215,7 +215,7 @@ class _BuildMixer(cst.CSTTransformer):
         if (
             t.call_name(call) != self.mixer.module_class
             or not call.args
-            or t.code(call.args[0].value) != "config"
+            or not m.matches(call.args[0].value, m.Name("config"))
         ):
             return updated
         self.built += 1

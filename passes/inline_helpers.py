@@ -129,7 +129,7 @@ def _assign_returned(assign: cst.Assign, returned: cst.BaseExpression) -> list[c
         pairs = [
             (t.code(a.value), t.code(b.value))
             for a, b in zip(target.target.elements, returned.elements)
-            if t.code(a.value) != t.code(b.value)
+            if not a.value.deep_equals(b.value)
         ]
         if not pairs:
             return []

@@ -125,7 +125,7 @@ def _parallel_lm_head(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]
         )
     with_bias = (
         f", bias={t.code(bias) if bias is not None else 'True'}"
-        if bias is None or t.code(bias) != "False"
+        if bias is None or not m.matches(bias, m.Name("False"))
         else ""
     )
     tying = (

@@ -374,7 +374,7 @@ def _drop_unused_methods(module: cst.Module) -> tuple[cst.Module, int]:
 
     def layer_class(cls: cst.ClassDef) -> bool:
         init = t.find_method(cls, "__init__")
-        return any(t.code(b.value) in ("nn.Module", "torch.nn.Module") for b in cls.bases) and not (
+        return any(t.dotted(b.value) in ("nn.Module", "torch.nn.Module") for b in cls.bases) and not (
             init is not None and "vllm_config" in t.names_used(init.params)
         )
 

@@ -23,10 +23,12 @@ itself (the vLLM model interface) are left alone.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.class_aliases import folded_class_aliases
 from hfrewrite.emit.pass_api import PassContext, PassResult
+from hfrewrite.emit.shared_matchers import self_attr
 
 NAME = "thread_layer_args"
 ARGS = {
@@ -158,10 +160,10 @@ class _ChosenAttention(cst.CSTTransformer):
         call = updated.value
         if (
             len(updated.targets) == 1
-            and t.code(updated.targets[0].target) == f"self.{self.attr}"
+            and m.matches(updated.targets[0].target, self_attr(self.attr))
             and isinstance(call, cst.Call)
             and isinstance(call.func, cst.Subscript)
-            and t.code(call.func.value) in self.tables
+            and t.dotted(call.func.value) in self.tables
         ):
             return updated.with_changes(value=call.with_changes(func=cst.Name(self.cls)))
         return updated

@@ -36,6 +36,7 @@ from hfrewrite.emit.logits_glue import (
     scaling_head_input,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.shared_matchers import SUPER_INIT, self_attr
 from hfrewrite.emit.taken_init import taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -44,14 +45,9 @@ NAME = "vllm_model_interface"
 TEMPLATE = "causal_lm.py"
 
 
-def _is_call_to(node: cst.BaseStatement, name: str) -> bool:
+def _is_call_to(node: cst.BaseStatement, func: m.BaseMatcherNode) -> bool:
     """`super().__init__(...)` / `self.post_init()` style expression statements."""
-    return (
-        isinstance(node, cst.SimpleStatementLine)
-        and isinstance(node.body[0], cst.Expr)
-        and isinstance(node.body[0].value, cst.Call)
-        and t.code(node.body[0].value.func) == name
-    )
+    return m.matches(node, m.SimpleStatementLine(body=[m.Expr(m.Call(func=func)), m.ZeroOrMore()]))
 
 
 def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
@@ -173,7 +169,7 @@ def _base_init(cls: cst.ClassDef, tpl: cst.ClassDef, plan, glue: list[cst.BaseSt
         norm_ranks = "get_pp_group().is_first_rank or get_pp_group().is_last_rank"
     for s in folded_layer_loop(list(init.body.body), plan.layers):
         attr = t.self_attr_assigned(s)
-        if _is_call_to(s, "super().__init__") or _is_call_to(s, "self.post_init"):
+        if _is_call_to(s, SUPER_INIT) or _is_call_to(s, self_attr("post_init")):
             continue
         if attr == plan.layers:
             new = t.stmts(_layer_stack(t.assigned_value(s), name, attr))

@@ -129,7 +129,7 @@ def cache_update(statement: cst.BaseStatement, params: set[str]) -> bool:
             and isinstance(s.body[0], cst.Assign)
             and isinstance(s.body[0].value, cst.Call)
             and isinstance(s.body[0].value.func, cst.Attribute)
-            and t.code(s.body[0].value.func.value) in caches
+            and t.dotted(s.body[0].value.func.value) in caches
             and s.body[0].value.func.attr.value == "update"
             for s in statement.body.body
         )
@@ -156,14 +156,14 @@ def _tuple_cache_concat(body, caches: set[str]) -> bool:
         value = assign.value
         if not (
             isinstance(value, cst.Call)
-            and t.code(value.func) in ("torch.cat", "cat")
+            and t.dotted(value.func) in ("torch.cat", "cat")
             and value.args
             and isinstance(value.args[0].value, cst.Tuple | cst.List)
             and len(value.args[0].value.elements) == 2
         ):
             return False
         first, second = (e.value for e in value.args[0].value.elements)
-        if not (t.names_used(first) <= past and t.code(second) in targets and len(targets) == 1):
+        if not (t.names_used(first) <= past and t.dotted(second) in targets and len(targets) == 1):
             return False
         concatenated += 1
     return concatenated == 2

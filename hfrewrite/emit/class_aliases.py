@@ -48,11 +48,11 @@ def folded_class_aliases(fn: cst.FunctionDef) -> cst.FunctionDef:
 
     def literal(s: cst.BaseStatement) -> bool:
         one = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
-        return isinstance(one, cst.Assign) and t.code(one.targets[0].target) in literals
+        return isinstance(one, cst.Assign) and t.dotted(one.targets[0].target) in literals
 
     read = t.root_names(cst.Module([s for s in renamed.body.body if not literal(s)]))
     kept = [
-        s for s in renamed.body.body if not (literal(s) and t.code(s.body[0].targets[0].target) not in read)
+        s for s in renamed.body.body if not (literal(s) and t.dotted(s.body[0].targets[0].target) not in read)
     ]
     return t.with_body(renamed, kept)
 

@@ -78,7 +78,7 @@ def _activation(module: cst.Module, experts_cls: cst.ClassDef, param: str, arg, 
         holder, sub_param, sub_arg = _built_with_config(
             module, call, t.call_name(call) or "?", moe.module_class
         )
-        if t.code(sub_arg) != param:
+        if t.dotted(sub_arg) != param:
             raise HfrewriteError(
                 f"{moe.module_class}: {NAME}: self.{child} is not built with the same config"
             )
@@ -171,7 +171,7 @@ def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str
     name = moe.module_class
     for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
         call = built.get(attr)
-        if t.call_name(call) != cls or not call.args or t.code(call.args[0].value) != "config":
+        if t.call_name(call) != cls or not call.args or not m.matches(call.args[0].value, m.Name("config")):
             raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
     router = t.init_exprs(t.find_class(module, moe.router_class))
     experts = t.init_exprs(t.find_class(module, moe.experts_class))
@@ -242,7 +242,11 @@ def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
     torch.empty((E, H)))``; else None."""
     if t.call_name(router) == "nn.Linear":
         return (t.code(t.arg(router, 1, "out_features")), t.code(t.arg(router, 0, "in_features"))), {}
-    if t.call_name(router) != moe.router_class or not router.args or t.code(router.args[0].value) != "config":
+    if (
+        t.call_name(router) != moe.router_class
+        or not router.args
+        or not m.matches(router.args[0].value, m.Name("config"))
+    ):
         return None
     exprs = t.init_exprs(t.find_class(module, moe.router_class))
     empty = [

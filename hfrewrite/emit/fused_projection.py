@@ -98,7 +98,7 @@ class _Slices(cst.CSTTransformer):
         last = updated.slice[-1].slice
         if (
             len(updated.slice) != 2
-            or t.code(updated.slice[0].slice) != "..."
+            or not m.matches(updated.slice[0].slice, m.Index(value=m.Ellipsis()))
             or not isinstance(last, cst.Slice)
         ):
             return updated
@@ -350,7 +350,9 @@ def _split_in_three(statement: cst.BaseStatement) -> cst.BaseExpression | None:
 
 def _split_of(body: list[cst.BaseStatement], var: str) -> int | None:
     """Index of the one ``a, b, c = <var>.split(...)`` (or ``.chunk``) in ``body``, or None."""
-    found = [i for i, s in enumerate(body) if (x := _split_in_three(s)) is not None and t.code(x) == var]
+    found = [
+        i for i, s in enumerate(body) if (x := _split_in_three(s)) is not None and m.matches(x, m.Name(var))
+    ]
     return found[0] if len(found) == 1 else None
 
 
@@ -471,8 +473,11 @@ def _unchunk(body: list[cst.BaseStatement], var: str, cls: str) -> list[cst.Base
         target = small.targets[0].target if isinstance(small, cst.Assign) else None
         value = small.value if isinstance(small, cst.Assign) else None
         splits = isinstance(value, cst.Call) and (  # var.chunk(3, ...) or self._split_heads(var)
-            t.code(value.func) == f"{var}.chunk"
-            or (t.code(value.func).startswith("self.") and [t.code(a.value) for a in value.args] == [var])
+            m.matches(value.func, m.Attribute(value=m.Name(var), attr=m.Name("chunk")))
+            or (
+                m.matches(value.func, m.Attribute(value=m.Name("self")))
+                and m.matches(value, m.Call(args=[m.Arg(m.Name(var))]))
+            )
         )
         if isinstance(target, cst.Tuple) and len(target.elements) == 3 and splits:
             found += 1

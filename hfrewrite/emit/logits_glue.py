@@ -52,7 +52,7 @@ def head_has_bias(statements: list[cst.BaseStatement]) -> bool:
                 found.extend(
                     a
                     for a in call.args
-                    if a.keyword and a.keyword.value == "bias" and t.code(a.value) != "False"
+                    if a.keyword and a.keyword.value == "bias" and not m.matches(a.value, m.Name("False"))
                 )
 
     for s in statements:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import libcst as cst
 import libcst.matchers as m
 
 SUPER_INIT = m.Attribute(
     value=m.Call(func=m.Name("super"), args=[]), attr=m.Name("__init__")
 )  # super().__init__
 NN_MODULE = m.Attribute(value=m.Name("nn"), attr=m.Name("Module"))
+# a statement line opening with `super().__init__(...)`; SUPER_INIT_BARE: `super().__init__()` alone
+SUPER_INIT_CALL = m.SimpleStatementLine(body=[m.Expr(m.Call(func=SUPER_INIT)), m.ZeroOrMore()])
+SUPER_INIT_BARE = m.SimpleStatementLine(body=[m.Expr(m.Call(func=SUPER_INIT, args=[]))])
+ACT2FN_ENTRY = m.Subscript(value=m.Name("ACT2FN"))  # ACT2FN[...]
+
+
+def self_attr(name: str) -> m.Attribute:
+    """``self.<name>``."""
+    return m.Attribute(value=m.Name("self"), attr=m.Name(name))
+
 
 # `qkv, _ = self.<projection>(...)`: the fused projection fuse_qkv writes, where
 # vllm_attention takes the forward over
@@ -31,3 +42,12 @@ TP_SIZE_LOCAL = m.SimpleStatementLine(
         )
     ]
 )
+
+
+def same(*nodes: cst.CSTNode | None) -> bool:
+    """Whether ``nodes`` are one tree (compared node by node; None only with None)."""
+    first = nodes[0]
+    return all(
+        (n is None and first is None) or (n is not None and first is not None and n.deep_equals(first))
+        for n in nodes[1:]
+    )
