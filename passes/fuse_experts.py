@@ -56,7 +56,7 @@ from hfrewrite.emit.expert_sources import (
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.pure_expressions import computed_local
 from hfrewrite.emit.router_sources import routing_kwargs, source_renormalize
-from hfrewrite.emit.shared_matchers import ACT2FN_ENTRY, SUPER_INIT_BARE, self_attr
+from hfrewrite.emit.shared_matchers import ACT2FN_ENTRY, SUPER_INIT_BARE, builds, nn_call, self_attr
 from hfrewrite.emit.taken_init import one_guard_per_condition, taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -330,7 +330,7 @@ def _module_list_sources(
         isinstance(n, cst.Call) and t.call_name(n) == moe.experts_class for n in t.walk(experts)
     )
     found_sizes = router_sizes(module, router, moe)
-    if found_sizes is None or t.call_name(experts) != "nn.ModuleList" or not makes_expert:
+    if found_sizes is None or not builds(experts, nn_call("ModuleList")) or not makes_expert:
         raise HfrewriteError(
             f"{name}: {NAME}: not self.{moe.router} = nn.Linear(H, E) (or {moe.router_class}(config) "
             f"holding an [E, H] weight) and self.{moe.experts} = nn.ModuleList([{moe.experts_class}(...) ...])"
@@ -340,7 +340,7 @@ def _module_list_sources(
         t.self_attr_assigned(s): t.assigned_value(s) for s in t.find_method(expert_cls, "__init__").body.body
     }
     gate = expert_init.get(mlp.gate.attr)
-    if t.call_name(gate) != "nn.Linear":
+    if not builds(gate, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: the experts' {mlp.gate.attr} is not nn.Linear(H, I)")
     block_exprs = t.init_exprs(block)
     # the sizes as the block and its experts compute them (`self.ffn_dim = config...`),

@@ -33,7 +33,7 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.shared_matchers import same, self_attr
+from hfrewrite.emit.shared_matchers import builds, nn_call, same, self_attr
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_gate_up"
@@ -119,7 +119,7 @@ def _merged_linear(
 ) -> cst.SimpleStatementLine:
     """``self.gate_up_proj = MergedColumnParallelLinear(...)`` for the source's
     ``nn.Linear`` gate and up, which must read the same input size with the same bias."""
-    if t.call_name(g) != "nn.Linear" or t.call_name(u) != "nn.Linear":
+    if not builds(g, nn_call("Linear")) or not builds(u, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")
     g_in, g_out, g_bias = (
         t.arg(g, 0, "in_features"),
@@ -187,7 +187,7 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
     if isinstance(size_out, cst.BinaryOperation) and isinstance(size_out.operator, cst.Multiply):
         sides = (size_out.left, size_out.right)  # 2 * I, or I * 2
         intermediate = next((o for s, o in (sides, sides[::-1]) if m.matches(s, m.Integer("2"))), None)
-    if t.call_name(call) != "nn.Linear" or intermediate is None:
+    if not builds(call, nn_call("Linear")) or intermediate is None:
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear(H, 2 * I)")
     if mlp.act_attr and not (isinstance(a, cst.Subscript) and t.dotted(a.value) == "ACT2FN"):
         raise HfrewriteError(f"{name}: {NAME}: {act} is not ACT2FN[...]")

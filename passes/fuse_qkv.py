@@ -38,7 +38,7 @@ from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.fused_projection import HEAD_SHARDING, after_head_sharding, free_qkv_names, rewrite_fused
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.shared_matchers import same
+from hfrewrite.emit.shared_matchers import builds, nn_call, same
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_qkv"
@@ -46,7 +46,7 @@ NAME = "fuse_qkv"
 
 def _linear_parts(stmt: cst.BaseStatement, cls: str, attr: str):
     call = t.assigned_value(stmt)
-    if t.call_name(call) != "nn.Linear":
+    if not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{cls}: {NAME}: self.{attr} is not built with nn.Linear")
     size_in, size_out = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features")
     bias = t.arg(call, 2, "bias")

@@ -25,10 +25,10 @@ from typing import NamedTuple
 
 import libcst as cst
 import libcst.matchers as m
-from hfrewrite.passes.vllm_attention import _FindAttentionCall
 
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.attention_body import AttentionCallKwargs
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -302,7 +302,7 @@ class _KeptInit(NamedTuple):
 
 def _scaling(forward: cst.FunctionDef, plan: MlaPlan, name: str) -> str:
     """The source's softmax scale expression, carried to ``MLAAttention``."""
-    finder = _FindAttentionCall()
+    finder = AttentionCallKwargs()
     forward.visit(finder)
     if plan.scale_attr:  # attention by hand: its scale's attribute, proven by value
         finder.kwargs = {"scaling": t.expr(f"self.{plan.scale_attr}")}

@@ -41,7 +41,7 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.shared_matchers import SUPER_INIT
+from hfrewrite.emit.shared_matchers import SUPER_INIT, builds, nn_call
 from hfrewrite.errors import HfrewriteError
 
 NAME = "parallel_embedding"
@@ -87,7 +87,7 @@ def _vocab_parallel_embedding(plan, call: cst.BaseExpression) -> list[cst.BaseSt
     embed = plan.embed_tokens
     if plan.embed_class is not None and t.call_name(call) == plan.embed_class:
         built = t.code(call)  # the source's own class, now a VocabParallelEmbedding
-    elif t.call_name(call) == "nn.Embedding":
+    elif builds(call, nn_call("Embedding")):
         vocab, hidden = (
             t.code(t.arg(call, 0, "num_embeddings")),
             t.code(t.arg(call, 1, "embedding_dim")),
@@ -116,7 +116,7 @@ def _parallel_lm_head(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]
     bias = t.arg(call, 2, "bias")
     if plan.lm_head_weight:  # the source's own head class: one [vocab, hidden] weight, no bias
         bias, hidden, vocab = cst.Name("False"), "config.hidden_size", "config.vocab_size"
-    elif t.call_name(call) != "nn.Linear":
+    elif not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
     else:
         hidden, vocab = (

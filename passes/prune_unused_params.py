@@ -110,5 +110,5 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = module.visit(drop)
         dropped += 1
     if dropped:  # an argument that was the last reader of `self.x` orphans that attribute
-        module = strip_hf_runtime.run(module, ctx).module
+        module = strip_hf_runtime.without_orphans(module, ctx.plan.architecture)
     return PassResult(module=module, matches=dropped)

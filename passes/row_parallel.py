@@ -21,6 +21,7 @@ import libcst as cst
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
+from hfrewrite.emit.shared_matchers import builds, nn_call
 from hfrewrite.errors import HfrewriteError
 
 NAME = "row_parallel"
@@ -67,7 +68,7 @@ def rewrite(
     for i, s in enumerate(body):
         if t.self_attr_assigned(s) == attr:
             call = t.assigned_value(s)
-            if t.call_name(call) != "nn.Linear":
+            if not builds(call, nn_call("Linear")):
                 raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
             size_in, size_out, bias = (
                 t.arg(call, 0, "in_features"),

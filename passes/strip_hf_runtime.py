@@ -409,6 +409,12 @@ def _registers_auto_class(node: cst.CSTNode) -> bool:
     return m.matches(node, _AUTO_CLASS)
 
 
+def without_orphans(module: cst.Module, root: str) -> cst.Module:
+    """``module`` without what a later rewrite left unread: the methods, definitions and
+    ``__init__`` assignments ``root`` (the causal LM's class) no longer reaches."""
+    return _without_unreachable(module, root, _PerNode(t.names_used))
+
+
 def _without_unreachable(module: cst.Module, root: str, names_used) -> cst.Module:
     """Unused methods, definitions ``root`` no longer reaches and ``__init__`` assignments
     nothing reads, dropped round after round until a round drops nothing."""

@@ -57,7 +57,7 @@ from hfrewrite.emit.after_split import (
     qk_norms,
     read_after_split,
 )
-from hfrewrite.emit.attention_body import config_switch, unrecognised
+from hfrewrite.emit.attention_body import AttentionCallKwargs, config_switch, unrecognised
 from hfrewrite.emit.given_residual import projection_at, residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.position_code import (
@@ -96,20 +96,9 @@ _QKV_SPLIT = m.SimpleStatementLine(
 )
 
 
-class _FindAttentionCall(cst.CSTVisitor):
-    """The call `attention_interface(self, q, k, v, mask, **kw)`: its keyword arguments."""
-
-    def __init__(self) -> None:
-        self.kwargs: dict[str, cst.BaseExpression] | None = None
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if t.dotted(node.func) == "attention_interface":
-            self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-
-
 def _attention_kwargs(cls: cst.ClassDef, att: AttentionPlan) -> dict[str, cst.BaseExpression]:
     """The keyword arguments of the source's attention call, ``scaling=`` among them."""
-    finder, name = _FindAttentionCall(), cls.name.value
+    finder, name = AttentionCallKwargs(), cls.name.value
     t.find_method(cls, "forward").visit(finder)
     if att.direct_sdpa:  # proven causal, at torch's default scale; its call is among replaced_calls
         finder.kwargs = {"scaling": t.expr("1.0" if att.unscaled_scores else "self.head_dim**-0.5")}

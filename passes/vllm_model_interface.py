@@ -36,7 +36,7 @@ from hfrewrite.emit.logits_glue import (
     scaling_head_input,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.shared_matchers import SUPER_INIT, self_attr
+from hfrewrite.emit.shared_matchers import SUPER_INIT, builds, nn_call, self_attr
 from hfrewrite.emit.taken_init import taken_init_branches
 from hfrewrite.emit.templates_io import template_class
 from hfrewrite.errors import HfrewriteError
@@ -52,7 +52,7 @@ def _is_call_to(node: cst.BaseStatement, func: m.BaseMatcherNode) -> bool:
 
 def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     """`make_layers(...)` source for `nn.ModuleList([Layer(...) for i in range(N)])`."""
-    lc = value.args[0].value if t.call_name(value) == "nn.ModuleList" and value.args else None
+    lc = value.args[0].value if builds(value, nn_call("ModuleList")) and value.args else None
     gen = lc.for_in if isinstance(lc, cst.ListComp) else None
     if (
         gen is None

@@ -37,7 +37,7 @@ def build_model(small) -> nn.Module:
                 small, dtype=torch.float32, trust_remote_code=custom
             )
     except KeyError as e:
-        if ATTN_IMPLEMENTATION not in str(e):
+        if e.args[:1] != (ATTN_IMPLEMENTATION,):  # not the missing entry of its own attention table
             raise Refusal(NoMatch("", "", f"cannot build a causal LM: {error_line(e)}")) from e
     except Exception as e:  # the modeling code cannot build this config
         raise Refusal(NoMatch("", "", f"cannot build a causal LM from the config: {error_line(e)}")) from e

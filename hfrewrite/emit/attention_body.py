@@ -471,3 +471,15 @@ def raises_only(statement: cst.BaseStatement) -> bool:
             for s in statement.body.body
         )
     )
+
+
+class AttentionCallKwargs(cst.CSTVisitor):
+    """The keyword arguments of the source's call `attention_interface(self, q, k, v, mask,
+    **kw)` (``scaling=``, ``sliding_window=``...); None where there is no such call."""
+
+    def __init__(self) -> None:
+        self.kwargs: dict[str, cst.BaseExpression] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if t.dotted(node.func) == "attention_interface":
+            self.kwargs = {a.keyword.value: a.value for a in node.args if a.keyword is not None}

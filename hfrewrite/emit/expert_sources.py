@@ -12,6 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.shared_matchers import builds, nn_call
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_experts"
@@ -240,7 +241,7 @@ def router_sizes(module: cst.Module, router: cst.BaseExpression | None, moe):
     """((E, H) expressions, the router class's ``__init__`` expressions) of ``nn.Linear(H, E)``
     (no class: ``{}``) or of ``Router(config)`` whose ``self.weight = nn.Parameter(
     torch.empty((E, H)))``; else None."""
-    if t.call_name(router) == "nn.Linear":
+    if builds(router, nn_call("Linear")):
         return (t.code(t.arg(router, 1, "out_features")), t.code(t.arg(router, 0, "in_features"))), {}
     if (
         t.call_name(router) != moe.router_class

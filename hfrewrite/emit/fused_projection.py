@@ -13,6 +13,7 @@ from hfrewrite.analyze.fused_qkv import ITEM
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pure_expressions import computes_only
+from hfrewrite.emit.shared_matchers import builds, nn_call
 from hfrewrite.emit.torch_names import builds_a_class
 from hfrewrite.errors import HfrewriteError
 
@@ -196,7 +197,7 @@ def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, comment
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (attr,), NAME)
     call = t.assigned_value(body[where[attr]])
-    if t.call_name(call) != "nn.Linear":
+    if not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
     size_in, size_out, bias = (
         t.arg(call, 0, "in_features"),

@@ -15,6 +15,16 @@ SUPER_INIT_BARE = m.SimpleStatementLine(body=[m.Expr(m.Call(func=SUPER_INIT, arg
 ACT2FN_ENTRY = m.Subscript(value=m.Name("ACT2FN"))  # ACT2FN[...]
 
 
+def nn_call(cls: str) -> m.Call:
+    """``nn.<cls>(...)``: a torch module built in an ``__init__`` (``nn_call("Linear")``)."""
+    return m.Call(func=m.Attribute(value=m.Name("nn"), attr=m.Name(cls)))
+
+
+def builds(node: cst.CSTNode | None, matcher: m.BaseMatcherNode) -> bool:
+    """Whether ``node`` (None: nothing was found) matches ``matcher``."""
+    return node is not None and m.matches(node, matcher)
+
+
 def self_attr(name: str) -> m.Attribute:
     """``self.<name>``."""
     return m.Attribute(value=m.Name("self"), attr=m.Name(name))

@@ -11,6 +11,8 @@ from hfrewrite.emit.shared_matchers import (
     SUPER_INIT_BARE,
     SUPER_INIT_CALL,
     TP_SIZE_LOCAL,
+    builds,
+    nn_call,
     same,
     self_attr,
 )
@@ -56,3 +58,11 @@ def test_same_compares_trees_not_names():
     assert not same(a, cst.parse_expression("config.intermediate_size"))
     assert not same(a, None) and not same(None, a)
     assert same(a, b, cst.parse_expression("config.hidden_size"))
+
+
+def test_torch_modules_built_are_found_by_structure():
+    linear = cst.parse_expression("nn.Linear(\n    config.hidden_size,  # in\n    config.vocab_size,\n)")
+    assert builds(linear, nn_call("Linear"))
+    assert not builds(linear, nn_call("Embedding"))
+    assert not builds(cst.parse_expression("MyLinear(4, 4)"), nn_call("Linear"))
+    assert not builds(None, nn_call("Linear"))  # nothing was assigned
