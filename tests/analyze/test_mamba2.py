@@ -64,6 +64,20 @@ def test_bambas_norm_over_all_channels_is_refused_with_two_groups():
     config = _config(mamba_n_groups=2)
     plan = analyze_mamba2(_layer(_bamba_block(config)), "mamba", config)
     assert isinstance(plan, NoMatch) and "replaying vLLM's Mamba-2 mixer differs" in plan.reason
+    # the reason, proven by a second replay with one norm group
+    assert "its gated norm spans all 128 channels" in plan.reason, plan.reason
+    assert "normalises each of its 2 groups apart" in plan.reason
+
+
+def test_another_difference_with_two_groups_is_not_blamed_on_the_norm():
+    config = _config(mamba_n_groups=2)
+    block = _bamba_block(config)
+    norm = _GateAfterNorm(block.norm.weight.numel(), eps=block.norm.variance_epsilon)
+    norm.weight = block.norm.weight
+    block.norm = norm  # gated after a norm over all channels: one norm group does not replay it
+    plan = analyze_mamba2(_layer(block), "mamba", config)
+    assert isinstance(plan, NoMatch) and "replaying vLLM's Mamba-2 mixer differs" in plan.reason
+    assert "gated norm" not in plan.reason
 
 
 class _GroupedNorm(BambaRMSNormGated):
