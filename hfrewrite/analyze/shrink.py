@@ -68,6 +68,7 @@ def shrink_config(
         after = getattr(small, "head_dim", None) or small.hidden_size // small.num_attention_heads
         _set(small, "rotary_dim", max(2, 2 * round(rotary * after / before / 2)))
     _shrink_layer_kinds(config, small)
+    _shrink_kv_sharing(config, small)
     _vary_rope_bases(small)
     if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
         # MoE models whose config can make some layers dense: trace one of each kind.
@@ -103,6 +104,25 @@ def _shrink_layer_kinds(config, small) -> None:
     for field, distinct in kinds.items():
         set_layer_kinds(config, small, field, distinct + distinct[-1:] * (n - len(distinct)))
     _shrink_layer_patterns(config, small, n)
+
+
+def _shrink_kv_sharing(config, small) -> None:
+    """Layers that reuse an earlier layer's keys and values (Gemma-3n's last
+    ``num_kv_shared_layers``, each sharing the last unshared layer of its kind): the shrunk
+    layers twice, the second time sharing, so that each kind is traced both ways."""
+    shared = getattr(config, "num_kv_shared_layers", None)
+    if type(shared) is not int or shared <= 0:
+        return
+    n = small.num_hidden_layers
+    for field in ("layer_types", "mlp_layer_types"):
+        kinds = getattr(small, field, None)
+        if isinstance(kinds, list) and len(kinds) == n:
+            set_layer_kinds(config, small, field, kinds + kinds)
+    for name, items in sorted(vars(small).items()):  # the other per-layer lists, as cut
+        if name not in ("layer_types", "mlp_layer_types") and isinstance(items, list) and len(items) == n:
+            _set(small, name, items + items)
+    _set(small, "num_hidden_layers", 2 * n)
+    _set(small, "num_kv_shared_layers", n)
 
 
 def _rope_base_lists(config) -> list[str]:
