@@ -225,7 +225,7 @@ def _norm_span(module: nn.Module, values: dict) -> str:
         return ""
     return (
         f": its gated norm spans all {values['intermediate_size']} channels (replayed within "
-        f"{difference:.0e}), vLLM's MambaMixer2 normalises each of its {values['n_groups']} groups apart"
+        f"{difference:.1e}), vLLM's MambaMixer2 normalises each of its {values['n_groups']} groups apart"
     )
 
 
