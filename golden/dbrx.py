@@ -48,7 +48,6 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 from vllm.model_executor.models.interfaces import (
-    EagleModelMixin,
     MixtureOfExperts,
     SupportsLoRA,
     SupportsPP,
@@ -282,7 +281,7 @@ class DbrxBlock(nn.Module):
 
 
 @support_torch_compile
-class DbrxModel(nn.Module, EagleModelMixin):
+class DbrxModel(nn.Module):
     """Transformer decoder consisting of *config.num_hidden_layers*. Each layer is a
     [`DbrxBlock`] layer.
 
@@ -338,7 +337,7 @@ class DbrxModel(nn.Module, EagleModelMixin):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> torch.Tensor | IntermediateTensors:
         if get_pp_group().is_first_rank:
             if inputs_embeds is not None:
                 hidden_states = inputs_embeds
@@ -348,26 +347,15 @@ class DbrxModel(nn.Module, EagleModelMixin):
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]
 
-        # the layers' outputs an EAGLE-3 draft reads (none unless one is set)
-        aux_hidden_states: list[torch.Tensor] = []
-        if get_pp_group().is_first_rank:
-            self._maybe_add_hidden_state(
-                aux_hidden_states, self.start_layer, hidden_states, None
-            )
         for idx, layer in enumerate(
             islice(self.blocks, self.start_layer, self.end_layer),
             start=self.start_layer,
         ):
             hidden_states = layer(positions, hidden_states)
-            self._maybe_add_hidden_state(
-                aux_hidden_states, idx + 1, hidden_states, None
-            )
 
         if not get_pp_group().is_last_rank:
             return IntermediateTensors({"hidden_states": hidden_states})
         hidden_states = self.norm_f(hidden_states)
-        if aux_hidden_states:
-            return hidden_states, aux_hidden_states
         return hidden_states
 
 

@@ -45,11 +45,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.models.interfaces import (
-    EagleModelMixin,
-    SupportsLoRA,
-    SupportsPP,
-)
+from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
 from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     PPMissingLayer,
@@ -246,7 +242,7 @@ class GPTBigCodeBlock(nn.Module):
 
 
 @support_torch_compile
-class GPTBigCodeModel(nn.Module, EagleModelMixin):
+class GPTBigCodeModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -300,7 +296,7 @@ class GPTBigCodeModel(nn.Module, EagleModelMixin):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> torch.Tensor | IntermediateTensors:
         if get_pp_group().is_first_rank:
             if inputs_embeds is not None:
                 hidden_states = inputs_embeds
@@ -312,26 +308,15 @@ class GPTBigCodeModel(nn.Module, EagleModelMixin):
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]
 
-        # the layers' outputs an EAGLE-3 draft reads (none unless one is set)
-        aux_hidden_states: list[torch.Tensor] = []
-        if get_pp_group().is_first_rank:
-            self._maybe_add_hidden_state(
-                aux_hidden_states, self.start_layer, hidden_states, None
-            )
         for idx, layer in enumerate(
             islice(self.h, self.start_layer, self.end_layer),
             start=self.start_layer,
         ):
             hidden_states = layer(positions, hidden_states)
-            self._maybe_add_hidden_state(
-                aux_hidden_states, idx + 1, hidden_states, None
-            )
 
         if not get_pp_group().is_last_rank:
             return IntermediateTensors({"hidden_states": hidden_states})
         hidden_states = self.ln_f(hidden_states)
-        if aux_hidden_states:
-            return hidden_states, aux_hidden_states
         return hidden_states
 
 

@@ -466,7 +466,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             FusionRow(att.module_class, f"output gate kept: {att.output_gate.describe()} (proven by replay)")
         )
     if att.q_norm:
-        where = "after" if att.qk_norm_after_rope else "before"
+        where = att.qk_norm_order.value
         rows.append(
             FusionRow(
                 att.module_class,

@@ -15,6 +15,9 @@ Emits, following vLLM's ``llama.py``:
   embedding multiplier) are carried onto the first pipeline rank, after the lookup.
 * causal LM: the template class (``SupportsLoRA``, ``SupportsPP``, ``SupportsEagle3``, ``compute_logits``,
   ``load_weights``...) with the source's LM-head statements spliced into ``__init__``.
+  EAGLE-3 only where vLLM's proposer can share the embeddings (``model.embed_tokens``): a base
+  model held under another name (GPT-2's ``transformer``) declares neither ``SupportsEagle3``
+  nor ``EagleModelMixin``, and its forward collects no hidden states for a draft.
 
 Preconditions: the decoder stack is a ``ModuleList`` comprehension over ``range(N)``; the
 final norm and the stack are assigned in ``__init__``; the causal-LM ``__init__`` builds the
@@ -133,6 +136,9 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         glue = t.stmts(position_rows(plan.position_embedding))
     new_init = _base_init(cls, tpl, plan, glue)
     forward = _base_forward(tpl, plan)
+    mixins = [cst.Arg(t.expr("EagleModelMixin"))]
+    if not eagle3_drafts_fit(plan):  # no draft can run on it: nothing to collect
+        forward, mixins = forward.visit(_WithoutAuxStates()), []
     lookup = lookup_expression(t.find_method(cls, "forward"), plan.embed_tokens, name)
     if plan.embeddings_transformed and not glue and lookup is None:
         raise HfrewriteError(
@@ -149,7 +155,7 @@ def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
     ]
     return cls.with_changes(
         decorators=[cst.Decorator(cst.Name("support_torch_compile"))],
-        bases=[cst.Arg(t.expr("nn.Module")), cst.Arg(t.expr("EagleModelMixin"))],
+        bases=[cst.Arg(t.expr("nn.Module")), *mixins],
         body=cls.body.with_changes(body=[*members, *methods]),
     )
 
@@ -232,6 +238,41 @@ def _base_forward(tpl: cst.ClassDef, plan) -> cst.FunctionDef:
             raise HfrewriteError(f"{plan.base_model_class}: {NAME}: the template's final norm is not found")
         forward = t.with_body(forward, body)
     return forward
+
+
+_ADD_AUX_STATE = m.Expr(
+    m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name("_maybe_add_hidden_state")))
+)
+
+
+class _WithoutAuxStates(cst.CSTTransformer):
+    """The template's base ``forward`` without the hidden states it collects for an EAGLE-3
+    draft (``aux_hidden_states``), and without their alternative in its return annotation."""
+
+    def leave_SimpleStatementLine(self, original, updated):
+        aux = m.AnnAssign(target=m.Name("aux_hidden_states"))
+        if m.matches(updated, m.SimpleStatementLine(body=[aux | _ADD_AUX_STATE])):
+            return cst.RemoveFromParent()
+        return updated
+
+    def leave_If(self, original, updated):
+        collects = m.IndentedBlock(body=[m.SimpleStatementLine(body=[_ADD_AUX_STATE])])
+        if m.matches(original, m.If(body=collects) | m.If(test=m.Name("aux_hidden_states"))):
+            return cst.RemoveFromParent()
+        return updated
+
+    def leave_FunctionDef(self, original, updated):
+        body = [  # the layer loop set apart by a blank line, as the collection was
+            s.with_changes(leading_lines=[cst.EmptyLine()])
+            if isinstance(s, cst.For) and not s.leading_lines
+            else s
+            for s in updated.body.body
+        ]
+        updated = t.with_body(updated, body)
+        returns = updated.returns.annotation if updated.returns else None
+        if m.matches(returns, m.BinaryOperation(right=m.Subscript(value=m.Name("tuple")))):
+            return updated.with_changes(returns=updated.returns.with_changes(annotation=returns.left))
+        return updated
 
 
 def _after_lookup(

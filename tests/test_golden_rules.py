@@ -208,3 +208,13 @@ def test_goldens_pass_vllms_own_ruff_rules(check):
     cmd = [str(ruff), *check, "--no-cache", "--config", str(VLLM_RUFF), *map(str, GOLDEN)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_eagle3_collection_only_where_a_draft_can_run(golden):
+    """A base model collects hidden states for an EAGLE-3 draft exactly where its causal LM
+    declares SupportsEagle3: no collection code a draft could never read."""
+    text, _ = golden
+    declared = "SupportsEagle3" in text
+    assert ("EagleModelMixin" in text) == declared
+    assert ("_maybe_add_hidden_state" in text) == declared
+    assert ("aux_hidden_states" in text) == declared

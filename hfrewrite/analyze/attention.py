@@ -42,6 +42,7 @@ from hfrewrite.analyze.manual_attention import (
     by_hand_facts,
     is_softmax,
 )
+from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, RopeTable, refuse
 from hfrewrite.analyze.position_scale import peel_position_scale
@@ -133,7 +134,7 @@ def _analyze(
         qkv_layout=fused,
         qkv_unpack_lines=proj.unpack_lines,
         q_position_scale=q_scale,
-        qk_norm_after_rope=rope.norm_after is not None,
+        qk_norm_order=QkNormOrder.BEFORE_ROPE if rope.norm_after is None else QkNormOrder.AFTER_ROPE,
         replaced_calls=replaced_calls(traced, path, scope, proj.feeders, rope.ends, call, o_node),
         direct_sdpa=call.target is causal_sdpa,
         alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,

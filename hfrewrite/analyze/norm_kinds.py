@@ -13,6 +13,13 @@ import enum
 import torch
 
 
+class QkNormOrder(enum.Enum):
+    """Where per-head q/k norms stand relative to the rotary embedding (their label in reports)."""
+
+    BEFORE_ROPE = "before"  # qwen3: normalised, then turned
+    AFTER_ROPE = "after"  # hunyuan: turned, then normalised
+
+
 class NormKind(enum.Enum):
     """(how the weight scales the normalised x, the weight's offset, vLLM's class)."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
-from hfrewrite.analyze.norm_kinds import NormKind
+from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -109,8 +109,8 @@ class AttentionPlan:
     rotary_dim_field: str | None = None
     # the forward's source lines where the trace recorded nodes (analyze/traced_lines.py)
     traced_lines: tuple[str, ...] = field(default=(), compare=False, repr=False)
-    # The q/k norms follow the rotary embedding (hunyuan) instead of preceding it
-    qk_norm_after_rope: bool = False
+    # Whether the q/k norms precede the rotary embedding (qwen3) or follow it (hunyuan)
+    qk_norm_order: QkNormOrder = QkNormOrder.BEFORE_ROPE
     # Some layers apply no rope (NoPE): the source's condition on its rope is carried
     nope_layers: bool = False
     # Calls in the forward (functions it calls, methods it calls itself) whose every

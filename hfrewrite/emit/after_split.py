@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.plan import AttentionPlan
 from hfrewrite.emit import cst_tools as t
@@ -235,7 +236,7 @@ def qk_norms(
 ) -> tuple[str, cst.FunctionDef]:
     """The forward's q/k norm statements, and ``__init__`` with what they read."""
     norms = ""
-    where = "after" if att.qk_norm_after_rope else "before"
+    where = att.qk_norm_order.value
     if att.qk_norm_over == "head":
         norms += f"# Per-head q/k norms, as in the source, {where} the rotary embedding.\n"
         norms += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=HEAD_DIM)
@@ -297,7 +298,7 @@ def gated_output(gate: OutputGate) -> str:
 def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: str | None, name: str) -> str:
     """vLLM's forward after the kept projection: ``norms``, the rope, ``self.attn`` and the
     output projection; ``residual``: the parameter added to its output."""
-    tail = "" if att.qk_norm_after_rope else norms
+    tail = norms if att.qk_norm_order is QkNormOrder.BEFORE_ROPE else ""
     tail += "".join(t.code(c) for c in source.carried)
     if source.rope_test is not None:
         tail += f"if {t.code(source.rope_test)}:  # layers without rope (NoPE), as in the source\n    "
@@ -309,13 +310,13 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
         )
     tail += "q, k = self.rotary_emb(positions, q, k)\n" if not (att.alibi or positionless(att)) else ""
     if source.q_scale is not None:
-        if att.qk_norm_after_rope or source.rope_test is not None:
+        if att.qk_norm_order is QkNormOrder.AFTER_ROPE or source.rope_test is not None:
             raise HfrewriteError(
                 f"{name}: {_PASS}: a q scale by position beside norms or a test after the rope"
             )
         tail += "# q scaled per token by the source's function of the positions, after the rope\n"
         tail += t.code(source.q_scale)
-    if att.qk_norm_after_rope:
+    if att.qk_norm_order is QkNormOrder.AFTER_ROPE:
         tail += norms
     return (
         tail
