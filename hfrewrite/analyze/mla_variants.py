@@ -18,13 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal
-
-try:  # transformers 5's strict config dataclasses (huggingface_hub's validation)
-    from huggingface_hub.errors import StrictDataclassError
-
-    _INVALID_FIELD: tuple[type[Exception], ...] = (TypeError, ValueError, StrictDataclassError)
-except ImportError:  # the older huggingface_hub of a transformers 4.x analysis
-    _INVALID_FIELD = (TypeError, ValueError)
+from hfrewrite.analyze.shrink import INVALID_FIELD
 
 PATTERN = "mla_attention"
 # A YaRN rope as DeepSeek releases it (V2-Lite: mscale 0.707 on both; here the two differ so
@@ -117,7 +111,7 @@ def _flip_query(config, plan: MlaPlan):
     rank = None if plan.q_a is not None else LOW_RANK_QUERY
     try:
         sibling.q_lora_rank = rank
-    except _INVALID_FIELD:  # a config typed to always have one (A.X-K1 validates an int): no other kind
+    except INVALID_FIELD:  # a config typed to always have one (A.X-K1 validates an int): no other kind
         return None
     if rank is None:
         return "no low-rank query (q_lora_rank None)", sibling

@@ -9,6 +9,13 @@ import transformers
 
 from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
 
+try:  # transformers 5's strict config dataclasses (huggingface_hub's validation)
+    from huggingface_hub.errors import StrictDataclassError
+
+    INVALID_FIELD: tuple[type[Exception], ...] = (TypeError, ValueError, StrictDataclassError)
+except ImportError:  # the older huggingface_hub of a transformers 4.x analysis
+    INVALID_FIELD = (TypeError, ValueError)
+
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 128, 4, 256, 256
 # Other size fields, shrunk when the config has them, so that MoE and linear-attention
 # models build quickly and are refused by analysis rather than by memory.
@@ -51,6 +58,8 @@ def shrink_config(
     hidden = HIDDEN // HEADS * heads_to
     sizes = {"hidden_size": hidden, "intermediate_size": INTERMEDIATE}
     sizes |= {"vocab_size": VOCAB, "num_attention_heads": heads_to, **_OTHER_SIZES}
+    # an encoder-decoder family's decoder used alone (Whisper's, PLBart's): its own head count
+    sizes |= {"decoder_attention_heads": heads_to, "encoder_attention_heads": heads_to}
     for name, size in sizes.items():
         if isinstance(getattr(small, name, None), int):
             _set(small, name, size)
@@ -84,7 +93,10 @@ def shrink_config(
     _shrink_sub_configs(config, small, sizes, heads_to)
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
-        _set(small, "pad_token_id", None)
+        try:
+            _set(small, "pad_token_id", None)
+        except INVALID_FIELD:  # a field typed int (ModernBERT-decoder's): the last id
+            _set(small, "pad_token_id", VOCAB - 1)
     small._attn_implementation = ATTN_IMPLEMENTATION
     return small
 
@@ -374,5 +386,8 @@ def _set(config, name: str, value) -> bool:
     attr = getattr(type(config), name, None)
     if isinstance(attr, property) and attr.fset is None:
         return False
-    setattr(config, name, value)
+    try:
+        setattr(config, name, value)
+    except NotImplementedError:  # a setter refusing the field (ProphetNet's num_hidden_layers)
+        return False
     return True

@@ -1,0 +1,28 @@
+"""Shrunk configs of types whose fields resist the shrink still build their causal LM, so
+that the analysis, not the shrink, gives the reason a type is refused: a decoder of an
+encoder-decoder family with heads of its own (Whisper's, PLBart's), a config whose setter
+refuses a field (ProphetNet's num_hidden_layers), a pad id field typed int (ModernBERT's)."""
+
+import pytest
+import transformers
+
+from hfrewrite.analyze.shrink import VOCAB, shrink_config
+
+
+@pytest.mark.parametrize("model_type", ["whisper", "plbart", "prophetnet", "modernbert-decoder"])
+def test_the_shrunk_config_builds_its_causal_lm(model_type):
+    small = shrink_config(transformers.AutoConfig.for_model(model_type))
+    small._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(small)
+    assert model.get_input_embeddings().num_embeddings <= VOCAB + 64  # shrunk (some pad up)
+
+
+def test_a_pad_id_typed_int_becomes_the_last_id():
+    config = transformers.AutoConfig.for_model("modernbert-decoder")
+    assert config.pad_token_id >= VOCAB
+    assert shrink_config(config).pad_token_id == VOCAB - 1
+
+
+def test_decoder_heads_follow_the_shrink():
+    small = shrink_config(transformers.AutoConfig.for_model("whisper"))
+    assert small.decoder_attention_heads == small.encoder_attention_heads == small.num_attention_heads
