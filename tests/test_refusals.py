@@ -31,12 +31,15 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "lfm2_moe",
             "(transformers 5.19.0's default lfm2_moe config builds no model: convert a checkpoint's",
         ),
-        # PLBart's default config builds, its shrunk copy (heads not shrunk with the width)
-        # does not: the line says whose limit that is.
+        # Zamba's default config builds, its shrunk copy (two layers, against the weight tying
+        # of its shared block) does not: the line says whose limit that is.
         (
-            "plbart",
+            "zamba",
             "(the config itself builds: the shrunk copy the analysis traces does not, a limit of hfrewrite)",
         ),
+        # PLBart's decoder used alone: the shrink cuts its own head count with the width, and the
+        # analysis finds the encoder-decoder family's wrapper, not a decoder-only stack.
+        ("plbart", "PLBartDecoderWrapper: model_layout: not a decoder-only causal LM"),
         # BERT is an encoder: no stack of decoder layers under its base model.
         ("bert", "BertModel: model_layout: not a decoder-only causal LM"),
         # Mamba mixes with a recurrent state space, not softmax attention.

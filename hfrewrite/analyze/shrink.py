@@ -91,14 +91,20 @@ def shrink_config(
     _shrink_mla(config, small)
     _shrink_state_space(config, small)
     _shrink_sub_configs(config, small, sizes, heads_to)
+    _shrink_pad(small)
+    small._attn_implementation = ATTN_IMPLEMENTATION
+    return small
+
+
+def _shrink_pad(small) -> None:
+    """A pad id beyond the shrunk vocabulary: none, or the last id where the field is typed
+    int (ModernBERT-decoder's)."""
     pad = getattr(small, "pad_token_id", None)
     if isinstance(pad, int) and pad >= VOCAB:
         try:
             _set(small, "pad_token_id", None)
-        except INVALID_FIELD:  # a field typed int (ModernBERT-decoder's): the last id
+        except INVALID_FIELD:
             _set(small, "pad_token_id", VOCAB - 1)
-    small._attn_implementation = ATTN_IMPLEMENTATION
-    return small
 
 
 def _shrink_layer_kinds(config, small) -> None:

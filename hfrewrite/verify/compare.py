@@ -134,7 +134,6 @@ class VerifyCase:
     prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS
     max_tokens: int = 16
     dtype: str = "float32"  # both sides compute in it
-    logprob_tol: float | None = None  # None: the checkpoint's ``logprob_tolerance``
 
 
 def _max_diff(toks_a, lps_a, toks_b, lps_b) -> float | None:
@@ -186,7 +185,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
     hf_ok, gen_ok = "error" not in hf, "error" not in gen
     nat_ok = nat is not None and "error" not in nat
     diff_native = diff_hf = None
-    tol = case.logprob_tol or logprob_tolerance(case.ckpt)
+    tol = logprob_tolerance(case.ckpt)
     ran = _ran_file(gen) if gen_ok else None
     ran_file_under_test = (
         gen_ok
