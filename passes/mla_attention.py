@@ -26,9 +26,12 @@ from typing import NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.attention_body import AttentionCallKwargs
+from hfrewrite.emit.mla_per_head import per_head_attention, per_head_call
+from hfrewrite.emit.mla_rope import LEGACY_ROPE, ROPE_CALL, rope_guard, rope_parameters, rope_params
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
 
@@ -122,92 +125,34 @@ def _linears(plan: MlaPlan, d, switch: str | None) -> str:
     return out
 
 
-# What get_rope is given, per proven rope: a "yarn" config runs as vLLM's deepseek_yarn (YaRN
-# with the ratio of the two mscale factors on cos/sin, which transformers computes for it).
-_ROPE_PARAMETERS = {
-    "default": "{p}",
-    "deepseek_yarn": '{{**{p}, "rope_type": "deepseek_yarn"}}',
-}
-_ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
-
-
-# A transformers 4.x config keeps a scaled rope's parameters in rope_scaling, its type
-# under "type": they join the base transformers 5 standardises into rope_parameters, and
-# the rope's code reads that local.
-_LEGACY_ROPE = (
-    '# This transformers 4.x config keeps a scaled rope in rope_scaling (its type under "type").\n'
-    "rope_parameters = {**config.rope_parameters, **(config.rope_scaling or {})}\n"
-    'rope_parameters["rope_type"] = rope_parameters.pop("type", rope_parameters["rope_type"])\n'
-)
-
-
-def _params(plan: MlaPlan) -> str:
-    """The expression holding the rope parameters in ``__init__``."""
-    return "rope_parameters" if plan.rope_source == "rope_scaling" else "config.rope_parameters"
-
-
-def _yarn_guard(name: str, p: str, when: str = "") -> str:
-    """Refuse the YaRN knobs the replay did not prove (vLLM's deepseek_yarn ignores
-    transformers' ``attention_factor`` and ``truncate=False``), where ``when`` holds;
-    ``p``: the rope parameters."""
-    knobs = f'{p}.get("attention_factor") is not None or not {p}.get("truncate", True)'
-    return (
-        f"if {f'{when} and ({knobs})' if when else knobs}:\n"
-        f"    raise NotImplementedError(\"hfrewrite: {name}: vLLM's deepseek_yarn rope has no attention_factor "
-        'and always truncates")\n'
-    )
-
-
-def _rope_guard(plan: MlaPlan, name: str) -> str:
-    """Refuse the rope types the replay did not prove; with both proven, the YaRN knobs."""
-    kinds, p = plan.rope_kinds or (plan.rope_kind,), _params(plan)
-    proven = " or ".join(repr(_ROPE_TYPES[k]) for k in kinds)
-    names = tuple(_ROPE_TYPES[k] for k in kinds)
-    test = f'{p}.get("rope_type", "default") ' + (
-        f'!= "{names[0]}"' if len(names) == 1 else f"not in {names!r}".replace("'", '"')
-    )
-    out = (
-        f"if {test}:\n"
-        f'    raise NotImplementedError("hfrewrite: {name} was converted for rope_type {proven}: '
-        'convert this config to prove its rope")\n'
-    )
-    if "deepseek_yarn" not in kinds:
-        return out
-    if len(kinds) == 1:
-        return out + _yarn_guard(name, p)
-    return out + _yarn_guard(name, p, f'{p}.get("rope_type", "default") == "yarn"')
-
-
-def _rope_parameters(plan: MlaPlan) -> str:
-    """What ``get_rope`` is given: with both ropes proven, a "yarn" config as vLLM's
-    deepseek_yarn, any other as it is."""
-    kinds, p = plan.rope_kinds or (plan.rope_kind,), _params(plan)
-    if len(kinds) == 1:
-        return _ROPE_PARAMETERS[kinds[0]].format(p=p)
-    return (
-        f'{{**{p}, "rope_type": "deepseek_yarn"}}\n'
-        f'        if {p}.get("rope_type", "default") == "yarn"\n'
-        f"        else {p}"
-    )
-
-
-def _attention(plan: MlaPlan, d, scaling: str) -> str:
-    q_lora = f"self.{d('q_lora_rank')}" if plan.q_a is not None else "None"  # None on the single-q branch
+def _attention(plan: MlaPlan, d, scaling: str, name: str) -> str:
+    """The rope and vLLM's attention layer for the proven KV cache."""
     return (
         "self.rotary_emb = get_rope(\n"
         f"    self.{d('qk_rope_head_dim')},\n"
         "    max_position=config.max_position_embeddings,\n"
-        f"    rope_parameters=(\n        {_rope_parameters(plan)}\n    ),\n"
+        f"    rope_parameters=(\n        {rope_parameters(plan)}\n    ),\n"
         f"    is_neox_style={plan.rope_style.is_neox},\n"
         ")\n"
         + (
             "# vLLM's deepseek_yarn rope computes on [tokens, heads, rope]; the default one on\n"
             "# contiguous [tokens, heads * rope] (its CPU kernel misreads 3-D views).\n"
-            f'self.rope_per_head = {_params(plan)}.get("rope_type", "default") == "yarn"\n'
+            f'self.rope_per_head = {rope_params(plan)}.get("rope_type", "default") == "yarn"\n'
             if len(plan.rope_kinds) > 1
             else ""
         )
-        + "self.mla_attn = MLAAttention(\n"
+        + (
+            per_head_attention(d, scaling, name)
+            if plan.kv_cache is MlaCache.PER_HEAD
+            else _latent_attention(plan, d, scaling)
+        )
+    )
+
+
+def _latent_attention(plan: MlaPlan, d, scaling: str) -> str:
+    q_lora = f"self.{d('q_lora_rank')}" if plan.q_a is not None else "None"  # None on the single-q branch
+    return (
+        "self.mla_attn = MLAAttention(\n"
         "    num_heads=self.num_local_heads,\n"
         f"    scale={scaling},\n"
         f"    qk_nope_head_dim=self.{d('qk_nope_head_dim')},\n"
@@ -221,23 +166,6 @@ def _attention(plan: MlaPlan, d, scaling: str) -> str:
         '    prefix=f"{prefix}.attn",\n'
         ")\n"
     )
-
-
-# The rope in the forward, per proven rope; k_pe leaves as [tokens, 1, rope].
-_ROPE_CALL = {
-    "default": (
-        "# Rope on contiguous [tokens, heads * rope] copies: vLLM's CPU rotary kernel\n"
-        "# misreads strided and 3-D views.\n"
-        "q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous())\n"
-        "q = torch.cat([q_nope, q_pe.view(q.shape[0], self.num_local_heads, {rope})], dim=-1)\n"
-        "k_pe = k_pe.unsqueeze(1)\n"
-    ),
-    # vLLM's deepseek_yarn rope computes out of place, in PyTorch, on [tokens, heads, rope].
-    "deepseek_yarn": (
-        "q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe.unsqueeze(1))\n"
-        "q = torch.cat([q_nope, q_pe], dim=-1)\n"
-    ),
-}
 
 
 def _project(plan: MlaPlan, d, low_rank: bool) -> str:
@@ -257,10 +185,10 @@ def _rope_call(plan: MlaPlan, rope: str) -> str:
         return _branches(
             "self.rope_per_head",
             True,
-            _ROPE_CALL["deepseek_yarn"],
-            _ROPE_CALL["default"].format(rope=rope),
+            ROPE_CALL["deepseek_yarn"],
+            ROPE_CALL["default"].format(rope=rope),
         )
-    return _ROPE_CALL[plan.rope_kind].format(rope=rope)
+    return ROPE_CALL[plan.rope_kind].format(rope=rope)
 
 
 def _forward(plan: MlaPlan, d) -> str:
@@ -280,15 +208,23 @@ def _forward(plan: MlaPlan, d) -> str:
                 f"q = q.view(-1, self.num_local_heads, self.{d('qk_head_dim')})\n"
                 f"q_nope, q_pe = q.split([self.{d('qk_nope_head_dim')}, {rope}], dim=-1)\n"
                 + _rope_call(plan, rope)
-                + "attn_output = self.mla_attn(\n"
-                "    q,\n"
-                "    kv_c_normed,\n"
-                "    k_pe,\n"
-                f"    output_shape=(hidden_states.shape[0], self.num_local_heads * self.{d('v_head_dim')}),\n"
-                ")\n"
-                f"return self.{plan.o}(attn_output)[0]\n"
+                + _attention_call(plan, d)
             ).splitlines()
         )
+    )
+
+
+def _attention_call(plan: MlaPlan, d) -> str:
+    if plan.kv_cache is MlaCache.PER_HEAD:
+        return per_head_call(d, plan.kv_b, plan.o)
+    return (
+        "attn_output = self.mla_attn(\n"
+        "    q,\n"
+        "    kv_c_normed,\n"
+        "    k_pe,\n"
+        f"    output_shape=(hidden_states.shape[0], self.num_local_heads * self.{d('v_head_dim')}),\n"
+        ")\n"
+        f"return self.{plan.o}(attn_output)[0]\n"
     )
 
 
@@ -315,7 +251,7 @@ def _kept_init(init: cst.FunctionDef, cls: cst.ClassDef, plan: MlaPlan, name: st
     """``__init__``'s statements less the replaced projections and the source's rope builder."""
     replaced = {a for a in (plan.q_a, plan.q_b, plan.q_other, plan.kv_a, plan.kv_b, plan.o) if a}
     body, at, guarded = [], None, []
-    made = {"mla_attn", "rotary_emb", "fused_qkv_a_proj", "num_local_heads"}
+    made = {"mla_attn", "attn", "rotary_emb", "fused_qkv_a_proj", "num_local_heads"}
     for s in init.body.body:
         attr = t.self_attr_assigned(s)
         if attr in made:
@@ -369,19 +305,21 @@ def rewrite(cls: cst.ClassDef, plan: MlaPlan) -> cst.ClassDef:
     switches, query_switch = _branch_guards(cls, plan, name)
     guards = _none_guards(name, kept.guarded)
     body = kept.body
-    body[kept.at : kept.at] = t.stmts(
-        "# Multi-head latent attention as vLLM's deepseek_v2.py lays it out.\n"
-        + _linears(plan, d, query_switch)
+    layout = (
+        "deepseek_v2.py lays it out" if plan.kv_cache is MlaCache.LATENT else "minicpm3.py runs it per head"
     )
-    attention, rope_guard = _attention(plan, d, scaling), _rope_guard(plan, name)
+    body[kept.at : kept.at] = t.stmts(
+        f"# Multi-head latent attention as vLLM's {layout}.\n" + _linears(plan, d, query_switch)
+    )
+    attention, rope_guards = _attention(plan, d, scaling, name), rope_guard(plan, name)
     if "tp_size" in t.plain_names(init):
         raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name tp_size")
     if plan.rope_source == "rope_scaling":  # a 4.x config: its parameters gathered first
         if "rope_parameters" in t.plain_names(init):
             raise HfrewriteError(f"{name}: {NAME}: __init__ already uses the name rope_parameters")
-        rope_guard = _LEGACY_ROPE + rope_guard
+        rope_guards = LEGACY_ROPE + rope_guards
     body += t.stmts(guards + attention)
-    body = t.guards_first(body, switches + rope_guard)
+    body = t.guards_first(body, switches + rope_guards)
     cls = t.set_method(cls, t.with_body(init, body))
     cls = t.set_method(
         cls,
@@ -446,6 +384,19 @@ def _only_rebuilds(statement: cst.BaseStatement, cls: cst.ClassDef, attrs: set[s
     return bool(assigned) and assigned <= attrs and not calls_self
 
 
+def _cache_row(plan: MlaPlan) -> str:
+    if plan.kv_cache is MlaCache.PER_HEAD:
+        return (
+            f"latent attention -> vllm Attention over k and v expanded per head (vLLM 0.32 keeps a "
+            f"latent cache only for the types it lists; head {plan.qk_nope_head_dim}+{plan.qk_rope_head_dim}, "
+            f"v {plan.v_head_dim} padded; proven by replay)"
+        )
+    return (
+        f"latent attention -> vllm MLAAttention (compressed KV cache "
+        f"{plan.kv_lora_rank}+{plan.qk_rope_head_dim}; proven by replay)"
+    )
+
+
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     plan = ctx.plan.attention
     if not isinstance(plan, MlaPlan):
@@ -458,8 +409,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = (
         FusionRow(
             plan.module_class,
-            f"latent attention -> vllm MLAAttention (compressed KV cache "
-            f"{plan.kv_lora_rank}+{plan.qk_rope_head_dim}; proven by replay)",
+            _cache_row(plan),
         ),
         FusionRow(
             plan.module_class,
@@ -479,7 +429,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     return PassResult(
         module=module,
         imports=(
-            "MLAAttention",
+            plan.kv_cache.vllm_class,
             "get_rope",
             "get_tensor_model_parallel_world_size",
             *kinds,

@@ -29,6 +29,7 @@ from hfrewrite.analyze.attention import _attention_call, _output_projection
 from hfrewrite.analyze.attention_options import HARMLESS_KWARGS
 from hfrewrite.analyze.branches import config_branches, helper_branches
 from hfrewrite.analyze.dataflow import linears_feeding
+from hfrewrite.analyze.mla_cache import MlaCache, mla_cache
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -36,38 +37,6 @@ from hfrewrite.analyze.trace import Traced, causal_sdpa, is_norm, relative, valu
 
 PATTERN = "mla_attention"
 ATOL = 1e-4
-# The model types vLLM 0.32 allocates an MLA (latent) KV cache for
-# (ModelArchConfigConvertorBase.is_deepseek_mla; tests/analyze/test_mla.py checks the list
-# against the installed vLLM). For any other type vLLM sizes a per-head cache and its MLA
-# layer cannot run (minicpm3: "Head dimension 64 is not supported by MLA").
-VLLM_MLA_TYPES = frozenset(
-    [
-        "axk1",
-        "deepseek_v2",
-        "deepseek_v3",
-        "deepseek_v32",
-        "deepseek_v4",
-        "deepseek_v41",
-        "dots3_note",
-        "deepseek_mtp",
-        "k3_dspark",
-        "glm5_next",
-        "glm5_next_text",
-        "glm_moe_dsa",
-        "glm4_moe_lite",
-        "glm4_moe_lite_mtp",
-        "kimi_k2",
-        "kimi_linear",
-        "longcat_flash",
-        "pangu_ultra_moe",
-        "pangu_ultra_moe_mtp",
-        "bailing_hybrid",
-        "bailing_hybrid_mtp",
-        "bailing_hybrid_v3_mtp",
-        "hy_v4",
-        "hy_v4_mtp",
-    ]
-)
 
 
 def is_mla(traced: Traced, path: str) -> bool:
@@ -85,12 +54,6 @@ def is_mla(traced: Traced, path: str) -> bool:
 
 def analyze_mla(traced: Traced, path: str, config, layer_type: str | None = None) -> MlaPlan | NoMatch:
     cls = type(traced.module.get_submodule(path)).__name__
-    if getattr(config, "model_type", None) not in VLLM_MLA_TYPES:
-        reason = (
-            f"multi-head latent attention, but vLLM 0.32 keeps a latent (MLA) KV cache only for "
-            f"the model types it lists, not {config.model_type!r}"
-        )
-        return NoMatch(PATTERN, cls, reason)
     try:
         return _analyze(traced, path, cls, config, layer_type)
     except Refusal as refusal:  # the attention's own checks (attention.py) refuse as MLA here
@@ -171,6 +134,13 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
     style = _replay(traced, roles, sizes, rope, scaling, value(q_arg), value(k_arg))
     attention = traced.module.get_submodule(path)
     dims = _dims(attention, sizes, roles, mods, cls)
+    kv_cache = mla_cache(getattr(config, "model_type", None))
+    if kv_cache is MlaCache.PER_HEAD and sizes.v_head > sizes.qk_head:
+        refuse(
+            PATTERN,
+            f"vLLM 0.32 gives {config.model_type!r} no latent cache, and its per-head Attention has one "
+            f"head size: v heads ({sizes.v_head}) wider than q/k heads ({sizes.qk_head})",
+        )
     return MlaPlan(
         module_class=cls,
         q_a=roles.q_a and relative(roles.q_a.target, path),
@@ -192,6 +162,7 @@ def _analyze(traced: Traced, path: str, cls: str, config, layer_type: str | None
         rope_kind=rope.kind,
         rope_kinds=(rope.kind,),
         rope_source="rope_scaling" if rope.legacy else "rope_parameters",
+        kv_cache=kv_cache,
         dims=dims,
         config_branches=config_branches(attention),
         init_branches=helper_branches(attention),

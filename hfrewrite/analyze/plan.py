@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
+from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
@@ -213,6 +214,7 @@ class MlaPlan:
     # Where the config keeps the rope's parameters: transformers 5's rope_parameters, or a
     # 4.x config's rope_scaling (its rope type under "type"; the base beside it)
     rope_source: str = "rope_parameters"
+    kv_cache: MlaCache = MlaCache.LATENT  # the cache vLLM gives the type (analyze/mla_cache.py)
 
     def dim(self, name: str) -> str:
         return dict(self.dims)[name]

@@ -123,10 +123,39 @@ def scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cst
                 calls.append(call.args[0].value)
 
     forward.visit(_HeadCalls())
-    roots = t.root_names(calls[0]) - {"self"} if len(calls) == 1 else set()
+    expr = _scaled_input(forward, calls[0]) if len(calls) == 1 else None
+    roots = t.root_names(expr) - {"self"} if expr is not None else set()
     if len(roots) != 1:
         raise HfrewriteError(f"{plan.architecture}: {NAME}: the lm_head's scaled input is not one expression")
-    expr = t.code(t.replace_names(calls[0], {roots.pop(): "hidden_states"}))
+    code = t.code(t.replace_names(expr, {roots.pop(): "hidden_states"}))
     logits = t.find_method(tpl, "compute_logits")
-    scale = t.stmts(f"hidden_states = {expr}  # as the source scales the lm_head's input\n")
+    scale = t.stmts(f"# as the source scales the lm_head's input\nhidden_states = {code}\n")
     return t.set_method(tpl, t.with_body(logits, [*scale, *logits.body.body]))
+
+
+def _scaled_input(forward: cst.FunctionDef, arg: cst.BaseExpression) -> cst.BaseExpression:
+    """The lm_head's argument as one expression of the base model's output: the selection
+    of the tokens to keep (``x[:, slice_indices, :]``, vLLM selects them itself) dropped,
+    and the forward's own rescaling of ``x`` (``x = x / self.config.logits_scaling``,
+    minicpm3) substituted, back to where ``x`` is first read off another name."""
+    call = arg
+    if m.matches(arg, m.Subscript(value=m.Name())):
+        arg = arg.value
+    if not isinstance(arg, cst.Name):
+        return arg
+    body = forward.body.body
+    at = next(i for i, s in enumerate(body) if any(n is call for n in t.walk(s)))
+    name, expr = arg.value, arg
+    for statement in reversed(body[:at]):
+        line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not m.matches(line, m.Assign(targets=[m.AssignTarget(target=m.Name(name))])):
+            continue
+        if t.root_names(line.value) - {"self"} != {name}:
+            break  # read off the base model's output: ``x`` is that output
+        value = (
+            line.value
+            if isinstance(expr, cst.Name)
+            else line.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        )
+        expr = t.replace_names(expr, {name: value})
+    return expr
