@@ -9,6 +9,7 @@ import torch
 import transformers
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as dm
 
+from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -227,19 +228,37 @@ def test_mla_rope_types_vllm_deepseek_does_not_map_are_refused():
         mla_plan(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
 
 
-def test_mla_in_a_type_vllm_gives_no_latent_cache_is_refused():
+def test_mla_in_a_type_vllm_gives_no_latent_cache_runs_per_head():
     # MLA-shaped attention under a model type vLLM 0.32 sizes a per-head KV cache for
     # (minicpm3's case; here deepseek_v3's code under another name)
     config = transformers.AutoConfig.for_model("deepseek_v3")
+    assert analyze(config).attention.kv_cache is MlaCache.LATENT
     config.model_type = "renamed_deepseek"
-    with pytest.raises(HfrewriteError, match="latent \\(MLA\\) KV cache only for the model types it lists"):
+    assert analyze(config).attention.kv_cache is MlaCache.PER_HEAD
+
+
+def test_per_head_mla_with_v_heads_wider_than_qk_heads_is_refused(monkeypatch):
+    # the per-head file pads v to the q/k head size: a wider v has no such layout
+    from hfrewrite.analyze import shrink
+
+    shrink_mla = shrink._shrink_mla
+
+    def wide_v(config, small):
+        shrink_mla(config, small)
+        small.v_head_dim = 160  # q/k heads: 48 + 64
+
+    monkeypatch.setattr(shrink, "_shrink_mla", wide_v)
+    config = transformers.AutoConfig.for_model("deepseek_v3")
+    assert analyze(config).attention.v_head_dim == 160
+    config.model_type = "renamed_deepseek"
+    with pytest.raises(HfrewriteError, match=r"v heads \(160\) wider than q/k heads \(112\)"):
         analyze(config)
 
 
 def test_mla_types_are_the_installed_vllms():
     import importlib.util
 
-    from hfrewrite.analyze.mla import VLLM_MLA_TYPES
+    from hfrewrite.analyze.mla_cache import VLLM_MLA_TYPES
 
     spec = importlib.util.find_spec("vllm")
     if spec is None:
