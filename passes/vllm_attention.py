@@ -100,8 +100,8 @@ def _attention_kwargs(cls: cst.ClassDef, att: AttentionPlan) -> dict[str, cst.Ba
     """The keyword arguments of the source's attention call, ``scaling=`` among them."""
     finder, name = AttentionCallKwargs(), cls.name.value
     t.find_method(cls, "forward").visit(finder)
-    if att.direct_sdpa:  # proven causal, at torch's default scale; its call is among replaced_calls
-        finder.kwargs = {"scaling": t.expr("1.0" if att.unscaled_scores else "self.head_dim**-0.5")}
+    if att.attention_call.direct:  # proven causal: its call is among replaced_calls
+        finder.kwargs = {"scaling": t.expr(att.attention_call.scaling)}
         if att.window_mask:  # each layer's window, read off the mask its __init__ builds
             finder.kwargs["sliding_window"] = t.expr(f"causal_window({_buffer_value(cls, att.window_mask)})")
     if finder.kwargs is None or "scaling" not in finder.kwargs:
@@ -427,7 +427,7 @@ def _described(att: AttentionPlan, hybrid: bool = False) -> str:
         rope = "no rope (the hybrid's other mixer sees the order)"
     elif positionless(att):
         rope = "no rope (learned or fixed positions added to the embeddings)"
-    called = "torch SDPA or attention by hand (proven causal)" if att.direct_sdpa else "attention interface"
+    called = att.attention_call.label
     window = "; windows read off the mask buffer" if att.window_mask else ""
     return f"{called} -> vllm Attention{softcap} + {rope}{window}"
 

@@ -56,7 +56,7 @@ from hfrewrite.analyze.rope import (
     prove_rope,
     refuse_rope,
 )
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.analyze.rope_table import prove_rope_table
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
@@ -116,7 +116,7 @@ def _analyze(
         head_dim=head_dim,
         q_norm=norms["q"],
         k_norm=norms["k"],
-        rope=fact is not None,
+        rope_layers=RopeLayers.NONE if fact is None else RopeLayers.ALL,
         rope_style=fact.style if fact else RopeStyle.NEOX,
         rope_reversed=fact.reversed if fact else False,
         rotary_dim=fact.rotary_dim if fact else head_dim,
@@ -136,7 +136,6 @@ def _analyze(
         q_position_scale=q_scale,
         qk_norm_order=QkNormOrder.BEFORE_ROPE if rope.norm_after is None else QkNormOrder.AFTER_ROPE,
         replaced_calls=replaced_calls(traced, path, scope, proj.feeders, rope.ends, call, o_node),
-        direct_sdpa=call.target is causal_sdpa,
         alibi=call.kwargs.get("alibi") if call.target is causal_sdpa else None,
         **by_hand_facts(call, path),
         sinks=options.sinks,

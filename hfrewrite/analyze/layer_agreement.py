@@ -19,7 +19,7 @@ from hfrewrite.analyze.plan import (
     NoMatch,
     refuse,
 )
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
     return dataclasses.replace(
         attention,
         sliding_window=None,
-        rope=False,
+        rope_layers=RopeLayers.NONE,
         rope_style=RopeStyle.NEOX,
         rotary_dim=None,
         rope_reversed=False,
@@ -108,7 +108,7 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     plans = [facts.attention for facts in attention_layers(per_layer)]
     if isinstance(plans[0], MlaPlan):
         return plans[0]
-    roped = [a for a in plans if a.rope]
+    roped = [a for a in plans if a.rope_layers is not RopeLayers.NONE]
     if (
         len(
             {
@@ -123,7 +123,7 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     return dataclasses.replace(
         chosen,
         sliding_window=plans[0].sliding_window,
-        nope_layers=bool(roped) and len(roped) != len(plans),
+        rope_layers=RopeLayers.SOME if roped and len(roped) != len(plans) else chosen.rope_layers,
     )
 
 

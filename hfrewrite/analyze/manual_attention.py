@@ -19,6 +19,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.alibi import proven_factor
+from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.gqa_expansion import before_expansion
 from hfrewrite.analyze.mask_window import mask_buffer, proven_band
 from hfrewrite.analyze.plan import refuse
@@ -194,8 +195,8 @@ def _proven_options(soft: Node, q: Node, k: Node, v: Node, got, traced: Traced) 
 
 
 def by_hand_facts(call: Node, path: str) -> dict:
-    """The plan's facts of a folded hand-written attention (``call``, the leaf) in the
-    module at ``path``: the mask buffer its windows are read off, whether it is unscaled."""
+    """The plan's facts of the attention call (``call``, the leaf) in the module at ``path``:
+    how it is called and, written out by hand, the mask buffer its windows are read off."""
     mask = call.meta.get("window_mask")
     if mask and path and not mask.startswith(f"{path}."):
         refuse(
@@ -203,7 +204,13 @@ def by_hand_facts(call: Node, path: str) -> dict:
         )
     return {
         "window_mask": mask and relative(mask, path),
-        "unscaled_scores": bool(call.meta.get("unscaled")),
+        "attention_call": (
+            AttentionCall.INTERFACE
+            if call.target is not causal_sdpa
+            else AttentionCall.CAUSAL_SDPA_UNSCALED
+            if call.meta.get("unscaled")
+            else AttentionCall.CAUSAL_SDPA
+        ),
     }
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
+from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
 from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class AttentionPlan:
     # Per-head norms applied to q/k after the projection and before rope (qwen3), else None.
     q_norm: str | None
     k_norm: str | None
-    rope: bool  # rotary embedding applied to q and k before attention
+    rope_layers: RopeLayers  # the layers whose q and k a rotary embedding turns
     scaling: float
     sliding_window: int | None
     # What the q/k norms normalise over: "head" (each head_dim slice, qwen3) or
@@ -112,20 +113,15 @@ class AttentionPlan:
     traced_lines: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # Whether the q/k norms precede the rotary embedding (qwen3) or follow it (hunyuan)
     qk_norm_order: QkNormOrder = QkNormOrder.BEFORE_ROPE
-    # Some layers apply no rope (NoPE): the source's condition on its rope is carried
-    nope_layers: bool = False
     # Calls in the forward (functions it calls, methods it calls itself) whose every
     # traced node the plan accounts for: the proven rope, layout on the q/k/v and output
     # paths, the attention call, GQA expansions: the rewrite may drop them
     replaced_calls: tuple[str, ...] = ()
-    # The attention is torch's scaled_dot_product_attention called directly, proven causal
-    # self-attention with its default scale (trace.causal_sdpa)
-    direct_sdpa: bool = False
+    # How the source calls its attention (analyze/attention_calls.py)
+    attention_call: AttentionCall = AttentionCall.INTERFACE
     # A hand-written attention selecting its scores by a boolean buffer of its module proven a
     # causal band (GPT-Neo's `bias`): each layer's window is read off it (analyze/mask_window.py)
     window_mask: str | None = None
-    # ... scores not scaled at all (GPT-Neo): vLLM's Attention at scale 1.0
-    unscaled_scores: bool = False
     # Config fields whose values are the head and kv-head counts (found by value)
     heads_field: str | None = None
     kv_heads_field: str | None = None

@@ -32,7 +32,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.plan import NoMatch, Refusal
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.analyze.trace import value
 
 ATOL = 1e-5
@@ -357,7 +357,11 @@ def _replayed(config, params: dict, layer_type, rotary_dim: int, values, positio
 def rotary_field(small, attention) -> dict:
     """The config field the proven rotary width came from, when it is GPT-J's absolute one."""
     width = getattr(small, ABSOLUTE_ROTARY_FIELD, None)
-    if attention.rope and attention.rotary_dim != attention.head_dim and width == attention.rotary_dim:
+    if (
+        attention.rope_layers is not RopeLayers.NONE
+        and attention.rotary_dim != attention.head_dim
+        and width == attention.rotary_dim
+    ):
         return {"rotary_dim_field": ABSOLUTE_ROTARY_FIELD}
     return {}
 

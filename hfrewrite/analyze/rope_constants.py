@@ -22,13 +22,19 @@ from collections.abc import Callable
 
 from hfrewrite.analyze.plan import AttentionPlan, Refusal
 from hfrewrite.analyze.rope import DEFAULT_THETA, LEGACY_PARTIAL, refuse_rope
+from hfrewrite.analyze.rope_styles import RopeLayers
 
 
 def prove_rope_constants(att, small, analyze: Callable[[dict], AttentionPlan]) -> AttentionPlan | object:
     """``att`` with the rope's base and width tied to ``small``'s fields (``small``: the
     traced config); ``analyze(edits)``: the attention plan of the sibling with ``edits`` set
     on its shrunk config (raises ``Refusal``)."""
-    if not isinstance(att, AttentionPlan) or not att.rope or not att.rope_fields or att.rope_table:
+    if (
+        not isinstance(att, AttentionPlan)
+        or att.rope_layers is RopeLayers.NONE
+        or not att.rope_fields
+        or att.rope_table
+    ):
         return att  # no rope, a config with rope_parameters (the replay read them), or a base read at load
     fields = dict(att.rope_fields)
     factor = None

@@ -31,3 +31,12 @@ class RopeStyle(enum.Enum):
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+class RopeLayers(enum.Enum):
+    """Which layers turn q and k (``AttentionPlan.rope_layers``): the file builds its rope, and
+    calls it under the source's own condition where only some layers do (NoPE)."""
+
+    NONE = "none"  # positions come another way (ALiBi, or added to the embeddings)
+    ALL = "all"
+    SOME = "some"  # the others apply none (cohere2's global layers)

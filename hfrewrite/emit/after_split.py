@@ -14,6 +14,7 @@ import libcst.matchers as m
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.plan import AttentionPlan
+from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.attention_body import (
     ALLOWED_CALLS,
@@ -131,7 +132,7 @@ def read_after_split(
             # the head split the analysis accounted for: configs taking the other branch refused
             untaken.append(t.expr(f"not ({t.code(statement.test)})"))
         elif cache_update(statement, scope.params) or (
-            att.direct_sdpa
+            att.attention_call.direct
             and (
                 attention_branches(statement, scope.allowed)
                 or reads_dropped_cache(statement, scope.caches, scope.allowed)
@@ -183,7 +184,7 @@ def _scope(
 def _allowed_calls(att: AttentionPlan) -> set[str]:
     """The calls the forward may make after the split: the plan accounts for what they compute."""
     allowed = ALLOWED_CALLS | DROPOUT_CALLS | {a for a in (att.q_norm, att.k_norm, att.o.attr) if a}
-    allowed |= FACTORIES if att.direct_sdpa else set()
+    allowed |= FACTORIES if att.attention_call.direct else set()
     allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
     if (gate := att.output_gate) is not None:  # the proven gate: its projection and activation
         allowed |= {gate.attr, *gate.activation.calls, "mul", *(("float", "to") if gate.upcast else ())}
@@ -228,7 +229,7 @@ def _drop_or_refuse(statement: cst.BaseStatement, scope: _Scope) -> None:
 
 def positionless(att: AttentionPlan) -> bool:
     """No rope and no ALiBi on q and k: positions learned, added to the embeddings."""
-    return not att.rope and att.alibi is None
+    return att.rope_layers is RopeLayers.NONE and att.alibi is None
 
 
 def qk_norms(
@@ -302,9 +303,9 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
     tail += "".join(t.code(c) for c in source.carried)
     if source.rope_test is not None:
         tail += f"if {t.code(source.rope_test)}:  # layers without rope (NoPE), as in the source\n    "
-    elif att.nope_layers and att.rope_base_field:  # built where the layer's base is not 0
+    elif att.rope_layers is RopeLayers.SOME and att.rope_base_field:  # built where the layer's base is not 0
         tail += "if self.rotary_emb is not None:  # layers without rope (NoPE)\n    "
-    elif att.nope_layers:
+    elif att.rope_layers is RopeLayers.SOME:
         raise HfrewriteError(
             f"{name}: {_PASS}: some layers have no rope, but the source's rope is unconditional"
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.analyze.plan import AttentionPlan
+from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.emit import cst_tools as t
 
 
@@ -138,7 +139,7 @@ def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
         return _rope_init(att, head_dim, rope_parameters)
     built = _rope_init(att, head_dim, f'{{**{rope_parameters}, "rope_theta": rope_theta}}')
     code = f"rope_theta = config.{att.rope_base_field}[layer_idx]  # this layer's own base\n"
-    if not att.nope_layers:
+    if att.rope_layers is not RopeLayers.SOME:
         return code + built
     indented = "".join(f"    {line}\n" for line in built.splitlines())
     return (

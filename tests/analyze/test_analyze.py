@@ -15,6 +15,7 @@ from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
 from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.analyze.trace import opaque_attention, trace
 from hfrewrite.errors import HfrewriteError
 
@@ -71,7 +72,7 @@ def test_default_configs(model_type, qkv_bias, q_norm, kv_heads, window):
     assert a.o == LinearFact("o_proj", 128, 128, False)
     assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, kv_heads, 32)
     assert (a.q_norm, a.k_norm) == (q_norm, q_norm and "k_norm")
-    assert a.rope is True
+    assert a.rope_layers is RopeLayers.ALL
     assert a.scaling == pytest.approx(32**-0.5)
     assert a.sliding_window == window
     m = plan.mlp
@@ -218,9 +219,9 @@ def hand_attention():
 def test_hand_attention_matches():
     plan = hand_attention()
     assert (plan.num_heads, plan.num_kv_heads, plan.head_dim) == (4, 4, 16)
-    assert (plan.q_norm, plan.rope, plan.scaling, plan.sliding_window) == (
+    assert (plan.q_norm, plan.rope_layers, plan.scaling, plan.sliding_window) == (
         None,
-        False,
+        RopeLayers.NONE,
         0.25,
         None,
     )

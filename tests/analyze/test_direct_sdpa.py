@@ -11,8 +11,9 @@ import pytest
 import transformers
 
 from hfrewrite.analyze import model as analysis
+from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.qkv_layouts import QkvLayout
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.errors import HfrewriteError
 from tests.analyze.by_hand import BY_HAND, BY_HAND_FLAT, attention_by_hand
 
@@ -36,8 +37,12 @@ def _analyze(tmp_path, monkeypatch, name: str, old: str = "", new: str = ""):
 def test_causal_sdpa_in_a_helper_is_the_attention(tmp_path, monkeypatch):
     plan = _analyze(tmp_path, monkeypatch, "tinyllama_renamed")
     att = plan.attention
-    assert att.direct_sdpa and (att.num_heads, att.num_kv_heads, att.head_dim) == (4, 2, 32)
-    assert att.rope and att.rope_style is RopeStyle.NEOX
+    assert att.attention_call is AttentionCall.CAUSAL_SDPA and (
+        att.num_heads,
+        att.num_kv_heads,
+        att.head_dim,
+    ) == (4, 2, 32)
+    assert att.rope_layers is RopeLayers.ALL and att.rope_style is RopeStyle.NEOX
     # the helpers and calls the rewrite may drop, each proven to compute only what the plan holds
     for call in ("causal_attention", "rope_cos_sin", "rotate_half", "repeat_interleave"):
         assert call in att.replaced_calls
@@ -45,7 +50,10 @@ def test_causal_sdpa_in_a_helper_is_the_attention(tmp_path, monkeypatch):
 
 def test_constant_causal_mask_is_the_attention(tmp_path, monkeypatch):
     plan = _analyze(tmp_path, monkeypatch, "fusedqkv_postnorm")
-    assert plan.attention.direct_sdpa and plan.attention.qkv_layout is QkvLayout.BLOCKS
+    assert (
+        plan.attention.attention_call is AttentionCall.CAUSAL_SDPA
+        and plan.attention.qkv_layout is QkvLayout.BLOCKS
+    )
 
 
 @pytest.mark.parametrize(
@@ -96,7 +104,7 @@ def _by_hand(tmp_path, monkeypatch, old: str = "", new: str = "", more: tuple = 
 
 def test_attention_written_by_hand_is_proven_causal(tmp_path, monkeypatch):
     att = _by_hand(tmp_path, monkeypatch).attention
-    assert att.direct_sdpa and (att.num_heads, att.num_kv_heads) == (4, 2)
+    assert att.attention_call is AttentionCall.CAUSAL_SDPA and (att.num_heads, att.num_kv_heads) == (4, 2)
     assert {"causal_attention", "repeat_interleave"} <= set(att.replaced_calls)
 
 
@@ -118,7 +126,7 @@ def test_attention_by_hand_that_is_not_causal_sdpa_is_refused(tmp_path, monkeypa
 def test_attention_by_hand_over_flattened_heads_is_proven_causal(tmp_path, monkeypatch):
     """[batch * heads, seq, dim] operands, scores viewed as [batch, heads, seq, seq]."""
     att = _by_hand(tmp_path, monkeypatch, BY_HAND, BY_HAND_FLAT).attention
-    assert att.direct_sdpa and (att.num_heads, att.num_kv_heads) == (4, 2)
+    assert att.attention_call is AttentionCall.CAUSAL_SDPA and (att.num_heads, att.num_kv_heads) == (4, 2)
 
 
 def test_attention_by_hand_over_flattened_heads_with_another_scale_is_refused(tmp_path, monkeypatch):
@@ -153,7 +161,10 @@ def _ernie_style(tmp_path, monkeypatch, positions: str = COUNTED, scaled: str = 
 def test_rope_counted_from_sizes_and_q_scaled_first_are_proven(tmp_path, monkeypatch):
     att = _ernie_style(tmp_path, monkeypatch).attention
     assert (
-        att.direct_sdpa and att.rope and att.rope_style is RopeStyle.NEOX and att.rotary_dim == att.head_dim
+        att.attention_call is AttentionCall.CAUSAL_SDPA
+        and att.rope_layers is RopeLayers.ALL
+        and att.rope_style is RopeStyle.NEOX
+        and att.rotary_dim == att.head_dim
     )
 
 

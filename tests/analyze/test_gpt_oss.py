@@ -11,7 +11,7 @@ from transformers import AutoConfig
 from transformers.models.gpt_oss import modeling_gpt_oss
 
 from hfrewrite.analyze import model as analysis
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.errors import HfrewriteError
 
 
@@ -31,7 +31,7 @@ def _patched(monkeypatch, cls, method: str, old: str, new: str) -> None:
 def test_gpt_oss_plan():
     plan = _analyze()
     att, moe = plan.attention, plan.moe
-    assert att.sinks == "sinks" and att.rope and att.rope_style is RopeStyle.NEOX
+    assert att.sinks == "sinks" and att.rope_layers is RopeLayers.ALL and att.rope_style is RopeStyle.NEOX
     assert (moe.activation, moe.experts_transposed, moe.experts_interleaved, moe.experts_bias) == (
         "swigluoai",
         True,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hfrewrite.analyze.model import analyze
+from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.resolve import resolve
 
 CONFIGS = Path(__file__).resolve().parents[2] / "golden" / "configs"
@@ -53,5 +54,5 @@ def test_granite_4_h_layers_are_carried_with_a_shared_mlp_beside_the_moe():
     assert not layer.fused and (layer.mlp_block, layer.shared_mlp_block) == ("block_sparse_moe", "shared_mlp")
     assert (plan.mixer.layer_test, plan.mixer.attention_when) == ("self.mamba is not None", False)
     assert plan.mlp.module_class == "GraniteMoeHybridMLP" and plan.moe is not None
-    assert not plan.attention.rope  # no rope: the Mamba-2 layers see the order
+    assert plan.attention.rope_layers is RopeLayers.NONE  # no rope: the Mamba-2 layers see the order
     assert ("config.position_embedding_type == 'rope'", False) in plan.base_init_switches

@@ -19,7 +19,7 @@ from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.plan import NoMatch
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.analyze.trace import opaque_attention, trace
 
 HEADS, HEAD_DIM, SEQ = 2, 16, 5
@@ -79,17 +79,17 @@ def attention_plan(rotate, interleaved_tables: bool):
 
 def test_neox_rope_is_proven_neox():
     plan = attention_plan(rotate_half_neox, interleaved_tables=False)
-    assert (plan.rope, plan.rope_style, plan.rotary_dim) == (True, RopeStyle.NEOX, HEAD_DIM)
+    assert (plan.rope_layers, plan.rope_style, plan.rotary_dim) == (RopeLayers.ALL, RopeStyle.NEOX, HEAD_DIM)
 
 
 def test_interleaving_rotate_half_is_proven_gptj_style():
     plan = attention_plan(rotate_half_interleaved, interleaved_tables=True)
-    assert (plan.rope, plan.rope_style) == (True, RopeStyle.GPTJ)
+    assert (plan.rope_layers, plan.rope_style) == (RopeLayers.ALL, RopeStyle.GPTJ)
 
 
 def test_sign_flipped_rotate_half_is_proven_reversed():
     plan = attention_plan(rotate_half_flipped, interleaved_tables=False)
-    assert (plan.rope, plan.rope_style, plan.rope_reversed) == (True, RopeStyle.NEOX, True)
+    assert (plan.rope_layers, plan.rope_style, plan.rope_reversed) == (RopeLayers.ALL, RopeStyle.NEOX, True)
 
 
 def test_a_rope_of_a_base_the_source_computes_is_refused_with_that_base():
@@ -123,7 +123,7 @@ def test_a_rope_over_seq_first_merged_heads_is_proven():
     x = torch.randn(2, SEQ, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(0))
     plan = analyze_attention(trace(SeqFirstRopeAttention(rotate_half_neox), (x, *tables(False))), "", CONFIG)
     assert not isinstance(plan, NoMatch), plan.reason
-    assert (plan.rope, plan.rope_style, plan.rotary_dim) == (True, RopeStyle.NEOX, HEAD_DIM)
+    assert (plan.rope_layers, plan.rope_style, plan.rotary_dim) == (RopeLayers.ALL, RopeStyle.NEOX, HEAD_DIM)
 
 
 def test_reversed_rope_is_refused_for_scaled_rope_types():

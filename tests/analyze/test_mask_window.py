@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.manual_attention import by_hand_facts, fold_manual_attention
 from hfrewrite.analyze.mask_window import band, proven_band
 from hfrewrite.analyze.trace import causal_sdpa, trace
@@ -53,14 +54,17 @@ def test_a_local_band_buffer_folds_with_its_window_and_scale_one():
     folded, (leaf,) = _folded(_BufferMasked(band(POSITIONS, 3)))
     assert folded == 1
     assert leaf.kwargs["sliding_window"] == 3 and leaf.kwargs["scaling"] == 1.0
-    assert by_hand_facts(leaf, "") == {"window_mask": "bias", "unscaled_scores": True}
+    assert by_hand_facts(leaf, "") == {
+        "window_mask": "bias",
+        "attention_call": AttentionCall.CAUSAL_SDPA_UNSCALED,
+    }
 
 
 def test_a_global_tril_buffer_folds_without_a_window_and_names_the_buffer():
     folded, (leaf,) = _folded(_BufferMasked(band(POSITIONS, None), scale=D**-0.5))
     assert folded == 1
     assert leaf.kwargs["sliding_window"] is None and leaf.kwargs["scaling"] is None
-    assert by_hand_facts(leaf, "") == {"window_mask": "bias", "unscaled_scores": False}
+    assert by_hand_facts(leaf, "") == {"window_mask": "bias", "attention_call": AttentionCall.CAUSAL_SDPA}
 
 
 def test_a_buffer_that_is_a_band_only_over_the_example_does_not_fold():

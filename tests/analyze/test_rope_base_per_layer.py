@@ -11,6 +11,7 @@ import transformers
 from transformers.models.granite_swa import modeling_granite_swa
 
 from hfrewrite.analyze.model import analyze
+from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.errors import HfrewriteError
 
@@ -44,7 +45,7 @@ def test_a_config_without_such_a_list_keeps_two_layers():
 def test_the_plan_reads_each_layers_base_from_the_list():
     attention = analyze(_config()).attention
     assert attention.rope_base_field == "layer_rope_theta"
-    assert attention.rope and attention.nope_layers
+    assert attention.rope_layers is RopeLayers.SOME
 
 
 def test_the_golden_builds_the_rope_at_the_layers_entry_and_none_at_zero():

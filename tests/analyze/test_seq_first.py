@@ -12,7 +12,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.plan import NoMatch
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.analyze.trace import trace
 
 HEADS, GROUPS, HEAD_DIM, SEQ = 4, 2, 16, 5
@@ -65,7 +65,7 @@ def test_sequence_first_attention_with_a_scripted_rope_and_expanded_kv_is_proven
     plan = analyze_attention(trace(SeqFirstAttention(), (x, *tables())), "", CONFIG)
     assert not isinstance(plan, NoMatch), plan.reason
     assert (plan.num_heads, plan.num_kv_heads, plan.head_dim) == (HEADS, GROUPS, HEAD_DIM)
-    assert (plan.rope, plan.rope_style, plan.rotary_dim) == (True, RopeStyle.NEOX, HEAD_DIM)
+    assert (plan.rope_layers, plan.rope_style, plan.rotary_dim) == (RopeLayers.ALL, RopeStyle.NEOX, HEAD_DIM)
     assert "apply_rope" in plan.replaced_calls
 
 

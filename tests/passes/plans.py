@@ -10,6 +10,7 @@ from hfrewrite.analyze.plan import (
     NormPlan,
     ResidualBlock,
 )
+from hfrewrite.analyze.rope_styles import RopeLayers
 
 
 def llama_like(
@@ -47,7 +48,7 @@ def llama_like(
             head_dim=32,
             q_norm="q_norm" if qk_norm else None,
             k_norm="k_norm" if qk_norm else None,
-            rope=True,
+            rope_layers=RopeLayers.ALL,
             scaling=32**-0.5,
             sliding_window=None,
             # what the analysis finds llama's forward calls compute: the rope, nothing else

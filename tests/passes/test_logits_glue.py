@@ -27,9 +27,10 @@ def scaled(forward_body: str) -> str:
 
 
 def test_the_argument_itself():
-    assert scaled(
-        "    h = self.model(input_ids)[0]\n    return self.lm_head(h * self.scale)\n"
-    ) == "hidden_states = hidden_states * self.scale"
+    assert (
+        scaled("    h = self.model(input_ids)[0]\n    return self.lm_head(h * self.scale)\n")
+        == "hidden_states = hidden_states * self.scale"
+    )
 
 
 def test_through_the_forward_s_own_rescaling_and_the_kept_tokens():
@@ -57,10 +58,7 @@ def test_two_rescalings_keep_their_order():
 
 def test_a_rescaling_after_the_call_is_not_read():
     source = (
-        "    h = self.model(input_ids)[0]\n"
-        "    logits = self.lm_head(h)\n"
-        "    h = h * 2\n"
-        "    return logits\n"
+        "    h = self.model(input_ids)[0]\n    logits = self.lm_head(h)\n    h = h * 2\n    return logits\n"
     )
     assert scaled(source) == "hidden_states = hidden_states"
 

@@ -7,7 +7,7 @@ from harness import assert_rewrites, rewrite
 from hfrewrite.passes import vllm_attention
 from plans import llama_like
 
-from hfrewrite.analyze.rope_styles import RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.errors import HfrewriteError
 
 BEFORE_SLIDING_WINDOW_CARRIED_OVER = """\
@@ -238,7 +238,7 @@ def test_rope_style_comes_from_the_plan_not_the_source():
 
 
 def test_refuses_nope_attention():
-    att = dataclasses.replace(llama_like().attention, rope=False)
+    att = dataclasses.replace(llama_like().attention, rope_layers=RopeLayers.NONE)
     with pytest.raises(HfrewriteError, match="no rotary embedding on q and k, and no position embedding"):
         rewrite(
             vllm_attention,
@@ -288,7 +288,9 @@ def test_conditional_rope_keeps_the_source_condition():
 
 def test_refuses_nope_layers_without_a_source_condition():
     plan = llama_like()
-    plan = dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, nope_layers=True))
+    plan = dataclasses.replace(
+        plan, attention=dataclasses.replace(plan.attention, rope_layers=RopeLayers.SOME)
+    )
     source = CONDITIONAL_ROPE.replace("        if self.use_rope:\n            cos", "        cos").replace(
         "\n            query_states, key_states = apply",
         "\n        query_states, key_states = apply",

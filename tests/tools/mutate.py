@@ -118,9 +118,9 @@ EQUIVALENT = {
         "if isinstance(val, str) and val in ACT2FN and type(ACT2FN[val]) is type(module):",
     ): "classes compare by identity",
     (
-        "hfrewrite/analyze/model.py",
+        "hfrewrite/analyze/layer_agreement.py",
         "ReplaceComparisonOperator_NotEq_IsNot",
-        "nope_layers=bool(roped) and len(roped) != len(plans))",
+        "rope_layers=RopeLayers.SOME if roped and len(roped) != len(plans) else chosen.rope_layers,",
     ): "layer counts: CPython keeps one object per small int",
     (
         "hfrewrite/analyze/moe.py",
