@@ -41,6 +41,7 @@ from hfrewrite.analyze.moe_modules import (
 )
 from hfrewrite.analyze.moe_replay import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, correction_bias, replay_error
 from hfrewrite.analyze.plan import MoePlan, NoMatch
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.analyze.routing import (
     config_attrs,
     output_scale,
@@ -361,7 +362,7 @@ def _carried_router(traced: Traced, path: str, index, weights, hidden) -> dict |
     return {
         "router": router,
         "top_k": int(value(index).shape[-1]),
-        "scoring": "carried",
+        "scoring": Scoring.CARRIED,
         "renormalize": False,
         "carried_router": tuple(picks),
     }
@@ -385,7 +386,7 @@ def _shared_expert(traced: Traced, path: str, cls: str, experts_call: Node):
     gate = None
     if isinstance(other, Node) and other.target in (operator.mul, torch.mul):
         sig = next(
-            (a for a in other.args if isinstance(a, Node) and scoring_of(a) == "sigmoid"),
+            (a for a in other.args if isinstance(a, Node) and scoring_of(a) is Scoring.SIGMOID),
             None,
         )
         if sig is None:

@@ -18,6 +18,7 @@ from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
+from hfrewrite.analyze.router_scorings import Scoring
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class MoePlan:
     experts_class: str
     num_experts: int
     top_k: int
-    scoring: str  # "softmax" | "sigmoid"
+    scoring: Scoring  # analyze/router_scorings.py
     renormalize: bool  # as traced; the source's own condition is emitted
     activation: str  # the config's activation name
     shared_expert: str | None  # attribute of the shared expert MLP, if any
@@ -275,7 +276,7 @@ class MoePlan:
     init_switches: tuple[tuple[str, bool], ...] = ()
     # Routing the rules above do not express, run by the source's own router module and
     # handed to the fused experts as a custom routing function: the positions of
-    # (weights, expert ids) in what the router returns. ``scoring`` is then "carried".
+    # (weights, expert ids) in what the router returns. ``scoring`` is then ``CARRIED``.
     carried_router: tuple[int, int] | None = None
     # Experts held one module each (an nn.ModuleList): their MLP's facts, and the block
     # attribute holding top_k; None for stacked [E, ...] experts
@@ -311,7 +312,7 @@ class MoePlan:
         if self.carried_router:
             return False
         return (
-            self.scoring == "sigmoid"
+            self.scoring is Scoring.SIGMOID
             or self.n_group is not None
             or self.correction_bias is not None
             or self.routed_scaling_factor != 1.0
@@ -323,7 +324,7 @@ class MoePlan:
             return f"{self.router_class} (source, carried) -> top-{self.top_k} weights and ids"
         steps = [
             f"F.linear{' (float32)' if self.router_fp32 else ''}{' + bias' if self.router_bias else ''}",
-            self.scoring,
+            self.scoring.label,
         ]
         if self.correction_bias:
             steps.append(f"+ {self.correction_bias} (choice only)")

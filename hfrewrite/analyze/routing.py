@@ -26,17 +26,10 @@ from torch import nn
 from torch.fx import Node
 
 from hfrewrite.analyze.plan import MoePlan
+from hfrewrite.analyze.router_scorings import Scoring, scoring_computed_by
 from hfrewrite.analyze.trace import Traced, relative, value
 
 PASS_THROUGH = ("to", "float", "type", "type_as", "contiguous")
-_SCORINGS = {
-    F.softmax: "softmax",
-    torch.softmax: "softmax",
-    "softmax": "softmax",
-    torch.sigmoid: "sigmoid",
-    F.sigmoid: "sigmoid",
-    "sigmoid": "sigmoid",
-}
 _DIVS = (operator.truediv, operator.itruediv, torch.div, "div", "div_")
 MULS = (operator.mul, operator.imul, torch.mul, "mul", "mul_")
 
@@ -48,10 +41,11 @@ def skip(node):
     return node
 
 
-def scoring_of(node) -> str:
+def scoring_of(node) -> Scoring | None:
+    """The router scoring a traced node computes, if it computes one."""
     if isinstance(node, Node) and node.op in ("call_function", "call_method"):
-        return _SCORINGS.get(node.target, str(node.target))
-    return type(node).__name__
+        return scoring_computed_by(node.target)
+    return None
 
 
 def _backward(roots: list[Node], ordered: list[Node]) -> list[Node]:
@@ -235,7 +229,7 @@ def router_facts(traced: Traced, path: str, block: nn.Module, index, weights, hi
     if root(proj.logits.args[0]) is not root(hidden):
         return "router and experts read different inputs"
 
-    scorings = [n for n in nodes if scoring_of(n) in ("softmax", "sigmoid")]
+    scorings = [n for n in nodes if scoring_of(n) is not None]
     if len(scorings) != 1:
         return f"router scoring is not one softmax or sigmoid ({len(scorings)} found)"
     scoring = scoring_of(scorings[0])
@@ -317,7 +311,7 @@ def route(logits: torch.Tensor, facts: MoePlan, correction: torch.Tensor | None)
     if not facts.grouped:
         w, idx = torch.topk(torch.softmax(logits, dim=-1), facts.top_k, dim=-1)
         return (w / w.sum(dim=-1, keepdim=True) if facts.renormalize else w), idx
-    scores = torch.softmax(logits, dim=-1) if facts.scoring == "softmax" else logits.sigmoid()
+    scores = facts.scoring.reference(logits)
     groups = facts.n_group or 1
     choice = scores if correction is None else scores + correction.float()
     grouped = choice.view(len(choice), groups, -1)

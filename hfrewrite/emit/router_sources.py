@@ -137,8 +137,8 @@ def routing_kwargs(moe, where: dict[str, dict[str, str]], name: str) -> dict[str
             ) from e
         for kwarg in ("num_expert_group", "topk_group"):
             kwargs[kwarg] = f"({kwargs[kwarg]} if {when} else 1)"
-    if moe.scoring != "softmax":
-        kwargs["scoring_func"] = f'"{moe.scoring}"'
+    if moe.scoring.vllm_name is not None:
+        kwargs["scoring_func"] = f'"{moe.scoring.vllm_name}"'
     if "routed_scaling_factor" in exprs:  # the attribute the analysis found (whatever its value)
         kwargs["routed_scaling_factor"] = exprs["routed_scaling_factor"]
         kwargs["apply_routed_scale_to_output"] = "True"

@@ -12,6 +12,7 @@ from transformers.models.dbrx import modeling_dbrx
 
 from hfrewrite.analyze import model as analysis
 from hfrewrite.analyze.qkv_layouts import QkvLayout
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.resolve import BARE_TYPE_FIELDS
 
@@ -27,7 +28,7 @@ def test_dbrx_plan():
     assert (moe.router, moe.router_linear, moe.experts) == ("router", "layer", "experts")
     assert moe.flat_experts == ("mlp.w1", "mlp.v1", "mlp.w2")
     assert moe.size_attrs == ("num_experts", "hidden_size", "ffn_hidden_size")
-    assert (moe.scoring, moe.renormalize, moe.top_k_attr) == ("softmax", True, "top_k")
+    assert (moe.scoring, moe.renormalize, moe.top_k_attr) == (Scoring.SOFTMAX, True, "top_k")
     assert (layer.attention_block, layer.attention_wrappers) == (
         "norm_attn_norm.attn",
         ("DbrxNormAttentionNorm",),

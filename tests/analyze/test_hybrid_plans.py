@@ -8,6 +8,7 @@ import pytest
 
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.rope_styles import RopeLayers
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.resolve import resolve
 
 CONFIGS = Path(__file__).resolve().parents[2] / "golden" / "configs"
@@ -32,7 +33,7 @@ def test_lfm2_moe_traces_a_dense_and_a_sparse_layer(lfm2_moe):
 
 def test_lfm2_moe_routing_and_activation_are_proven(lfm2_moe):
     moe = lfm2_moe.moe
-    assert (moe.scoring, moe.correction_bias, moe.activation) == ("sigmoid", "expert_bias", "silu")
+    assert (moe.scoring, moe.correction_bias, moe.activation) == (Scoring.SIGMOID, "expert_bias", "silu")
     assert ("config.use_expert_bias", True) in moe.init_switches
 
 

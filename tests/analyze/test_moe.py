@@ -7,6 +7,7 @@ import transformers
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from hfrewrite.analyze.model import analyze
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.errors import HfrewriteError
 
 
@@ -23,7 +24,7 @@ def test_qwen3_moe_router_facts():
         "experts",
     )
     assert (moe.scoring, moe.renormalize, moe.top_k, moe.activation) == (
-        "softmax",
+        Scoring.SOFTMAX,
         True,
         2,
         "silu",
@@ -121,7 +122,7 @@ def test_phimoe_sparsemixer_router_is_carried_and_proven_with_the_experts():
         "PhimoeTopKRouter",
         (1, 2),
     )
-    assert (moe.scoring, moe.top_k, moe.grouped) == ("carried", 2, False)
+    assert (moe.scoring, moe.top_k, moe.grouped) == (Scoring.CARRIED, 2, False)
     assert moe.checkpoint_expert_names == ("w1", "w2", "w3")
 
 

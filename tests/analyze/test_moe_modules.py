@@ -9,6 +9,7 @@ import pytest
 import transformers
 
 from hfrewrite.analyze import model as analysis
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.errors import HfrewriteError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
@@ -31,7 +32,7 @@ def test_module_list_experts_are_proven_by_replay(tmp_path, monkeypatch):
     moe = _analyze(tmp_path, monkeypatch).moe
     assert (moe.router, moe.experts, moe.num_experts, moe.top_k) == ("router", "experts", 4, 2)
     assert (moe.scoring, moe.renormalize, moe.top_k_attr, moe.activation) == (
-        "softmax",
+        Scoring.SOFTMAX,
         True,
         "top_k",
         "silu",

@@ -8,6 +8,7 @@ import transformers
 
 from hfrewrite.analyze.model import _analyze, analyze
 from hfrewrite.analyze.moe_variants import with_other_routings
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.analyze.shrink import shrink_config
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
@@ -44,7 +45,7 @@ def test_a_branch_whose_plan_differs_is_not_carried():
     plan = _analyze(config, branches=False).moe
 
     def other_scoring(sibling):  # as if the grouped branch scored by sigmoid
-        return dataclasses.replace(_analyze(sibling, branches=False).moe, scoring="sigmoid")
+        return dataclasses.replace(_analyze(sibling, branches=False).moe, scoring=Scoring.SIGMOID)
 
     carried, declined, siblings = with_other_routings(config, plan, _router(config), other_scoring)
     assert carried.router_switch is None and carried.grouped_when is None and siblings == ()

@@ -12,6 +12,7 @@ from transformers.models.glm4_moe import modeling_glm4_moe as gm
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
 from hfrewrite.analyze.model import analyze
+from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.errors import HfrewriteError
 
 
@@ -23,7 +24,7 @@ def moe_plan(model_type="glm4_moe", **overrides):
 def test_grouped_sigmoid_routing_facts(model_type):
     moe = moe_plan(model_type)
     assert (moe.scoring, moe.correction_bias, moe.n_group, moe.topk_group) == (
-        "sigmoid",
+        Scoring.SIGMOID,
         "gate.e_score_correction_bias",
         4,
         2,
@@ -57,7 +58,7 @@ def test_softmax_top_k_stays_off_the_grouped_path():
 CONVERTED = {
     "as in the source": (
         (),
-        {"scoring": "sigmoid", "renormalize": True, "routed_scaling_factor": 2.5},
+        {"scoring": Scoring.SIGMOID, "renormalize": True, "routed_scaling_factor": 2.5},
     ),
     "softmax scoring": (
         (
@@ -66,7 +67,7 @@ CONVERTED = {
                 "scores = router_logits.softmax(dim=-1)",
             ),
         ),
-        {"scoring": "softmax", "renormalize": True},
+        {"scoring": Scoring.SOFTMAX, "renormalize": True},
     ),
     "no renormalisation": (
         (("if self.norm_topk_prob:", "if False:"),),

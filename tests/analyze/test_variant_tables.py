@@ -107,3 +107,27 @@ def test_each_output_gate_row_writes_what_it_replays():
     for row in GateActivation:
         written = eval(row.expression.format(gate="gate"), {"torch": torch, "gate": gate})
         assert torch.equal(written, row.replay(gate)), row
+
+
+def test_each_router_scoring_row_is_what_vllms_grouped_router_computes():
+    from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import grouped_topk
+
+    from hfrewrite.analyze.router_scorings import Scoring, scoring_computed_by
+
+    experts = 8
+    logits = torch.randn(5, experts, generator=torch.Generator().manual_seed(4))
+    for scoring in (Scoring.SOFTMAX, Scoring.SIGMOID):
+        # every expert chosen, one group: the weights are the scores, by expert id
+        weights, ids = grouped_topk(
+            torch.zeros(5, 4),
+            logits,
+            experts,
+            False,
+            num_expert_group=1,
+            topk_group=1,
+            scoring_func=scoring.vllm_name or "softmax",
+        )
+        expected = scoring.reference(logits).gather(1, ids.long())
+        assert torch.allclose(weights, expected, atol=1e-6), scoring
+        assert all(scoring_computed_by(call) is scoring for call in scoring.calls)
+    assert Scoring.CARRIED.calls == () and scoring_computed_by(torch.tanh) is None

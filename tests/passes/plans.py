@@ -11,6 +11,7 @@ from hfrewrite.analyze.plan import (
     ResidualBlock,
 )
 from hfrewrite.analyze.rope_styles import RopeLayers
+from hfrewrite.analyze.router_scorings import Scoring
 
 
 def llama_like(
@@ -80,7 +81,7 @@ def qwen_moe(shared: bool = False) -> ModelPlan:
         experts_class="Experts",
         num_experts=8,
         top_k=2,
-        scoring="softmax",
+        scoring=Scoring.SOFTMAX,
         renormalize=True,
         activation="silu",
         shared_expert="shared_expert" if shared else None,
