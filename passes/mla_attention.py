@@ -131,8 +131,12 @@ def _attention(plan: MlaPlan, d, scaling: str, name: str) -> str:
         "self.rotary_emb = get_rope(\n"
         f"    self.{d('qk_rope_head_dim')},\n"
         "    max_position=config.max_position_embeddings,\n"
-        f"    rope_parameters=(\n        {rope_parameters(plan)}\n    ),\n"
-        f"    is_neox_style={plan.rope_style.is_neox},\n"
+        + (
+            f"    rope_parameters=(\n        {rope_parameters(plan)}\n    ),\n"
+            if len(plan.rope_kinds) > 1
+            else f"    rope_parameters={rope_parameters(plan)},\n"
+        )
+        + f"    is_neox_style={plan.rope_style.is_neox},\n"
         ")\n"
         + (
             "# vLLM's deepseek_yarn rope computes on [tokens, heads, rope]; the default one on\n"
@@ -188,7 +192,7 @@ def _rope_call(plan: MlaPlan, rope: str) -> str:
             ROPE_CALL["deepseek_yarn"],
             ROPE_CALL["default"].format(rope=rope),
         )
-    return ROPE_CALL[plan.rope_kind].format(rope=rope)
+    return ROPE_CALL.get(plan.rope_kind, ROPE_CALL["default"]).format(rope=rope)
 
 
 def _forward(plan: MlaPlan, d) -> str:

@@ -150,3 +150,12 @@ def test_resolved_self_follows_init_expressions():
         == "nn.Linear((config.hidden_size * 4), config.n)"
     )
     assert t.resolved_self("self.unknown + 1", exprs) == "self.unknown + 1"  # left for the caller to refuse
+
+
+def test_a_long_regenerate_command_goes_on_indented():
+    r = fake_resolved()
+    r.model_id = "a-rather-long-organisation/a-model-whose-name-fills-the-line"
+    lines = emit.header(r).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("# Regenerate: "))
+    assert lines[at + 1].startswith("#   ") and "--force" in lines[at + 1], lines[at : at + 2]
+    assert lines[at + 2].startswith("#   or in place")

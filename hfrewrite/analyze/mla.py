@@ -36,6 +36,9 @@ from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.trace import Traced, causal_sdpa, is_norm, relative, value
 
 PATTERN = "mla_attention"
+# The rope types get_rope(config.rope_parameters) computes as transformers does (MiniCPM3's
+# released checkpoints use LongRoPE)
+STATIC_ROPES = ("default", "linear", "llama3", "longrope")
 ATOL = 1e-4
 
 
@@ -247,7 +250,9 @@ def _sizes(qv, vv, mods: dict[Node, nn.Module], roles: _Roles) -> _Sizes:
 
 
 def _rope(config, layer_type: str | None, rope: int) -> _Rope:
-    """The rope of ``rope`` lanes vLLM computes for the config: the default one or YaRN."""
+    """The rope of ``rope`` lanes vLLM computes for the config: YaRN as vLLM's deepseek_yarn,
+    or a rope whose table ``get_rope`` builds as transformers does (not the dynamic NTK rope,
+    whose table transformers grows with the sequence and vLLM fixes at its longest)."""
     params = rope_parameters(config, layer_type)
     legacy = getattr(config, "rope_parameters", None) is None and hasattr(config, "rope_scaling")
     if legacy and config.rope_scaling:  # a transformers 4.x config: the rope type under "type"
@@ -259,15 +264,16 @@ def _rope(config, layer_type: str | None, rope: int) -> _Rope:
         rope_kind, freq = "deepseek_yarn", deepseek_yarn(params, rope)
         if isinstance(freq, str):
             refuse(PATTERN, freq)
-    elif rope_type == "default":
+    elif rope_type in STATIC_ROPES:  # get_rope builds the table transformers computes
         rope_kind, freq = (
-            "default",
+            rope_type,
             _inv_freq(config, params, layer_type, rope) if params else None,
         )
     else:
         refuse(
             PATTERN,
-            f"rope_type {rope_type!r}: only the default rope and YaRN are proven for MLA",
+            f"rope_type {rope_type!r}: only YaRN and the static ropes "
+            f"({', '.join(STATIC_ROPES)}) are proven for MLA",
         )
     if freq is None:
         refuse(PATTERN, f"no rope frequencies vLLM computes for rotary dim {rope}")

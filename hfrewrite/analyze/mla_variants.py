@@ -121,7 +121,7 @@ def _flip_query(config, plan: MlaPlan):
 def _flip_rope(config, plan: MlaPlan):
     """The config with the other proven rope: YaRN for a default rope, and back."""
     params = dict(getattr(config, "rope_parameters", None) or {})
-    if "rope_theta" not in params:
+    if "rope_theta" not in params or plan.rope_kind not in ("default", "deepseek_yarn"):
         return None
     sibling = copy.deepcopy(config)
     if plan.rope_kind == "default":

@@ -285,8 +285,8 @@ def _shrink_windows(small) -> None:
 
 def _shrink_rope_factors(small) -> None:
     """Per-frequency rope factors (longrope's ``short_factor``/``long_factor``: one per
-    rotary frequency, 48 in Phi-3.5) cut to the shrunk head's frequencies, evenly sampled so
-    that they still differ from each other."""
+    rotary frequency, 48 in Phi-3.5, 16 in MiniCPM3) fitted to the shrunk head's frequencies,
+    evenly sampled so that they still differ from each other."""
     params = getattr(small, "rope_parameters", None)
     if not isinstance(params, dict):
         return
@@ -300,7 +300,7 @@ def _shrink_rope_factors(small) -> None:
     n = rotary // 2
     for key in ("short_factor", "long_factor"):
         factors = params.get(key)
-        if isinstance(factors, list) and len(factors) > n > 1:
+        if isinstance(factors, list) and len(factors) != n and n > 1:  # fewer: some repeat
             params[key] = [factors[round(i * (len(factors) - 1) / (n - 1))] for i in range(n)]
 
 

@@ -44,8 +44,8 @@ def _yarn_guard(name: str, p: str, when: str = "") -> str:
 def rope_guard(plan: MlaPlan, name: str) -> str:
     """Refuse the rope types the replay did not prove; with both proven, the YaRN knobs."""
     kinds, p = plan.rope_kinds or (plan.rope_kind,), rope_params(plan)
-    proven = " or ".join(repr(_ROPE_TYPES[k]) for k in kinds)
-    names = tuple(_ROPE_TYPES[k] for k in kinds)
+    proven = " or ".join(repr(_ROPE_TYPES.get(k, k)) for k in kinds)
+    names = tuple(_ROPE_TYPES.get(k, k) for k in kinds)
     test = f'{p}.get("rope_type", "default") ' + (
         f'!= "{names[0]}"' if len(names) == 1 else f"not in {names!r}".replace("'", '"')
     )
@@ -66,7 +66,7 @@ def rope_parameters(plan: MlaPlan) -> str:
     deepseek_yarn, any other as it is."""
     kinds, p = plan.rope_kinds or (plan.rope_kind,), rope_params(plan)
     if len(kinds) == 1:
-        return _ROPE_PARAMETERS[kinds[0]].format(p=p)
+        return _ROPE_PARAMETERS.get(kinds[0], "{p}").format(p=p)
     return (
         f'{{**{p}, "rope_type": "deepseek_yarn"}}\n'
         f'        if {p}.get("rope_type", "default") == "yarn"\n'

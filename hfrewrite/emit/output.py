@@ -157,11 +157,17 @@ def header(resolved, license_id: str = "Apache-2.0") -> str:
         record=record.to_lines(),
     )
     return "".join(  # the record is cut already (to_lines)
-        line
-        if line.startswith((SOURCE_TAG, RECORD_MORE))
-        else "".join(wrapped_text_line(line, WIDTH, comment_marker=True))
+        line if line.startswith((SOURCE_TAG, RECORD_MORE)) else _wrapped(line)
         for line in text.splitlines(keepends=True)
     )
+
+
+def _wrapped(line: str) -> str:
+    """A header line cut to the width; a cut command goes on indented, as a continuation."""
+    first, *rest = wrapped_text_line(line, WIDTH, comment_marker=True)
+    if line.startswith("# Regenerate: "):
+        rest = [f"#   {more[2:]}" for more in rest]
+    return first + "".join(rest)
 
 
 def parse_header(text: str) -> SourceRecord | None:

@@ -129,12 +129,12 @@ def test_golden_carries_both_queries_and_refuses_what_its_trace_did_not_take():
         (
             {
                 "rope_parameters": {
-                    "rope_type": "linear",
+                    "rope_type": "dynamic",
                     "factor": 2.0,
                     "rope_theta": 10000.0,
                 }
             },
-            "rope_type .linear.: only the default rope",
+            "rope_type .dynamic.: only YaRN and the static ropes",
         ),
     ],
 )
@@ -223,9 +223,25 @@ def test_the_scores_tell_a_yarn_table_from_the_default_one():
     assert not _same_scores(*qkv["yarn"][:2], *qkv["default"][:2])
 
 
-def test_mla_rope_types_vllm_deepseek_does_not_map_are_refused():
-    with pytest.raises(HfrewriteError, match="only the default rope and YaRN"):
-        mla_plan(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+def test_mla_rope_types_whose_table_vllm_fixes_otherwise_are_refused():
+    # transformers grows the dynamic NTK table with the sequence, vLLM fixes it at its longest
+    with pytest.raises(HfrewriteError, match="only YaRN and the static ropes"):
+        mla_plan(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0})
+
+
+def test_mla_static_ropes_are_proven_and_passed_to_get_rope_as_they_are():
+    plan = mla_plan(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+    assert (plan.rope_kind, plan.rope_kinds) == ("linear", ("linear",))  # no sibling rope
+    longrope = {  # MiniCPM3's released rope: 16 factors each, fitted to the shrunk head
+        "rope_type": "longrope",
+        "rope_theta": 1e4,
+        "factor": 1.0,
+        "original_max_position_embeddings": 4096,
+        "short_factor": [1.0 + 0.1 * i for i in range(16)],
+        "long_factor": [1.0 + i for i in range(16)],
+    }
+    plan = mla_plan("minicpm3", rope_parameters=longrope, max_position_embeddings=4096)
+    assert plan.rope_kind == "longrope" and plan.rope_style is RopeStyle.NEOX
 
 
 def test_mla_in_a_type_vllm_gives_no_latent_cache_runs_per_head():

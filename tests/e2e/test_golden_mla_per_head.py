@@ -1,5 +1,5 @@
-"""The goldens of latent attention under a type vLLM 0.32 gives no latent cache (minicpm3,
-youtu), proved in real vLLM against Hugging Face, and against vLLM's own minicpm3.py.
+"""The goldens of latent attention under a type vLLM 0.32 gives no latent cache (minicpm3 with
+LongRoPE, youtu), proved in real vLLM against Hugging Face, and against vLLM's own minicpm3.py.
 
 Each file expands the latent into k and v per head and runs vLLM's ``Attention`` with v padded
 to the q/k head size (here 32 + 32 = 64 wide heads, v 48 wide, so the padding and the cut
@@ -28,11 +28,26 @@ PER_HEAD_MLA = {
     "num_key_value_heads": 4,
 }
 CASES: dict[str, tuple[str, dict]] = {
+    # LongRoPE as the released checkpoints set it (the golden is converted from that shape),
     # scaled embeddings (scale_emb), residual branches scaled by scale_depth / sqrt(layers),
     # the lm_head's input divided by hidden_size / dim_model_base in the forward
     "minicpm3-per-head-mla": (
         "minicpm3",
-        {**PER_HEAD_MLA, "scale_emb": 4.0, "scale_depth": 1.4, "dim_model_base": 32},
+        {
+            **PER_HEAD_MLA,
+            "scale_emb": 4.0,
+            "scale_depth": 1.4,
+            "dim_model_base": 32,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "factor": 1.0,
+                "original_max_position_embeddings": 4096,
+                "short_factor": [1.0 + 0.2 * i for i in range(16)],
+                "long_factor": [1.0 + 2.0 * i for i in range(16)],
+            },
+        },
     ),
     # GPT-J style (interleaved) rope on the shared rope key
     "youtu-per-head-mla": ("youtu", {**PER_HEAD_MLA, "tie_word_embeddings": False}),
