@@ -252,7 +252,7 @@ def _sizes(qv, vv, mods: dict[Node, nn.Module], roles: _Roles) -> _Sizes:
 def _rope(config, layer_type: str | None, rope: int) -> _Rope:
     """The rope of ``rope`` lanes vLLM computes for the config: YaRN as vLLM's deepseek_yarn,
     or a rope whose table ``get_rope`` builds as transformers does (not the dynamic NTK rope,
-    whose table transformers grows with the sequence and vLLM fixes at its longest)."""
+    whose table transformers recomputes past ``max_position_embeddings`` and vLLM does not)."""
     params = rope_parameters(config, layer_type)
     legacy = getattr(config, "rope_parameters", None) is None and hasattr(config, "rope_scaling")
     if legacy and config.rope_scaling:  # a transformers 4.x config: the rope type under "type"

@@ -224,7 +224,7 @@ def test_the_scores_tell_a_yarn_table_from_the_default_one():
 
 
 def test_mla_rope_types_whose_table_vllm_fixes_otherwise_are_refused():
-    # transformers grows the dynamic NTK table with the sequence, vLLM fixes it at its longest
+    # transformers recomputes the dynamic NTK table past max_position_embeddings, vLLM does not
     with pytest.raises(HfrewriteError, match="only YaRN and the static ropes"):
         mla_plan(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0})
 
