@@ -132,13 +132,7 @@ def _shrink_kv_sharing(config, small) -> None:
     if type(shared) is not int or shared <= 0:
         return
     n = small.num_hidden_layers
-    for field in ("layer_types", "mlp_layer_types"):
-        kinds = getattr(small, field, None)
-        if isinstance(kinds, list) and len(kinds) == n:
-            set_layer_kinds(config, small, field, kinds + kinds)
-    for name, items in sorted(vars(small).items()):  # the other per-layer lists, as cut
-        if name not in ("layer_types", "mlp_layer_types") and isinstance(items, list) and len(items) == n:
-            _set(small, name, items + items)
+    extend_layers(config, small, lambda items: items + items)
     _set(small, "num_hidden_layers", 2 * n)
     _set(small, "num_kv_shared_layers", n)
 
@@ -169,6 +163,23 @@ def _vary_rope_bases(small) -> None:
     for name in lists:
         theta = float(small.rope_parameters["rope_theta"])
         _set(small, name, [0.0 if i == 1 else theta * (i + 2) for i in range(small.num_hidden_layers)])
+
+
+def extend_layers(config, small, extend) -> None:
+    """Each per-layer list of ``small`` (one entry a shrunk layer, cut from a list of
+    ``config`` with one entry a layer) replaced by ``extend(list)``: the layer kinds through
+    ``set_layer_kinds``, the others (Laguna's head counts) as they are. The caller sets
+    ``num_hidden_layers`` to the new length."""
+    n, layers = small.num_hidden_layers, getattr(config, "num_hidden_layers", None)
+    kinds = ("layer_types", "mlp_layer_types")  # properties in some configs (Bamba's)
+    for field in (*kinds, *sorted(set(vars(small)) - set(kinds))):
+        items, whole = getattr(small, field, None), getattr(config, field, None)
+        if not (isinstance(items, list) and len(items) == n and isinstance(whole, list)):
+            continue
+        if field in kinds:
+            set_layer_kinds(small, small, field, extend(items))
+        elif len(whole) == layers:
+            _set(small, field, extend(items))
 
 
 def set_layer_kinds(config, small, field: str, wanted: list) -> None:

@@ -155,6 +155,11 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def logprobs_differ(reference: str, diff: float, tolerance: float) -> str:
+    """The problem of logprobs ``diff`` away from ``reference``'s, past ``tolerance``."""
+    return f"logprobs differ from {reference} by {diff:.2e} (tolerance {tolerance:.1e})"
+
+
 def _first_mismatch(name: str, got: Tokens, want: Tokens) -> str | None:
     for i, (g, w) in enumerate(zip(got, want)):
         if (j := first_difference(g, w)) is not None:
@@ -210,7 +215,7 @@ def _report(case: VerifyCase, arch: str, hf: dict, gen: dict, nat: dict | None, 
             diff_native = _max_diff(gen["tokens"], gen["logprobs"], nat["tokens"], nat["logprobs"])
         for name, diff in (("native", diff_native), ("HF", diff_hf)):
             if diff is not None and diff > tol:
-                problems.append(f"logprobs differ from {name} by {diff:.2e} (tolerance {tol:.1e})")
+                problems.append(logprobs_differ(name, diff, tol))
     timings = {}
     for name, r in (("hf", hf), ("generated", gen), ("native", nat or {})):
         for key in ("seconds", "init_s", "gen_s"):

@@ -85,24 +85,9 @@ def _one_more_layer(config, small) -> None:
     single = any(isinstance(k, list) and any(k.count(x) == 1 for x in k) for k in lists)
     if not single and not any(getattr(small, f, None) for f in _DENSE_LAYERS):
         return
-    from hfrewrite.analyze.shrink import set_layer_kinds
+    from hfrewrite.analyze.shrink import extend_layers
 
-    for field in ("layer_types", "mlp_layer_types"):
-        kinds = getattr(small, field, None)
-        if isinstance(kinds, list) and len(kinds) == n:
-            set_layer_kinds(small, small, field, [*kinds, kinds[-1]])
-    # other per-layer lists (Laguna's head counts): those of the config with an entry a layer,
-    # as the shrink cut them
-    layers = getattr(config, "num_hidden_layers", None)
-    for field, items in sorted(vars(small).items()):
-        whole = getattr(config, field, None)
-        per_layer = (
-            isinstance(whole, list)
-            and len(whole) == layers
-            and field not in ("layer_types", "mlp_layer_types")
-        )
-        if per_layer and isinstance(items, list) and len(items) == n:
-            setattr(small, field, [*items, items[-1]])
+    extend_layers(config, small, lambda items: [*items, items[-1]])
     small.num_hidden_layers = n + 1
 
 
@@ -217,7 +202,7 @@ def _measured(report, case, reference: dict):
         return dataclasses.replace(
             report,
             logprob_tol=tolerance,
-            problems=(f"logprobs differ from HF by {diff:.2e} (tolerance {tolerance:.1e})",),
+            problems=(compare.logprobs_differ("HF", diff, tolerance),),
         )
     return dataclasses.replace(report, ok=True, problems=(), logprob_tol=tolerance)
 
