@@ -48,6 +48,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfrewrite.analyze.plan import AttentionPlan, MlaPlan
+from hfrewrite.analyze.rope_styles import RopeTurn
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.after_split import (
     HEAD_DIM,
@@ -414,9 +415,8 @@ def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cs
 def _described(att: AttentionPlan, hybrid: bool = False) -> str:
     """The ``--explain`` row of the attention's replacement: what ran, and its positions."""
     style = att.rope_style.label
-    rope = "ReversedRotaryEmbedding (turning by -theta, " if att.rope_reversed else "get_rope ("
     rope = (
-        f"{rope}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
+        f"{att.rope_turn.builds} ({att.rope_turn.how}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
         + (", parameters per layer type" if att.rope_per_layer_type else "")
         + "; proven by replay)"
     )
@@ -440,7 +440,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
     rows = [FusionRow(att.module_class, _described(att, hybrid=ctx.plan.mixer is not None))]
     rows += [FusionRow(att.module_class, note) for note in notes]
-    imports = ["Attention", "RotaryEmbedding" if att.rope_reversed else "get_rope"]
+    imports = ["Attention", att.rope_turn.vllm_import]
     if att.alibi:
         imports = ["Attention", "get_tensor_model_parallel_rank"]
         module = _with_code_before(module, ALIBI_SLOPES, att.module_class)
@@ -455,7 +455,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         )
     sites = Sites()
     module = sites.replace_class(module, att.module_class, cls)
-    if att.rope_reversed:
+    if att.rope_turn is RopeTurn.REVERSED:
         module = _with_class_before(
             module,
             template_class("rope.py", "ReversedRotaryEmbedding", {}, {}),

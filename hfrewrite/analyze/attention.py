@@ -56,7 +56,7 @@ from hfrewrite.analyze.rope import (
     prove_rope,
     refuse_rope,
 )
-from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle, RopeTurn
 from hfrewrite.analyze.rope_table import prove_rope_table
 from hfrewrite.analyze.trace import (
     DIRECT_SDPA_REASON,
@@ -118,7 +118,7 @@ def _analyze(
         k_norm=norms["k"],
         rope_layers=RopeLayers.NONE if fact is None else RopeLayers.ALL,
         rope_style=fact.style if fact else RopeStyle.NEOX,
-        rope_reversed=fact.reversed if fact else False,
+        rope_turn=fact.turn if fact else RopeTurn.FORWARD,
         rotary_dim=fact.rotary_dim if fact else head_dim,
         scaling=float(head_dim**-0.5 if options.scaling is None else options.scaling)
         * (prescale[1] if prescale else 1.0),

@@ -19,7 +19,7 @@ from hfrewrite.analyze.plan import (
     NoMatch,
     refuse,
 )
-from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle, RopeTurn
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         rope_layers=RopeLayers.NONE,
         rope_style=RopeStyle.NEOX,
         rotary_dim=None,
-        rope_reversed=False,
+        rope_turn=RopeTurn.FORWARD,
         rope_base_field=None,
         replaced_calls=(),
     )
@@ -110,12 +110,7 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
         return plans[0]
     roped = [a for a in plans if a.rope_layers is not RopeLayers.NONE]
     if (
-        len(
-            {
-                (a.rope_style, a.rotary_dim, a.rope_reversed, a.rope_base_field, a.replaced_calls)
-                for a in roped
-            }
-        )
+        len({(a.rope_style, a.rotary_dim, a.rope_turn, a.rope_base_field, a.replaced_calls) for a in roped})
         > 1
     ):
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)

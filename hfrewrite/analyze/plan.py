@@ -17,7 +17,7 @@ from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
-from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle, RopeTurn
 from hfrewrite.analyze.router_scorings import Scoring
 
 
@@ -88,8 +88,8 @@ class AttentionPlan:
     # neox halves or GPT-J even/odd pairs), over the first ``rotary_dim`` lanes of each head.
     rope_style: RopeStyle = RopeStyle.NEOX
     rotary_dim: int | None = None
-    # ... turning by -theta (nanochat): vLLM's rotary embedding with its sin table negated
-    rope_reversed: bool = False
+    # ... turning by theta, or by -theta (nanochat): vLLM's rotary embedding, sin negated
+    rope_turn: RopeTurn = RopeTurn.FORWARD
     logit_softcap: float | None = None  # tanh soft cap of the attention scores
     # rope_parameters are given per layer type: get_rope reads the layer's entry
     rope_per_layer_type: bool = False

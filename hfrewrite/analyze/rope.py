@@ -32,7 +32,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.plan import NoMatch, Refusal
-from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle, RopeTurn
 from hfrewrite.analyze.trace import value
 
 ATOL = 1e-5
@@ -42,7 +42,7 @@ ATOL = 1e-5
 class RopeFact:
     style: RopeStyle
     rotary_dim: int
-    reversed: bool = False  # rotates by -theta: vLLM's table with sin negated
+    turn: RopeTurn = RopeTurn.FORWARD  # REVERSED: by -theta, vLLM's table with sin negated
     # a default neox rope of a base no config field holds (TeleChat's NTK alpha): the base the
     # replay read, for analyze/rope_table.py to prove on the source's own rotary module
     source_base: float | None = None
@@ -201,13 +201,13 @@ def apply_rope(
     inv_freq: torch.Tensor,
     scale: float,
     style: RopeStyle,
-    reverse: bool = False,
+    turn: RopeTurn = RopeTurn.FORWARD,
 ) -> torch.Tensor:
     """vLLM's rotary embedding on ``x`` [..., seq, head_dim] (rotating its first
-    ``2 * len(inv_freq)`` lanes), in float64; ``reverse``: with the sin table negated."""
+    ``2 * len(inv_freq)`` lanes), in float64, turning as ``turn`` says (its sign on the sin table)."""
     rot = inv_freq.numel() * 2
     freqs = positions.double()[:, None] * inv_freq[None, :]  # [seq, rot/2]
-    cos, sin = freqs.cos() * scale, freqs.sin() * scale * (-1.0 if reverse else 1.0)
+    cos, sin = freqs.cos() * scale, freqs.sin() * scale * turn.sign
     xr, rest = x.double()[..., :rot], x.double()[..., rot:]
     return torch.cat((style.rotate(xr, cos, sin), rest), dim=-1)
 
@@ -344,13 +344,13 @@ def _replayed(config, params: dict, layer_type, rotary_dim: int, values, positio
     if freq is None:
         return None
     default = params.get("rope_type", "default") == "default"
-    for reverse in (False, True) if default else (False,):
+    for turn in RopeTurn if default else (RopeTurn.FORWARD,):
         for style in RopeStyle:
             if all(
-                torch.allclose(apply_rope(xv, positions, *freq, style, reverse), yv.double(), atol=ATOL)
+                torch.allclose(apply_rope(xv, positions, *freq, style, turn), yv.double(), atol=ATOL)
                 for xv, yv in values
             ):
-                return RopeFact(style=style, rotary_dim=rotary_dim, reversed=reverse)
+                return RopeFact(style=style, rotary_dim=rotary_dim, turn=turn)
     return None
 
 

@@ -40,3 +40,20 @@ class RopeLayers(enum.Enum):
     NONE = "none"  # positions come another way (ALiBi, or added to the embeddings)
     ALL = "all"
     SOME = "some"  # the others apply none (cohere2's global layers)
+
+
+class RopeTurn(enum.Enum):
+    """Which way the rope turns (``AttentionPlan.rope_turn``): (what the file builds, how it
+    turns in reports, the vLLM name the file imports for it, the sign of the angle the
+    replay applies)."""
+
+    FORWARD = ("get_rope", "", "get_rope", 1.0)
+    # nanochat turns by -theta: vLLM's RotaryEmbedding with its sin table negated (the
+    # template's ReversedRotaryEmbedding, templates/rope.py)
+    REVERSED = ("ReversedRotaryEmbedding", "turning by -theta, ", "RotaryEmbedding", -1.0)
+
+    def __init__(self, builds: str, how: str, vllm_import: str, sign: float) -> None:
+        self.builds = builds
+        self.how = how
+        self.vllm_import = vllm_import
+        self.sign = sign

@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.analyze.plan import AttentionPlan
-from hfrewrite.analyze.rope_styles import RopeLayers
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeTurn
 from hfrewrite.emit import cst_tools as t
 
 
@@ -150,7 +150,7 @@ def rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
 
 
 def _rope_init(att: AttentionPlan, head_dim: str, rope_parameters: str) -> str:
-    if not att.rope_reversed:
+    if att.rope_turn is RopeTurn.FORWARD:
         return (
             "self.rotary_emb = get_rope(\n"
             f"    {head_dim},\n"

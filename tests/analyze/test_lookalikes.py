@@ -19,7 +19,7 @@ from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.norm import analyze_norm
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.plan import NoMatch
-from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
+from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle, RopeTurn
 from hfrewrite.analyze.trace import opaque_attention, trace
 
 HEADS, HEAD_DIM, SEQ = 2, 16, 5
@@ -89,7 +89,11 @@ def test_interleaving_rotate_half_is_proven_gptj_style():
 
 def test_sign_flipped_rotate_half_is_proven_reversed():
     plan = attention_plan(rotate_half_flipped, interleaved_tables=False)
-    assert (plan.rope_layers, plan.rope_style, plan.rope_reversed) == (RopeLayers.ALL, RopeStyle.NEOX, True)
+    assert (plan.rope_layers, plan.rope_style, plan.rope_turn) == (
+        RopeLayers.ALL,
+        RopeStyle.NEOX,
+        RopeTurn.REVERSED,
+    )
 
 
 def test_a_rope_of_a_base_the_source_computes_is_refused_with_that_base():

@@ -4,6 +4,7 @@ load-time reordering)."""
 
 from types import SimpleNamespace
 
+import libcst as cst
 import pytest
 import torch
 from hfrewrite.passes import load_weights
@@ -131,3 +132,37 @@ def test_each_router_scoring_row_is_what_vllms_grouped_router_computes():
         assert torch.allclose(weights, expected, atol=1e-6), scoring
         assert all(scoring_computed_by(call) is scoring for call in scoring.calls)
     assert Scoring.CARRIED.calls == () and scoring_computed_by(torch.tanh) is None
+
+
+def test_each_rope_turn_row_is_what_the_file_builds_for_it():
+    # FORWARD: vLLM's get_rope; REVERSED: the template's ReversedRotaryEmbedding, both against
+    # the replay's apply_rope turning by the row's sign
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from hfrewrite.analyze.rope import apply_rope
+    from hfrewrite.analyze.rope_styles import RopeTurn
+    from hfrewrite.emit.templates_io import template_class
+
+    d, positions, theta = 16, torch.arange(6), 10000.0
+    x = torch.randn(1, 2, len(positions), d, generator=torch.Generator().manual_seed(5))
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    scope = {}
+    reversed_class = template_class("rope.py", "ReversedRotaryEmbedding", {}, {})
+    exec(  # noqa: S102 - the template under test
+        "import torch\nfrom vllm.model_executor.layers.rotary_embedding import RotaryEmbedding\n"
+        + cst.Module(body=[reversed_class]).code,
+        scope,
+    )
+    with set_current_vllm_config(VllmConfig()):
+        for turn in RopeTurn:
+            if turn is RopeTurn.FORWARD:
+                rope = get_rope(d, max_position=64, rope_parameters={"rope_theta": theta}, is_neox_style=True)
+            else:
+                rope = scope[turn.builds](d, d, 64, theta, True, torch.float32)
+            flat = x[0].transpose(0, 1).reshape(len(positions), 2 * d)
+            got, _ = rope.forward_native(positions, flat.clone(), flat.clone())
+            want = apply_rope(x.double(), positions, inv_freq, 1.0, RopeStyle.NEOX, turn)
+            assert torch.allclose(
+                got.double(), want[0].transpose(0, 1).reshape(len(positions), 2 * d), atol=1e-5
+            )
