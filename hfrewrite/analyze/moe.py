@@ -31,6 +31,7 @@ from torch import nn
 from torch.fx import Node
 
 from hfrewrite.analyze.branches import config_branches, init_assignments, init_switches, with_config_attrs
+from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.moe_modules import (
     expert_list,
     expert_mlp,
@@ -153,7 +154,7 @@ def _stacked_plan(
         experts_class=type(experts_mod).__name__,
         num_experts=int(num_experts),
         activation=activation,
-        experts_transposed=transposed,
+        experts_layout=ExpertLayout.of(transposed, interleaved=False),
         size_attrs=tuple(int_attr(experts_mod, size) for size in (int(num_experts), width, intermediate)),
         output_index=output_index,
         output_module=output_module,
@@ -184,7 +185,7 @@ def _replayed(
             candidate = dataclasses.replace(
                 plan,
                 activation=act,
-                experts_interleaved=interleaved,
+                experts_layout=ExpertLayout.of(plan.experts_layout.transposed, interleaved),
                 swiglu_attrs=_swiglu_attrs(experts) if act == "swigluoai" else None,
             )
             mismatch = _replay(block, candidate, x)

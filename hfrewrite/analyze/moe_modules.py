@@ -204,31 +204,3 @@ def flat_weights(
     gate, up, down = (experts.get_parameter(r) for r in roles)
     gate, up, down = (list(p.view(num_experts, -1, p.shape[1])) for p in (gate, up, down))
     return gate, up, [d.T for d in down]
-
-
-def stacked_weights(experts: nn.Module, transposed: bool, interleaved: bool) -> tuple[list, list, list, list]:
-    """Per expert gate, up [I, H], down [H, I] weights and (gate, up, down) biases or
-    Nones, from ``gate_up_proj`` / ``down_proj`` stacked as a layout says: transposed
-    (``[E, H, 2I]``, ``[E, I, H]``), gate and up interleaved along 2I (gpt_oss) or halves."""
-    gate_up, down = experts.gate_up_proj, experts.down_proj
-    if transposed:
-        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
-    bias = getattr(experts, "gate_up_proj_bias", None)
-    down_bias = getattr(experts, "down_proj_bias", None)
-
-    def split(t: torch.Tensor, dim: int):
-        return (
-            (t.narrow(dim, 0, t.shape[dim] // 2), t.narrow(dim, t.shape[dim] // 2, t.shape[dim] // 2))
-            if not interleaved
-            else (
-                t.index_select(dim, torch.arange(0, t.shape[dim], 2)),
-                t.index_select(dim, torch.arange(1, t.shape[dim], 2)),
-            )
-        )
-
-    gate, up = split(gate_up, 1)
-    biases = [None] * len(gate)
-    if bias is not None and down_bias is not None:
-        gate_b, up_b = split(bias, 1)
-        biases = list(zip(gate_b, up_b, down_bias))
-    return list(gate), list(up), list(down), biases

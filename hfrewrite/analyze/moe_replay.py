@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hfrewrite.analyze.moe_modules import expert_weights, flat_weights, stacked_weights
+from hfrewrite.analyze.moe_modules import expert_weights, flat_weights
 from hfrewrite.analyze.plan import MoePlan
 from hfrewrite.analyze.routing import route
 
@@ -52,9 +52,7 @@ def replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | No
     if plan.flat_experts:
         gate_w, up_w, down_w = flat_weights(experts, plan.flat_experts, plan.num_experts)
     elif plan.expert_mlp is None:
-        gate_w, up_w, down_w, found = stacked_weights(
-            experts, plan.experts_transposed, plan.experts_interleaved
-        )
+        gate_w, up_w, down_w, found = plan.experts_layout.weights(experts)
         biases = found if plan.experts_bias else biases
     else:
         gate_w, up_w, down_w = expert_weights(experts, plan.expert_mlp)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 from hfrewrite.analyze.attention_calls import AttentionCall
+from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
 from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
@@ -288,8 +289,7 @@ class MoePlan:
     # hidden states in it; the emitted block returns them alone
     output_index: int | None = None
     output_module: str | None = None  # a child run on the whole output last (A.X-K1's norm)
-    experts_transposed: bool = False
-    experts_interleaved: bool = False
+    experts_layout: ExpertLayout = ExpertLayout.HALVES  # analyze/expert_layouts.py
     experts_bias: bool = False
     # ... the experts' attributes holding swigluoai's alpha and limit (gpt_oss), if any
     swiglu_attrs: tuple[str, str] | None = None

@@ -146,9 +146,7 @@ def _norm_renormalize(block: cst.ClassDef, block_exprs: dict[str, str], moe) -> 
 
 def layout(moe) -> str:
     """How the stacked experts hold gate and up, as the replay proved it."""
-    text = "[gate, up interleaved]" if moe.experts_interleaved else "[gate; up]"
-    text += ", transposed" if moe.experts_transposed else ""
-    return text + (", biased" if moe.experts_bias else "")
+    return moe.experts_layout.label + (", biased" if moe.experts_bias else "")
 
 
 def swiglu_guard(module: cst.Module, moe) -> str:

@@ -77,7 +77,7 @@ def experts_need_splitting(moe) -> bool:
     does not read (transposed, interleaved, biased)."""
     if moe is None:
         return False
-    return bool(moe.flat_experts or moe.experts_transposed or moe.experts_interleaved or moe.experts_bias)
+    return bool(moe.flat_experts or moe.experts_layout.needs_split or moe.experts_bias)
 
 
 def experts_one_by_one(body: list[cst.BaseStatement], module: cst.Module, moe) -> list[cst.BaseStatement]:
@@ -97,23 +97,19 @@ def experts_one_by_one(body: list[cst.BaseStatement], module: cst.Module, moe) -
 def _stacked_experts_helper(moe) -> cst.FunctionDef:
     """``_experts_one_by_one`` for stacked experts in a layout the runner's own loader
     does not read (transposed, gate and up interleaved, biases: gpt_oss)."""
+    stacked = moe.experts_layout
     layout = (
-        (
-            "gate_up_proj [E, H, 2I], down_proj [E, I, H]"
-            if moe.experts_transposed
-            else "gate_up_proj [E, 2I, H]"
-        )
-        + (", gate and up interleaved along 2I" if moe.experts_interleaved else "")
+        stacked.shapes
+        + (", gate and up interleaved along 2I" if stacked.interleaved else "")
         + (", with biases" if moe.experts_bias else "")
     )
-    split = "rows[0::2], rows[1::2]" if moe.experts_interleaved else "rows.chunk(2, dim=0)"
     return t.stmt(
         _STACKED_EXPERTS.format(
             layout=layout,
             experts=moe.experts,
-            down=".T" if moe.experts_transposed else "",
-            rows='.T if kind == "weight" else stacked' if moe.experts_transposed else "",
-            split=split,
+            down=".T" if stacked.transposed else "",
+            rows='.T if kind == "weight" else stacked' if stacked.transposed else "",
+            split=stacked.split,
             renames=_renamed_first(moe.checkpoint_renames),
         )
     )

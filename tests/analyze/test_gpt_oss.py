@@ -11,6 +11,7 @@ from transformers import AutoConfig
 from transformers.models.gpt_oss import modeling_gpt_oss
 
 from hfrewrite.analyze import model as analysis
+from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle
 from hfrewrite.errors import HfrewriteError
 
@@ -32,10 +33,9 @@ def test_gpt_oss_plan():
     plan = _analyze()
     att, moe = plan.attention, plan.moe
     assert att.sinks == "sinks" and att.rope_layers is RopeLayers.ALL and att.rope_style is RopeStyle.NEOX
-    assert (moe.activation, moe.experts_transposed, moe.experts_interleaved, moe.experts_bias) == (
+    assert (moe.activation, moe.experts_layout, moe.experts_bias) == (
         "swigluoai",
-        True,
-        True,
+        ExpertLayout.TRANSPOSED_INTERLEAVED,
         True,
     )
     assert (moe.router_bias, moe.renormalize, moe.output_index) == (True, True, 0)
@@ -50,7 +50,7 @@ def test_gate_and_up_as_halves_convert_as_halves(monkeypatch):
         "gate_up[..., ::2], gate_up[..., 1::2]",
         "gate_up.chunk(2, dim=-1)",
     )
-    assert _analyze().moe.experts_interleaved is False
+    assert _analyze().moe.experts_layout is ExpertLayout.TRANSPOSED
 
 
 def test_swiglu_constants_vllm_does_not_use_are_refused():

@@ -6,6 +6,7 @@ import pytest
 import transformers
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
 
+from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.router_scorings import Scoring
 from hfrewrite.errors import HfrewriteError
@@ -110,7 +111,7 @@ def test_interleaved_gate_up_converts_as_interleaved(mutate):
     # gate and up interleaved along 2I: the replay proves it, the loader splits it so
     mutate(qm.Qwen3MoeExperts, "forward", (".chunk(2, dim=-1)", ".unflatten(-1, (-1, 2)).unbind(-1)"))
     moe = plan("qwen3_moe").moe
-    assert (moe.experts_interleaved, moe.activation, moe.experts_bias) == (True, "silu", False)
+    assert (moe.experts_layout, moe.activation, moe.experts_bias) == (ExpertLayout.INTERLEAVED, "silu", False)
 
 
 def test_phimoe_sparsemixer_router_is_carried_and_proven_with_the_experts():

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hfrewrite.passes import load_weights
 
+from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.norm_kinds import NormKind
 from hfrewrite.analyze.qkv_layouts import MP_BLOCKS, QkvLayout
 from hfrewrite.analyze.rope_styles import RopeStyle
@@ -166,3 +167,41 @@ def test_each_rope_turn_row_is_what_the_file_builds_for_it():
             assert torch.allclose(
                 got.double(), want[0].transpose(0, 1).reshape(len(positions), 2 * d), atol=1e-5
             )
+
+
+@pytest.mark.parametrize("layout", list(ExpertLayout))
+def test_each_expert_layout_row_reads_and_loads_what_it_stacks(layout):
+    # experts stacked in the row's layout: the replay's weights and the emitted loader's
+    # split give back each expert's gate, up and down
+    from hfrewrite.emit.expert_weights import _stacked_experts_helper
+
+    e, i, h = 3, 4, 5
+    gen = torch.Generator().manual_seed(6)
+    gate, up, down = (
+        torch.randn(e, i, h, generator=gen),
+        torch.randn(e, i, h, generator=gen),
+        torch.randn(e, h, i),
+    )
+    gate_up = (
+        torch.stack((gate, up), dim=2).flatten(1, 2) if layout.interleaved else torch.cat((gate, up), dim=1)
+    )
+    stacked = SimpleNamespace(
+        gate_up_proj=gate_up.transpose(1, 2) if layout.transposed else gate_up,
+        down_proj=down.transpose(1, 2) if layout.transposed else down,
+    )
+    got_gate, got_up, got_down, _ = layout.weights(stacked)
+    assert all(torch.equal(a, b) for a, b in zip([*got_gate, *got_up, *got_down], [*gate, *up, *down]))
+    moe = SimpleNamespace(experts_layout=layout, experts_bias=False, experts="experts", checkpoint_renames=())
+    scope = {}
+    exec(cst.Module(body=[_stacked_experts_helper(moe)]).code, scope)  # noqa: S102 - the loader under test
+    loaded = dict(
+        scope["_experts_one_by_one"](
+            None,
+            [("m.experts.gate_up_proj", stacked.gate_up_proj), ("m.experts.down_proj", stacked.down_proj)],
+        )
+    )
+    for x in range(e):
+        assert torch.equal(loaded[f"m.experts.{x}.gate_proj.weight"], gate[x])
+        assert torch.equal(loaded[f"m.experts.{x}.up_proj.weight"], up[x])
+        assert torch.equal(loaded[f"m.experts.{x}.down_proj.weight"], down[x])
+    assert layout.needs_split is (layout is not ExpertLayout.HALVES)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
+from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_weights import _stacked_experts_helper
 
@@ -15,8 +16,7 @@ E, H, I = 3, 4, 2  # experts, hidden, intermediate
 def _split(renames):
     moe = SimpleNamespace(
         experts="experts",
-        experts_transposed=True,
-        experts_interleaved=False,
+        experts_layout=ExpertLayout.TRANSPOSED,
         experts_bias=False,
         checkpoint_renames=renames,
     )
