@@ -84,7 +84,7 @@ test: setup quant-setup lint
 # on 2 cores); `make test` stays the gate.
 test-fast: export HF_HUB_OFFLINE = 1
 test-fast: setup
-	$(PY) -m pytest -q -m "not vllm and not slow" tests/analyze tests/passes $(wildcard tests/test_*.py)
+	$(PY) -m pytest -q -n 2 -m "not vllm and not slow" tests/analyze tests/passes $(wildcard tests/test_*.py)
 
 # Every causal-LM model type of the installed transformers, converted with --no-verify in
 # parallel (outcomes cached per source tree): docs/coverage.md. tests/e2e/test_coverage.py checks it.

@@ -87,6 +87,7 @@ def test_no_generated_files_is_an_error(tmp_path):
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
 
+@pytest.mark.slow  # 75-115 s on 2 cores: `hfrewrite check golden/ -j 2` is the edit loop's form
 def test_golden_files_are_up_to_date():
     """The real pipeline regenerates every file in golden/ byte for byte (CI runs this)."""
     report = check_paths([GOLDEN], fix=False, jobs=os.cpu_count() or 1)
