@@ -33,6 +33,10 @@ AMX_BF16 = {"w8a8"}
 # vLLM's own phi.py fails on that path (the AMX int8 kernel takes 2-D inputs); the generated
 # file, which carries phi's source, runs
 NATIVE_FAILS_ON_AMX = {"phi-w8a8": "mat1 must be a 2D tensor"}
+# vLLM 0.32's CPU build for processors without AVX-512 (its _C_AVX2 library) has no int4
+# weight-only GEMM: there its own files and the generated ones load W4A16, AWQ and GPTQ
+# checkpoints alike, and fail alike at the first forward
+NO_INT4_GEMM = "object has no attribute 'cpu_gemm_wna16'"
 # Sizes the kernels take (in_features a multiple of the 128-wide quantization groups).
 SIZES = {
     "hidden_size": 256,
@@ -129,6 +133,10 @@ def _quant_method(ckpt: Path) -> str:
 def test_generated_file_equals_native_on_a_quantized_checkpoint(name, runs, quantized):
     generated, native, dtype = runs[name]
     model_type = name.split("-", 1)[0]
+    if not torch.cpu._is_avx512_supported() and NO_INT4_GEMM in generated.get("error", ""):
+        # nothing runs int4 weights here; the test compares again where vLLM's kernel exists
+        assert NO_INT4_GEMM in native.get("error", ""), native.get("error") or native["model_class"]
+        return
     assert "error" not in generated, generated.get("error")
     if name in NATIVE_FAILS_ON_AMX and dtype == "bfloat16" and "error" in native:
         # nothing to compare with; the test notices when vLLM's own file runs there
