@@ -43,14 +43,14 @@ VLLM_MLA_TYPES = frozenset(
 
 
 class MlaCache(enum.Enum):
-    """(vLLM's attention class, what the file caches per token and layer)."""
+    """The vLLM attention class the file builds for the cache."""
 
-    LATENT = ("MLAAttention", "the compressed latent and the shared rope key")
-    PER_HEAD = ("Attention", "k and v per head, v padded to the q/k head size")
+    LATENT = "MLAAttention"  # the compressed latent and the shared rope key, per token
+    PER_HEAD = "Attention"  # k and v per head, v padded to the q/k head size
 
-    def __init__(self, vllm_class: str, cached: str) -> None:
-        self.vllm_class = vllm_class
-        self.cached = cached
+    @property
+    def vllm_class(self) -> str:
+        return self.value
 
 
 def mla_cache(model_type: str | None) -> MlaCache:

@@ -133,22 +133,26 @@ def scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cst
     return t.set_method(tpl, t.with_body(logits, [*scale, *logits.body.body]))
 
 
-def _scaled_input(forward: cst.FunctionDef, arg: cst.BaseExpression) -> cst.BaseExpression:
+def _scaled_input(forward: cst.FunctionDef, arg: cst.BaseExpression) -> cst.BaseExpression | None:
     """The lm_head's argument as one expression of the base model's output: the selection
     of the tokens to keep (``x[:, slice_indices, :]``, vLLM selects them itself) dropped,
     and the forward's own rescaling of ``x`` (``x = x / self.config.logits_scaling``,
-    minicpm3) substituted, back to where ``x`` is first read off another name."""
+    minicpm3) substituted, back to where ``x`` is first read off another name. Where ``x`` is
+    rebound otherwise on the way (augmented, under a branch), None: not one expression."""
     call = arg
     if m.matches(arg, m.Subscript(value=m.Name())):
         arg = arg.value
-    if not isinstance(arg, cst.Name):
-        return arg
+    roots = t.root_names(arg) - {"self"}
+    if len(roots) != 1:
+        return arg  # not one name's: the caller refuses
     body = forward.body.body
     at = next(i for i, s in enumerate(body) if any(n is call for n in t.walk(s)))
-    name, expr = arg.value, arg
+    name, expr = roots.pop(), arg
     for statement in reversed(body[:at]):
         line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         if not m.matches(line, m.Assign(targets=[m.AssignTarget(target=m.Name(name))])):
+            if _binds(statement, name):  # `x *= 2`, or `x = ...` under a branch: not one expression
+                return None
             continue
         if t.root_names(line.value) - {"self"} != {name}:
             break  # read off the base model's output: ``x`` is that output
@@ -159,3 +163,14 @@ def _scaled_input(forward: cst.FunctionDef, arg: cst.BaseExpression) -> cst.Base
         )
         expr = t.replace_names(expr, {name: value})
     return expr
+
+
+def _binds(statement: cst.BaseStatement, name: str) -> bool:
+    """``statement`` assigns ``name`` anywhere (plainly, augmented, under a branch or a loop)."""
+    target = m.Name(name)
+    return bool(
+        m.findall(statement, m.AssignTarget(target=target))
+        or m.findall(statement, m.AugAssign(target=target))
+        or m.findall(statement, m.AnnAssign(target=target))
+        or m.findall(statement, m.For(target=target))
+    )

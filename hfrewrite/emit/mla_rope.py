@@ -7,11 +7,9 @@ from hfrewrite.analyze.plan import MlaPlan
 
 # What get_rope is given, per proven rope: a "yarn" config runs as vLLM's deepseek_yarn (YaRN
 # with the ratio of the two mscale factors on cos/sin, which transformers computes for it).
-_ROPE_PARAMETERS = {
-    "default": "{p}",
-    "deepseek_yarn": '{{**{p}, "rope_type": "deepseek_yarn"}}',
-}
-_ROPE_TYPES = {"default": "default", "deepseek_yarn": "yarn"}
+# Any other proven rope (default, linear, llama3, longrope) is given as the config holds it.
+_ROPE_PARAMETERS = {"deepseek_yarn": '{{**{p}, "rope_type": "deepseek_yarn"}}'}
+_ROPE_TYPES = {"deepseek_yarn": "yarn"}  # the config's rope_type of a proven kind, where it differs
 
 
 # A transformers 4.x config keeps a scaled rope's parameters in rope_scaling, its type

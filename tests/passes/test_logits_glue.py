@@ -66,3 +66,19 @@ def test_a_rescaling_after_the_call_is_not_read():
 def test_an_input_of_two_names_is_refused():
     with pytest.raises(HfrewriteError, match="scaled input is not one expression"):
         scaled("    h = self.model(input_ids)[0]\n    return self.lm_head(h * input_ids)\n")
+
+
+@pytest.mark.parametrize(
+    "rebinding",
+    ["    h *= self.scale\n", "    if self.config.scale_logits:\n        h = h * 2\n"],
+)
+def test_a_rescaling_that_is_not_one_assignment_is_refused(rebinding):
+    # augmented, or under a branch: reading on would drop it from the file
+    source = "    h = self.model(input_ids)[0]\n" + rebinding + "    return self.lm_head(h / self.a)\n"
+    with pytest.raises(HfrewriteError, match="scaled input is not one expression"):
+        scaled(source)
+
+
+def test_an_argument_expression_reads_through_the_rescaling_before_it():
+    source = "    h = self.model(input_ids)[0]\n    h = h / self.a\n    return self.lm_head(h * self.b)\n"
+    assert scaled(source) == "hidden_states = (hidden_states / self.a) * self.b"
