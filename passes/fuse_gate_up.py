@@ -31,6 +31,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.shared_matchers import builds, nn_call, same, self_attr
@@ -219,7 +220,7 @@ def rewrite_fused(cls: cst.ClassDef, mlp) -> cst.ClassDef:
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
-    if mlp is None or mlp.gate is None:  # no dense MLP, or an ungated one (row_parallel)
+    if mlp is None or mlp.form is not MlpForm.AND_MUL:  # no dense MLP, or one row_parallel shards
         return PassResult(module=module)
     if mlp.fused_gate_up:
         cls = rewrite_fused(t.find_class(module, mlp.module_class), mlp)

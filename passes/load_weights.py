@@ -28,6 +28,7 @@ from typing import NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.analyze.qkv_layouts import MP_BLOCKS, QkvLayout
 from hfrewrite.emit import cst_tools as t
@@ -308,7 +309,7 @@ def _stacked_shards(module: cst.Module, plan) -> dict[str, list[_Shard]]:
             _Shard(att.k.attr, f".{att.k.attr}", '"k"'),
             _Shard(att.v.attr, f".{att.v.attr}", '"v"'),
         ]
-    if mlp is not None and mlp.gate is not None and not mlp.fused_gate_up:
+    if mlp is not None and mlp.form is MlpForm.AND_MUL and not mlp.fused_gate_up:
         # With stacked experts, per-expert `experts.N.gate_proj` must reach the fused-MoE
         # loader untouched: qualify the dense MLP keys by where the MLP class is built.
         sites = _mlp_sites(module, mlp.module_class) if moe is not None else [""]

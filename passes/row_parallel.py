@@ -76,8 +76,10 @@ def rewrite(
                 t.arg(call, 2, "bias"),
             )
             bias_src = t.code(bias) if bias is not None else "True"
+            sizes = t.code(size_out)  # a merged [gate; up] Linear: its two halves
+            sizes = f"[{sizes} // 2] * 2" if kind == "MergedColumnParallelLinear" else sizes
             body[i] = t.stmt(
-                f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {t.code(size_out)},\n"
+                f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {sizes},\n"
                 f"    bias={bias_src},\n{'    reduce_results=reduce_results,' + chr(10) if reduce_param else ''}"
                 "    quant_config=quant_config,\n"
                 f'    prefix=f"{{prefix}}.{attr}",\n)\n'
@@ -102,8 +104,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     shared = moe is not None and moe.shared_expert is not None
     if mlp is not None:
         targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
-        if mlp.gate is None:  # ungated: up is sharded by columns, act is elementwise
-            targets.append((mlp.module_class, mlp.up.attr, "ColumnParallelLinear"))
+        # ungated or pairwise: gate and up by columns, the source's act proven per lane
+        targets += [(mlp.module_class, attr, kind) for attr, kind in mlp.form.column_sharded(mlp)]
     for cls_name, attr, kind in targets:
         reduce_param = shared and cls_name == mlp.module_class and kind == "RowParallelLinear"
         module = t.replace_class(

@@ -33,6 +33,7 @@ class LayerFacts:
     moe: MoePlan | None
     declined: NoMatch | None  # the layer's shape vLLM's fused norms do not fit: its forward is carried
     mixer: MixerPlan | None = None  # that other mixer (its block is decoder.attention_block)
+    mlp_kept: NoMatch | None = None  # a dense MLP no rewrite fits, kept from the source (carried_mlp.py)
 
 
 def one_kind(plans: list, kind: type):
@@ -60,8 +61,20 @@ def _without_sizes(plan):
             plan.down.attr,
             plan.up.bias,
             plan.act_attr,
+            plan.form,
         )
     return plan
+
+
+def kept_mlps(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
+    """The dense MLP classes kept from the source, once each; a class that some layer's
+    rewrite fits and another's does not refuses (one class, one emitted body)."""
+    kept = tuple(dict.fromkeys(facts.mlp_kept for facts in per_layer if facts.mlp_kept is not None))
+    rewritten = {facts.mlp.module_class for facts in per_layer if facts.mlp is not None}
+    for fact in kept:
+        if fact.module_class in rewritten:
+            refuse("uniform_layers", "the MLP's rewrite fits some layers and not others", fact.module_class)
+    return kept
 
 
 def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:

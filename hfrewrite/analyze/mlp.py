@@ -10,7 +10,9 @@ output is a Linear (down) reading a product ``act(gate(x)) * up(x)``; gate and u
 the same x and have equal out_features and bias; act is called on the gate alone and is
 either a module attribute of the block, of the class transformers builds for the config's
 activation, or torch's own ``silu``/``gelu`` function (custom code), computing vLLM's
-formula for it on the traced values; and vLLM has an ``*AndMul`` for it.
+formula for it on the traced values; and vLLM has an ``*AndMul`` for it. Otherwise, a
+gate and up whose act is proven lane-wise per gate/up pair keep the source's act between
+column-sharded projections (:mod:`hfrewrite.analyze.mlp_pairwise`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.fx import Node
-from torch.fx.node import map_arg
 from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import ancestors, path_nodes
+from hfrewrite.analyze.mlp_forms import MlpForm
+from hfrewrite.analyze.mlp_pairwise import function_of, pairwise_fused, pairwise_separate
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
 from hfrewrite.analyze.trace import Traced, is_identity_dropout, past_identity_dropouts, relative, value
 
@@ -70,13 +73,19 @@ def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
         return _ungated(traced, path, cls, linears, down)
     if len(linears) == 2:
         fused = _fused_gate_up(traced, path, cls, linears, down, config)
-        return fused if fused is not None else _ungated(traced, path, cls, linears, down)
+        if isinstance(fused, MlpPlan):
+            return fused
+        ungated = _ungated(traced, path, cls, linears, down)
+        if isinstance(ungated, MlpPlan):
+            return ungated
+        return pairwise_fused(traced, path, cls, linears, down) or fused or ungated
     if len(linears) != 3:
         return NoMatch(PATTERN, cls, f"{len(linears)} linears instead of gate, up and down")
     product = _gated_product(path, cls, linears, down)
-    if isinstance(product, NoMatch):
-        return product
-    return _gated(traced, path, cls, product, down, config)
+    gated = product if isinstance(product, NoMatch) else _gated(traced, path, cls, product, down, config)
+    if isinstance(gated, MlpPlan):
+        return gated
+    return pairwise_separate(traced, path, cls, linears, down) or gated
 
 
 def analyze_inline_mlp(traced: Traced, attrs: tuple[str, ...]) -> MlpPlan | NoMatch:
@@ -288,7 +297,7 @@ def _ungated(
     if (module or functional) and act.args[0] is up:
         fn = traced.submodule(act) if module else lambda t: act.target(t, **act.kwargs)
         name = relative(act.target, path) if module else functional
-    elif (fn := _function_of(traced, up, act)) is not None:  # written out (BLOOM's tanh gelu)
+    elif (fn := function_of(traced, (up,), act)) is not None:  # written out (BLOOM's tanh gelu)
         name = "the activation written out"
     else:
         return NoMatch(
@@ -306,45 +315,6 @@ def _ungated(
         return NoMatch(PATTERN, cls, f"{name} is not elementwise")
     u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
     if module:
-        return MlpPlan(cls, None, u, d, name, type(traced.submodule(act)).__name__)
+        return MlpPlan(cls, None, u, d, name, type(traced.submodule(act)).__name__, form=MlpForm.UNGATED)
     # torch's function called inline, or the math written out: the source's code stays
-    return MlpPlan(cls, None, u, d, "", functional or "the source's own activation")
-
-
-def _function_of(traced: Traced, start: Node, end: Node):
-    """``end`` as a function of ``start`` alone (every node between reads only ``start``,
-    nodes between and constants), replayed node by node; None when it reads anything else."""
-    between, todo, reached = {end}, [end], False
-    while todo:  # back from end, stopping at start
-        for a in todo.pop().all_input_nodes:
-            reached |= a is start
-            if a is not start and a not in between:
-                between.add(a)
-                todo.append(a)
-    if not reached:
-        return None
-    for n in between:
-        if n.op not in ("call_function", "call_method", "get_attr") or (
-            n.op == "get_attr" and n.all_input_nodes
-        ):
-            return None
-        if any(a is not start and a not in between for a in n.all_input_nodes):
-            return None
-    order = [n for n in traced.graph.nodes if n in between]
-
-    def fn(x):
-        env = {start: x}
-        for n in order:
-            if n.op == "get_attr":
-                env[n] = value(n)
-                continue
-            args = map_arg(n.args, env.__getitem__)
-            kwargs = map_arg(n.kwargs, env.__getitem__)
-            env[n] = (
-                n.target(*args, **kwargs)
-                if n.op == "call_function"
-                else getattr(args[0], n.target)(*args[1:], **kwargs)
-            )
-        return env[end]
-
-    return fn
+    return MlpPlan(cls, None, u, d, "", functional or "the source's own activation", form=MlpForm.UNGATED)

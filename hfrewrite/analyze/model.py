@@ -26,6 +26,7 @@ from torch import nn
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.branches import forward_switches, init_switches
+from hfrewrite.analyze.carried_mlp import carry_mlp
 from hfrewrite.analyze.causal_mask import windowed
 from hfrewrite.analyze.checkpoint import (
     checkpoint_prefix_renames,
@@ -42,6 +43,7 @@ from hfrewrite.analyze.layer_agreement import (
     LayerFacts,
     attention_layers,
     compare_layers,
+    kept_mlps,
     mixer_plan,
     one_kind,
     rope_layers,
@@ -244,6 +246,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     decoder, declined = norms.decoder, declined + norms.declined
     if per_layer[lead].declined is not None:  # the layer shape itself was not fusable
         declined += (per_layer[lead].declined,)
+    declined += kept_mlps(per_layer)
     if not decoder.fused and (hidden := hidden_output(traces[lead])) is not None:
         args, kwargs = run.layer_inputs[lead]  # the carried forward's inputs vLLM leaves at their defaults
         decoder = dataclasses.replace(
@@ -422,7 +425,9 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         return LayerFacts(decoder, attention, mlp, None, carried, mixer)
     moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)
     if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
-        _required(mlp)  # no experts at all: the dense MLP's reason is the one to give
+        # no experts at all: a dense MLP no rewrite fits, kept from the source if it can be
+        kept = carry_mlp(traced, block, mlp) if block and not decoder.mlp_linears else _required(mlp)
+        return LayerFacts(decoder, attention, None, None, carried, mixer, kept)
     moe = _required(moe)
     names = expert_checkpoint_names(config.model_type)
     moe = dataclasses.replace(

@@ -23,6 +23,7 @@ from torch import nn
 from torch.fx import Node
 
 from hfrewrite.analyze.mlp import analyze_mlp
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.plan import MlpPlan, NoMatch
 from hfrewrite.analyze.trace import Traced, trace, value
 
@@ -58,7 +59,7 @@ def expert_mlp(block: nn.Module, attr: str, config) -> MlpPlan | NoMatch:
     plan = analyze_mlp(traced, "", config)
     if isinstance(plan, NoMatch):
         return plan
-    if plan.gate is None or plan.fused_gate_up or plan.gate.bias or plan.down.bias:
+    if plan.form is not MlpForm.AND_MUL or plan.fused_gate_up or plan.gate.bias or plan.down.bias:
         return NoMatch(PATTERN, type(expert).__name__, "the experts are not bias-free gate/up/down MLPs")
     return plan
 

@@ -15,6 +15,7 @@ from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
 from hfrewrite.analyze.mla_cache import MlaCache
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
@@ -228,6 +229,7 @@ class MlpPlan:
     activation: str  # gated: the config's activation name, e.g. "silu"; else its class
     # The checkpoint holds one [gate; up] projection (phi3, glm): gate and up name it
     fused_gate_up: bool = False
+    form: MlpForm = MlpForm.AND_MUL  # analyze/mlp_forms.py: how the file shards it
 
 
 @dataclass(frozen=True)

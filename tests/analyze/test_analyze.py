@@ -1,7 +1,6 @@
 """analyze(): the plan facts per model type and variant, errors, and NoMatch reasons."""
 
 from __future__ import annotations
-
 import pytest
 import torch
 import transformers
@@ -10,6 +9,7 @@ from torch import nn
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.decoder import analyze_decoder
 from hfrewrite.analyze.mlp import analyze_mlp
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.norm_kinds import NormKind
@@ -154,12 +154,14 @@ def test_model_without_attention_and_mlp_blocks_is_refused():
     )
 
 
-def test_activation_without_fused_kernel_is_refused():
-    with pytest.raises(
-        HfrewriteError,
-        match=r"LlamaMLP: fuse_gate_up: vLLM has no fused \*AndMul for .*'relu'",
-    ):
-        plan_of("llama", hidden_act="relu")
+def test_activation_without_fused_kernel_keeps_its_act_between_column_shards():
+    # vLLM has no ReLU *AndMul: relu(gate) * up stays as written, each rank on its columns
+    mlp = plan_of("llama", hidden_act="relu").mlp
+    assert mlp.form is MlpForm.PAIRWISE and not mlp.fused_gate_up
+    assert mlp.form.column_sharded(mlp) == (
+        ("gate_proj", "ColumnParallelLinear"),
+        ("up_proj", "ColumnParallelLinear"),
+    )
 
 
 def test_a_config_no_causal_lm_builds_from_is_refused(monkeypatch):
@@ -325,17 +327,36 @@ def mlp_of(module):
     return analyze_mlp(trace(module, (torch.randn(2, 8),)), "", TINY_CONFIG)
 
 
-MLP_REFUSALS = {  # one change to ActMlp.forward each, and the reason
+# one change to ActMlp.forward each: lane i of act(gate) * up still reads gate and up lane i
+# alone, so the source's code stays between column-sharded projections
+MLP_PAIRWISE = {
     "a function vLLM fuses no *AndMul for": (
-        ("self.act_fn(self.gate_proj(x))", "torch.tanh(self.gate_proj(x))"),
-        "the product is not act(linear(x)) * linear(x)",
+        "self.act_fn(self.gate_proj(x))",
+        "torch.tanh(self.gate_proj(x))",
     ),
     "torch's relu (no ReluAndMul)": (
-        ("self.act_fn(self.gate_proj(x))", "nn.functional.relu(self.gate_proj(x))"),
+        "self.act_fn(self.gate_proj(x))",
+        "nn.functional.relu(self.gate_proj(x))",
+    ),
+    "a sum of gate and up": (") * up)", ") + up)"),
+}
+
+
+@pytest.mark.parametrize("case", list(MLP_PAIRWISE))
+def test_a_lanewise_gate_and_up_keep_the_source_act(mutate, case):
+    mutate(ActMlp, "forward", MLP_PAIRWISE[case])
+    mlp = mlp_of(ActMlp())
+    assert mlp.form is MlpForm.PAIRWISE and {mlp.gate.attr, mlp.up.attr} == {"gate_proj", "up_proj"}
+
+
+MLP_REFUSALS = {  # lanes of gate and up mixed: no rank computes its columns alone
+    "up flipped": ((") * up)", ") * up.flip(-1))"), "the product is not act(linear(x)) * linear(x)"),
+    "up's mean": (
+        (") * up)", ") * up.mean(-1, keepdim=True))"),
         "the product is not act(linear(x)) * linear(x)",
     ),
-    "a sum of gate and up": (
-        (") * up)", ") + up)"),
+    "a sum of products": (
+        (") * up)", ") * up + up.sum(-1, keepdim=True))"),
         "down_proj does not read a product of two",
     ),
 }
@@ -368,10 +389,8 @@ def test_activation_is_replayed_not_taken_from_its_class():
     act = transformers.activations.ACT2FN["silu"]
     act.forward = lambda x: torch.nn.functional.silu(x) + 1.0
     result = mlp_of(ActMlp(act))
-    assert (
-        isinstance(result, NoMatch)
-        and result.reason == "act_fn does not compute silu (replayed on the traced values)"
-    )
+    # not vLLM's SiluAndMul: the source's act_fn stays, each rank on its columns
+    assert (result.form, result.activation) == (MlpForm.PAIRWISE, "the source's own activation")
     assert mlp_of(ActMlp(transformers.activations.ACT2FN["silu"])).activation == "silu"
 
 
@@ -437,12 +456,24 @@ def test_torchs_activation_function_on_one_half_times_the_other_is_fused_gate_up
     ],
 )
 def test_fused_projection_halves_that_are_not_gate_and_up(mutate, edit):
+    # no *AndMul computes them; lane i still reads lane i of each half alone: the source's
+    # code stays, on the rank's [gate; up] columns of a MergedColumnParallelLinear
     mutate(FusedMlp, "forward", edit)
-    assert mlp_of(FusedMlp()) == NoMatch(
-        "fuse_gate_up",
-        "FusedMlp",
-        "down_proj does not read act(gate_up_proj(x))",
-    )
+    mlp = mlp_of(FusedMlp())
+    assert (mlp.form, mlp.fused_gate_up, mlp.gate.out_features) == (MlpForm.PAIRWISE, True, 16)
+    assert mlp.form.column_sharded(mlp) == (("gate_up_proj", "MergedColumnParallelLinear"),)
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (("* up)", "* up.flip(-1))"), "the activation written out is not elementwise"),
+        (("* up)", "* up.roll(1, -1))"), "the activation written out is not elementwise"),
+    ],
+)
+def test_fused_projection_halves_read_across_lanes_are_refused(mutate, edit, reason):
+    mutate(FusedMlp, "forward", edit)
+    assert mlp_of(FusedMlp()) == NoMatch("fuse_gate_up", "FusedMlp", reason)
 
 
 class GemmaStyleRMSNorm(nn.Module):

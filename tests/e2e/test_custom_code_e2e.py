@@ -4,7 +4,8 @@ config class with trust_remote_code), and `verify CHECKPOINT_DIR` agrees on anot
 checkpoint saved by the repository's code. The four test repositories: attention through
 transformers' interface, an SDPA helper, a fused Wqkv with a constant causal mask and
 post-norms (also taken apart into q and one k/v Linear, TeleChat-style, in either row
-layout), per-expert MoE modules dispatched by a Python loop."""
+layout), per-expert MoE modules dispatched by a Python loop; and an MLP with an inner norm,
+which no rewrite fits, kept from the source."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hfrewrite.resolve import resolve
 from hfrewrite.verify import fixtures
 from hfrewrite.verify.validate import validation_config
 from tests.analyze.by_hand import attention_by_hand
+from tests.analyze.carried_mlps import VARIANTS, mlp_variant
 from tests.analyze.kv_fused import q_beside_kv
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
@@ -36,6 +38,7 @@ def _offline(monkeypatch):
         ("interface_llama", None),
         ("tinyllama_renamed", None),
         ("tinyllama_renamed", "by_hand"),  # its attention written out by hand (matmul, softmax)
+        ("tinyllama_renamed", "inner_norm"),  # an MLP no rewrite fits, kept from the source
         ("fusedqkv_postnorm", None),
         ("fusedqkv_postnorm", "per_head"),  # q apart, k and v in one Linear per kv head
         ("fusedqkv_postnorm", "blocks"),  # ... as [k; v]
@@ -48,6 +51,8 @@ def test_custom_code_converts_validates_and_verifies(name, variant, tmp_path, ca
     source = repo / f"modeling_{name}.py"
     if variant == "by_hand":
         source.write_text(attention_by_hand(source.read_text()))
+    elif variant in VARIANTS:
+        source.write_text(mlp_variant(source.read_text(), variant))
     elif variant is not None:
         source.write_text(q_beside_kv(source.read_text(), variant))
     out = tmp_path / "out"

@@ -1,0 +1,66 @@
+"""A dense MLP block no rewrite fits, kept as the source writes it.
+
+The design rule: where a replacement's proof fails, the site keeps the source's code. A
+dense MLP that is not ``down(act(gate(x)) * up(x))`` nor ``down(act(up(x)))`` (an inner norm,
+an activation over more than one lane) still runs inside vLLM as PyTorch, its Linears
+replicated on every tensor-parallel rank, provided it computes each token from that token
+alone: vLLM hands a layer the tokens of all sequences as one ``[tokens, hidden]`` batch.
+
+Proof, on the traced layer's values: the block called with its one tensor argument as
+traced (``[batch, seq, hidden]``), flattened to vLLM's ``[tokens, hidden]``, and one token at
+a time gives the same values. A block that mixes tokens, needs the batch layout or takes
+more than the hidden states keeps the refusal its rewrite gave, with this reason added.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hfrewrite.analyze.plan import NoMatch, Refusal
+from hfrewrite.analyze.trace import Traced
+
+PATTERN = "carried_mlp"
+_TOLERANCE = 1e-5  # float32 on the same weights: only the summation order differs
+
+
+def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> NoMatch:
+    """The declined fact of keeping the MLP block ``path`` from the source, where it is
+    proven per token; otherwise a refusal: ``declined`` and why the block cannot be kept."""
+    why = _not_per_token(traced, path)
+    if why is not None:
+        reason = f"{declined.reason}; the source's MLP cannot be kept: {why}"
+        raise Refusal(NoMatch(declined.pattern, declined.module_class, reason))
+    return NoMatch(
+        PATTERN,
+        declined.module_class,
+        f"{declined.pattern}: {declined.reason}; the source's MLP is kept (each token computed alone, "
+        "proven on the traced values), its Linears replicated",
+    )
+
+
+def _not_per_token(traced: Traced, path: str) -> str | None:
+    """Why the block at ``path`` cannot run on vLLM's flat token batch, or None."""
+    args, kwargs = traced.called_with.get(path, ((), {}))
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if len(args) != 1 or len(tensors) != 1 or args[0].dim() != 3:
+        return "it is not called with the hidden states alone"
+    block: nn.Module = traced.module.get_submodule(path)
+    x = args[0]
+    flat = x.reshape(-1, x.shape[-1])
+    try:
+        with torch.no_grad():
+            whole = block(x, **kwargs)
+            batch = block(flat, **kwargs)
+            alone = [block(flat[i : i + 1], **kwargs) for i in range(flat.shape[0])]
+    except Exception as exc:  # noqa: BLE001 - the source's own code refusing vLLM's layout
+        return f"it fails on vLLM's [tokens, hidden] layout ({type(exc).__name__})"
+    if not all(isinstance(o, torch.Tensor) for o in (whole, batch, *alone)):
+        return "it does not return one tensor"
+    if whole.shape != x.shape or batch.shape != flat.shape:
+        return "it does not return one hidden state per token"
+    if (torch.cat(alone) - whole.reshape(flat.shape)).abs().max() > _TOLERANCE:
+        return "a token's output depends on other tokens"
+    if (torch.cat(alone) - batch).abs().max() > _TOLERANCE:
+        return "it computes otherwise on vLLM's [tokens, hidden] layout"
+    return None

@@ -1,0 +1,38 @@
+"""The forms of a dense MLP the rewrite shards, as rows: what the analysis proves of the code
+between the projections, and which projections the file shards by columns.
+
+Every form shards ``down`` by rows (``RowParallelLinear``, which sums the ranks' parts).
+A new form is one row here, its proof in the analysis and its tests.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class MlpForm(Enum):
+    """``label``: the --explain wording; ``keeps_source_act``: the source's code between the
+    projections stays in the file (each rank runs it on its columns)."""
+
+    # down(act(gate(x)) * up(x)) with vLLM's *AndMul: gate and up merged, the act replaced
+    AND_MUL = ("MergedColumnParallelLinear + *AndMul", False)
+    # down(act(up(x))), act proven elementwise: up by columns
+    UNGATED = ("ColumnParallelLinear, the source's elementwise act", True)
+    # down(f(gate(x), up(x))), f proven to compute lane i from gate and up lane i alone
+    # (a clamped SwiGLU, an act vLLM has no *AndMul for): gate and up by columns
+    PAIRWISE = ("gate and up by columns, the source's act per gate/up lane", True)
+
+    def __init__(self, label: str, keeps_source_act: bool) -> None:
+        self.label = label
+        self.keeps_source_act = keeps_source_act
+
+    def column_sharded(self, plan) -> tuple[tuple[str, str], ...]:
+        """(attribute, vLLM class) of the projections this form shards by columns, beside
+        ``down``; AND_MUL's merged projection is passes/fuse_gate_up.py's."""
+        if self is MlpForm.UNGATED:
+            return ((plan.up.attr, "ColumnParallelLinear"),)
+        if self is MlpForm.PAIRWISE and plan.fused_gate_up:  # one [gate; up] Linear: halves merged
+            return ((plan.up.attr, "MergedColumnParallelLinear"),)
+        if self is MlpForm.PAIRWISE:
+            return ((plan.gate.attr, "ColumnParallelLinear"), (plan.up.attr, "ColumnParallelLinear"))
+        return ()

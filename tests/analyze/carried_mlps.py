@@ -1,0 +1,63 @@
+"""tinyllama_renamed's gated MLP rewritten into forms vLLM has no *AndMul for; shared by the
+analysis and e2e tests of the MLP sharded with its own code (mlp_pairwise.py) or kept from
+the source (carried_mlp.py)."""
+
+CLASS = """class FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+"""
+_SEPARATE = CLASS.split("\n    def forward")[0].rstrip()
+_FUSED = """class FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.alpha, self.limit = 1.702, 7.0
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)"""
+
+VARIANTS = {
+    # MiniMax-M3's dense MLP: one [gate; up] Linear, a clamped SwiGLU on its halves
+    "clamped_swiglu": _FUSED
+    + """
+
+    def forward(self, x):
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return self.w_down((up + 1.0) * gate * torch.sigmoid(gate * self.alpha))
+""",
+    # NormFormer's FFN: a LayerNorm over the whole intermediate (no column shard computes it)
+    "inner_norm": _SEPARATE
+    + """
+        self.inner_norm = nn.LayerNorm(config.intermediate_size)
+
+    def forward(self, x):
+        return self.w_down(self.inner_norm(F.silu(self.w_gate(x)) * self.w_up(x)))
+""",
+    # each token's up reads the token before it: vLLM's flat batch would mix sequences
+    "token_shift": _SEPARATE
+    + """
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x.roll(1, dims=-2)).mean(-1, keepdim=True))
+""",
+    # needs [batch, seq, hidden]: vLLM hands the layer [tokens, hidden]
+    "batch_layout": _SEPARATE
+    + """
+
+    def forward(self, x):
+        b, t, h = x.shape
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x).mean(-1, keepdim=True)).view(b, t, h)
+""",
+}
+
+
+def mlp_variant(source: str, name: str) -> str:
+    """modeling_tinyllama_renamed.py's text with its FeedForward rewritten as ``name``."""
+    assert source.count(CLASS) == 1
+    return source.replace(CLASS, VARIANTS[name])

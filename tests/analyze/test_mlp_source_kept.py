@@ -1,0 +1,80 @@
+"""A dense MLP whose act vLLM has no *AndMul for keeps that act as written between
+column-sharded projections when each output lane is proven to read its gate/up lanes alone
+(MiniMax-M3's clamped SwiGLU); one no rewrite fits keeps the source's class when each token
+is proven to be computed alone on vLLM's flat [tokens, hidden] batch; otherwise the model is
+refused with the rewrite's reason and why the class cannot be kept."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import transformers
+
+from hfrewrite.analyze import model as analysis
+from hfrewrite.analyze.mlp_forms import MlpForm
+from hfrewrite.cli import main
+from hfrewrite.errors import HfrewriteError
+from tests.analyze.carried_mlps import mlp_variant
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
+NAME = "tinyllama_renamed"
+
+
+def _repo(tmp_path, monkeypatch, variant: str) -> Path:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # a directory name of its own: transformers imports a repository's code once per name
+    repo = shutil.copytree(DATA / NAME, tmp_path / f"{NAME}_{variant}_{tmp_path.name}")
+    source = repo / f"modeling_{NAME}.py"
+    source.write_text(mlp_variant(source.read_text(), variant))
+    return repo
+
+
+def _convert(repo: Path, out: Path) -> str:
+    assert main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(out)]) == 0
+    return (out / f"{NAME}.py").read_text()
+
+
+def test_a_clamped_swiglu_on_one_gate_up_linear_runs_as_written_on_merged_columns(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch, "clamped_swiglu")
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert (plan.mlp.form, plan.mlp.fused_gate_up, plan.mlp.up.attr) == (MlpForm.PAIRWISE, True, "w_gate_up")
+    text = _convert(repo, tmp_path / "out")
+    for line in (
+        "self.w_gate_up = MergedColumnParallelLinear(",
+        "[2 * config.intermediate_size // 2] * 2,",
+        "self.w_down = RowParallelLinear(",
+        "gate, up = self.w_gate_up(x)[0].chunk(2, dim=-1)",
+        "gate = gate.clamp(max=self.limit)",
+        "return self.w_down((up + 1.0) * gate * torch.sigmoid(gate * self.alpha))[0]",
+    ):
+        assert line in text, line
+    assert '"w_gate_up": ["w_gate_up"]' in text  # the checkpoint's [gate; up] tensor, split at load
+
+
+def test_an_mlp_with_an_inner_norm_is_kept_from_the_source(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch, "inner_norm")
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert plan.mlp is None and plan.moe is None
+    (kept,) = [d for d in plan.declined if d.pattern == "carried_mlp"]
+    assert kept.module_class == "FeedForward"
+    assert "the source's MLP is kept" in kept.reason and "fuse_gate_up" in kept.reason
+    text = _convert(repo, tmp_path / "out")
+    # the class as written, its Linears plain: replicated on every rank
+    assert "self.w_up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)" in text
+    assert "return self.w_down(self.inner_norm(F.silu(self.w_gate(x)) * self.w_up(x)))" in text
+    assert "MergedColumnParallelLinear" not in text and "self.attn = Attention(" in text
+
+
+@pytest.mark.parametrize(
+    ("variant", "why"),
+    [
+        ("token_shift", "a token's output depends on other tokens"),
+        ("batch_layout", "it fails on vLLM's [tokens, hidden] layout (ValueError)"),
+    ],
+)
+def test_an_mlp_that_cannot_run_per_token_refuses_the_model(tmp_path, monkeypatch, variant, why):
+    repo = _repo(tmp_path, monkeypatch, variant)
+    with pytest.raises(HfrewriteError) as err:
+        analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    message = str(err.value)
+    assert "FeedForward: fuse_gate_up:" in message and f"the source's MLP cannot be kept: {why}" in message
