@@ -1,6 +1,7 @@
 """analyze(): the plan facts per model type and variant, errors, and NoMatch reasons."""
 
 from __future__ import annotations
+
 import pytest
 import torch
 import transformers
