@@ -2,8 +2,12 @@
 
 Matches ``self.<o> = nn.Linear(I, H, bias=B)`` for the attention output projection and the
 MLP down projection named in the plan (fx: the linear producing the block's output), and
-the up projection of an ungated MLP (``down(act(up(x)))``, act proven elementwise), and an
-attention's output gate (``o(attn * act(gate(x)))``, proven by replay), both column-parallel.
+the projections the MLP's form shards by columns (``MlpForm.column_sharded``): the up
+projection of an ungated MLP (``down(act(up(x)))``, act proven elementwise), gate and up of
+a gated MLP whose act vLLM has no ``*AndMul`` for (proven to read gate and up lane by lane;
+one ``[gate; up]`` Linear becomes ``MergedColumnParallelLinear(I, [2I // 2] * 2)``, so each
+rank's output is its gate columns then its up columns, which the source's ``chunk`` splits),
+and an attention's output gate (``o(attn * act(gate(x)))``, proven by replay), column-parallel.
 
 Emits ``RowParallelLinear(I, H, bias=B, quant_config=..., prefix=...)`` (the up projection:
 ``ColumnParallelLinear``, so each rank holds a slice of the intermediate; the gate: a slice
