@@ -231,6 +231,10 @@ class MlpPlan:
     fused_gate_up: bool = False
     form: MlpForm = MlpForm.AND_MUL  # analyze/mlp_forms.py: how the file shards it
 
+    def __post_init__(self) -> None:
+        if (self.gate is None) != (self.form is MlpForm.UNGATED):
+            raise ValueError(f"{self.module_class}: an MLP has no gate exactly when its form is UNGATED")
+
 
 @dataclass(frozen=True)
 class MoePlan:

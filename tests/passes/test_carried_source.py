@@ -14,6 +14,7 @@ from hfrewrite.passes import (
 )
 from plans import llama_like
 
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.plan import DecoderLayerPlan, LinearFact, MlpPlan
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.errors import HfrewriteError
@@ -380,6 +381,7 @@ def ungated_plan():
         LinearFact("down_proj", 256, 128, False),
         "act_fn",
         "ReLUSquaredActivation",
+        form=MlpForm.UNGATED,
     )
     return dataclasses.replace(llama_like("Arcee", "arcee"), mlp=mlp)
 
