@@ -61,3 +61,34 @@ def mlp_variant(source: str, name: str) -> str:
     """modeling_tinyllama_renamed.py's text with its FeedForward rewritten as ``name``."""
     assert source.count(CLASS) == 1
     return source.replace(CLASS, VARIANTS[name])
+
+
+# tinymoe's sparse block with a shared expert beside its experts: a clamped SwiGLU on one
+# [gate; up] Linear (MiniMax-M3's shared expert), summed with the experts' output
+_SHARED = """class TinyMoeSharedExpert(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_up = nn.Linear(config.hidden_size, 2 * config.moe_intermediate_size, bias=False)
+        self.down = nn.Linear(config.moe_intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate = gate.clamp(max=7.0)
+        return self.down((up.clamp(-7.0, 7.0) + 1.0) * gate * torch.sigmoid(1.702 * gate))
+
+
+"""
+_EXPERTS = (
+    "        self.experts = nn.ModuleList([TinyMoeExpert(config) for _ in range(config.num_experts)])\n"
+)
+_RETURN = "        return out.view(b, t, h)\n"
+
+
+def clamped_shared_expert(source: str) -> str:
+    """modeling_tinymoe.py's text with a clamped-SwiGLU shared expert beside the experts."""
+    assert source.count(_EXPERTS) == 1 and source.count(_RETURN) == 1
+    source = source.replace(
+        "class TinyMoeSparseBlock(nn.Module):", _SHARED + "class TinyMoeSparseBlock(nn.Module):"
+    )
+    source = source.replace(_EXPERTS, _EXPERTS + "        self.shared_expert = TinyMoeSharedExpert(config)\n")
+    return source.replace(_RETURN, "        return out.view(b, t, h) + self.shared_expert(x)\n")

@@ -14,7 +14,7 @@ from hfrewrite.analyze import model as analysis
 from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.cli import main
 from hfrewrite.errors import HfrewriteError
-from tests.analyze.carried_mlps import mlp_variant
+from tests.analyze.carried_mlps import clamped_shared_expert, mlp_variant
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 NAME = "tinyllama_renamed"
@@ -78,3 +78,27 @@ def test_an_mlp_that_cannot_run_per_token_refuses_the_model(tmp_path, monkeypatc
         analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
     message = str(err.value)
     assert "FeedForward: fuse_gate_up:" in message and f"the source's MLP cannot be kept: {why}" in message
+
+
+def test_a_clamped_shared_expert_beside_the_experts_is_sharded_with_its_own_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = shutil.copytree(DATA / "tinymoe", tmp_path / f"tinymoe_shared_{tmp_path.name}")
+    source = repo / "modeling_tinymoe.py"
+    source.write_text(clamped_shared_expert(source.read_text()))
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert plan.moe.shared_expert == "shared_expert"
+    assert (plan.mlp.module_class, plan.mlp.form, plan.mlp.fused_gate_up) == (
+        "TinyMoeSharedExpert",
+        MlpForm.PAIRWISE,
+        True,
+    )
+    out = tmp_path / "out"
+    assert main(["convert", str(repo), "--trust-remote-code", "--no-verify", "-o", str(out)]) == 0
+    text = (out / "tinymoe.py").read_text()
+    for line in (
+        "self.gate_up = MergedColumnParallelLinear(",
+        "reduce_results=reduce_results,",  # vLLM's MoE runner sums the shared part with the experts'
+        "gate, up = self.gate_up(x)[0].chunk(2, dim=-1)",
+        "shared_experts=self.shared_expert,",
+    ):
+        assert line in text, line

@@ -4,8 +4,8 @@ config class with trust_remote_code), and `verify CHECKPOINT_DIR` agrees on anot
 checkpoint saved by the repository's code. The four test repositories: attention through
 transformers' interface, an SDPA helper, a fused Wqkv with a constant causal mask and
 post-norms (also taken apart into q and one k/v Linear, TeleChat-style, in either row
-layout), per-expert MoE modules dispatched by a Python loop; and an MLP with an inner norm,
-which no rewrite fits, kept from the source."""
+layout), per-expert MoE modules dispatched by a Python loop (also beside a clamped-SwiGLU
+shared expert); and an MLP with an inner norm, which no rewrite fits, kept from the source."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hfrewrite.resolve import resolve
 from hfrewrite.verify import fixtures
 from hfrewrite.verify.validate import validation_config
 from tests.analyze.by_hand import attention_by_hand
-from tests.analyze.carried_mlps import VARIANTS, mlp_variant
+from tests.analyze.carried_mlps import VARIANTS, clamped_shared_expert, mlp_variant
 from tests.analyze.kv_fused import q_beside_kv
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
@@ -43,6 +43,7 @@ def _offline(monkeypatch):
         ("fusedqkv_postnorm", "per_head"),  # q apart, k and v in one Linear per kv head
         ("fusedqkv_postnorm", "blocks"),  # ... as [k; v]
         ("tinymoe", None),
+        ("tinymoe", "clamped_shared"),  # a clamped-SwiGLU shared expert, sharded with its own code
     ],
 )
 def test_custom_code_converts_validates_and_verifies(name, variant, tmp_path, capsys):
@@ -53,6 +54,8 @@ def test_custom_code_converts_validates_and_verifies(name, variant, tmp_path, ca
         source.write_text(attention_by_hand(source.read_text()))
     elif variant in VARIANTS:
         source.write_text(mlp_variant(source.read_text(), variant))
+    elif variant == "clamped_shared":
+        source.write_text(clamped_shared_expert(source.read_text()))
     elif variant is not None:
         source.write_text(q_beside_kv(source.read_text(), variant))
     out = tmp_path / "out"
