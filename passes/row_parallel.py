@@ -8,6 +8,8 @@ a gated MLP whose act vLLM has no ``*AndMul`` for (proven to read gate and up la
 one ``[gate; up]`` Linear becomes ``MergedColumnParallelLinear(I, [2I // 2] * 2)``, so each
 rank's output is its gate columns then its up columns, which the source's ``chunk`` splits),
 and an attention's output gate (``o(attn * act(gate(x)))``, proven by replay), column-parallel.
+The Linears of an MLP class kept from the source (no form fits it, proven per token) become
+``ReplicatedLinear``: the whole weight on every rank, loaded and quantized as vLLM's linears.
 
 Emits ``RowParallelLinear(I, H, bias=B, quant_config=..., prefix=...)`` (the up projection:
 ``ColumnParallelLinear``, so each rank holds a slice of the intermediate; the gate: a slice
@@ -56,6 +58,15 @@ class _Unpack(cst.CSTTransformer):
         if t.call_name(updated) == self.func:
             return cst.Subscript(updated, [cst.SubscriptElement(cst.Index(cst.Integer("0")))])
         return updated
+
+
+def _builds_linear(cls: cst.ClassDef, attr: str) -> bool:
+    """``__init__`` assigns ``self.<attr> = nn.Linear(...)``."""
+    init = t.find_method(cls, "__init__")
+    return any(
+        t.self_attr_assigned(s) == attr and builds(t.assigned_value(s), nn_call("Linear"))
+        for s in init.body.body
+    )
 
 
 def rewrite(
@@ -110,6 +121,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
         # ungated or pairwise: gate and up by columns, the source's act proven per lane
         targets += [(mlp.module_class, attr, kind) for attr, kind in mlp.form.column_sharded(mlp)]
+    for kept in ctx.plan.kept_mlps:  # the whole weight on every rank; others stay nn.Linear
+        cls = t.find_class(module, kept.module_class)
+        targets += [
+            (kept.module_class, a, "ReplicatedLinear") for a in kept.linears if _builds_linear(cls, a)
+        ]
     for cls_name, attr, kind in targets:
         reduce_param = shared and cls_name == mlp.module_class and kind == "RowParallelLinear"
         module = t.replace_class(

@@ -17,26 +17,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hfrewrite.analyze.mlp_forms import KeptMlp
 from hfrewrite.analyze.plan import NoMatch, Refusal
-from hfrewrite.analyze.trace import Traced
+from hfrewrite.analyze.trace import Traced, relative
 
 PATTERN = "carried_mlp"
 _TOLERANCE = 1e-5  # float32 on the same weights: only the summation order differs
 
 
-def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> NoMatch:
+def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> tuple[NoMatch, KeptMlp]:
     """The declined fact of keeping the MLP block ``path`` from the source, where it is
-    proven per token; otherwise a refusal: ``declined`` and why the block cannot be kept."""
+    proven per token, and the Linears it calls (attributes of its class); otherwise a
+    refusal: ``declined`` and why the block cannot be kept."""
     why = _not_per_token(traced, path)
     if why is not None:
         reason = f"{declined.reason}; the source's MLP cannot be kept: {why}"
         raise Refusal(NoMatch(declined.pattern, declined.module_class, reason))
-    return NoMatch(
+    kept = NoMatch(
         PATTERN,
         declined.module_class,
         f"{declined.pattern}: {declined.reason}; the source's MLP is kept (each token computed alone, "
         "proven on the traced values), its Linears replicated",
     )
+    attrs = [relative(n.target, path) for n in traced.linears_in(path)]
+    return kept, KeptMlp(declined.module_class, tuple(sorted({a for a in attrs if "." not in a})))
 
 
 def _not_per_token(traced: Traced, path: str) -> str | None:

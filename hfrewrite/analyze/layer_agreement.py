@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
+    KeptMlp,
     MixerPlan,
     MlaPlan,
     MlpPlan,
@@ -33,7 +34,7 @@ class LayerFacts:
     moe: MoePlan | None
     declined: NoMatch | None  # the layer's shape vLLM's fused norms do not fit: its forward is carried
     mixer: MixerPlan | None = None  # that other mixer (its block is decoder.attention_block)
-    mlp_kept: NoMatch | None = None  # a dense MLP no rewrite fits, kept from the source (carried_mlp.py)
+    mlp_kept: tuple[NoMatch, KeptMlp] | None = None  # a dense MLP no form fits (carried_mlp.py)
 
 
 def one_kind(plans: list, kind: type):
@@ -66,15 +67,20 @@ def _without_sizes(plan):
     return plan
 
 
-def kept_mlps(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
-    """The dense MLP classes kept from the source, once each; a class that some layer's
-    rewrite fits and another's does not refuses (one class, one emitted body)."""
-    kept = tuple(dict.fromkeys(facts.mlp_kept for facts in per_layer if facts.mlp_kept is not None))
+def kept_mlps(per_layer: list[LayerFacts]) -> tuple[tuple[NoMatch, ...], tuple[KeptMlp, ...]]:
+    """The dense MLP classes kept from the source, once each (their declined facts, and
+    the Linears each calls); a class that some layer's rewrite fits and another's does not
+    refuses (one class, one emitted body)."""
+    kept = list(dict.fromkeys(facts.mlp_kept for facts in per_layer if facts.mlp_kept is not None))
     rewritten = {facts.mlp.module_class for facts in per_layer if facts.mlp is not None}
-    for fact in kept:
-        if fact.module_class in rewritten:
-            refuse("uniform_layers", "the MLP's rewrite fits some layers and not others", fact.module_class)
-    return kept
+    for _, mlp in kept:
+        if mlp.module_class in rewritten:
+            refuse("uniform_layers", "the MLP's rewrite fits some layers and not others", mlp.module_class)
+    if len({mlp.module_class for _, mlp in kept}) != len(kept):
+        refuse(
+            "uniform_layers", "layers call different Linears of one kept MLP class", kept[0][1].module_class
+        )
+    return tuple(fact for fact, _ in kept), tuple(mlp for _, mlp in kept)
 
 
 def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:

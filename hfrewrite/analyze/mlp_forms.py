@@ -7,6 +7,7 @@ A new form is one row here, its proof in the analysis and its tests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -36,3 +37,13 @@ class MlpForm(Enum):
         if self is MlpForm.PAIRWISE:
             return ((plan.gate.attr, "ColumnParallelLinear"), (plan.up.attr, "ColumnParallelLinear"))
         return ()
+
+
+@dataclass(frozen=True)
+class KeptMlp:
+    """A dense MLP class no form fits, kept from the source (analyze/carried_mlp.py): the
+    Linears its block calls, attributes of the class, become vLLM's ``ReplicatedLinear``
+    (the whole weight on every rank, quantized as vLLM's other linears are)."""
+
+    module_class: str
+    linears: tuple[str, ...]

@@ -182,6 +182,7 @@ class _LayerPlans:
     declined: tuple[NoMatch, ...]
     siblings: tuple[tuple[str, object], ...]
     mixer: MixerPlan | None  # a hybrid model's other mixer
+    kept_mlps: tuple  # KeptMlp: dense MLP classes kept from the source
 
 
 def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
@@ -246,7 +247,8 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     decoder, declined = norms.decoder, declined + norms.declined
     if per_layer[lead].declined is not None:  # the layer shape itself was not fusable
         declined += (per_layer[lead].declined,)
-    declined += kept_mlps(per_layer)
+    kept_declined, kept = kept_mlps(per_layer)
+    declined += kept_declined
     if not decoder.fused and (hidden := hidden_output(traces[lead])) is not None:
         args, kwargs = run.layer_inputs[lead]  # the carried forward's inputs vLLM leaves at their defaults
         decoder = dataclasses.replace(
@@ -256,7 +258,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     if mixer is not None:
         has_attention = [facts.attention is not None for facts in per_layer]
         mixer = with_layer_test(mixer, layout.layers, has_attention, per_layer[lead].decoder.attention_block)
-    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer)
+    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer, kept)
 
 
 def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> AttentionPlan | MlaPlan:
@@ -322,6 +324,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         norm=plans.norm,
         declined=plans.declined,
         moe=plans.moe,
+        kept_mlps=plans.kept_mlps,
         sibling_configs=plans.siblings,
         mixer=plans.mixer,
         linear_classes=source.linear_classes,

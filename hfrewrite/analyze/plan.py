@@ -15,7 +15,7 @@ from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.expert_layouts import ExpertLayout
 from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
 from hfrewrite.analyze.mla_cache import MlaCache
-from hfrewrite.analyze.mlp_forms import MlpForm
+from hfrewrite.analyze.mlp_forms import KeptMlp, MlpForm
 from hfrewrite.analyze.norm_kinds import NormKind, QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.qkv_layouts import QkvLayout
@@ -425,6 +425,7 @@ class ModelPlan:
     norm: NormPlan | None  # None: the source's norm classes are kept
     declined: tuple[NoMatch, ...] = field(default=())
     moe: MoePlan | None = None  # the sparse MoE block, if any layer has one
+    kept_mlps: tuple[KeptMlp, ...] = ()  # dense MLP classes kept from the source, Linears replicated
     # An nn.Embedding subclass proven to compute a scaled lookup (gemma): carried from
     # the source onto VocabParallelEmbedding. None for plain nn.Embedding.
     embed_class: str | None = None

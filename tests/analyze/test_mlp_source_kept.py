@@ -11,7 +11,7 @@ import pytest
 import transformers
 
 from hfrewrite.analyze import model as analysis
-from hfrewrite.analyze.mlp_forms import MlpForm
+from hfrewrite.analyze.mlp_forms import KeptMlp, MlpForm
 from hfrewrite.cli import main
 from hfrewrite.errors import HfrewriteError
 from tests.analyze.carried_mlps import clamped_shared_expert, mlp_variant
@@ -59,9 +59,13 @@ def test_an_mlp_with_an_inner_norm_is_kept_from_the_source(tmp_path, monkeypatch
     assert kept.module_class == "FeedForward"
     assert "the source's MLP is kept" in kept.reason and "fuse_gate_up" in kept.reason
     text = _convert(repo, tmp_path / "out")
-    # the class as written, its Linears plain: replicated on every rank
-    assert "self.w_up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)" in text
-    assert "return self.w_down(self.inner_norm(F.silu(self.w_gate(x)) * self.w_up(x)))" in text
+    assert plan.kept_mlps == (KeptMlp("FeedForward", ("w_down", "w_gate", "w_up")),)
+    # the class as written, its Linears vLLM's ReplicatedLinear: the whole weight on every rank
+    assert (
+        "self.w_up = ReplicatedLinear(" in text
+        and "self.inner_norm = nn.LayerNorm(config.intermediate_size)" in text
+    )
+    assert "self.inner_norm(F.silu(self.w_gate(x)[0]) * self.w_up(x)[0])" in text
     assert "MergedColumnParallelLinear" not in text and "self.attn = Attention(" in text
 
 

@@ -56,7 +56,7 @@ def stub_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(words), pad_token="0")
 
 
-def llm_compressor(src: str, fmt: str, out: str, seed: int, ignore: list[str]) -> None:
+def llm_compressor(src: str, fmt: str, out: str, seed: int, ignore: list[str], remote: bool = False) -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.gptq import GPTQModifier
@@ -83,7 +83,7 @@ def llm_compressor(src: str, fmt: str, out: str, seed: int, ignore: list[str]) -
         "ct-awq": [AWQModifier(), quantize("W4A16_ASYM")],  # AWQ only rescales
         "ct-gptq": [quantize("W4A16", gptq=True)],
     }[fmt]
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=remote)
     ids = random_ids(model.config.vocab_size, seed)
     data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * LENGTH] * SAMPLES})
     oneshot(
@@ -93,6 +93,7 @@ def llm_compressor(src: str, fmt: str, out: str, seed: int, ignore: list[str]) -
         recipe=recipe,
         num_calibration_samples=SAMPLES,
         max_seq_length=LENGTH,
+        trust_remote_code_model=remote,
     )
     model.save_pretrained(out, save_compressed=True)
 
@@ -145,6 +146,11 @@ def main() -> None:
         help="more modules to leave unquantized (llm-compressor formats), e.g. "
         "'re:.*mlp.experts.*': vLLM 0.32 CPU has no quantized MoE backend",
     )
+    ap.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the checkpoint's own modeling code (Hub custom code; llm-compressor formats)",
+    )
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     if args.format == "awq":
@@ -152,7 +158,7 @@ def main() -> None:
     elif args.format == "gptq":
         gptq_model(args.src, args.out, args.seed)
     else:
-        llm_compressor(args.src, args.format, args.out, args.seed, args.ignore)
+        llm_compressor(args.src, args.format, args.out, args.seed, args.ignore, args.trust_remote_code)
 
 
 if __name__ == "__main__":
