@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import ancestors, path_nodes
 from hfrewrite.analyze.mlp_forms import MlpForm
-from hfrewrite.analyze.mlp_pairwise import function_of, pairwise_fused, pairwise_separate
+from hfrewrite.analyze.mlp_pairwise import function_of, lanewise, pairwise_fused, pairwise_separate
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
 from hfrewrite.analyze.trace import Traced, is_identity_dropout, past_identity_dropouts, relative, value
 
@@ -306,12 +306,9 @@ def _ungated(
             f"{relative(down.target, path)} does not read act({relative(up.target, path)}(x))",
         )
     x = value(up)
-    half = x.shape[-1] // 2
-    with torch.no_grad():
-        sliced = fn(x[..., :half])  # a gated function (chunked in two) halves its width
-        want = value(act)[..., :half]
-        elementwise = sliced.shape == want.shape and torch.allclose(sliced, want, atol=1e-6)
-    if not elementwise:
+    # each block of columns at 2 and 4 ranks replays to its block (a gated function,
+    # chunked in two, halves its width and fails)
+    if not lanewise(lambda cols: fn(x[..., cols]), value(act), x.shape[-1]):
         return NoMatch(PATTERN, cls, f"{name} is not elementwise")
     u, d = traced.linear_fact(up, path), traced.linear_fact(down, path)
     if module:

@@ -37,7 +37,7 @@ def pairwise_separate(traced: Traced, path: str, cls: str, linears: list[Node], 
     if fn is None or not _read_only_by_down(fn.nodes, (gate, up), down):
         return None
     g, u = value(gate), value(up)
-    if not _lanewise(lambda cols: fn(g[..., cols], u[..., cols]), value(down.args[0]), g.shape[-1]):
+    if not lanewise(lambda cols: fn(g[..., cols], u[..., cols]), value(down.args[0]), g.shape[-1]):
         return None
     g_fact, u_fact, d = (traced.linear_fact(n, path) for n in (gate, up, down))
     return MlpPlan(cls, g_fact, u_fact, d, "", _OWN_CODE, form=MlpForm.PAIRWISE)
@@ -58,7 +58,7 @@ def pairwise_fused(traced: Traced, path: str, cls: str, linears: list[Node], dow
     def on_columns(cols: slice) -> torch.Tensor:  # the rank's [gate block; up block]
         return fn(torch.cat([whole[..., :half][..., cols], whole[..., half:][..., cols]], dim=-1))
 
-    if not _lanewise(on_columns, out, half):
+    if not lanewise(on_columns, out, half):
         return None
     fact = traced.linear_fact(proj, path)
     fact = LinearFact(fact.attr, fact.in_features, half, fact.bias)
@@ -66,7 +66,7 @@ def pairwise_fused(traced: Traced, path: str, cls: str, linears: list[Node], dow
     return MlpPlan(cls, fact, fact, d, "", _OWN_CODE, fused_gate_up=True, form=MlpForm.PAIRWISE)
 
 
-def _lanewise(replay, out: torch.Tensor, width: int) -> bool:
+def lanewise(replay, out: torch.Tensor, width: int) -> bool:
     """Each block of ``width`` columns at every rank count of ``_RANKS`` replays to that block
     of ``out``."""
     counts = [n for n in _RANKS if width % n == 0]

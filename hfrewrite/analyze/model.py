@@ -314,10 +314,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         checkpoint_roots=checkpoint_roots(model),
         checkpoint_unexpected=unexpected_suffixes(model),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        mtp_layers_field=next(
-            (f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")),
-            None,
-        ),
+        mtp_layers_field=_mtp_layers_field(config),
         decoder_layer=plans.decoder,
         attention=plans.attention,
         mlp=plans.mlp,
@@ -347,6 +344,11 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         ),
         init_switches_tested=_init_only(model, base, layers[0], plans),
     )
+
+
+def _mtp_layers_field(config) -> str | None:
+    """The config field counting multi-token-prediction layers, if the config has one."""
+    return next((f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")), None)
 
 
 def _init_only(model, base, layer, plans) -> tuple[tuple[str, str], ...]:
