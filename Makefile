@@ -78,7 +78,7 @@ test: export HF_HUB_OFFLINE = 1
 test: export HFREWRITE_REQUIRE_VLLM = 1
 test: export VLLM_CACHE_ROOT ?= $(or $(TMPDIR),/tmp)/hfrewrite-vllm-cache
 test: setup quant-setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The edit loop: the analysis, pass and command tests, without vLLM engines (about 3 minutes
 # on 2 cores); `make test` stays the gate.
