@@ -47,16 +47,21 @@ def _not_per_token(traced: Traced, path: str) -> str | None:
     """Why the block at ``path`` cannot run on vLLM's flat token batch, or None."""
     args, kwargs = traced.called_with.get(path, ((), {}))
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    if len(args) != 1 or len(tensors) != 1 or args[0].dim() != 3:
+    if len(tensors) != 1 or tensors[0].dim() != 3:
         return "it is not called with the hidden states alone"
     block: nn.Module = traced.module.get_submodule(path)
-    x = args[0]
+    (x,) = tensors
     flat = x.reshape(-1, x.shape[-1])
+
+    def call(h: torch.Tensor):  # the traced call, the hidden states replaced by h
+        return block(
+            *(h if a is x else a for a in args), **{k: h if v is x else v for k, v in kwargs.items()}
+        )
+
     try:
         with torch.no_grad():
-            whole = block(x, **kwargs)
-            batch = block(flat, **kwargs)
-            alone = [block(flat[i : i + 1], **kwargs) for i in range(flat.shape[0])]
+            whole, batch = call(x), call(flat)
+            alone = [call(flat[i : i + 1]) for i in range(flat.shape[0])]
     except Exception as exc:  # noqa: BLE001 - the source's own code refusing vLLM's layout
         return f"it fails on vLLM's [tokens, hidden] layout ({type(exc).__name__})"
     if not all(isinstance(o, torch.Tensor) for o in (whole, batch, *alone)):

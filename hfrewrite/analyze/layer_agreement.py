@@ -71,16 +71,18 @@ def kept_mlps(per_layer: list[LayerFacts]) -> tuple[tuple[NoMatch, ...], tuple[K
     """The dense MLP classes kept from the source, once each (their declined facts, and
     the Linears each calls); a class that some layer's rewrite fits and another's does not
     refuses (one class, one emitted body)."""
-    kept = list(dict.fromkeys(facts.mlp_kept for facts in per_layer if facts.mlp_kept is not None))
+    kept: dict[KeptMlp, NoMatch] = {}
+    for facts in per_layer:
+        if facts.mlp_kept is not None:
+            kept.setdefault(facts.mlp_kept[1], facts.mlp_kept[0])
     rewritten = {facts.mlp.module_class for facts in per_layer if facts.mlp is not None}
-    for _, mlp in kept:
-        if mlp.module_class in rewritten:
-            refuse("uniform_layers", "the MLP's rewrite fits some layers and not others", mlp.module_class)
-    if len({mlp.module_class for _, mlp in kept}) != len(kept):
-        refuse(
-            "uniform_layers", "layers call different Linears of one kept MLP class", kept[0][1].module_class
-        )
-    return tuple(fact for fact, _ in kept), tuple(mlp for _, mlp in kept)
+    classes = [mlp.module_class for mlp in kept]
+    for name in classes:
+        if name in rewritten:
+            refuse("uniform_layers", "the MLP's rewrite fits some layers and not others", name)
+        if classes.count(name) > 1:
+            refuse("uniform_layers", "layers call different Linears of one kept MLP class", name)
+    return tuple(kept.values()), tuple(kept)
 
 
 def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
