@@ -1,15 +1,18 @@
-"""A dense MLP block no rewrite fits, kept as the source writes it.
+"""A feed-forward block no rewrite fits, kept as the source writes it.
 
 The design rule: where a replacement's proof fails, the site keeps the source's code. A
-dense MLP that is not ``down(act(gate(x)) * up(x))`` nor ``down(act(up(x)))`` (an inner norm,
-an activation over more than one lane) still runs inside vLLM as PyTorch, its Linears
-replicated on every tensor-parallel rank, provided it computes each token from that token
-alone: vLLM hands a layer the tokens of all sequences as one ``[tokens, hidden]`` batch.
+dense MLP that no form of :mod:`hfrewrite.analyze.mlp_forms` fits (an inner norm, an
+activation over more than one lane), or a mixture of experts vLLM's fused MoE is not proven
+to compute (a routing of its own), still runs inside vLLM as PyTorch, its weights whole on
+every tensor-parallel rank, provided it computes each token from that token alone: vLLM
+hands a layer the tokens of all sequences as one ``[tokens, hidden]`` batch.
 
 Proof, on the traced layer's values: the block called with its one tensor argument as
 traced (``[batch, seq, hidden]``), flattened to vLLM's ``[tokens, hidden]``, and one token at
-a time gives the same values. A block that mixes tokens, needs the batch layout or takes
-more than the hidden states keeps the refusal its rewrite gave, with this reason added.
+a time gives the same values; and torch.compile captures it as one graph over any number of
+tokens, as vLLM compiles the model. A block that mixes tokens, needs the batch layout, takes
+more than the hidden states or branches on its values (a Python loop over the experts the
+tokens chose) keeps the refusal its rewrite gave, with this reason added.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hfrewrite.analyze.example_run import error_line
 from hfrewrite.analyze.mlp_forms import KeptMlp
 from hfrewrite.analyze.plan import NoMatch, Refusal
 from hfrewrite.analyze.trace import Traced, relative
@@ -31,12 +35,12 @@ def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> tuple[NoMatch, Ke
     refusal: ``declined`` and why the block cannot be kept."""
     why = _not_per_token(traced, path)
     if why is not None:
-        reason = f"{declined.reason}; the source's MLP cannot be kept: {why}"
+        reason = f"{declined.reason}; the source's block cannot be kept: {why}"
         raise Refusal(NoMatch(declined.pattern, declined.module_class, reason))
     kept = NoMatch(
         PATTERN,
         declined.module_class,
-        f"{declined.pattern}: {declined.reason}; the source's MLP is kept (each token computed alone, "
+        f"{declined.pattern}: {declined.reason}; the source's block is kept (each token computed alone, "
         "proven on the traced values), its Linears replicated",
     )
     attrs = [relative(n.target, path) for n in traced.linears_in(path)]
@@ -72,4 +76,21 @@ def _not_per_token(traced: Traced, path: str) -> str | None:
         return "a token's output depends on other tokens"
     if (torch.cat(alone) - batch).abs().max() > _TOLERANCE:
         return "it computes otherwise on vLLM's [tokens, hidden] layout"
+    return _not_one_graph(call, flat)
+
+
+def _not_one_graph(call, flat: torch.Tensor) -> str | None:
+    """Why torch.compile cannot capture the block as one graph over any number of tokens,
+    or None: vLLM compiles the model so (``fullgraph=True``, the token count dynamic), and a
+    branch on the values (a loop over the experts the tokens chose) breaks it."""
+    torch._dynamo.reset()
+    flat = flat.clone()
+    torch._dynamo.mark_dynamic(flat, 0)
+    try:
+        with torch.no_grad():
+            torch.compile(call, fullgraph=True, backend="eager")(flat)
+    except Exception as exc:  # noqa: BLE001 - dynamo's reason, first line
+        return f"torch.compile cannot capture it as one graph, as vLLM compiles models ({error_line(exc)})"
+    finally:
+        torch._dynamo.reset()
     return None

@@ -433,7 +433,9 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         # no experts at all: a dense MLP no rewrite fits, kept from the source if it can be
         kept = carry_mlp(traced, block, mlp) if block and not decoder.mlp_linears else _required(mlp)
         return LayerFacts(decoder, attention, None, None, carried, mixer, kept)
-    moe = _required(moe)
+    if isinstance(moe, NoMatch):  # experts vLLM's fused MoE is not proven to compute: kept
+        kept = carry_mlp(traced, block, moe) if block and not decoder.mlp_linears else _required(moe)
+        return LayerFacts(decoder, attention, None, None, carried, mixer, kept)
     names = expert_checkpoint_names(config.model_type)
     moe = dataclasses.replace(
         moe,

@@ -92,3 +92,32 @@ def clamped_shared_expert(source: str) -> str:
     )
     source = source.replace(_EXPERTS, _EXPERTS + "        self.shared_expert = TinyMoeSharedExpert(config)\n")
     return source.replace(_RETURN, "        return out.view(b, t, h) + self.shared_expert(x)\n")
+
+
+_ROUTING = """        b, t, h = x.shape
+        flat = x.reshape(-1, h)
+        probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
+"""
+_LOOP_END = "        return out.view(b, t, h)\n"
+# a routing vLLM's fused MoE does not compute (a softmax at temperature 0.7), each expert run
+# on every token and weighted densely: one graph for torch.compile, kept from the source
+_DENSE_FORWARD = """        probs = F.softmax(self.router(x) / 0.7, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        dense = torch.zeros_like(probs).scatter(-1, chosen, weights).to(x.dtype)
+        outs = torch.stack([expert(x) for expert in self.experts], dim=-1)
+        return (outs * dense.unsqueeze(-2)).sum(-1)
+"""
+
+
+def tempered_moe(source: str, dense: bool) -> str:
+    """modeling_tinymoe.py's text with its router's softmax at temperature 0.7: the experts
+    computed densely (``dense``), or in its loop over the experts the tokens chose, made to
+    run on vLLM's flat [tokens, hidden] batch."""
+    assert source.count(_ROUTING) == 1 and source.count(_LOOP_END) == 1
+    if dense:
+        start, end = source.index(_ROUTING), source.index(_LOOP_END) + len(_LOOP_END)
+        return source[:start] + _DENSE_FORWARD + source[end:]
+    routing = _ROUTING.replace("b, t, h = x.shape", "h = x.shape[-1]").replace("(flat)", "(flat) / 0.7")
+    return source.replace(_ROUTING, routing).replace(_LOOP_END, "        return out.view(x.shape)\n")

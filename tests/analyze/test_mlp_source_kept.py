@@ -14,7 +14,7 @@ from hfrewrite.analyze import model as analysis
 from hfrewrite.analyze.mlp_forms import KeptMlp, MlpForm
 from hfrewrite.cli import main
 from hfrewrite.errors import HfrewriteError
-from tests.analyze.carried_mlps import clamped_shared_expert, mlp_variant
+from tests.analyze.carried_mlps import clamped_shared_expert, mlp_variant, tempered_moe
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
 NAME = "tinyllama_renamed"
@@ -57,7 +57,7 @@ def test_an_mlp_with_an_inner_norm_is_kept_from_the_source(tmp_path, monkeypatch
     assert plan.mlp is None and plan.moe is None
     (kept,) = [d for d in plan.declined if d.pattern == "carried_mlp"]
     assert kept.module_class == "FeedForward"
-    assert "the source's MLP is kept" in kept.reason and "fuse_gate_up" in kept.reason
+    assert "the source's block is kept" in kept.reason and "fuse_gate_up" in kept.reason
     text = _convert(repo, tmp_path / "out")
     assert plan.kept_mlps == (KeptMlp("FeedForward", ("w_down", "w_gate", "w_up")),)
     # the class as written, its Linears vLLM's ReplicatedLinear: the whole weight on every rank
@@ -81,7 +81,7 @@ def test_an_mlp_that_cannot_run_per_token_refuses_the_model(tmp_path, monkeypatc
     with pytest.raises(HfrewriteError) as err:
         analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
     message = str(err.value)
-    assert "FeedForward: fuse_gate_up:" in message and f"the source's MLP cannot be kept: {why}" in message
+    assert "FeedForward: fuse_gate_up:" in message and f"the source's block cannot be kept: {why}" in message
 
 
 def test_a_clamped_shared_expert_beside_the_experts_is_sharded_with_its_own_code(tmp_path, monkeypatch):
@@ -106,3 +106,31 @@ def test_a_clamped_shared_expert_beside_the_experts_is_sharded_with_its_own_code
         "shared_experts=self.shared_expert,",
     ):
         assert line in text, line
+
+
+def _tempered(tmp_path, monkeypatch, dense: bool) -> Path:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = shutil.copytree(DATA / "tinymoe", tmp_path / f"tinymoe_tempered_{dense}_{tmp_path.name}")
+    source = repo / "modeling_tinymoe.py"
+    source.write_text(tempered_moe(source.read_text(), dense))
+    return repo
+
+
+def test_experts_under_a_routing_vllm_does_not_compute_are_kept_when_one_graph(tmp_path, monkeypatch):
+    repo = _tempered(tmp_path, monkeypatch, dense=True)
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert plan.moe is None and plan.mlp is None
+    (kept,) = [d for d in plan.declined if d.pattern == "carried_mlp"]
+    assert kept.module_class == "TinyMoeSparseBlock" and kept.reason.startswith("fuse_experts: ")
+    assert plan.kept_mlps == (KeptMlp("TinyMoeSparseBlock", ("router",)),)
+
+
+def test_experts_in_a_loop_over_the_chosen_ones_are_refused_for_torch_compile(tmp_path, monkeypatch):
+    # runs per token on vLLM's flat batch, but branches on the values: vLLM's torch.compile
+    # (fullgraph) of the model would fail on it
+    repo = _tempered(tmp_path, monkeypatch, dense=False)
+    with pytest.raises(HfrewriteError) as err:
+        analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    message = str(err.value)
+    assert "TinyMoeSparseBlock: fuse_experts:" in message
+    assert "the source's block cannot be kept: torch.compile cannot capture it as one graph" in message

@@ -5,7 +5,8 @@ checkpoint saved by the repository's code. The four test repositories: attention
 transformers' interface, an SDPA helper, a fused Wqkv with a constant causal mask and
 post-norms (also taken apart into q and one k/v Linear, TeleChat-style, in either row
 layout), per-expert MoE modules dispatched by a Python loop (also beside a clamped-SwiGLU
-shared expert); and an MLP with an inner norm, which no rewrite fits, kept from the source."""
+shared expert); and, kept from the source where no rewrite fits, an MLP with an inner norm
+and experts under a routing of their own (a softmax at a temperature, computed densely)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from hfrewrite.resolve import resolve
 from hfrewrite.verify import fixtures
 from hfrewrite.verify.validate import validation_config
 from tests.analyze.by_hand import attention_by_hand
-from tests.analyze.carried_mlps import VARIANTS, clamped_shared_expert, mlp_variant
+from tests.analyze.carried_mlps import VARIANTS, clamped_shared_expert, mlp_variant, tempered_moe
 from tests.analyze.kv_fused import q_beside_kv
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "custom_code"
@@ -44,6 +45,7 @@ def _offline(monkeypatch):
         ("fusedqkv_postnorm", "blocks"),  # ... as [k; v]
         ("tinymoe", None),
         ("tinymoe", "clamped_shared"),  # a clamped-SwiGLU shared expert, sharded with its own code
+        ("tinymoe", "tempered_dense"),  # a routing vLLM's fused MoE does not compute: block kept
     ],
 )
 def test_custom_code_converts_validates_and_verifies(name, variant, tmp_path, capsys):
@@ -56,6 +58,8 @@ def test_custom_code_converts_validates_and_verifies(name, variant, tmp_path, ca
         source.write_text(mlp_variant(source.read_text(), variant))
     elif variant == "clamped_shared":
         source.write_text(clamped_shared_expert(source.read_text()))
+    elif variant == "tempered_dense":
+        source.write_text(tempered_moe(source.read_text(), dense=True))
     elif variant is not None:
         source.write_text(q_beside_kv(source.read_text(), variant))
     out = tmp_path / "out"
