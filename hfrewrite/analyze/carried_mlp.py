@@ -23,7 +23,7 @@ from torch import nn
 from hfrewrite.analyze.example_run import error_line
 from hfrewrite.analyze.mlp_forms import KeptMlp
 from hfrewrite.analyze.plan import NoMatch, Refusal
-from hfrewrite.analyze.trace import Traced, relative
+from hfrewrite.analyze.trace import Traced, is_experts, relative
 
 PATTERN = "carried_mlp"
 _TOLERANCE = 1e-5  # float32 on the same weights: only the summation order differs
@@ -54,6 +54,9 @@ def _not_per_token(traced: Traced, path: str) -> str | None:
     if len(tensors) != 1 or tensors[0].dim() != 3:
         return "it is not called with the hidden states alone"
     block: nn.Module = traced.module.get_submodule(path)
+    if any(is_experts(m) for m in block.modules()):
+        # @use_experts_implementation: the config picks the code at run time, not this trace
+        return "its stacked experts run the implementation the config names at run time"
     (x,) = tensors
     flat = x.reshape(-1, x.shape[-1])
 
