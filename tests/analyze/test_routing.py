@@ -106,8 +106,10 @@ def test_router_mutations_convert_to_what_they_compute(mutate, case):
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_router_mutations_vllm_cannot_express_are_refused(mutate, case):
     mutate(gm.Glm4MoeTopkRouter, "forward", *REFUSED[case])
-    with pytest.raises(HfrewriteError, match="Glm4MoeMoE: fuse_experts: replaying the plan"):
+    with pytest.raises(HfrewriteError, match="Glm4MoeMoE: fuse_experts: replaying the plan") as err:
         moe_plan()
+    # nor kept from the source: transformers' experts implementation is the config's choice
+    assert "cannot be kept: its stacked experts run the implementation the config names" in str(err.value)
 
 
 def test_a_correction_bias_the_block_holds_is_the_blocks(monkeypatch):
