@@ -30,25 +30,26 @@ _TOLERANCE = 1e-5  # float32 on the same weights: only the summation order diffe
 
 
 def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> tuple[NoMatch, KeptMlp]:
-    """The declined fact of keeping the MLP block ``path`` from the source, where it is
-    proven per token, and the Linears it calls (attributes of its class); otherwise a
+    """The declined fact of keeping the block ``path`` from the source, where it is proven
+    per token and one graph, and the Linears it calls (attributes of its class); otherwise a
     refusal: ``declined`` and why the block cannot be kept."""
-    why = _not_per_token(traced, path)
+    why = _why_not_kept(traced, path)
     if why is not None:
         reason = f"{declined.reason}; the source's block cannot be kept: {why}"
         raise Refusal(NoMatch(declined.pattern, declined.module_class, reason))
     kept = NoMatch(
         PATTERN,
         declined.module_class,
-        f"{declined.pattern}: {declined.reason}; the source's block is kept (each token computed alone, "
-        "proven on the traced values), its Linears replicated",
+        f"{declined.pattern}: {declined.reason}; the source's block is kept (each token computed "
+        "alone, one graph for torch.compile: proven on the traced values), its Linears replicated",
     )
     attrs = [relative(n.target, path) for n in traced.linears_in(path)]
     return kept, KeptMlp(declined.module_class, tuple(sorted({a for a in attrs if "." not in a})))
 
 
-def _not_per_token(traced: Traced, path: str) -> str | None:
-    """Why the block at ``path`` cannot run on vLLM's flat token batch, or None."""
+def _why_not_kept(traced: Traced, path: str) -> str | None:
+    """Why the block at ``path`` cannot run as written in vLLM's compiled forward over its
+    flat token batch, or None."""
     args, kwargs = traced.called_with.get(path, ((), {}))
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     if len(tensors) != 1 or tensors[0].dim() != 3:
