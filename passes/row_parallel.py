@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.plan import MlaPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult
@@ -133,7 +134,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             cls_name,
             rewrite(t.find_class(module, cls_name), attr, kind, reduce_param),
         )
-        rows.append(FusionRow(cls_name, f"{attr} -> {kind}"))
+        pairwise = mlp is not None and mlp.form is MlpForm.PAIRWISE and cls_name == mlp.module_class
+        note = f" ({mlp.form.label})" if pairwise and kind != "RowParallelLinear" else ""
+        rows.append(FusionRow(cls_name, f"{attr} -> {kind}{note}"))
     return PassResult(
         module=module,
         imports=tuple(sorted({k for *_, k in targets})),

@@ -21,7 +21,7 @@ class MlpForm(Enum):
     UNGATED = ("ColumnParallelLinear, the source's elementwise act", True)
     # down(f(gate(x), up(x))), f proven to compute lane i from gate and up lane i alone
     # (a clamped SwiGLU, an act vLLM has no *AndMul for): gate and up by columns
-    PAIRWISE = ("gate and up by columns, the source's act per gate/up lane", True)
+    PAIRWISE = ("no *AndMul computes its act: the source's act per gate/up lane", True)
 
     def __init__(self, label: str, keeps_source_act: bool) -> None:
         self.label = label
