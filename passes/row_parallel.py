@@ -61,13 +61,16 @@ class _Unpack(cst.CSTTransformer):
         return updated
 
 
+def _assignment(init: cst.FunctionDef, attr: str) -> int | None:
+    """The index of ``init``'s first ``self.<attr> = ...`` statement, if any."""
+    return next((i for i, s in enumerate(init.body.body) if t.self_attr_assigned(s) == attr), None)
+
+
 def _builds_linear(cls: cst.ClassDef, attr: str) -> bool:
     """``__init__`` assigns ``self.<attr> = nn.Linear(...)``."""
     init = t.find_method(cls, "__init__")
-    return any(
-        t.self_attr_assigned(s) == attr and builds(t.assigned_value(s), nn_call("Linear"))
-        for s in init.body.body
-    )
+    i = _assignment(init, attr)
+    return i is not None and builds(t.assigned_value(init.body.body[i]), nn_call("Linear"))
 
 
 def rewrite(
@@ -81,28 +84,26 @@ def rewrite(
     name = cls.name.value
     init = t.find_method(cls, "__init__")
     body = list(init.body.body)
-    for i, s in enumerate(body):
-        if t.self_attr_assigned(s) == attr:
-            call = t.assigned_value(s)
-            if not builds(call, nn_call("Linear")):
-                raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
-            size_in, size_out, bias = (
-                t.arg(call, 0, "in_features"),
-                t.arg(call, 1, "out_features"),
-                t.arg(call, 2, "bias"),
-            )
-            bias_src = t.code(bias) if bias is not None else "True"
-            sizes = t.code(size_out)  # a merged [gate; up] Linear: its two halves
-            sizes = f"[{sizes} // 2] * 2" if kind == "MergedColumnParallelLinear" else sizes
-            body[i] = t.stmt(
-                f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {sizes},\n"
-                f"    bias={bias_src},\n{'    reduce_results=reduce_results,' + chr(10) if reduce_param else ''}"
-                "    quant_config=quant_config,\n"
-                f'    prefix=f"{{prefix}}.{attr}",\n)\n'
-            ).with_changes(leading_lines=s.leading_lines)
-            break
-    else:
+    i = _assignment(init, attr)
+    if i is None:
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not assigned in __init__")
+    call = t.assigned_value(body[i])
+    if not builds(call, nn_call("Linear")):
+        raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
+    size_in, size_out, bias = (
+        t.arg(call, 0, "in_features"),
+        t.arg(call, 1, "out_features"),
+        t.arg(call, 2, "bias"),
+    )
+    bias_src = t.code(bias) if bias is not None else "True"
+    sizes = t.code(size_out)  # a merged [gate; up] Linear: its two halves
+    sizes = f"[{sizes} // 2] * 2" if kind == "MergedColumnParallelLinear" else sizes
+    body[i] = t.stmt(
+        f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {sizes},\n"
+        f"    bias={bias_src},\n{'    reduce_results=reduce_results,' + chr(10) if reduce_param else ''}"
+        "    quant_config=quant_config,\n"
+        f'    prefix=f"{{prefix}}.{attr}",\n)\n'
+    ).with_changes(leading_lines=body[i].leading_lines)
     if reduce_param:
         init = t.with_params(init, ["reduce_results: bool = True"])
     cls = t.set_method(cls, t.with_body(init, body))

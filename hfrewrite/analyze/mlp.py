@@ -28,7 +28,7 @@ from transformers.activations import ACT2FN
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import ancestors, path_nodes
 from hfrewrite.analyze.mlp_forms import MlpForm
-from hfrewrite.analyze.mlp_pairwise import function_of, lanewise, pairwise_fused, pairwise_separate
+from hfrewrite.analyze.mlp_pairwise import OWN_ACT, function_of, lanewise, pairwise_fused, pairwise_separate
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
 from hfrewrite.analyze.trace import Traced, is_identity_dropout, past_identity_dropouts, relative, value
 
@@ -314,4 +314,4 @@ def _ungated(
     if module:
         return MlpPlan(cls, None, u, d, name, type(traced.submodule(act)).__name__, form=MlpForm.UNGATED)
     # torch's function called inline, or the math written out: the source's code stays
-    return MlpPlan(cls, None, u, d, "", functional or "the source's own activation", form=MlpForm.UNGATED)
+    return MlpPlan(cls, None, u, d, "", functional or OWN_ACT, form=MlpForm.UNGATED)

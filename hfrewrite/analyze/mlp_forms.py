@@ -12,20 +12,19 @@ from enum import Enum
 
 
 class MlpForm(Enum):
-    """``label``: the --explain wording; ``keeps_source_act``: the source's code between the
-    projections stays in the file (each rank runs it on its columns)."""
+    """``label``: the --explain wording."""
 
     # down(act(gate(x)) * up(x)) with vLLM's *AndMul: gate and up merged, the act replaced
-    AND_MUL = ("MergedColumnParallelLinear + *AndMul", False)
+    AND_MUL = "MergedColumnParallelLinear + *AndMul"
     # down(act(up(x))), act proven elementwise: up by columns
-    UNGATED = ("ColumnParallelLinear, the source's elementwise act", True)
+    UNGATED = "ColumnParallelLinear, the source's elementwise act"
     # down(f(gate(x), up(x))), f proven to compute lane i from gate and up lane i alone
     # (a clamped SwiGLU, an act vLLM has no *AndMul for): gate and up by columns
-    PAIRWISE = ("no *AndMul computes its act: the source's act per gate/up lane", True)
+    PAIRWISE = "no *AndMul computes its act: the source's act per gate/up lane"
 
-    def __init__(self, label: str, keeps_source_act: bool) -> None:
-        self.label = label
-        self.keeps_source_act = keeps_source_act
+    @property
+    def label(self) -> str:
+        return self.value
 
     def column_sharded(self, plan) -> tuple[tuple[str, str], ...]:
         """(attribute, vLLM class) of the projections this form shards by columns, beside
@@ -41,7 +40,8 @@ class MlpForm(Enum):
 
 @dataclass(frozen=True)
 class KeptMlp:
-    """A dense MLP class no form fits, kept from the source (analyze/carried_mlp.py): the
+    """A feed-forward class no rewrite fits (a dense MLP no form fits, experts vLLM's fused
+    MoE is not proven to compute), kept from the source (analyze/carried_mlp.py): the
     Linears its block calls, attributes of the class, become vLLM's ``ReplicatedLinear``
     (the whole weight on every rank, quantized as vLLM's other linears are)."""
 

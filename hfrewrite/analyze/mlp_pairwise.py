@@ -25,7 +25,7 @@ from hfrewrite.analyze.plan import LinearFact, MlpPlan
 from hfrewrite.analyze.trace import Traced, value
 
 _RANKS = (2, 4)  # the column blocks each check replays
-_OWN_CODE = "the source's own activation"
+OWN_ACT = "the source's own activation"  # MlpPlan.activation where the source's act stays
 
 
 def pairwise_separate(traced: Traced, path: str, cls: str, linears: list[Node], down: Node) -> MlpPlan | None:
@@ -40,7 +40,7 @@ def pairwise_separate(traced: Traced, path: str, cls: str, linears: list[Node], 
     if not lanewise(lambda cols: fn(g[..., cols], u[..., cols]), value(down.args[0]), g.shape[-1]):
         return None
     g_fact, u_fact, d = (traced.linear_fact(n, path) for n in (gate, up, down))
-    return MlpPlan(cls, g_fact, u_fact, d, "", _OWN_CODE, form=MlpForm.PAIRWISE)
+    return MlpPlan(cls, g_fact, u_fact, d, "", OWN_ACT, form=MlpForm.PAIRWISE)
 
 
 def pairwise_fused(traced: Traced, path: str, cls: str, linears: list[Node], down: Node) -> MlpPlan | None:
@@ -63,7 +63,7 @@ def pairwise_fused(traced: Traced, path: str, cls: str, linears: list[Node], dow
     fact = traced.linear_fact(proj, path)
     fact = LinearFact(fact.attr, fact.in_features, half, fact.bias)
     d = traced.linear_fact(down, path)
-    return MlpPlan(cls, fact, fact, d, "", _OWN_CODE, fused_gate_up=True, form=MlpForm.PAIRWISE)
+    return MlpPlan(cls, fact, fact, d, "", OWN_ACT, fused_gate_up=True, form=MlpForm.PAIRWISE)
 
 
 def lanewise(replay, out: torch.Tensor, width: int) -> bool:

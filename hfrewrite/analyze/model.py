@@ -69,6 +69,7 @@ from hfrewrite.analyze.moe_variants import with_other_routings
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
+    KeptMlp,
     MixerPlan,
     MlaPlan,
     MlpPlan,
@@ -182,7 +183,7 @@ class _LayerPlans:
     declined: tuple[NoMatch, ...]
     siblings: tuple[tuple[str, object], ...]
     mixer: MixerPlan | None  # a hybrid model's other mixer
-    kept_mlps: tuple  # KeptMlp: dense MLP classes kept from the source
+    kept_mlps: tuple[KeptMlp, ...]  # feed-forward classes kept from the source
 
 
 def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
@@ -429,12 +430,12 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
     if not isinstance(mlp, NoMatch):
         return LayerFacts(decoder, attention, mlp, None, carried, mixer)
     moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)
-    if isinstance(moe, NoMatch) and moe.reason.endswith("stacked-experts modules instead of one"):
-        # no experts at all: a dense MLP no rewrite fits, kept from the source if it can be
-        kept = carry_mlp(traced, block, mlp) if block and not decoder.mlp_linears else _required(mlp)
-        return LayerFacts(decoder, attention, None, None, carried, mixer, kept)
-    if isinstance(moe, NoMatch):  # experts vLLM's fused MoE is not proven to compute: kept
-        kept = carry_mlp(traced, block, moe) if block and not decoder.mlp_linears else _required(moe)
+    if isinstance(moe, NoMatch):  # kept from the source if it can be
+        # no experts at all: the dense MLP's reason is the one to give; else the experts'
+        declined = mlp if moe.reason.endswith("stacked-experts modules instead of one") else moe
+        kept = (
+            carry_mlp(traced, block, declined) if block and not decoder.mlp_linears else _required(declined)
+        )
         return LayerFacts(decoder, attention, None, None, carried, mixer, kept)
     names = expert_checkpoint_names(config.model_type)
     moe = dataclasses.replace(
