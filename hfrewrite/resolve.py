@@ -180,19 +180,9 @@ def _build(
 ) -> ResolvedModel:
     """Build the config with the installed config class (never Hub code) and locate the source."""
     from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import (
-        CONFIG_MAPPING,
-        model_type_to_module_name,
-    )
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    module = model_type_to_module_name(model_type)
-    modeling_module = f"transformers.models.{module}.modeling_{module}"
-    modeling_path = _transformers_root() / "models" / module / f"modeling_{module}.py"
-    if not modeling_path.is_file():
-        raise HfrewriteError(
-            f"{model_id}: model type {model_type!r} has no installed modeling file "
-            f"transformers/models/{module}/modeling_{module}.py; hfrewrite rewrites only those"
-        )
+    modeling_module, modeling_path = _installed_source(model_id, model_type)
     try:
         if data is None:
             config = AutoConfig.for_model(model_type, **BARE_TYPE_FIELDS.get(model_type, {}))
@@ -213,6 +203,34 @@ def _build(
         modeling_module=modeling_module,
         transformers_version=_transformers_version(),
         trust_remote_code=trust_remote_code,
+    )
+
+
+def _installed_source(model_id: str, model_type: str) -> tuple[str, Path]:
+    """The module and file of the type's installed modeling source: ``modeling_<type>.py``
+    in its folder, else the file defining the causal LM transformers maps the type to
+    (``gpt-sw3`` is GPT-2's class; ``data2vec-text`` lives in ``modeling_data2vec_text.py``)."""
+    import importlib.util
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    module = model_type_to_module_name(model_type)
+    path = _transformers_root() / "models" / module / f"modeling_{module}.py"
+    if path.is_file():
+        return f"transformers.models.{module}.modeling_{module}", path
+    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if class_name:
+        import transformers
+
+        defining = getattr(getattr(transformers, class_name, None), "__module__", "")
+        spec = importlib.util.find_spec(defining) if defining.startswith("transformers.") else None
+        if spec is not None and spec.origin and Path(spec.origin).is_file():
+            return defining, Path(spec.origin)
+    raise HfrewriteError(
+        f"{model_id}: model type {model_type!r} has no installed modeling file "
+        f"transformers/models/{module}/modeling_{module}.py and no causal LM class of its own; "
+        "hfrewrite rewrites only those"
     )
 
 

@@ -131,3 +131,14 @@ def test_revision_only_for_hub_ids():
 def test_missing_path_like_id():
     with pytest.raises(HfrewriteError, match="no such directory"):
         resolve("./does/not/exist")
+
+
+def test_type_without_a_modeling_file_of_its_name_uses_its_causal_lm_class_file():
+    # gpt-sw3 has no models/gpt_sw3/modeling_gpt_sw3.py: transformers maps it to GPT-2's
+    # causal LM; data2vec-text's classes live in models/data2vec/modeling_data2vec_text.py
+    sw3 = resolve("gpt-sw3")
+    assert sw3.modeling_module == "transformers.models.gpt2.modeling_gpt2"
+    assert sw3.modeling_path.name == "modeling_gpt2.py" and sw3.modeling_path.is_file()
+    text = resolve("data2vec-text")
+    assert text.modeling_module == "transformers.models.data2vec.modeling_data2vec_text"
+    assert text.modeling_path.is_file()
