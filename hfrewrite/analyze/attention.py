@@ -34,7 +34,12 @@ from hfrewrite.analyze.dataflow import (
     rope_start,
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
-from hfrewrite.analyze.head_layout import only_layout, prove_head_layout, prove_output_layout
+from hfrewrite.analyze.head_layout import (
+    norm_through_layout,
+    only_layout,
+    prove_head_layout,
+    prove_output_layout,
+)
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
@@ -212,13 +217,12 @@ def _rope(
     rope, norm_after = None, None
     if rope_in["q"] is not None:
         rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type, layer_idx)
-        ends = [args[r] for r in "qk"]
-        if isinstance(rope, str) and all(
-            n.op == "call_module" and is_norm(traced.submodule(n)) for n in ends
-        ):
-            # q/k norms right after the rope (hunyuan): the rope ends at their inputs
+        after_norm = {r: norm_through_layout(args[r], traced) for r in "qk"}
+        if isinstance(rope, str) and all(after_norm.values()):
+            # q/k norms right after the rope (hunyuan; Llama-4 then transposes): the rope
+            # ends at their inputs
             after = prove_rope(
-                [(rope_in[r], args[r].args[0]) for r in "qk"],
+                [(rope_in[r], after_norm[r].args[0]) for r in "qk"],
                 config,
                 head_dim,
                 layer_type,
@@ -227,11 +231,11 @@ def _rope(
             if not isinstance(after, str):
                 rope, norm_after = (
                     after,
-                    {r: relative(args[r].target, path) for r in "qk"},
+                    {r: relative(after_norm[r].target, path) for r in "qk"},
                 )
         if isinstance(rope, str):
             refuse_rope(rope)
-    rope_ends = {r: args[r].args[0] if norm_after is not None else args[r] for r in "qk"}
+    rope_ends = {r: after_norm[r].args[0] if norm_after is not None else args[r] for r in "qk"}
     table = _rope_table(traced, path, rope, value(args["q"]).shape[-2], config, layer_type)
     return _Rope(rope_in, rope, norm_after, rope_ends if rope else {}, table)
 
@@ -257,8 +261,9 @@ def _norms(
 ) -> dict[str, str | None]:
     """Role -> the attribute of its one norm (before the rope, or right after it), or None;
     norms on both q and k or on neither, never on v."""
+    ends = {**args, **rope.ends} if rope.norm_after is not None else args  # before the norm
     norms = {
-        role: _head_norm(traced, path, scope, args[role], feeders[role], rope.starts[role], role)
+        role: _head_norm(traced, path, scope, ends[role], feeders[role], rope.starts[role], role)
         for role in "qkv"
     }
     if rope.norm_after is not None:

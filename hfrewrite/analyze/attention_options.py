@@ -9,6 +9,8 @@ from typing import NamedTuple
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.causal_mask import allows_exactly
+from hfrewrite.analyze.mask_window import band
 from hfrewrite.analyze.plan import refuse
 from hfrewrite.analyze.trace import causal_sdpa, relative, value
 
@@ -68,7 +70,30 @@ def call_options(call: Node, path: str, num_heads: int) -> CallOptions:
     if call.target is causal_sdpa and scaling is not None and not call.meta.get("unscaled"):
         refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
     window = value(call.kwargs.get("sliding_window"))
+    _prove_layer_mask(call, window)
     return CallOptions(sinks, scaling, softcap, window)
+
+
+def _prove_layer_mask(call: Node, window: int | None) -> None:
+    """The mask handed to the attention call (the example run's: one unpadded sequence) lets
+    each token see what vLLM's ``Attention`` lets it see: the keys up to it, the last
+    ``window`` of them where the call passes a sliding window. Any other mask (Llama-4's
+    chunked attention, whose chunks the shrunk config makes shorter than the example) is
+    refused: vLLM's causal attention would compute something else."""
+    mask = value(call.args[4]) if len(call.args) > 4 else None
+    if not torch.is_tensor(mask) or mask.dim() < 2:
+        return  # None: the implementation's own causal attention
+    length = mask.shape[-1]
+    if mask.shape[-2] != length:
+        return  # queries over a longer key range (a cache): not the example's prefill
+    if not allows_exactly(mask, band(length, window)):
+        refuse(
+            "vllm_attention",
+            "the mask the base model hands this layer's attention is not causal"
+            + (f" within the call's sliding window of {window}" if window else "")
+            + " (checked on the example run's mask: chunked or other local attention), which "
+            "vLLM's Attention would not compute",
+        )
 
 
 def _sinks(call: Node, path: str, num_heads: int) -> str | None:

@@ -53,11 +53,21 @@ def causal_mask(mask: Any, length: int, layer_masks: bool = False) -> bool:
         mask = mask.node.meta["value"]
     if not torch.is_tensor(mask) or mask.shape[-2:] != (length, length):
         return False
-    allowed = torch.ones(length, length, dtype=torch.bool).tril().expand(*mask.shape[:-2], length, length)
+    return allows_exactly(mask, torch.ones(length, length, dtype=torch.bool).tril())
+
+
+def allows_exactly(mask: torch.Tensor, allowed: torch.Tensor) -> bool:
+    """``mask`` (boolean, or additive 0 / very negative) lets each query see exactly the keys
+    ``allowed`` [queries, keys] marks, the same for every leading index."""
+    if mask.dim() < 2 or mask.shape[-2:] != allowed.shape:
+        return False
+    allowed = allowed.expand(*mask.shape[:-2], *allowed.shape)
     if mask.dtype == torch.bool:
         return torch.equal(mask, allowed)
+    if not mask.is_floating_point():
+        return False
     very_negative = mask <= torch.finfo(mask.dtype).min / 2
-    return mask.is_floating_point() and bool((mask[allowed] == 0).all() and very_negative[~allowed].all())
+    return bool((mask[allowed] == 0).all() and very_negative[~allowed].all())
 
 
 def windowed(config) -> bool:

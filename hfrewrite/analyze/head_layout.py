@@ -133,6 +133,18 @@ def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
             )
 
 
+def norm_through_layout(node: Node, traced: Traced) -> Node | None:
+    """The norm call ``node`` is, or reads through layout alone (Llama-4 normalises q after
+    its rope, then transposes it for the attention); else None."""
+    while (node.op == "call_method" and node.target in _LAYOUT_METHODS) or (
+        node.op == "call_function" and node.target in (torch.transpose, torch.reshape, torch.flatten)
+    ):
+        if not node.args or not isinstance(node.args[0], Node):
+            return None
+        node = node.args[0]
+    return node if node.op == "call_module" and is_norm(traced.submodule(node)) else None
+
+
 def _shape_arithmetic(node: Node) -> bool:
     """A node computing sizes: its value a ``torch.Size``, int or tuple of ints, never a
     tensor; whatever it feeds into the tensor path is itself a checked node."""

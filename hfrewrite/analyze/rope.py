@@ -96,7 +96,15 @@ def _same_layout(xv, yv):
     """(x, y) with x in y's [batch, heads, seq, head_dim] layout when the rope region also
     moves the heads axis (Qwen rotates in [batch, seq, heads, head_dim], then permutes):
     the replay on the transposed x then proves both."""
-    if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.dim() == 4 and xv.shape != yv.shape):
+    if not (torch.is_tensor(xv) and torch.is_tensor(yv) and xv.dim() == 4):
+        return xv, yv
+    if xv.shape == yv.shape:
+        # both [batch, seq, heads, head_dim] (Llama-4 rotates, normalises, then transposes):
+        # position 0, which any rope leaves as it is, lies on the second axis
+        if not torch.allclose(xv[..., 0, :], yv[..., 0, :], atol=ATOL) and torch.allclose(
+            xv[:, 0], yv[:, 0], atol=ATOL
+        ):
+            return xv.transpose(1, 2), yv.transpose(1, 2)
         return xv, yv
     if xv.transpose(1, 2).shape == yv.shape:
         return xv.transpose(1, 2), yv

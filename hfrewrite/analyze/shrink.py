@@ -287,10 +287,12 @@ _WINDOW = 3
 
 
 def _shrink_windows(small) -> None:
-    """Local attention windows (``*window_size``) narrower than the example run, so that a
-    hand-written windowed mask is proven on the values (analyze/mask_window.py)."""
+    """Local attention windows (``*window_size``) and chunks (Llama-4's
+    ``attention_chunk_size``) narrower than the example run, so that a windowed or chunked
+    mask is seen on the values (analyze/mask_window.py, analyze/attention_options.py)."""
     for name, size in sorted(vars(small).items()):
-        if name.endswith("window_size") and type(size) is int and size > _WINDOW:
+        local = name.endswith(("window_size", "attention_chunk_size"))
+        if local and type(size) is int and size > _WINDOW:
             _set(small, name, _WINDOW)
 
 
