@@ -192,11 +192,11 @@ def _tokens_embedded(
 ) -> _TokensEmbedded:
     """Which of ``embeds`` looks up the tokens, and the position rows another adds to
     them (proven against ``first``, what the first layer receives)."""
-    embed = token_embedding(embeds, calls, ids)
+    embed = token_embedding(base, embeds, calls, ids)
     if embed is None:
         refuse(
             "model_layout",
-            f"no one of the embeddings {embeds} is called on the input ids",
+            f"not exactly one of the embeddings {embeds} looks up the input ids",
             type(base).__name__,
         )
     start, position = calls[embed][1], None

@@ -20,9 +20,11 @@ from hfrewrite.analyze.plan import NoMatch, PositionEmbeddingPlan
 MAX_OFFSET = 4  # rows kept in front of position 0 (OPT, BioGPT: 2)
 
 
-def token_embedding(candidates: list[str], calls: dict, ids: torch.Tensor) -> str | None:
-    """The one embedding among ``candidates`` that the example run called on ``ids`` (the
-    only candidate, when there is one)."""
+def token_embedding(base: nn.Module, candidates: list[str], calls: dict, ids: torch.Tensor) -> str | None:
+    """The one embedding among ``candidates`` (children of ``base``) that the example run
+    called on ``ids`` (the only candidate, when there is one); where several were called on
+    them (TrOCR's position table reads the ids for their shape), the one whose output is its
+    weight's rows at the ids."""
     if len(candidates) == 1:
         return candidates[0]
     found = [
@@ -33,7 +35,19 @@ def token_embedding(candidates: list[str], calls: dict, ids: torch.Tensor) -> st
         and torch.is_tensor(calls[name][0][0])
         and torch.equal(calls[name][0][0], ids)
     ]
+    if len(found) > 1:
+        found = [name for name in found if _looks_up(base.get_submodule(name), calls[name][1], ids)]
     return found[0] if len(found) == 1 else None
+
+
+def _looks_up(module: nn.Module, out, ids: torch.Tensor) -> bool:
+    weight = getattr(module, "weight", None)
+    if not (torch.is_tensor(out) and torch.is_tensor(weight) and weight.dim() == 2):
+        return False
+    if int(ids.max()) >= weight.shape[0]:
+        return False
+    rows = weight[ids]
+    return rows.shape == out.shape and torch.equal(rows.to(out.dtype), out)
 
 
 def prove_position_embedding(

@@ -23,11 +23,26 @@ def _tables(seed: int = 0):
 
 
 def test_the_token_table_is_the_one_called_on_the_ids():
+    base = nn.ModuleDict(dict(zip(("wte", "wpe"), _tables())))
     ids, positions = torch.tensor([[5, 6, 7]]), torch.arange(3)[None]
     calls = {"wte": ((ids,), None), "wpe": ((positions,), None)}
-    assert token_embedding(["wte", "wpe"], calls, ids) == "wte"
-    assert token_embedding(["wpe", "wte"], calls, ids) == "wte"
-    assert token_embedding(["wte"], {}, ids) == "wte"  # the only one: nothing to tell apart
+    assert token_embedding(base, ["wte", "wpe"], calls, ids) == "wte"
+    assert token_embedding(base, ["wpe", "wte"], calls, ids) == "wte"
+    assert token_embedding(base, ["wte"], {}, ids) == "wte"  # the only one: nothing to tell apart
+
+
+def test_of_two_tables_called_on_the_ids_the_token_table_is_the_lookup_of_them():
+    # TrOCR's position table reads the ids for their shape and returns its rows at 2, 3, ...
+    wte, wpe = _tables()
+    base = nn.ModuleDict({"embed_tokens": wte, "embed_positions": wpe})
+    ids = torch.tensor([[5, 6, 7]])
+    calls = {
+        "embed_tokens": ((ids,), wte(ids)),
+        "embed_positions": ((ids,), wpe(torch.arange(3)[None] + 2)),
+    }
+    assert token_embedding(base, ["embed_positions", "embed_tokens"], calls, ids) == "embed_tokens"
+    both_lookups = {**calls, "embed_positions": ((ids,), wpe(ids))}
+    assert token_embedding(base, ["embed_positions", "embed_tokens"], both_lookups, ids) is None
 
 
 def test_rows_at_the_positions_added_to_the_tokens_are_proven():
