@@ -17,6 +17,10 @@ tokens chose) keeps the refusal its rewrite gave, with this reason added.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -91,10 +95,24 @@ def _not_one_graph(call, flat: torch.Tensor) -> str | None:
     flat = flat.clone()
     torch._dynamo.mark_dynamic(flat, 0)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _dynamo_enabled():
             torch.compile(call, fullgraph=True, backend="eager")(flat)
     except Exception as exc:  # noqa: BLE001 - dynamo's reason, first line
         return f"torch.compile cannot capture it as one graph, as vLLM compiles models ({error_line(exc)})"
     finally:
         torch._dynamo.reset()
     return None
+
+
+@contextmanager
+def _dynamo_enabled() -> Iterator[None]:
+    """torch.compile compiling, whatever the environment says: with ``TORCHDYNAMO_DISABLE=1``
+    or ``TORCH_COMPILE_DISABLE=1`` it returns the function as it is, and the proof above would
+    pass without capturing anything."""
+    saved = os.environ.pop("TORCHDYNAMO_DISABLE", None)
+    try:
+        with torch._dynamo.config.patch(disable=False):
+            yield
+    finally:
+        if saved is not None:
+            os.environ["TORCHDYNAMO_DISABLE"] = saved

@@ -125,9 +125,15 @@ def test_experts_under_a_routing_vllm_does_not_compute_are_kept_when_one_graph(t
     assert plan.kept_mlps == (KeptMlp("TinyMoeSparseBlock", ("router",)),)
 
 
-def test_experts_in_a_loop_over_the_chosen_ones_are_refused_for_torch_compile(tmp_path, monkeypatch):
+@pytest.mark.parametrize("disabled", [None, "TORCHDYNAMO_DISABLE"])
+def test_experts_in_a_loop_over_the_chosen_ones_are_refused_for_torch_compile(
+    tmp_path, monkeypatch, disabled
+):
     # runs per token on vLLM's flat batch, but branches on the values: vLLM's torch.compile
-    # (fullgraph) of the model would fail on it
+    # (fullgraph) of the model would fail on it; torch.compile turned off in the environment
+    # (the tests' vLLM workers run so) must not make the proof pass without compiling
+    if disabled:
+        monkeypatch.setenv(disabled, "1")
     repo = _tempered(tmp_path, monkeypatch, dense=False)
     with pytest.raises(HfrewriteError) as err:
         analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
