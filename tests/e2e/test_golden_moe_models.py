@@ -293,9 +293,11 @@ CARRIED_ROUTERS = {"phimoe-carried-router"}
 # vLLM 0.32's own cohere2_moe.py does not match transformers 5.19 on this checkpoint (tokens
 # apart from the first step): Hugging Face is the reference there.
 NATIVE_WRONG = {"cohere2_moe-softmax-over-top-k-parallel-block"}
-# vLLM 0.32's own phimoe.py greedily emits token 0 at every step on this checkpoint on some
-# CPUs and agrees with Hugging Face on others (CI): either is accepted, nothing in between.
-NATIVE_ZEROS_ON_SOME_CPUS = {"phimoe-carried-router"}
+# vLLM 0.32's own phimoe.py is not stable on CPU on this checkpoint: it agrees with Hugging
+# Face on some machines (CI, serially), greedily emits token 0 at every step on others, and
+# other tokens again while another vLLM runs beside it (make test's second worker). The
+# generated file is held to Hugging Face as everywhere; vLLM's own is not the reference here.
+NATIVE_UNSTABLE_ON_CPU = {"phimoe-carried-router"}
 # vLLM 0.32 has no dots1 model file, and registers Aria's multimodal class only: Hugging Face
 # is the reference
 NO_NATIVE = {"dots1-grouped-sigmoid", "aria_text-transposed-renamed-shared"}
@@ -361,8 +363,7 @@ def test_moe_golden_matches_hf_and_vllm_native(reports, case):
     elif case in NATIVE_IGNORES_CONFIG | NATIVE_WRONG:
         assert report.native_tokens != report.hf_tokens, "vLLM native now agrees with HF: drop the exemption"
         problems = [p for p in problems if "native" not in p]  # only the native comparison is exempt
-    elif case in NATIVE_ZEROS_ON_SOME_CPUS and report.native_tokens != report.hf_tokens:
-        assert all(t == 0 for row in report.native_tokens for t in row), report.summary()
+    elif case in NATIVE_UNSTABLE_ON_CPU and report.native_tokens != report.hf_tokens:
         problems = [p for p in problems if "native" not in p]
     elif case not in NO_NATIVE:
         assert report.generated_tokens == report.native_tokens, report.summary()
