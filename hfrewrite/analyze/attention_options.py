@@ -89,10 +89,10 @@ def _prove_layer_mask(call: Node, window: int | None) -> None:
     if not allows_exactly(mask, band(length, window)):
         refuse(
             "vllm_attention",
-            "the mask the base model hands this layer's attention is not causal"
+            "the mask the attention call is given is not causal"
             + (f" within the call's sliding window of {window}" if window else "")
-            + " (checked on the example run's mask: chunked or other local attention), which "
-            "vLLM's Attention would not compute",
+            + " (checked on the example run's mask: chunked, local or computed from the values), "
+            "which vLLM's Attention would not compute",
         )
 
 

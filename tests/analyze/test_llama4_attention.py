@@ -41,16 +41,16 @@ def test_the_shrink_makes_attention_chunks_shorter_than_the_example_run():
 
 def test_chunked_attention_is_refused_for_its_mask():
     chunked = _config(layer_types=["chunked_attention"] * 48)
-    with pytest.raises(
-        HfrewriteError, match="mask the base model hands this layer's attention is not causal"
-    ):
+    with pytest.raises(HfrewriteError, match="the mask the attention call is given is not causal"):
         analyze(chunked)
 
 
 def test_the_released_config_is_refused_for_its_chunked_layers():
     with pytest.raises(HfrewriteError) as refused:
         analyze(transformers.AutoConfig.for_model("llama4_text"))
-    assert "Llama4TextAttention: vllm_attention: the mask the base model hands" in str(refused.value)
+    assert "Llama4TextAttention: vllm_attention: the mask the attention call is given is not causal" in str(
+        refused.value
+    )
 
 
 def test_a_nope_layers_temperature_of_the_sequence_length_is_refused():
