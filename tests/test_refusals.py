@@ -37,11 +37,15 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "zamba",
             "(the config itself builds: the shrunk copy the analysis traces does not, a limit of hfrewrite)",
         ),
-        # PLBart's decoder used alone: the shrink cuts its own head count with the width, and the
-        # analysis finds the encoder-decoder family's wrapper, not a decoder-only stack.
-        ("plbart", "PLBartDecoderWrapper: model_layout: not a decoder-only causal LM"),
-        # BERT is an encoder: no stack of decoder layers under its base model.
-        ("bert", "BertModel: model_layout: not a decoder-only causal LM"),
+        # PLBart's decoder used alone: its config is the encoder-decoder family's.
+        ("plbart", "PLBartDecoderWrapper: model_layout: an encoder-decoder model (is_encoder_decoder)"),
+        # BERT's causal LM: its layers sit in encoder.layer, not in a list under the base model.
+        (
+            "bert",
+            "BertModel: model_layout: no list of layers is a child of the base model; its lists sit deeper (encoder.layer)",
+        ),
+        # HRM runs two stacks of layers in cycles.
+        ("hrm_text", "its lists sit deeper (L_module.layers, H_module.layers)"),
         # Mamba mixes with a recurrent state space, not softmax attention.
         ("mamba", "MambaBlock: decoder_layer: no softmax attention call"),
     ],

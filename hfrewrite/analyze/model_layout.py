@@ -153,13 +153,21 @@ def _refuse_unfollowed_stack(base: nn.Module, base_attr: str, config, small) -> 
             "one decoder stack held by a child of the base model (ChatGLM3's encoder.layers), not these",
             type(base).__name__,
         )
-    if getattr(config, "is_encoder_decoder", False) or not any(
-        isinstance(m, nn.ModuleList) for m in base.children()
-    ):
+    if getattr(config, "is_encoder_decoder", False):
         refuse(
             "model_layout",
-            "not a decoder-only causal LM (no stack of decoder layers under the base "
-            "model): vLLM's decoder contract does not fit it",
+            "an encoder-decoder model (is_encoder_decoder): vLLM's decoder contract does not fit it",
+            type(base).__name__,
+        )
+    if not any(isinstance(m, nn.ModuleList) for m in base.children()):
+        shown = ", ".join(nested[:3]) + (", ..." if len(nested) > 3 else "")
+        refuse(
+            "model_layout",
+            f"no list of layers is a child of the base model; its lists sit deeper ({shown}), as in "
+            "BERT-style encoder stacks and models that run their layers in cycles: the analysis "
+            "follows one list of decoder layers under the base model"
+            if nested
+            else "no list of layers under the base model: not a stack of decoder layers",
             type(base).__name__,
         )
 
