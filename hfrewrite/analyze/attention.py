@@ -206,6 +206,12 @@ def _rope(
     ``layer``: the traced layer's (entry of ``config.layer_types``, index)."""
     layer_type, layer_idx = layer
     rope_in = {role: rope_start(arg, feeders[role], scope) for role, arg in args.items()}
+    if rope_in["v"] is None and rope_in["q"] is not None and rope_in["k"] is None:
+        refuse(
+            "vllm_attention",
+            "a position-dependent op is applied to q alone, and not as a per-token factor of the "
+            "positions the layer is given (which the file could compute from vLLM's positions)",
+        )
     if rope_in["v"] is not None or (rope_in["q"] is None) != (rope_in["k"] is None):
         refuse(
             "vllm_attention",

@@ -57,7 +57,10 @@ def test_a_nope_layers_temperature_of_the_sequence_length_is_refused():
     # q alone is scaled by a factor of torch.arange(seq) + the cache's length, not of the
     # positions the layer is given: no vLLM position feeds it
     nope = _config(no_rope_layers=[1, 0] * 24, attn_temperature_tuning=True)
-    with pytest.raises(HfrewriteError, match="a position-dependent op is not applied to exactly q and k"):
+    with pytest.raises(
+        HfrewriteError,
+        match="a position-dependent op is applied to q alone, and not as a per-token factor of the positions",
+    ):
         analyze(nope)
 
 
