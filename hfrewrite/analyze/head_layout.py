@@ -134,15 +134,26 @@ def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
 
 
 def norm_through_layout(node: Node, traced: Traced) -> Node | None:
-    """The norm call ``node`` is, or reads through layout alone (Llama-4 normalises q after
-    its rope, then transposes it for the attention); else None."""
-    while (node.op == "call_method" and node.target in _LAYOUT_METHODS) or (
-        node.op == "call_function" and node.target in (torch.transpose, torch.reshape, torch.flatten)
+    """The norm call ``node`` is, or reads through layout that moves no lane (Llama-4
+    normalises q after its rope, then swaps heads and tokens for the attention); else None."""
+    norm = node
+    while (norm.op == "call_method" and norm.target in _LAYOUT_METHODS) or (
+        norm.op == "call_function" and norm.target in (torch.transpose, torch.reshape, torch.flatten)
     ):
-        if not node.args or not isinstance(node.args[0], Node):
+        if not norm.args or not isinstance(norm.args[0], Node):
             return None
-        node = node.args[0]
-    return node if node.op == "call_module" and is_norm(traced.submodule(node)) else None
+        norm = norm.args[0]
+    if not (norm.op == "call_module" and is_norm(traced.submodule(norm))):
+        return None
+    normed, given = value(norm), value(node)
+    if norm is node or (
+        torch.is_tensor(normed)
+        and torch.is_tensor(given)
+        and normed.dim() == 4
+        and any(v.shape == given.shape and torch.equal(v, given) for v in (normed, normed.transpose(1, 2)))
+    ):
+        return norm
+    return None
 
 
 def _shape_arithmetic(node: Node) -> bool:

@@ -10,11 +10,13 @@ import pytest
 import torch
 import transformers
 
+from hfrewrite.analyze.head_layout import norm_through_layout
 from hfrewrite.analyze.mask_window import band
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.rope_styles import RopeStyle
 from hfrewrite.analyze.shrink import shrink_config
+from hfrewrite.analyze.trace import trace
 from hfrewrite.errors import HfrewriteError
 
 
@@ -68,3 +70,34 @@ def test_a_windowed_band_is_what_a_sliding_call_may_be_handed():
     causal = band(5, None)
     assert torch.equal(band(5, 8), causal)
     assert not band(5, 3)[4, 1] and band(5, 3)[4, 2]
+
+
+class _L2Norm(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class _NormThen(torch.nn.Module):
+    def __init__(self, relayout):
+        super().__init__()
+        self.qk_norm, self.relayout = _L2Norm(), relayout
+
+    def forward(self, x):  # [batch, seq, heads, head_dim]
+        return self.relayout(self.qk_norm(x))
+
+
+@pytest.mark.parametrize(
+    ("relayout", "found"),
+    [
+        (lambda y: y, True),
+        (lambda y: y.transpose(1, 2), True),
+        (lambda y: y.transpose(1, 2).contiguous(), True),
+        # heads regrouped: the lanes move, the rope proven before it would not be the file's
+        (lambda y: y.reshape(y.shape[0], y.shape[1], 2, -1).transpose(1, 2), False),
+    ],
+)
+def test_a_norm_after_the_rope_is_found_through_layout_that_moves_no_lane(relayout, found):
+    traced = trace(_NormThen(relayout), (torch.randn(2, 5, 4, 8),))
+    (out,) = [n for n in traced.graph.nodes if n.op == "output"]
+    norm = norm_through_layout(out.args[0], traced)
+    assert (norm is not None and norm.target == "qk_norm") is found
