@@ -122,16 +122,8 @@ def _merged_linear(
     ``nn.Linear`` gate and up, which must read the same input size with the same bias."""
     if not builds(g, nn_call("Linear")) or not builds(u, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: {gate}/{up} are not nn.Linear")
-    g_in, g_out, g_bias = (
-        t.arg(g, 0, "in_features"),
-        t.arg(g, 1, "out_features"),
-        t.arg(g, 2, "bias"),
-    )
-    u_in, u_out, u_bias = (
-        t.arg(u, 0, "in_features"),
-        t.arg(u, 1, "out_features"),
-        t.arg(u, 2, "bias"),
-    )
+    g_in, g_out, g_bias = t.linear_args(g)
+    u_in, u_out, u_bias = t.linear_args(u)
     if not same(g_in, u_in):
         raise HfrewriteError(f"{name}: {NAME}: {gate} and {up} read different input sizes")
     if not same(g_bias, u_bias):

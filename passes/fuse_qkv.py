@@ -48,8 +48,7 @@ def _linear_parts(stmt: cst.BaseStatement, cls: str, attr: str):
     call = t.assigned_value(stmt)
     if not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{cls}: {NAME}: self.{attr} is not built with nn.Linear")
-    size_in, size_out = t.arg(call, 0, "in_features"), t.arg(call, 1, "out_features")
-    bias = t.arg(call, 2, "bias")
+    size_in, size_out, bias = t.linear_args(call)
     if not (isinstance(size_out, cst.BinaryOperation) and isinstance(size_out.operator, cst.Multiply)):
         return size_in, None, size_out, bias  # a size computed elsewhere (ERNIE-4.5's q_hidden_size)
     return size_in, size_out.left, size_out.right, bias

@@ -90,11 +90,7 @@ def rewrite(
     call = t.assigned_value(body[i])
     if not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
-    size_in, size_out, bias = (
-        t.arg(call, 0, "in_features"),
-        t.arg(call, 1, "out_features"),
-        t.arg(call, 2, "bias"),
-    )
+    size_in, size_out, bias = t.linear_args(call)
     bias_src = t.code(bias) if bias is not None else "True"
     sizes = t.code(size_out)  # a merged [gate; up] Linear: its two halves
     sizes = f"[{sizes} // 2] * 2" if kind == "MergedColumnParallelLinear" else sizes

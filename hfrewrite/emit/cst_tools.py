@@ -143,6 +143,12 @@ def arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | Non
     return positional[position].value if position < len(positional) else None
 
 
+def linear_args(call: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
+    """An ``nn.Linear(in_features, out_features, bias)`` call's three arguments, as given
+    (None where left to the default)."""
+    return arg(call, 0, "in_features"), arg(call, 1, "out_features"), arg(call, 2, "bias")
+
+
 def leading_comments(node: cst.BaseStatement) -> list[cst.EmptyLine]:
     """The comment lines above a statement (blank lines dropped)."""
     lines = getattr(node, "leading_lines", ())

@@ -199,11 +199,7 @@ def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, comment
     call = t.assigned_value(body[where[attr]])
     if not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
-    size_in, size_out, bias = (
-        t.arg(call, 0, "in_features"),
-        t.arg(call, 1, "out_features"),
-        t.arg(call, 2, "bias"),
-    )
+    size_in, size_out, bias = t.linear_args(call)
     # the head size, where the source names it otherwise: its proven share of the output
     head_dim = (
         ""
