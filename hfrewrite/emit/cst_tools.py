@@ -144,8 +144,7 @@ def arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | Non
 
 
 def linear_args(call: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
-    """An ``nn.Linear(in_features, out_features, bias)`` call's three arguments, as given
-    (None where left to the default)."""
+    """``nn.Linear(in_features, out_features, bias)``'s arguments as given (None: the default)."""
     return arg(call, 0, "in_features"), arg(call, 1, "out_features"), arg(call, 2, "bias")
 
 
