@@ -42,10 +42,11 @@ from hfrewrite.analyze.head_layout import (
 )
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
+    NO_MIXER_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
     attends_by_hand,
     by_hand_facts,
-    is_softmax,
+    scores_softmax,
 )
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
@@ -373,13 +374,9 @@ def _attention_call(traced: Traced, path: str) -> Node:
             refuse("vllm_attention", DIRECT_SDPA_REASON)
         if attends_by_hand(traced.nodes_in(path), traced):
             refuse("vllm_attention", MANUAL_REASON)
-        if any(is_softmax(n) for n in traced.nodes_in(path)):
+        if any(scores_softmax(n) for n in traced.nodes_in(path)):
             refuse("vllm_attention", UNRECOGNISED_SOFTMAX_REASON)
-        refuse(
-            "vllm_attention",
-            "no call through the attention interface: a linear-attention or "
-            "recurrent mixer keeps state outside vLLM's KV cache",
-        )
+        refuse("vllm_attention", NO_MIXER_REASON)
     if len(calls) != 1:
         refuse(
             "vllm_attention",

@@ -29,9 +29,10 @@ from hfrewrite.analyze.block_output import returns_tuple
 from hfrewrite.analyze.linear_classes import is_linear as computes_linear
 from hfrewrite.analyze.manual_attention import (
     MANUAL_REASON,
+    NO_MIXER_REASON,
     UNRECOGNISED_SOFTMAX_REASON,
     attends_by_hand,
-    is_softmax,
+    scores_softmax,
 )
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
 from hfrewrite.analyze.trace import (
@@ -174,15 +175,10 @@ def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
         refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
     if not attending and attends_by_hand(traced.graph.nodes, traced):
         refuse("decoder_layer", MANUAL_REASON, cls)
-    if not attending and any(is_softmax(n) for n in traced.graph.nodes):
+    if not attending and any(scores_softmax(n) for n in traced.graph.nodes):
         refuse("decoder_layer", UNRECOGNISED_SOFTMAX_REASON, cls)
     if not attending:
-        refuse(
-            "decoder_layer",
-            "no softmax attention call, and no child is a mixer hfrewrite proves one of vLLM's "
-            "layers (a gated short convolution: ShortConv; a Mamba-2 block: MambaMixer2)",
-            cls,
-        )
+        refuse("decoder_layer", NO_MIXER_REASON, cls)
     inline = _inline_mlp(traced, others)
     if len(attending) != 1 or None in attending or (len(others) != 1 and not inline):
         refuse(

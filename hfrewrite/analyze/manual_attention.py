@@ -61,6 +61,13 @@ MANUAL_REASON = (
 )
 
 
+NO_MIXER_REASON = (
+    "no softmax attention call, and the block is no mixer hfrewrite proves one of vLLM's layers "
+    "(a gated short convolution: ShortConv; a Mamba-2 block: MambaMixer2): a linear-attention "
+    "or other recurrent mixer is not converted"
+)
+
+
 UNRECOGNISED_SOFTMAX_REASON = (
     "computes a softmax that is not recognised as attention (attention by hand is recognised as "
     "q @ k^T scores per head (matmul over [batch, heads], or bmm/baddbmm/einsum over "
@@ -102,6 +109,27 @@ def attends_by_hand(nodes, traced: Traced | None = None) -> bool:
 
 def is_softmax(node) -> bool:
     return _is(node, _SOFTMAX)
+
+
+def scores_softmax(node) -> bool:
+    """A softmax whose input comes, within a few ops, from ``a @ b`` of two computed values
+    (scores: an attention form, recognised or not), unlike a router's softmax over a
+    linear's logits."""
+    if not _is(node, _SOFTMAX):
+        return False
+    frontier, seen = [node.args[0]], set()
+    for _ in range(6):
+        inputs = [n for n in frontier if isinstance(n, Node) and n not in seen]
+        seen.update(inputs)
+        if any(_is_product(n) or _is(n, _BADDBMM) for n in inputs if _computed_operands(n)):
+            return True
+        frontier = [a for n in inputs if n.op in ("call_function", "call_method") for a in n.all_input_nodes]
+    return False
+
+
+def _computed_operands(node: Node) -> bool:
+    """No operand of the product is a parameter or buffer (``x @ W`` is a projection)."""
+    return not any(a.op == "get_attr" for a in node.all_input_nodes)
 
 
 def fold_manual_attention(traced: Traced) -> int:

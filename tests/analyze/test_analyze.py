@@ -9,6 +9,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.decoder import analyze_decoder
+from hfrewrite.analyze.manual_attention import NO_MIXER_REASON
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.model import analyze
@@ -139,20 +140,21 @@ def test_mixed_sliding_window_is_declined_not_fatal():
 def test_linear_attention_model_is_refused():
     with pytest.raises(HfrewriteError) as e:
         plan_of("qwen3_next")
-    assert str(e.value) == (
-        "qwen3_next: Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention "
-        "interface: a linear-attention or recurrent mixer keeps state outside vLLM's KV cache"
-    )
+    assert str(e.value) == ("qwen3_next: Qwen3NextGatedDeltaNet: vllm_attention: " + NO_MIXER_REASON)
 
 
 def test_model_without_attention_and_mlp_blocks_is_refused():
     with pytest.raises(HfrewriteError) as e:
         plan_of("mamba")
-    assert str(e.value) == (
-        "mamba: MambaBlock: decoder_layer: no softmax attention call, and no child is a mixer "
-        "hfrewrite proves one of vLLM's layers (a gated short convolution: ShortConv; a Mamba-2 "
-        "block: MambaMixer2)"
-    )
+    assert str(e.value) == "mamba: MambaBlock: decoder_layer: " + NO_MIXER_REASON
+
+
+def test_a_routers_softmax_is_not_taken_for_attention():
+    # MiniMax's lightning-attention layers hold no attention call, and their MoE router
+    # computes a softmax over a linear's logits: that is no attention form gone unrecognised
+    with pytest.raises(HfrewriteError) as e:
+        plan_of("minimax")
+    assert str(e.value) == "minimax: MiniMaxDecoderLayer: decoder_layer: " + NO_MIXER_REASON
 
 
 def test_activation_without_fused_kernel_keeps_its_act_between_column_shards():
