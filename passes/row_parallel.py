@@ -119,7 +119,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
         # ungated or pairwise: gate and up by columns, the source's act proven per lane
         targets += [(mlp.module_class, attr, kind) for attr, kind in mlp.form.column_sharded(mlp)]
-    for kept in ctx.plan.kept_mlps:  # the whole weight on every rank; others stay nn.Linear
+    for kept in [k for k in ctx.plan.kept_mlps if k.linears]:  # the whole weight on every rank
         cls = t.find_class(module, kept.module_class)
         targets += [
             (kept.module_class, a, "ReplicatedLinear") for a in kept.linears if _builds_linear(cls, a)

@@ -390,12 +390,15 @@ def _input_as_hidden_states(
     ``hidden_states`` (custom code calls it ``x``...)."""
     params = [p.name.value for p in forward.params.params if p.name.value != "self"]
     used = t.names_used(cst.Module(kept))
-    if not params or params[0] == "hidden_states" or params[0] not in used:
+    # the first parameter, else the one the projection reads (CTRL's attention takes (v, k, q),
+    # one tensor passed three times, proven: the fused projection reads q)
+    read = params[:1] if params and params[0] in used else [p for p in params if p in used]
+    if len(read) != 1 or read[0] == "hidden_states":
         return kept
     if "hidden_states" in used:
-        raise HfrewriteError(f"{cls}: {NAME}: the input {params[0]} and a local hidden_states")
+        raise HfrewriteError(f"{cls}: {NAME}: the input {read[0]} and a local hidden_states")
     fn = t.with_body(forward, kept)
-    return list(t.rename_locals(fn, {params[0]: "hidden_states"}).body.body)
+    return list(t.rename_locals(fn, {read[0]: "hidden_states"}).body.body)
 
 
 def _with_code_before(module: cst.Module, code: str, before: str) -> cst.Module:

@@ -14,10 +14,10 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        # Gated DeltaNet (linear attention) keeps recurrent state outside the KV cache.
+        # Gated DeltaNet (linear attention): no softmax attention, no mixer hfrewrite proves.
         (
             "qwen3_next",
-            "Qwen3NextGatedDeltaNet: vllm_attention: no call through the attention interface",
+            "Qwen3NextGatedDeltaNet: vllm_attention: no softmax attention call, and the block is no mixer",
         ),
         # GPT-NeoX-Japanese's attention (by hand, folded) returns its output projection's
         # bias apart, for the layer to add: the projection does not end the block.
@@ -48,6 +48,13 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ("hrm_text", "its lists sit deeper (L_module.layers, H_module.layers)"),
         # Mamba mixes with a recurrent state space, not softmax attention.
         ("mamba", "MambaBlock: decoder_layer: no softmax attention call"),
+        # MiniMax's lightning-attention layers: its MoE router's softmax is not attention.
+        ("minimax", "MiniMaxDecoderLayer: decoder_layer: no softmax attention call"),
+        # Phi-4-multimodal builds its vision and audio encoders under the embedding.
+        (
+            "phi4_multimodal",
+            "beside its decoder stack: embed_tokens_extend.image_embed.img_processor (Phi4MultimodalVisionModel)",
+        ),
     ],
 )
 def test_unmatched_architecture_is_refused(tmp_path, model_type, reason):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hfrewrite.analyze.example_run import error_line
+from hfrewrite.analyze.mlp import torch_container
 from hfrewrite.analyze.mlp_forms import KeptMlp
 from hfrewrite.analyze.plan import NoMatch, Refusal
 from hfrewrite.analyze.trace import Traced, is_experts, relative
@@ -48,6 +49,8 @@ def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> tuple[NoMatch, Ke
         "alone, one graph for torch.compile: proven on the traced values), its Linears replicated",
     )
     attrs = [relative(n.target, path) for n in traced.linears_in(path)]
+    if torch_container(traced.module.get_submodule(path)):  # its Linears stay torch's, whole on each rank
+        attrs = []
     return kept, KeptMlp(declined.module_class, tuple(sorted({a for a in attrs if "." not in a})))
 
 

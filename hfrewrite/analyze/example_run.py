@@ -9,10 +9,12 @@ import dataclasses
 import torch
 import transformers
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from hfrewrite.analyze.model_layout import ModelLayout, outside_stack
 from hfrewrite.analyze.plan import NoMatch, PositionEmbeddingPlan, Refusal, refuse
 from hfrewrite.analyze.position_embedding import prove_position_embedding, token_embedding
+from hfrewrite.analyze.position_table import base_position_table
 from hfrewrite.analyze.shrink import VOCAB
 from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
 from hfrewrite.analyze.traced_factories import patched_torch
@@ -128,6 +130,12 @@ def _record(store: dict, key, value) -> None:  # hooks must return None
     store[key] = value  # the last call: a final norm may also run on the embeddings
 
 
+def _record_copy(store: dict, key, value) -> None:
+    """Record copies: the caller may change a returned tensor in place afterwards (CTRL's
+    ``inputs_embeds *= np.sqrt(d)``), and the values must be those the child returned."""
+    store[key] = tree_map(lambda x: x.detach().clone() if torch.is_tensor(x) else x, value)
+
+
 def _recorded_run(
     model: nn.Module, base: nn.Module, layers: list[nn.Module], head: str, stack: str = ""
 ) -> _RecordedRun:
@@ -150,10 +158,12 @@ def _recorded_run(
     ]
     children.append((head, model.get_submodule(head)))
     hooks += [
-        child.register_forward_hook(lambda _, args, out, name=name: _record(calls, name, (args, out)))
+        child.register_forward_hook(lambda _, args, out, name=name: _record_copy(calls, name, (args, out)))
         for name, child in children
     ]
-    hooks.append(layers[-1].register_forward_hook(lambda _, args, out: _record(calls, "<last>", (args, out))))
+    hooks.append(
+        layers[-1].register_forward_hook(lambda _, args, out: _record_copy(calls, "<last>", (args, out)))
+    )
     ids = torch.arange(10).reshape(2, 5) % VOCAB
     try:
         with torch.no_grad():
@@ -210,6 +220,8 @@ def _tokens_embedded(
         if isinstance(position, NoMatch):
             raise Refusal(position)
         start = first  # proven: the tokens' rows plus the position rows
+    elif not _same(start, first) and (position := base_position_table(base, start, first)) is not None:
+        start = first  # proven: the tokens' rows, maybe scaled, plus a base buffer's rows
     return _TokensEmbedded(embed=embed, position=position, start=start)
 
 

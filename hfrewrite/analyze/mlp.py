@@ -55,6 +55,12 @@ PATTERN = "fuse_gate_up"
 def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
     """Facts of the MLP submodule ``path`` of a model built from ``config``."""
     cls = type(traced.module.get_submodule(path)).__name__
+    if torch_container(traced.module.get_submodule(path)):
+        return NoMatch(
+            PATTERN,
+            cls,
+            "a torch container the source builds (CTRL's nn.Sequential): no class of its own to rewrite",
+        )
     linears = traced.linears_in(path)
     names = [relative(n.target, path) for n in linears]
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -315,3 +321,8 @@ def _ungated(
         return MlpPlan(cls, None, u, d, name, type(traced.submodule(act)).__name__, form=MlpForm.UNGATED)
     # torch's function called inline, or the math written out: the source's code stays
     return MlpPlan(cls, None, u, d, "", functional or OWN_ACT, form=MlpForm.UNGATED)
+
+
+def torch_container(module) -> bool:
+    """``module`` is one of torch's own classes (``nn.Sequential``), not the source's."""
+    return type(module).__module__.startswith("torch.")

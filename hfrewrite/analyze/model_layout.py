@@ -48,6 +48,7 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
         base, "ModuleList", lambda m: isinstance(m, nn.ModuleList) and next(m.parameters(), None) is not None
     )
     layers = list(base.get_submodule(layers_attr))
+    _refuse_other_towers(base, layers_attr)
     if len({type(layer) for layer in layers}) != 1:
         refuse("model_layout", "decoder layers of several classes", type(base).__name__)
 
@@ -64,6 +65,26 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     if len(heads) != 1:
         refuse("model_layout", f"expected one lm_head Linear child, found {heads}", type(model).__name__)
     return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, heads[0], bool(nested))
+
+
+def _refuse_other_towers(base: nn.Module, layers_attr: str) -> None:
+    """A pretrained model of its own beside the decoder stack (Phi-4-multimodal's vision and
+    audio encoders, built under its embedding): the file would build the tower a text decoder
+    has no use for, from a class it does not keep."""
+    from transformers import PreTrainedModel
+
+    towers = [
+        f"{name} ({type(m).__name__})"
+        for name, m in outside_stack(base, layers_attr)
+        if isinstance(m, PreTrainedModel) and not layers_attr.startswith(f"{name}.")
+    ]
+    if towers:
+        refuse(
+            "model_layout",
+            f"the base model holds another pretrained model beside its decoder stack: {', '.join(towers)} "
+            "(a vision or audio encoder of a multimodal model); hfrewrite converts text decoders",
+            type(base).__name__,
+        )
 
 
 def outside_stack(base: nn.Module, layers_attr: str) -> list[tuple[str, nn.Module]]:

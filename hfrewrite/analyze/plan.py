@@ -401,11 +401,12 @@ class PositionEmbeddingPlan:
     """A learned absolute position table added to the token embeddings
     (analyze/position_embedding.py)."""
 
-    attr: str  # the base model's child holding the table (``wpe``)
+    attr: str  # the base model's child holding the table (``wpe``; "": the base model, CTRL)
     offset: int  # the row of position 0 (OPT and BioGPT keep two in front)
     module_call: bool  # an ``nn.Embedding`` at offset 0: called as a module on the positions
     # the table: the module's weight, or the buffer its __init__ builds (XGLM's sinusoids)
     table: str = "weight"
+    token_scale: str | None = None  # the source's factor on the tokens' rows (CTRL's sqrt(d))
 
 
 @dataclass(frozen=True)

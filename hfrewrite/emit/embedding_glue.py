@@ -146,12 +146,15 @@ def lookup_expression(forward: cst.FunctionDef | None, embed: str, cls: str) -> 
 
 def position_rows(position) -> str:
     """The statement adding the learned position rows to the looked-up tokens."""
+    shifted = f"positions + {position.offset}" if position.offset else "positions"
     if position.module_call:
         rows = f"self.{position.attr}(positions)"
+    elif not position.attr:  # a buffer of the base model, built in float32 whatever the dtype
+        rows = f"self.{position.table}[{shifted}].to(hidden_states.dtype)"
     else:  # the source's class computes the positions itself; its table is read directly
-        shifted = f"positions + {position.offset}" if position.offset else "positions"
         rows = f"self.{position.attr}.{position.table}[{shifted}]"
-    return f"hidden_states = hidden_states + {rows}\n"
+    scaled = f"hidden_states = hidden_states * {position.token_scale}\n" if position.token_scale else ""
+    return f"{scaled}hidden_states = hidden_states + {rows}\n"
 
 
 def assigned_names(node: cst.CSTNode) -> set[str]:

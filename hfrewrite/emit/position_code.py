@@ -126,8 +126,8 @@ def _read_rope_theta(rotary: nn.Module, call, length: int, rotary_dim: int):
 
 # Why an attention with no rope is refused where no other part gives the model the order
 NO_POSITIONS = (
-    "no rotary embedding on q and k, and no position embedding added to the tokens' proven (CTRL's "
-    "sinusoidal table, a buffer of the base model, is not read): the file would see no order"
+    "no rotary embedding on q and k, and no position table whose rows are added to the tokens' "
+    "proven: the file would see no order"
 )
 
 

@@ -239,7 +239,7 @@ def test_rope_style_comes_from_the_plan_not_the_source():
 
 def test_refuses_nope_attention():
     att = dataclasses.replace(llama_like().attention, rope_layers=RopeLayers.NONE)
-    with pytest.raises(HfrewriteError, match="no rotary embedding on q and k, and no position embedding"):
+    with pytest.raises(HfrewriteError, match="no rotary embedding on q and k, and no position table"):
         rewrite(
             vllm_attention,
             REFUSED_NOT_NEOX_ROPE,
