@@ -35,7 +35,11 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
 from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -147,6 +151,47 @@ def point_wise_feed_forward_network(d_model_size, dff):
     )
 
 
+class ParallelSequential(nn.Module):
+    """The source's ``nn.Sequential(Linear, <elementwise layers>, Linear)`` MLP as
+    vLLM's column- and row-parallel pair: each rank computes its columns of the
+    intermediate. The layers between the two are the source's own, and every child keeps
+    its index, so the
+    checkpoint's names (``ffn.0.weight``, ``ffn.2.weight``) load unchanged."""
+
+    def __init__(
+        self,
+        build,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        with torch.device(
+            "meta"
+        ):  # the source's container, read for its sizes and layers
+            source = build()
+        names = list(source._modules)
+        for name, child in source.named_children():
+            if name in (names[0], names[-1]):
+                parallel = (
+                    ColumnParallelLinear if name == names[0] else RowParallelLinear
+                )
+                child = parallel(
+                    child.in_features,
+                    child.out_features,
+                    bias=child.bias is not None,
+                    quant_config=quant_config,
+                    prefix=f"{prefix}.{name}",
+                )
+            self.add_module(name, child)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        for child in self._modules.values():
+            hidden_states = child(hidden_states)
+            if isinstance(hidden_states, tuple):  # vLLM's linears return (output, bias)
+                hidden_states = hidden_states[0]
+        return hidden_states
+
+
 class EncoderLayer(nn.Module):
     def __init__(
         self,
@@ -163,7 +208,11 @@ class EncoderLayer(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.multi_head_attention",
         )
-        self.ffn = point_wise_feed_forward_network(config.n_embd, config.dff)
+        self.ffn = ParallelSequential(
+            lambda: point_wise_feed_forward_network(config.n_embd, config.dff),
+            quant_config=quant_config,
+            prefix=f"{prefix}.ffn",
+        )
 
         self.layernorm1 = nn.LayerNorm(config.n_embd, eps=1e-6)
         self.layernorm2 = nn.LayerNorm(config.n_embd, eps=1e-6)

@@ -58,7 +58,7 @@ from hfrewrite.emit.pure_expressions import computed_local
 from hfrewrite.emit.router_sources import routing_kwargs, source_renormalize
 from hfrewrite.emit.shared_matchers import ACT2FN_ENTRY, SUPER_INIT_BARE, builds, nn_call, self_attr
 from hfrewrite.emit.taken_init import one_guard_per_condition, taken_init_branches
-from hfrewrite.emit.templates_io import template_class
+from hfrewrite.emit.templates_io import insert_before, template_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_experts"
@@ -394,13 +394,6 @@ class _NotReducing(cst.CSTTransformer):
         return updated
 
 
-def _insert_before(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
-    body = list(module.body)
-    at = next(i for i, n in enumerate(body) if isinstance(n, cst.ClassDef) and n.name.value == name)
-    body.insert(at, new.with_changes(leading_lines=body[at].leading_lines))
-    return module.with_changes(body=body)
-
-
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     moe = ctx.plan.moe
     if moe is None:
@@ -448,7 +441,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     sites = Sites()
     module = sites.replace_class(module, moe.module_class, block)
     if moe.shared_expert_gate:
-        module = _insert_before(
+        module = insert_before(
             module,
             moe.module_class,
             template_class("moe.py", "GatedSharedExpert", {}, {}),

@@ -25,16 +25,16 @@ import torch
 from torch import nn
 
 from hfrewrite.analyze.example_run import error_line
-from hfrewrite.analyze.mlp import torch_container
-from hfrewrite.analyze.mlp_forms import KeptMlp
-from hfrewrite.analyze.plan import NoMatch, Refusal
+from hfrewrite.analyze.mlp import analyze_mlp, torch_container
+from hfrewrite.analyze.mlp_forms import KeptMlp, MlpForm
+from hfrewrite.analyze.plan import MlpPlan, NoMatch, Refusal
 from hfrewrite.analyze.trace import Traced, is_experts, relative
 
 PATTERN = "carried_mlp"
 _TOLERANCE = 1e-5  # float32 on the same weights: only the summation order differs
 
 
-def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> tuple[NoMatch, KeptMlp]:
+def carry_mlp(traced: Traced, path: str, declined: NoMatch, config=None) -> tuple[NoMatch, KeptMlp]:
     """The declined fact of keeping the block ``path`` from the source, where it is proven
     per token and one graph, and the Linears it calls (attributes of its class); otherwise a
     refusal: ``declined`` and why the block cannot be kept."""
@@ -42,16 +42,40 @@ def carry_mlp(traced: Traced, path: str, declined: NoMatch) -> tuple[NoMatch, Ke
     if why is not None:
         reason = f"{declined.reason}; the source's block cannot be kept: {why}"
         raise Refusal(NoMatch(declined.pattern, declined.module_class, reason))
+    container = torch_container(traced.module.get_submodule(path))  # no class of the source
+    pair = container and _sequential_pair(traced, path, config)
+    linears = (
+        "its first and last Linears vLLM's column- and row-parallel pair"
+        if pair
+        else "its Linears replicated"
+    )
     kept = NoMatch(
         PATTERN,
         declined.module_class,
         f"{declined.pattern}: {declined.reason}; the source's block is kept (each token computed "
-        "alone, one graph for torch.compile: proven on the traced values), its Linears replicated",
+        f"alone, one graph for torch.compile: proven on the traced values), {linears}",
     )
-    attrs = [relative(n.target, path) for n in traced.linears_in(path)]
-    if torch_container(traced.module.get_submodule(path)):  # its Linears stay torch's, whole on each rank
-        attrs = []
-    return kept, KeptMlp(declined.module_class, tuple(sorted({a for a in attrs if "." not in a})))
+    attrs = [] if container else [relative(n.target, path) for n in traced.linears_in(path)]
+    linear_attrs = tuple(sorted({a for a in attrs if "." not in a}))
+    return kept, KeptMlp(declined.module_class, linear_attrs, parallel_at=path if pair else "")
+
+
+def _sequential_pair(traced: Traced, path: str, config) -> bool:
+    """The layer's own child ``path`` is an ``nn.Sequential`` whose first child is the up
+    projection and last the down projection of an ungated MLP (the act between them proven
+    per lane), the children between them holding no weights: vLLM's column- and
+    row-parallel pair computes it, each rank on its columns."""
+    block = traced.module.get_submodule(path)
+    if "." in path or not isinstance(block, nn.Sequential) or len(block) < 2:
+        return False
+    plan = analyze_mlp(traced, path, config, container=True)
+    names = list(block._modules)
+    return (
+        isinstance(plan, MlpPlan)
+        and plan.form is MlpForm.UNGATED
+        and (plan.up.attr, plan.down.attr) == (names[0], names[-1])
+        and all(next(block[i].parameters(), None) is None for i in range(1, len(block) - 1))
+    )
 
 
 def _why_not_kept(traced: Traced, path: str) -> str | None:

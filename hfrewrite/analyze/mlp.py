@@ -52,10 +52,11 @@ _SLICING = (operator.getitem, "chunk", "split", torch.chunk, torch.split)
 PATTERN = "fuse_gate_up"
 
 
-def analyze_mlp(traced: Traced, path: str, config) -> MlpPlan | NoMatch:
-    """Facts of the MLP submodule ``path`` of a model built from ``config``."""
+def analyze_mlp(traced: Traced, path: str, config, container: bool = False) -> MlpPlan | NoMatch:
+    """Facts of the MLP submodule ``path`` of a model built from ``config``; a torch container
+    (no class of the source) only with ``container`` (analyze/carried_mlp.py)."""
     cls = type(traced.module.get_submodule(path)).__name__
-    if torch_container(traced.module.get_submodule(path)):
+    if torch_container(traced.module.get_submodule(path)) and not container:
         return NoMatch(
             PATTERN,
             cls,

@@ -47,3 +47,6 @@ class KeptMlp:
 
     module_class: str
     linears: tuple[str, ...]
+    # the decoder layer's attribute holding a torch nn.Sequential proven Linear -> elementwise
+    # -> Linear (CTRL's ffn): built as vLLM's column- and row-parallel pair instead
+    parallel_at: str = ""

@@ -434,7 +434,9 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         # no experts at all: the dense MLP's reason is the one to give; else the experts'
         declined = mlp if moe.reason.endswith("stacked-experts modules instead of one") else moe
         kept = (
-            carry_mlp(traced, block, declined) if block and not decoder.mlp_linears else _required(declined)
+            carry_mlp(traced, block, declined, config)
+            if block and not decoder.mlp_linears
+            else _required(declined)
         )
         return LayerFacts(decoder, attention, None, None, carried, mixer, kept)
     names = expert_checkpoint_names(config.model_type)

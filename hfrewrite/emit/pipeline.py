@@ -27,6 +27,7 @@ from hfrewrite.passes import (
     mla_attention,
     moe_interface,
     parallel_embedding,
+    parallel_sequential,
     prune_unused_params,
     row_parallel,
     stale_docstrings,
@@ -50,6 +51,7 @@ PASSES: tuple[ModuleType, ...] = (
     fuse_experts,  # before fuse_gate_up: it reads the experts' class as the source has it
     fuse_gate_up,
     row_parallel,
+    parallel_sequential,  # before thread_layer_args: the layer's __init__ reads quant_config
     fused_residual_norm,
     parallel_embedding,
     vllm_model_interface,

@@ -42,3 +42,11 @@ def template_class(file: str, cls: str, names: dict[str, str], attrs: dict[str, 
             # attribute names first, so that `self.model` -> `self.<attr>` sees the old names
             return node.visit(_Rename(names, attrs))
     raise KeyError(f"templates/{file} has no class {cls}")
+
+
+def insert_before(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
+    """``module`` with ``new`` (a template's class) inserted before its top-level class ``name``."""
+    body = list(module.body)
+    at = next(i for i, n in enumerate(body) if isinstance(n, cst.ClassDef) and n.name.value == name)
+    body.insert(at, new.with_changes(leading_lines=body[at].leading_lines))
+    return module.with_changes(body=body)

@@ -54,6 +54,25 @@ VARIANTS = {
         b, t, h = x.shape
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x).mean(-1, keepdim=True)).view(b, t, h)
 """,
+    # torch's own container from a builder function (CTRL's point_wise_feed_forward_network):
+    # Linear, an elementwise act, Linear; built as vLLM's column- and row-parallel pair
+    "sequential": """def FeedForward(config):
+    return nn.Sequential(
+        nn.Linear(config.hidden_size, config.intermediate_size),
+        nn.GELU(),
+        nn.Linear(config.intermediate_size, config.hidden_size),
+    )
+""",
+    # the same with a LayerNorm over the whole intermediate: no column shard computes it, the
+    # container stays as the source builds it
+    "sequential_inner_norm": """def FeedForward(config):
+    return nn.Sequential(
+        nn.Linear(config.hidden_size, config.intermediate_size),
+        nn.LayerNorm(config.intermediate_size),
+        nn.GELU(),
+        nn.Linear(config.intermediate_size, config.hidden_size),
+    )
+""",
 }
 
 

@@ -140,3 +140,20 @@ def test_experts_in_a_loop_over_the_chosen_ones_are_refused_for_torch_compile(
     message = str(err.value)
     assert "TinyMoeSparseBlock: fuse_experts:" in message
     assert "the source's block cannot be kept: torch.compile cannot capture it as one graph" in message
+
+
+def test_a_sequential_mlp_is_built_as_a_column_and_row_parallel_pair(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch, "sequential")
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert plan.mlp is None and plan.kept_mlps == (KeptMlp("Sequential", (), parallel_at="ffn"),)
+    text = _convert(repo, tmp_path / "out")
+    assert "self.ffn = ParallelSequential(\n            lambda: FeedForward(config)," in text
+    assert "class ParallelSequential(nn.Module):" in text
+
+
+def test_a_sequential_mlp_with_an_inner_norm_stays_as_the_source_builds_it(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch, "sequential_inner_norm")
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert plan.kept_mlps == (KeptMlp("Sequential", ()),)
+    text = _convert(repo, tmp_path / "out")
+    assert "self.ffn = FeedForward(config)" in text and "ParallelSequential" not in text

@@ -172,7 +172,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "xglm-flat-softmax-sinusoidal-positions": ("xglm", {**UNTIED}),  # (tied scaled: repeats)
     # CTRL: a sinusoidal table held as a buffer of the base model itself, its rows added to
     # the tokens' embeddings after the source scales them in place by np.sqrt(d_model); one
-    # attention input passed three times (v, k, q); the MLP a torch nn.Sequential, kept
+    # attention input passed three times (v, k, q); the MLP a torch nn.Sequential, built as
+    # vLLM's column- and row-parallel pair under the container's own indices
     "ctrl-base-buffer-positions-scaled-tokens": ("ctrl", {**UNTIED}),
     "ctrl-tied-lm-head-bias": ("ctrl", {SEED: 11}),
     # CodeGen's qkv_proj: four blocks of [q; v; k] (its mp_num), reordered at load; with eight
@@ -268,11 +269,6 @@ NATIVE_REFUSES = {
 }
 
 
-# Cases whose MLP is a torch container the source builds (nn.Sequential): kept as written,
-# its Linears whole on every rank (no class of the source to rewrite)
-KEPT_TORCH_MLP = {"ctrl-base-buffer-positions-scaled-tokens", "ctrl-tied-lm-head-bias"}
-
-
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     cases = []
@@ -316,10 +312,9 @@ def test_golden_matches_hf(reports, case):
 def test_golden_layers_are_parallel(reports, case):
     structure = reports[case].generated_structure
     assert structure, reports[case].summary()
-    kept = case in KEPT_TORCH_MLP  # the kept MLP's two nn.Linear in place of a parallel pair
     for layer in structure:
-        assert layer["Linear"] == (2 if kept else 0) and layer["QKVParallelLinear"] == 1, layer
-        assert layer["RowParallelLinear"] == (1 if kept else 2), layer
+        assert layer["Linear"] == 0 and layer["QKVParallelLinear"] == 1, layer
+        assert layer["RowParallelLinear"] == 2, layer
     native = reports[case].native_structure
     if native is not None:  # as many GEMMs per layer as vLLM's own
         assert [sum(layer.values()) for layer in structure] == [sum(layer.values()) for layer in native], (

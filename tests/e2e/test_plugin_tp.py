@@ -17,7 +17,8 @@ experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written 
 vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2), and one
 whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
 granitemoehybrid with its carried layers and experts), and attention sinks beside a rope base
-per layer (granite_swa). Greedy tokens
+per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
+pair (ctrl). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -93,6 +94,9 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
     # XGLM's softmax over flat scores and its q scaled after its projection
     "gpt_neo-local-window": ("gpt_neo", {"window_size": 8, "attention_types": [[["global", "local"], 1]]}),
     "xglm-flat-softmax": ("xglm", {"tie_word_embeddings": False}),
+    # CTRL's nn.Sequential MLP built as a column- and row-parallel pair (its ReLU on each
+    # rank's columns), its base model's sinusoidal table read at vLLM's positions
+    "ctrl-sequential-mlp": ("ctrl", {"tie_word_embeddings": False}),
     # Flat [E * I, H] experts handed to the runner one expert at a time, each rank its slice;
     # the clip_qkv clamp on each rank's part of the fused projection.
     "dbrx-flat-experts": (
@@ -191,6 +195,7 @@ CLASSES = {
     "dbrx": "DbrxForCausalLM",
     "gpt_neo": "GPTNeoForCausalLM",
     "xglm": "XGLMForCausalLM",
+    "ctrl": "CTRLLMHeadModel",
     "lfm2": "Lfm2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
@@ -248,7 +253,7 @@ LAYERS = {
     },
 }
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
-LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["persimmon"] = LAYERS["phi"]
+LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["persimmon"] = LAYERS["ctrl"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
 _SHORT_CONV = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 1, "RowParallelLinear": 2}
 # one group over two ranks: MambaMixer2 builds plain column-parallel projections that replicate it
