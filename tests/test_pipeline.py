@@ -58,6 +58,7 @@ MATCHES = {
         "fuse_gate_up": 1,  # LlamaMLP.gate_up_proj
         "fuse_experts": 0,
         "row_parallel": 2,  # o_proj, down_proj
+        "parallel_sequential": 0,  # no nn.Sequential MLP
         "fused_residual_norm": 3,  # RMSNorm: input_layernorm, post_attention_layernorm, norm
         "parallel_embedding": 2,  # embed_tokens, lm_head
         "vllm_model_interface": 2,  # LlamaModel, LlamaForCausalLM
@@ -83,6 +84,7 @@ MATCHES = {
         "fuse_gate_up": 1,  # Qwen3MoeMLP (the dense layers')
         "fuse_experts": 1,  # Qwen3MoeSparseMoeBlock
         "row_parallel": 2,  # o_proj, Qwen3MoeMLP.down_proj
+        "parallel_sequential": 0,  # no nn.Sequential MLP
         "fused_residual_norm": 5,  # RMSNorm: q_norm, k_norm, the layer's two, norm
         "parallel_embedding": 2,
         "vllm_model_interface": 2,
@@ -108,6 +110,7 @@ MATCHES = {
         "fuse_gate_up": 1,  # DeepseekV3MLP
         "fuse_experts": 1,  # DeepseekV3MoE
         "row_parallel": 1,  # DeepseekV3MLP.down_proj (o_proj is mla_attention's)
+        "parallel_sequential": 0,  # no nn.Sequential MLP
         "fused_residual_norm": 5,  # RMSNorm: q_a_layernorm, kv_a_layernorm, the layer's two, norm
         "parallel_embedding": 2,
         "vllm_model_interface": 2,
@@ -133,6 +136,7 @@ MATCHES = {
         "fuse_gate_up": 1,
         "fuse_experts": 0,
         "row_parallel": 2,
+        "parallel_sequential": 0,  # no nn.Sequential MLP
         "fused_residual_norm": 3,  # GemmaRMSNorm: the layer's two, norm
         "parallel_embedding": 3,  # GemmaTextScaledWordEmbedding rebased, embed_tokens, lm_head
         "vllm_model_interface": 2,
@@ -158,6 +162,7 @@ MATCHES = {
         "fuse_gate_up": 0,  # an ungated MLP
         "fuse_experts": 0,
         "row_parallel": 3,  # o_proj, c_proj (row), c_fc (column)
+        "parallel_sequential": 0,  # no nn.Sequential MLP
         "fused_residual_norm": 0,  # the source's norms are kept
         "parallel_embedding": 2,
         "vllm_model_interface": 2,

@@ -398,8 +398,7 @@ class DecoderLayerPlan:
 
 @dataclass(frozen=True)
 class PositionEmbeddingPlan:
-    """A learned absolute position table added to the token embeddings
-    (analyze/position_embedding.py)."""
+    """A position table added to the token embeddings (analyze/position_embedding.py, position_table.py)."""
 
     attr: str  # the base model's child holding the table (``wpe``; "": the base model, CTRL)
     offset: int  # the row of position 0 (OPT and BioGPT keep two in front)
