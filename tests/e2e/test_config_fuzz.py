@@ -1,4 +1,5 @@
-"""Config fuzzing: hypothesis draws valid configurations of the supported families, and
+"""Config fuzzing: hypothesis draws valid configurations of the supported families (the
+classic ones' strategies in fuzz_classic.py), and
 for each one the file hfrewrite generates for that configuration runs in real vLLM
 against Hugging Face on a random checkpoint of it. Every draw must verify (greedy tokens
 equal, chosen-token logprobs within 1e-4) or be refused with a reason; a wrong file fails
@@ -27,6 +28,7 @@ from hfrewrite import convert
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.resolve import resolve
 from hfrewrite.verify import compare, engine, fixtures, runner
+from tests.e2e.fuzz_classic import CLASSIC, classic_fields
 
 EXAMPLES = int(os.environ.get("HFREWRITE_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("HFREWRITE_FUZZ_SEED", "20261201"))
@@ -158,27 +160,30 @@ def windows(draw, layers: int) -> dict:
     return {} if window is None else {"sliding_window": window}
 
 
+MODERN = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "qwen2_moe",
+    "olmoe",
+    "gemma2",
+    "phi3",
+    "granite",
+    "gpt_neox",
+    "glm4_moe",
+]
+# HFREWRITE_FUZZ_FAMILIES=gpt2,falcon draws those families only
+FAMILIES = [f for f in os.environ.get("HFREWRITE_FUZZ_FAMILIES", "").split(",") if f] or [*MODERN, *CLASSIC]
+
+
 @st.composite
 def family_config(draw) -> tuple[str, dict]:
-    family = draw(
-        st.sampled_from(
-            [
-                "llama",
-                "mistral",
-                "qwen2",
-                "qwen3",
-                "qwen3_moe",
-                "mixtral",
-                "qwen2_moe",
-                "olmoe",
-                "gemma2",
-                "phi3",
-                "granite",
-                "gpt_neox",
-                "glm4_moe",
-            ]
-        )
-    )
+    family = draw(st.sampled_from(FAMILIES))
+    if family in CLASSIC:
+        return family, {**_IDS, **classic_fields(draw, family)}
     if family == "llama":
         c = {
             **draw(common()),
