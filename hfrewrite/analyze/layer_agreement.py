@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
@@ -108,11 +109,15 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
 
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
     """The facts layers must share: sliding windows may differ, and rope may be absent
-    on some layers (NoPE: cohere2's global layers), never different where present."""
+    on some layers (NoPE: cohere2's global layers), never different where present; so may
+    the scale of a call through transformers' interface, whose ``scaling=`` expression the
+    file carries (GPT-2's ``scale_attn_by_inverse_layer_idx``: each layer's own)."""
     if isinstance(attention, MlaPlan):
         return attention
+    carried = attention.attention_call is AttentionCall.INTERFACE
     return dataclasses.replace(
         attention,
+        scaling=None if carried else attention.scaling,
         sliding_window=None,
         rope_layers=RopeLayers.NONE,
         rope_style=RopeStyle.NEOX,

@@ -324,9 +324,14 @@ def _score_steps(soft: Node) -> tuple[list[Node], Node, Node | None] | None:
             qk_view, node = node, node.args[0]
             shape = value(node).shape
             continue
+        if _is(node, _RESHAPES) and _same_shape(node, node.args[0]):  # a view to its own shape
+            node = node.args[0]
+            continue
         if not _is(node, _SCORE_STEPS):
             return None
         shaped = [a for a in node.all_input_nodes if torch.is_tensor(value(a)) and value(a).shape == shape]
+        if len(shaped) > 1:  # a mask of the scores' shape, given to the layer (Falcon-RW's, per head)
+            shaped = [a for a in shaped if a.op != "placeholder"]
         if len(shaped) != 1:
             return None
         steps.append(node)
@@ -378,13 +383,21 @@ def _operands(soft: Node, traced: Traced | None = None, make_k: bool = False) ->
 
 
 def _past_casts(node: Node, traced: Traced | None) -> Node:
-    """Past the casts and the dropouts that returned their input (inference mode) that are
-    ``node``'s one live user, one after the other."""
+    """Past the casts, the views to the same shape (Falcon-RW's) and the dropouts that
+    returned their input (inference mode) that are ``node``'s one live user, one after the
+    other."""
     while len(users := _live_users(node)) == 1 and (
-        _is(users[0], _CASTS) or (traced is not None and is_identity_dropout(users[0], traced))
+        _is(users[0], _CASTS)
+        or (traced is not None and is_identity_dropout(users[0], traced))
+        or (_is(users[0], _RESHAPES) and _same_shape(users[0], node))
     ):
         node = users[0]
     return node
+
+
+def _same_shape(a: Node, b: Node) -> bool:
+    va, vb = value(a), value(b)
+    return torch.is_tensor(va) and torch.is_tensor(vb) and va.shape == vb.shape
 
 
 def _live_users(node: Node) -> list[Node]:

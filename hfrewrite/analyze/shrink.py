@@ -253,7 +253,7 @@ def _shrink_layer_patterns(config, small, n: int) -> None:
     pattern repeated per layer (GPT-Neo's ``attention_types``, ``[[kinds, repeats]]``) repeated
     to ``n`` layers, so that a saved and reloaded shrunk config stays consistent."""
     layers = getattr(config, "num_hidden_layers", None)
-    if type(layers) is not int or layers <= n:
+    if type(layers) is not int or layers == n:  # (fewer layers than n: extended to n alike)
         return
     for name, items in sorted(vars(config).items()):
         if name in ("layer_types", "mlp_layer_types") or not isinstance(items, list | tuple):

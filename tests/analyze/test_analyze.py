@@ -149,6 +149,13 @@ def test_model_without_attention_and_mlp_blocks_is_refused():
     assert str(e.value) == "mamba: MambaBlock: decoder_layer: " + NO_MIXER_REASON
 
 
+def test_a_scale_each_layer_computes_for_itself_is_carried():
+    # GPT-2's scale_attn_by_inverse_layer_idx: layer i scales its scores by 1 / (i + 1), in
+    # the `scaling=` its attention call passes, which the file carries per layer
+    plan = plan_of("gpt2", scale_attn_by_inverse_layer_idx=True)
+    assert plan.attention.attention_call.label == "attention interface"
+
+
 def test_a_routers_softmax_is_not_taken_for_attention():
     # MiniMax's lightning-attention layers hold no attention call, and their MoE router
     # computes a softmax over a linear's logits: that is no attention form gone unrecognised

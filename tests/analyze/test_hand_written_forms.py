@@ -167,3 +167,23 @@ def test_flat_scores_without_the_causal_mask_are_not_folded():
     q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
     args = (q, k, v, torch.zeros(B, 1, S, S))  # every key seen: not causal
     assert fold_manual_attention(trace(_FlatScoresPerHeadValues(), args)) == 0
+
+
+class _PerHeadMaskAndViews(nn.Module):
+    """Falcon-RW's shape: scores viewed to their own shape, a mask of the scores' own shape
+    (one per head) added, the probabilities viewed to their own shape before ``@ v``."""
+
+    def forward(self, q, k, v, mask):
+        scores = (q @ k.transpose(-1, -2)).view(B, H, S, S)
+        probs = torch.softmax(scores * D**-0.5 + mask, dim=-1)
+        return probs.view(B, H, S, S) @ v
+
+
+def test_same_shape_views_and_a_per_head_mask_fold_into_causal_attention():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    mask = torch.zeros(B, H, S, S).masked_fill(~causal, torch.finfo(torch.float32).min)
+    module = _PerHeadMaskAndViews()
+    traced = trace(module, (q, k, v, mask))
+    assert fold_manual_attention(traced) == 1 and len(_leaves(traced)) == 1

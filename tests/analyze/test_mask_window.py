@@ -117,3 +117,18 @@ def test_the_shrunk_gpt_neo_config_sees_its_window_and_reloads():
     assert small.attention_types == [[["global", "local"], 1]]
     reloaded = transformers.GPTNeoConfig.from_dict(small.to_dict())
     assert reloaded.attention_layers == ["global", "local"] and reloaded.window_size == small.window_size
+
+
+def test_a_one_layer_gpt_neo_config_is_extended_to_the_shrunk_layer_count():
+    """A config with fewer layers than the shrink keeps (one local layer) has its per-layer
+    pattern extended with it: the shrunk model builds (it raised IndexError)."""
+    import transformers
+
+    from hfrewrite.analyze.shrink import shrink_config
+
+    config = transformers.GPTNeoConfig(num_layers=1, attention_types=[[["local"], 1]], window_size=4)
+    small = shrink_config(config)
+    assert small.num_hidden_layers == 2
+    assert small.attention_layers == ["local", "local"] and small.attention_types == [[["local"], 2]]
+    small._attn_implementation = "eager"
+    transformers.AutoModelForCausalLM.from_config(small)  # every layer finds its kind

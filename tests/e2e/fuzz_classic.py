@@ -39,11 +39,15 @@ def classic_fields(draw, family: str) -> dict:
     tie = {"tie_word_embeddings": draw(st.booleans())}
     gpt = {"n_embd": hidden, "n_head": n, "n_layer": layers, "n_inner": inner}
     if family == "gpt2":
-        return tie | gpt | {
-            "activation_function": draw(st.sampled_from(["gelu_new", "relu", "gelu_pytorch_tanh"])),
-            "scale_attn_weights": draw(st.booleans()),
-            "scale_attn_by_inverse_layer_idx": draw(st.booleans()),
-        }
+        return (
+            tie
+            | gpt
+            | {
+                "activation_function": draw(st.sampled_from(["gelu_new", "relu", "gelu_pytorch_tanh"])),
+                "scale_attn_weights": draw(st.booleans()),
+                "scale_attn_by_inverse_layer_idx": draw(st.booleans()),
+            }
+        )
     if family == "gpt_bigcode":
         return tie | gpt | {"multi_query": draw(st.booleans()), "scale_attn_weights": draw(st.booleans())}
     if family in ("gptj", "codegen"):
@@ -103,18 +107,26 @@ def classic_fields(draw, family: str) -> dict:
         "intermediate_size": inner,
     }
     if family == "stablelm":
-        return tie | llama_names | {
-            "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0])),
-            "use_qkv_bias": draw(st.booleans()),
-            "use_parallel_residual": draw(st.booleans()),
-        }
+        return (
+            tie
+            | llama_names
+            | {
+                "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0])),
+                "use_qkv_bias": draw(st.booleans()),
+                "use_parallel_residual": draw(st.booleans()),
+            }
+        )
     if family == "phi":
         return tie | llama_names | {"partial_rotary_factor": draw(st.sampled_from([0.5, 1.0]))}
     assert family == "starcoder2", family
-    return tie | llama_names | {
-        "use_bias": draw(st.booleans()),
-        "sliding_window": draw(st.sampled_from([None, 4, 8])),
-    }
+    return (
+        tie
+        | llama_names
+        | {
+            "use_bias": draw(st.booleans()),
+            "sliding_window": draw(st.sampled_from([None, 4, 8])),
+        }
+    )
 
 
 def _falcon(draw, n: int, hidden: int, layers: int, inner: int) -> dict:
