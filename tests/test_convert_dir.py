@@ -57,3 +57,23 @@ def test_relative_directory_is_recorded_from_the_file_so_check_works_anywhere(tm
     for cwd in (tmp_path, tmp_path / "models", Path("/")):
         checked = run("check", str(tmp_path / "work" / "gen"), cwd=cwd)
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_multi_head_gpt_bigcode_splits_its_per_head_projection_in_one_statement(tmp_path):
+    """Multi-head gpt_bigcode takes q, k and v apart in one chained statement over a
+    projection laid out per head (`c_attn(x).view(...).transpose(1, 2).split(...)`): vLLM's
+    split of the fused layer takes its place, and load_weights reorders the checkpoint's
+    per-head rows into [q; k; v] (validated in vLLM by the convert-time check)."""
+    model = tmp_path / "bigcode-mha"
+    model.mkdir()
+    config = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"], "multi_query": False}
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    subprocess.run(
+        [str(HFREWRITE), "convert", "--no-verify", str(model), "-o", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    text = (out / "gpt_bigcode.py").read_text()
+    assert "qkv, _ = self.c_attn(hidden_states)" in text
+    assert "def _qkv_per_head_to_blocks(self, weights):" in text

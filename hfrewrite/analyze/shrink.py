@@ -48,7 +48,6 @@ def shrink_config(
     """
     small = copy.deepcopy(config)
     heads = getattr(config, "num_attention_heads", None)
-    kv = getattr(config, "num_key_value_heads", None)
     head_dim = getattr(config, "head_dim", None)
     if hasattr(config, "head_dim") and head_dim is None and heads:
         # Configs that leave head_dim unset (ministral, nemotron, hunyuan defaults):
@@ -65,10 +64,11 @@ def shrink_config(
             _set(small, name, size)
     for name in same_as_hidden(config, sizes):  # OPT's word_embed_proj_dim: kept equal
         _set(small, name, hidden)
-    if hasattr(config, "num_key_value_heads") and kv is None:
+    if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None:
         _set(small, "num_key_value_heads", heads_to)  # unset means one kv head per head (MHA)
-    elif kv:
-        _set(small, "num_key_value_heads", 1 if kv == 1 else heads_to if kv == heads else 2)
+    for field in ("num_key_value_heads", "num_kv_heads"):  # (Falcon's own name)
+        if kv := getattr(config, field, None):
+            _set(small, field, 1 if kv == 1 else heads_to if kv == heads else 2)
     if head_dim:
         _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
     rotary = getattr(config, "rotary_dim", None)

@@ -257,7 +257,8 @@ def _fused_forward(
         ),
         None,
     )
-    if at is None and not per_head and _roles_in_order(unpack_lines):  # one statement takes all three
+    if at is None and _roles_in_order(unpack_lines):  # one statement takes all three (a per-head
+        # layout is reordered into [q; k; v] at load: multi-head gpt_bigcode's view-split chain)
         return _split_in_one(cls, init, forward, attr)
     if at is None:
         raise HfrewriteError(f"{name}: {NAME}: forward has no `x = self.{attr}(...)`")

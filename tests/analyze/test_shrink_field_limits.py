@@ -26,3 +26,15 @@ def test_a_pad_id_typed_int_becomes_the_last_id():
 def test_decoder_heads_follow_the_shrink():
     small = shrink_config(transformers.AutoConfig.for_model("whisper"))
     assert small.decoder_attention_heads == small.encoder_attention_heads == small.num_attention_heads
+
+
+def test_falcons_own_kv_head_field_follows_the_head_count():
+    """Falcon names its kv heads ``num_kv_heads``: multi-head (as many as heads) stays
+    multi-head at either head count the analysis traces, a grouped count stays grouped."""
+    mha = transformers.AutoConfig.for_model(
+        "falcon", multi_query=False, num_attention_heads=8, hidden_size=512
+    )
+    assert mha.num_kv_heads == 8
+    assert shrink_config(mha, 4).num_kv_heads == 4 and shrink_config(mha, 8).num_kv_heads == 8
+    grouped = transformers.AutoConfig.for_model("falcon", new_decoder_architecture=True, num_kv_heads=8)
+    assert shrink_config(grouped, 8).num_kv_heads == 2

@@ -102,6 +102,52 @@ REGRESSIONS = [
             "shared_expert_intermediate_size": 32,
         },
     ),
+    # The classic families' first run: refused where they should convert (now they do).
+    # GPT-2 scaling each layer's scores by 1 / (layer_idx + 1): "layer 1 differs"
+    (
+        "gpt2",
+        {
+            **_IDS,
+            "n_embd": 128,
+            "n_head": 4,
+            "n_layer": 3,
+            "n_inner": 128,
+            "scale_attn_by_inverse_layer_idx": True,
+        },
+    ),
+    # one local GPT-Neo layer: the shrunk copy's pattern was one layer short (IndexError)
+    (
+        "gpt_neo",
+        {
+            **_IDS,
+            "hidden_size": 128,
+            "num_heads": 4,
+            "num_layers": 1,
+            "intermediate_size": 128,
+            "attention_types": [[["local"], 1]],
+            "window_size": 4,
+        },
+    ),
+    # multi-head Falcon: its kv-head field (num_kv_heads) was not scaled with the second
+    # head count the q/k/v layout is proven at
+    (
+        "falcon",
+        {
+            **_IDS,
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "ffn_hidden_size": 128,
+            "multi_query": False,
+            "parallel_attn": False,
+            "bias": True,
+        },
+    ),
+    # multi-head gpt_bigcode: q, k and v taken apart per head in one chained statement
+    (
+        "gpt_bigcode",
+        {**_IDS, "n_embd": 128, "n_head": 4, "n_layer": 2, "n_inner": 128, "multi_query": False},
+    ),
 ]
 
 
