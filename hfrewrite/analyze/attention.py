@@ -34,6 +34,7 @@ from hfrewrite.analyze.dataflow import (
     rope_start,
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
+from hfrewrite.analyze.gqa_expansion import expanded_from
 from hfrewrite.analyze.head_layout import (
     norm_through_layout,
     only_layout,
@@ -418,6 +419,10 @@ def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
             "vllm_attention",
             f"q, k and v shapes differ: {tuple(qv.shape)}, {tuple(kv.shape)}, {tuple(vv.shape)}",
         )
+    if k.out_features != kv_heads * head_dim and all(
+        expanded_from(t, 1, k.out_features // head_dim) for t in (kv, vv)
+    ):  # k and v given expanded to every query head (Falcon-40B's broadcast_to): proven
+        kv_heads = k.out_features // head_dim
     if q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim:
         refuse("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
     if heads % kv_heads:

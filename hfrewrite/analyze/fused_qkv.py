@@ -12,6 +12,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.dataflow import ancestors, linears_feeding, path_nodes, rope_start
+from hfrewrite.analyze.gqa_expansion import expanded_from
 from hfrewrite.analyze.plan import LinearFact, Refusal, refuse
 from hfrewrite.analyze.qkv_layouts import KV_ORDER, QKV_ORDER, QkvLayout
 from hfrewrite.analyze.trace import Traced, value
@@ -123,11 +124,19 @@ def _per_head_qkv(
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
     heads = {role: _heads_of(value(x), out) for role, x in xs.items()}
     d = value(xs["q"]).shape[3]
+    kv = (out.shape[-1] // d - heads["q"]) // 2
+    if heads["k"] == heads["v"] == heads["q"] != kv and all(
+        expanded_from(value(xs[r]), _head_axis(value(xs[r]), out), kv) for r in "kv"
+    ):  # k and v expanded to every query head before the attention (Falcon-40B's broadcast_to)
+        heads["k"] = heads["v"] = kv
     if (heads["q"] + 2 * heads["k"]) * d != out.shape[-1] or heads["k"] != heads["v"] or not heads["k"]:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
+    groups = {"q": 1, "k": heads["q"] // heads["k"], "v": heads["q"] // heads["k"]}
     for kind in QKV_ORDER:
         lanes = kind.lanes(out, heads["q"], heads["k"], d)
-        if lanes is not None and all(_on_path(xs[r], proj, scope, lane) for r, lane in zip("qkv", lanes)):
+        if lanes is not None and all(
+            _on_path(xs[r], proj, scope, lane, groups[r]) for r, lane in zip("qkv", lanes)
+        ):
             break
     else:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v, neither as [q; k; v] nor per head")
@@ -164,11 +173,17 @@ def _q_beside_kv(traced: Traced, path: str, scope: set[Node], args: dict, q_proj
 
 def _heads_of(x, out) -> int:
     """The head count of a head-shaped value [b, heads, s, d] or [b, s, heads, d]."""
-    return x.shape[2] if x.shape[1] == out.shape[1] and x.shape[2] != out.shape[1] else x.shape[1]
+    return x.shape[_head_axis(x, out)]
 
 
-def _on_path(x: Node, proj: Node, scope: set[Node], lane) -> bool:
-    """The lane is a value on the path from the projection to ``x``, in either layout."""
+def _head_axis(x, out) -> int:
+    return 2 if x.shape[1] == out.shape[1] and x.shape[2] != out.shape[1] else 1
+
+
+def _on_path(x: Node, proj: Node, scope: set[Node], lane, groups: int = 1) -> bool:
+    """The lane is a value on the path from the projection to ``x``, in either layout (with
+    ``groups``: each of its heads repeated for its group of query heads)."""
+    lane = lane.repeat_interleave(groups, dim=2)
     for v in (value(n) for n in [*path_nodes(x, proj, scope), x]):
         if torch.is_tensor(v) and any(
             v.shape == lv.shape and torch.equal(v, lv) for lv in (lane, lane.transpose(1, 2))

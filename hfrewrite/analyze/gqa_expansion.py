@@ -57,3 +57,14 @@ def permuted_before_expansion(expanded: Node, heads: int) -> tuple[Node, tuple[i
             ):
                 return node, order
     return None
+
+
+def expanded_from(value: torch.Tensor, dim: int, kv_heads: int) -> bool:
+    """``value``'s ``dim`` holds ``kv_heads`` groups of equal consecutive heads: a GQA
+    expansion (kv head ``h // groups`` for head ``h``) of ``kv_heads`` heads, checked on
+    every element (Falcon-40B broadcasts k and v to every query head before its rope)."""
+    heads = value.shape[dim]
+    if not (0 < kv_heads < heads and heads % kv_heads == 0):
+        return False
+    firsts = value.index_select(dim, torch.arange(0, heads, heads // kv_heads))
+    return torch.equal(firsts.repeat_interleave(heads // kv_heads, dim=dim), value)

@@ -32,6 +32,8 @@ def head_fields(small, attention: AttentionPlan) -> dict:
         fields["heads_field"] = "num_attention_heads"
         if getattr(small, "num_key_value_heads", None) == attention.num_kv_heads:
             fields["kv_heads_field"] = "num_key_value_heads"
+        elif attention.num_kv_heads != 1 and getattr(small, "num_kv_heads", None) == attention.num_kv_heads:
+            fields["kv_heads_field"] = "num_kv_heads"  # Falcon's own name (grouped: Falcon-40B)
         elif (
             attention.num_kv_heads == attention.num_heads
             and getattr(small, "num_key_value_heads", None) is None

@@ -30,6 +30,7 @@ _LAYOUT_METHODS = {
     "chunk",
     "split",
     "expand",
+    "broadcast_to",
     "repeat_interleave",
     "repeat",  # kv heads repeated: the head counts must still agree
     "clamp",
@@ -45,6 +46,7 @@ _LAYOUT_FUNCTIONS = (
     torch.split,
     torch.flatten,
     torch.clamp,
+    torch.broadcast_to,  # kv heads broadcast to every query head (Falcon-40B), as "expand"
 )
 
 

@@ -38,3 +38,31 @@ def test_falcons_own_kv_head_field_follows_the_head_count():
     assert shrink_config(mha, 4).num_kv_heads == 4 and shrink_config(mha, 8).num_kv_heads == 8
     grouped = transformers.AutoConfig.for_model("falcon", new_decoder_architecture=True, num_kv_heads=8)
     assert shrink_config(grouped, 8).num_kv_heads == 2
+
+
+def test_falcon_40bs_grouped_kv_heads_are_read_through_their_broadcast():
+    """Falcon-40B's layout: per kv head, its query heads then k and v, with k and v
+    broadcast to every query head before the rope. The analysis proves the expansion on the
+    values (each group's heads equal) and plans the kv heads the projection holds."""
+    from hfrewrite.analyze.model import analyze
+    from hfrewrite.analyze.qkv_layouts import QkvLayout
+
+    config = transformers.AutoConfig.for_model(
+        "falcon", new_decoder_architecture=True, num_kv_heads=8, num_attention_heads=32, hidden_size=4096
+    )
+    attention = analyze(config).attention
+    assert (attention.num_heads, attention.num_kv_heads) == (4, 2)  # shrunk: groups of two
+    assert attention.qkv_layout is QkvLayout.GROUPED
+    assert (attention.heads_field, attention.kv_heads_field) == ("num_attention_heads", "num_kv_heads")
+
+
+def test_an_expansion_is_proven_on_every_element():
+    import torch
+
+    from hfrewrite.analyze.gqa_expansion import expanded_from
+
+    kv = torch.randn(2, 2, 5, 8)
+    expanded = kv.repeat_interleave(3, dim=1)
+    assert expanded_from(expanded, 1, 2) and not expanded_from(expanded, 1, 3)
+    expanded[0, 1, 0, 0] += 1e-3  # one head of a group differs
+    assert not expanded_from(expanded, 1, 2)

@@ -143,6 +143,19 @@ REGRESSIONS = [
             "bias": True,
         },
     ),
+    # Falcon-40B's layout: grouped kv heads broadcast to every query head before the rope
+    (
+        "falcon",
+        {
+            **_IDS,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "ffn_hidden_size": 128,
+            "new_decoder_architecture": True,
+            "num_kv_heads": 2,
+        },
+    ),
     # multi-head gpt_bigcode: q, k and v taken apart per head in one chained statement
     (
         "gpt_bigcode",
