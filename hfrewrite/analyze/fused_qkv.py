@@ -124,14 +124,14 @@ def _per_head_qkv(
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
     heads = {role: _heads_of(value(x), out) for role, x in xs.items()}
     d = value(xs["q"]).shape[3]
-    kv = (out.shape[-1] // d - heads["q"]) // 2
+    kv, groups = (out.shape[-1] // d - heads["q"]) // 2, {"q": 1, "k": 1, "v": 1}
     if heads["k"] == heads["v"] == heads["q"] != kv and all(
         expanded_from(value(xs[r]), _head_axis(value(xs[r]), out), kv) for r in "kv"
     ):  # k and v expanded to every query head before the attention (Falcon-40B's broadcast_to)
         heads["k"] = heads["v"] = kv
+        groups |= {"k": heads["q"] // kv, "v": heads["q"] // kv}  # their lanes, repeated alike
     if (heads["q"] + 2 * heads["k"]) * d != out.shape[-1] or heads["k"] != heads["v"] or not heads["k"]:
         refuse("fuse_qkv", f"{whole.attr} feeds q, k and v in a layout this analysis does not know")
-    groups = {"q": 1, "k": heads["q"] // heads["k"], "v": heads["q"] // heads["k"]}
     for kind in QKV_ORDER:
         lanes = kind.lanes(out, heads["q"], heads["k"], d)
         if lanes is not None and all(
