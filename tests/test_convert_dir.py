@@ -13,6 +13,17 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
+def _convert(model: Path, config: dict, out: Path, written: str) -> str:
+    """The file ``convert --no-verify`` writes for ``config`` saved in ``model``."""
+    (model / "config.json").write_text(json.dumps(config))
+    subprocess.run(
+        [str(HFREWRITE), "convert", "--no-verify", str(model), "-o", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return (out / written).read_text()
+
+
 def test_local_dir_with_another_architecture_name(tmp_path):
     """A config may name an architecture the modeling source does not define (fine-tunes,
     renamed heads): the source's causal-LM class is rewritten, and since the modeling
@@ -24,14 +35,7 @@ def test_local_dir_with_another_architecture_name(tmp_path):
         "architectures": ["MyLlamaForCausalLM"],
         "hidden_size": 256,
     }
-    (model / "config.json").write_text(json.dumps(config))
-    out = tmp_path / "out"
-    subprocess.run(
-        [str(HFREWRITE), "convert", "--no-verify", str(model), "-o", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    text = (out / "llama.py").read_text()
+    text = _convert(model, config, tmp_path / "out", "llama.py")
     assert "class LlamaForCausalLM(" in text
     body = lambda t: t.split("\n\n", 1)[1]
     assert body(text) == body((GOLDEN / "llama.py").read_text())
@@ -67,13 +71,6 @@ def test_multi_head_gpt_bigcode_splits_its_per_head_projection_in_one_statement(
     model = tmp_path / "bigcode-mha"
     model.mkdir()
     config = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"], "multi_query": False}
-    (model / "config.json").write_text(json.dumps(config))
-    out = tmp_path / "out"
-    subprocess.run(
-        [str(HFREWRITE), "convert", "--no-verify", str(model), "-o", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    text = (out / "gpt_bigcode.py").read_text()
+    text = _convert(model, config, tmp_path / "out", "gpt_bigcode.py")
     assert "qkv, _ = self.c_attn(hidden_states)" in text
     assert "def _qkv_per_head_to_blocks(self, weights):" in text
