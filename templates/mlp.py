@@ -22,9 +22,9 @@ class ParallelSequential(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        with torch.device(
-            "meta"
-        ):  # the source's container, read for its sizes and layers
+        # the source's container, read for its sizes and layers (none holds a tensor but
+        # the two Linears, which are replaced)
+        with torch.device("meta"):
             source = build()
         names = list(source._modules)
         for name, child in source.named_children():

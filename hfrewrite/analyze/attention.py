@@ -41,14 +41,7 @@ from hfrewrite.analyze.head_layout import (
     prove_head_layout,
     prove_output_layout,
 )
-from hfrewrite.analyze.manual_attention import (
-    MANUAL_REASON,
-    NO_MIXER_REASON,
-    UNRECOGNISED_SOFTMAX_REASON,
-    attends_by_hand,
-    by_hand_facts,
-    scores_softmax,
-)
+from hfrewrite.analyze.manual_attention import by_hand_facts, no_attention_reason
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, RopeTable, refuse
@@ -66,11 +59,9 @@ from hfrewrite.analyze.rope import (
 from hfrewrite.analyze.rope_styles import RopeLayers, RopeStyle, RopeTurn
 from hfrewrite.analyze.rope_table import prove_rope_table
 from hfrewrite.analyze.trace import (
-    DIRECT_SDPA_REASON,
     Traced,
     causal_sdpa,
     is_attention_leaf,
-    is_direct_sdpa,
     is_norm,
     past_identity_dropouts,
     relative,
@@ -371,13 +362,7 @@ def _qkv_group(traced: Traced, path: str) -> list[Node]:
 def _attention_call(traced: Traced, path: str) -> Node:
     calls = [n for n in traced.nodes_in(path) if is_attention_leaf(n)]
     if not calls:
-        if any(is_direct_sdpa(n) for n in traced.nodes_in(path)):
-            refuse("vllm_attention", DIRECT_SDPA_REASON)
-        if attends_by_hand(traced.nodes_in(path), traced):
-            refuse("vllm_attention", MANUAL_REASON)
-        if any(scores_softmax(n) for n in traced.nodes_in(path)):
-            refuse("vllm_attention", UNRECOGNISED_SOFTMAX_REASON)
-        refuse("vllm_attention", NO_MIXER_REASON)
+        refuse("vllm_attention", no_attention_reason(traced.nodes_in(path), traced))
     if len(calls) != 1:
         refuse(
             "vllm_attention",

@@ -63,8 +63,8 @@ def carry_mlp(traced: Traced, path: str, declined: NoMatch, config=None) -> tupl
 def _sequential_pair(traced: Traced, path: str, config) -> bool:
     """The layer's own child ``path`` is an ``nn.Sequential`` whose first child is the up
     projection and last the down projection of an ungated MLP (the act between them proven
-    per lane), the children between them holding no weights: vLLM's column- and
-    row-parallel pair computes it, each rank on its columns."""
+    per lane), the children between them holding no tensors (the file builds them on the
+    meta device): vLLM's column- and row-parallel pair computes it, each rank on its columns."""
     block = traced.module.get_submodule(path)
     if "." in path or not isinstance(block, nn.Sequential) or len(block) < 2:
         return False
@@ -74,7 +74,7 @@ def _sequential_pair(traced: Traced, path: str, config) -> bool:
         isinstance(plan, MlpPlan)
         and plan.form is MlpForm.UNGATED
         and (plan.up.attr, plan.down.attr) == (names[0], names[-1])
-        and all(next(block[i].parameters(), None) is None for i in range(1, len(block) - 1))
+        and not any([*block[i].parameters(), *block[i].buffers()] for i in range(1, len(block) - 1))
     )
 
 

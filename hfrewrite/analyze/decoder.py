@@ -27,19 +27,11 @@ from torch.fx import Node
 
 from hfrewrite.analyze.block_output import returns_tuple
 from hfrewrite.analyze.linear_classes import is_linear as computes_linear
-from hfrewrite.analyze.manual_attention import (
-    MANUAL_REASON,
-    NO_MIXER_REASON,
-    UNRECOGNISED_SOFTMAX_REASON,
-    attends_by_hand,
-    scores_softmax,
-)
+from hfrewrite.analyze.manual_attention import no_attention_reason
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
 from hfrewrite.analyze.trace import (
-    DIRECT_SDPA_REASON,
     Traced,
     is_attention_leaf,
-    is_direct_sdpa,
     is_experts,
     is_identity_dropout,
     is_norm,
@@ -171,14 +163,8 @@ def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
     others = sorted(with_linears - attending - {None})
     shared = [o for o in others if o not in moe] if len(others) == 2 and len(moe & set(others)) == 1 else []
     others = [o for o in others if o not in shared]
-    if not attending and any(is_direct_sdpa(n) for n in traced.graph.nodes):
-        refuse("decoder_layer", DIRECT_SDPA_REASON, cls)
-    if not attending and attends_by_hand(traced.graph.nodes, traced):
-        refuse("decoder_layer", MANUAL_REASON, cls)
-    if not attending and any(scores_softmax(n) for n in traced.graph.nodes):
-        refuse("decoder_layer", UNRECOGNISED_SOFTMAX_REASON, cls)
     if not attending:
-        refuse("decoder_layer", NO_MIXER_REASON, cls)
+        refuse("decoder_layer", no_attention_reason(traced.graph.nodes, traced), cls)
     inline = _inline_mlp(traced, others)
     if len(attending) != 1 or None in attending or (len(others) != 1 and not inline):
         refuse(

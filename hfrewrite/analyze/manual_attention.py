@@ -24,8 +24,10 @@ from hfrewrite.analyze.gqa_expansion import before_expansion
 from hfrewrite.analyze.mask_window import mask_buffer, proven_band
 from hfrewrite.analyze.plan import refuse
 from hfrewrite.analyze.trace import (
+    DIRECT_SDPA_REASON,
     Traced,
     causal_sdpa,
+    is_direct_sdpa,
     is_identity_dropout,
     relative,
     value,
@@ -125,6 +127,19 @@ def scores_softmax(node) -> bool:
             return True
         frontier = [a for n in inputs if n.op in ("call_function", "call_method") for a in n.all_input_nodes]
     return False
+
+
+def no_attention_reason(nodes, traced: Traced) -> str:
+    """Why ``nodes`` (a layer's, or a block's), holding no attention call, hold no attention
+    the file could compute: the form they compute instead, else that no mixer is proven."""
+    nodes = list(nodes)
+    if any(is_direct_sdpa(n) for n in nodes):
+        return DIRECT_SDPA_REASON
+    if attends_by_hand(nodes, traced):
+        return MANUAL_REASON
+    if any(scores_softmax(n) for n in nodes):
+        return UNRECOGNISED_SOFTMAX_REASON
+    return NO_MIXER_REASON
 
 
 def _computed_operands(node: Node) -> bool:

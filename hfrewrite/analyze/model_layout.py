@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from hfrewrite.analyze.lm_head import is_head
 from hfrewrite.analyze.plan import refuse
@@ -71,8 +72,6 @@ def _refuse_other_towers(base: nn.Module, layers_attr: str) -> None:
     """A pretrained model of its own beside the decoder stack (Phi-4-multimodal's vision and
     audio encoders, built under its embedding): the file would build the tower a text decoder
     has no use for, from a class it does not keep."""
-    from transformers import PreTrainedModel
-
     towers = [
         f"{name} ({type(m).__name__})"
         for name, m in outside_stack(base, layers_attr)

@@ -21,8 +21,8 @@ from torch import nn
 
 from hfrewrite.analyze.branches import method_tree
 from hfrewrite.analyze.plan import PositionEmbeddingPlan
+from hfrewrite.analyze.position_embedding import MAX_OFFSET  # as for learned tables
 
-MAX_OFFSET = 4  # rows kept in front of position 0, as for learned tables
 _LIBRARIES = {"np": numpy, "numpy": numpy, "math": math, "torch": torch}
 
 
@@ -71,7 +71,7 @@ def _scale_factor(base: nn.Module, scale: float) -> str | None:
     fits = {
         ast.unparse(factor)
         for factor in _factors(tree.body[0].body)
-        if _value_of(factor, base) is not None and math.isclose(_value_of(factor, base), scale, rel_tol=1e-5)
+        if (got := _value_of(factor, base)) is not None and math.isclose(got, scale, rel_tol=1e-5)
     }
     return fits.pop() if len(fits) == 1 else None
 
