@@ -82,11 +82,6 @@ class Glm4MoeAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        if config.use_qk_norm:
-            raise NotImplementedError(
-                "hfrewrite: Glm4MoeAttention was converted for configs where "
-                "`config.use_qk_norm` is false"
-            )
         self.head_dim = getattr(
             config, "head_dim", config.hidden_size // config.num_attention_heads
         )
@@ -147,6 +142,18 @@ class Glm4MoeAttention(nn.Module):
     ) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.use_qk_norm:
+            # Per-head q/k norms, as in the source, before the rotary embedding.
+            q_by_head = q.view(
+                *q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim
+            )
+            q_by_head = self.q_norm(q_by_head)
+            q = q_by_head.view(q.shape)
+            k_by_head = k.view(
+                *k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim
+            )
+            k_by_head = self.k_norm(k_by_head)
+            k = k_by_head.view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
         attn_output = self.attn(q, k, v)
         attn_output, _ = self.o_proj(attn_output)

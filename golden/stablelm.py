@@ -37,7 +37,11 @@ from transformers.utils import logging
 
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
-from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from vllm.model_executor.layers.activation import get_act_and_mul_fn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import (
@@ -129,6 +133,21 @@ class StableLmLayerNormPerHead(nn.Module):
         )
 
 
+def norm_rank_heads(
+    norm: nn.Module, x: torch.Tensor, total_heads: int, first_head: int
+) -> torch.Tensor:
+    """``norm``, built for all ``total_heads`` heads as the checkpoint holds
+    it, applied to this rank's heads ``x`` ([tokens, heads, head_dim]), which
+    start at ``first_head``. Each head is normalised apart (proven), so the
+    other heads' places may hold zeros."""
+    heads = x.shape[-2]
+    if heads == total_heads:
+        return norm(x)
+    every_head = x.new_zeros(*x.shape[:-2], total_heads, x.shape[-1])
+    every_head[..., first_head : first_head + heads, :] = x
+    return norm(every_head)[..., first_head : first_head + heads, :]
+
+
 class StableLmAttention(nn.Module):
     """Multi-headed attention from 'Attention Is All You Need' paper"""
 
@@ -141,11 +160,6 @@ class StableLmAttention(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
-        if config.qk_layernorm:
-            raise NotImplementedError(
-                "hfrewrite: StableLmAttention was converted for configs "
-                "where `config.qk_layernorm` is false"
-            )
         if layer_idx is None:
             logger.warning_once(
                 f"Instantiating {self.__class__.__name__} without passing a "
@@ -221,12 +235,37 @@ class StableLmAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.attn",
         )
+        # This rank's first q head and first kv head (kv heads are replicated over the
+        # ranks when there are fewer of them).
+        tp_rank = get_tensor_model_parallel_rank()
+        self.q_first_head = tp_rank * self.num_heads
+        self.k_first_head = (
+            tp_rank // max(1, tp_size // self.total_num_kv_heads) * self.num_kv_heads
+        )
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor
     ) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_layernorm:
+            # Per-head q/k norms, as in the source, before the rotary embedding. Their
+            # weights differ per head and are built for every head: each rank normalises
+            # its own heads in their places.
+            q_by_head = q.view(
+                *q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim
+            )
+            q_by_head = norm_rank_heads(
+                self.q_layernorm, q_by_head, self.total_num_heads, self.q_first_head
+            )
+            q = q_by_head.view(q.shape)
+            k_by_head = k.view(
+                *k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim
+            )
+            k_by_head = norm_rank_heads(
+                self.k_layernorm, k_by_head, self.total_num_kv_heads, self.k_first_head
+            )
+            k = k_by_head.view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
         attn_output = self.attn(q, k, v)
         attn_output, _ = self.o_proj(attn_output)

@@ -71,7 +71,7 @@ from hfrewrite.emit.position_code import (
     rotary_builders,
 )
 from hfrewrite.emit.shared_matchers import QKV_PROJECTION
-from hfrewrite.emit.templates_io import template_class
+from hfrewrite.emit.templates_io import insert_before, template_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "vllm_attention"
@@ -407,12 +407,20 @@ def _with_code_before(module: cst.Module, code: str, before: str) -> cst.Module:
     return module.with_changes(body=[*module.body[:at], *cst.parse_module(code).body, *module.body[at:]])
 
 
-def _with_class_before(module: cst.Module, cls: cst.ClassDef, before: str) -> cst.Module:
-    body = list(module.body)
-    at = next(
-        i for i, node in enumerate(body) if isinstance(node, cst.ClassDef) and node.name.value == before
-    )
-    return module.with_changes(body=[*body[:at], cls, *body[at:]])
+# what the q/k norms normalise over, in the explain row
+_NORMED_OVER = {
+    "head": "head",
+    "each_head": "head, weights per head: each rank its own heads",
+    "all_heads": "all_heads",
+}
+
+
+def _with_template(module: cst.Module, before: str, file: str, name: str) -> cst.Module:
+    """``module`` with the class or function ``name`` of ``templates/<file>`` before the class
+    ``before``, once however many attention classes need it."""
+    if any(isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n.name.value == name for n in module.body):
+        return module
+    return insert_before(module, before, template_class(file, name, {}, {}))
 
 
 def _described(att: AttentionPlan, hybrid: bool = False) -> str:
@@ -459,11 +467,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     sites = Sites()
     module = sites.replace_class(module, att.module_class, cls)
     if att.rope_turn is RopeTurn.REVERSED:
-        module = _with_class_before(
-            module,
-            template_class("rope.py", "ReversedRotaryEmbedding", {}, {}),
-            att.module_class,
-        )
+        module = _with_template(module, att.module_class, "rope.py", "ReversedRotaryEmbedding")
     if att.output_gate is not None:
         rows.append(
             FusionRow(att.module_class, f"output gate kept: {att.output_gate.describe()} (proven by replay)")
@@ -473,9 +477,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         rows.append(
             FusionRow(
                 att.module_class,
-                f"{att.q_norm}/{att.k_norm} kept (over {att.qk_norm_over}, {where} the rope)",
+                f"{att.q_norm}/{att.k_norm} kept (over {_NORMED_OVER[att.qk_norm_over]}, {where} the rope)",
             )
         )
+    if att.qk_norm_over == "each_head":
+        imports += ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size"]
+        module = _with_template(module, att.module_class, "head_norm.py", "norm_rank_heads")
     if att.qk_norm_over == "all_heads":
         imports += [
             "get_tensor_model_parallel_rank",

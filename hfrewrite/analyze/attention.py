@@ -41,6 +41,7 @@ from hfrewrite.analyze.head_layout import (
     prove_head_layout,
     prove_output_layout,
 )
+from hfrewrite.analyze.head_norms import own_weights_per_head
 from hfrewrite.analyze.manual_attention import by_hand_facts, no_attention_reason
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
@@ -62,7 +63,7 @@ from hfrewrite.analyze.trace import (
     Traced,
     causal_sdpa,
     is_attention_leaf,
-    is_norm,
+    is_head_norm,
     past_identity_dropouts,
     relative,
     value,
@@ -277,7 +278,8 @@ def _norms(
 
 
 def _qk_norm_over(traced: Traced, path: str, norms: dict, heads: _Heads) -> str | None:
-    """What the q/k norms normalise over: "head", "all_heads", or None without norms."""
+    """What the q/k norms normalise over: "head" (every head alike), "each_head" (each with
+    weights of its own), "all_heads", or None without norms."""
     if norms["q"] is None:
         return None
     # the width each norm normalises over: its input's last dim (weightless norms too)
@@ -287,7 +289,9 @@ def _qk_norm_over(traced: Traced, path: str, norms: dict, heads: _Heads) -> str 
         if n.op == "call_module" and n.target in {f"{path}.{norms[r]}" for r in "qk"}
     }
     if widths == {heads.head_dim}:
-        return "head"
+        modules = {r: traced.module.get_submodule(f"{path}.{norms[r]}" if path else norms[r]) for r in "qk"}
+        counts = {"q": (heads.num_heads, heads.head_dim), "k": (heads.num_kv_heads, heads.head_dim)}
+        return "each_head" if own_weights_per_head(modules, counts) else "head"
     if widths <= {heads.num_heads * heads.head_dim, heads.num_kv_heads * heads.head_dim}:
         return "all_heads"
     reason = f"q/k norm widths {sorted(widths)} are neither head_dim nor all heads"
@@ -429,7 +433,7 @@ def _head_norm(
     norms = [
         n
         for n in (*path_nodes(arg, source, scope), *([arg] if rope_in is None else []))
-        if n.op == "call_module" and is_norm(traced.submodule(n))
+        if n.op == "call_module" and is_head_norm(traced.submodule(n))
     ]
     if len(norms) > 1:
         refuse("vllm_attention", f"{len(norms)} norms on the {role} path")

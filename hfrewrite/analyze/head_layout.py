@@ -9,7 +9,7 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.plan import refuse
-from hfrewrite.analyze.trace import Traced, is_norm, value
+from hfrewrite.analyze.trace import Traced, is_head_norm, value
 
 # What may lie between a projection and the attention (and between the attention and the
 # output projection) besides the proven rope and q/k norms: the rewrite re-derives the
@@ -75,13 +75,10 @@ def prove_head_layout(
     # the projection read [b, s, features], or [s, b, features] (TeleChat transposes first)
     for rows in (out, out.transpose(0, 1)):
         b, s, _ = rows.shape
-        want = rows
-        with torch.no_grad():
-            if norm is not None and norm_over == "all_heads":
-                want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
-            want = want.reshape(b, s, heads, head_dim)
-            if norm is not None and norm_over == "head":
-                want = traced.module.get_submodule(f"{path}.{norm}" if path else norm)(want)
+        want = _normed_as_vllm(traced, path, norm, norm_over, rows.reshape(b * s, -1), heads, head_dim)
+        if want is None:
+            break
+        want = want.reshape(b, s, heads, head_dim)
         # [b, heads, s, d], or [b, s, heads, d] where the rope runs before the transpose
         # (ERNIE-4.5), or batch and heads merged: [b * heads, s, d], [s, b * heads, d] (TeleChat)
         merged = want.transpose(1, 2).reshape(b * heads, s, head_dim)
@@ -92,6 +89,34 @@ def prove_head_layout(
             f"the {role} path does not split the projection into heads as "
             "[heads, head_dim] (checked on the traced values)",
         )
+
+
+def _normed_as_vllm(
+    traced: Traced,
+    path: str,
+    norm: str | None,
+    over: str | None,
+    tokens: torch.Tensor,
+    heads: int,
+    head_dim: int,
+) -> torch.Tensor | None:
+    """The projection's rows ``[tokens, features]`` as the file lays them out,
+    ``[tokens, heads, head_dim]``, through the q/k norm called as the file calls it (over
+    all heads on ``[tokens, features]``, per head on ``[tokens, heads, head_dim]``); None
+    where the norm cannot take that layout (it then does not compute what the file would)."""
+    module = traced.module.get_submodule(f"{path}.{norm}" if path else norm) if norm else None
+    try:
+        with torch.no_grad():
+            if module is not None and over == "all_heads":
+                tokens = module(tokens)
+            by_head = tokens.reshape(tokens.shape[0], heads, head_dim)
+            if module is not None and over in ("head", "each_head"):
+                by_head = module(by_head)
+    except (RuntimeError, ValueError, IndexError):
+        return None
+    return (
+        by_head if torch.is_tensor(by_head) and by_head.shape == (tokens.shape[0], heads, head_dim) else None
+    )
 
 
 def prove_output_layout(call: Node, o_node: Node) -> None:
@@ -124,7 +149,7 @@ def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
         ok = (
             (n.op == "call_method" and n.target in _LAYOUT_METHODS)
             or (n.op == "call_function" and n.target in _LAYOUT_FUNCTIONS)
-            or (n.op == "call_module" and is_norm(traced.submodule(n)))
+            or (n.op == "call_module" and is_head_norm(traced.submodule(n)))
             or n.op == "get_attr"
         )
         if not ok:
@@ -145,7 +170,7 @@ def norm_through_layout(node: Node, traced: Traced) -> Node | None:
         if not norm.args or not isinstance(norm.args[0], Node):
             return None
         norm = norm.args[0]
-    if not (norm.op == "call_module" and is_norm(traced.submodule(norm))):
+    if not (norm.op == "call_module" and is_head_norm(traced.submodule(norm))):
         return None
     normed, given = value(norm), value(node)
     if norm is node or (

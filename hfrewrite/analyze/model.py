@@ -80,6 +80,7 @@ from hfrewrite.analyze.plan import (
     Refusal,
     refuse,
 )
+from hfrewrite.analyze.qk_norm_variants import with_qk_norm_branch
 from hfrewrite.analyze.qkv_width import prove_at_more_heads
 from hfrewrite.analyze.rope import rotary_field
 from hfrewrite.analyze.rope_constants import prove_rope_constants
@@ -203,6 +204,23 @@ def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.P
     return small
 
 
+def _attention_branches(config, small, attention, module):
+    """The attention plan proven further on sibling configs (other head counts, rope constants,
+    the q/k norms or MLA branches the traced config leaves off); what could not be proven;
+    the sibling configs proven (validated at convert time too)."""
+    prove_at_more_heads(attention, lambda heads: _analyze(config, False, heads).attention.qkv_layout)
+    attention = prove_rope_constants(attention, small, lambda e: _analyze(config, False, edits=e).attention)
+
+    def sibling_attention(other):
+        return _analyze(other, branches=False).attention
+
+    if isinstance(attention, AttentionPlan):
+        return with_qk_norm_branch(config, attention, module, sibling_attention)
+    if isinstance(attention, MlaPlan):
+        return with_other_branches(config, attention, sibling_attention)
+    return attention, (), ()
+
+
 def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     """Trace each decoder layer and analyse it; the plans all layers share (see _analyze for
     ``branches``)."""
@@ -221,16 +239,10 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     decoder = per_layer[lead].decoder
     declined = compare_layers(per_layer)
     attention = _emitted_attention(per_layer, traces[lead], small)
-    if branches:
-        prove_at_more_heads(attention, lambda heads: _analyze(config, False, heads).attention.qkv_layout)
-        attention = prove_rope_constants(
-            attention, small, lambda e: _analyze(config, False, edits=e).attention
-        )
     siblings = head_sibling(config, source.head_kind)
-    if branches and isinstance(attention, MlaPlan):
-        attention, more, branch_configs = with_other_branches(
-            config, attention, lambda other: _analyze(other, branches=False).attention
-        )
+    if branches:
+        attention_module = traces[lead].module.get_submodule(decoder.attention_block)
+        attention, more, branch_configs = _attention_branches(config, small, attention, attention_module)
         declined += more
         siblings += branch_configs
     mlp, moe = (

@@ -83,8 +83,8 @@ class AttentionPlan:
     rope_layers: RopeLayers  # the layers whose q and k a rotary embedding turns
     scaling: float
     sliding_window: int | None
-    # What the q/k norms normalise over: "head" (each head_dim slice, qwen3) or
-    # "all_heads" (the whole projection, olmoe); None without q/k norms.
+    # What the q/k norms normalise over: "head" (each head_dim slice alike, qwen3), "each_head"
+    # (weights per head, StableLM-2) or "all_heads" (olmoe); None without q/k norms.
     qk_norm_over: str | None = None
     # The rope the numeric replay proved (analyze/rope.py): its style (analyze/rope_styles.py:
     # neox halves or GPT-J even/odd pairs), over the first ``rotary_dim`` lanes of each head.

@@ -177,6 +177,25 @@ def is_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("Norm") and not any(module.children())
 
 
+def is_norm_list(module: nn.Module) -> bool:
+    """Norms kept in a container of the source's own class (StableLM-2's per-head LayerNorms,
+    ``norms[h]`` for head ``h``): every module below it a norm leaf, no tensor of its own.
+    Traced as one leaf; what it computes is proven on values where it is used."""
+    below = list(module.modules())[1:]
+    return (
+        bool(below)
+        and not isinstance(module, nn.ModuleList)
+        and all(is_norm(m) or (isinstance(m, nn.ModuleList) and any(m.children())) for m in below)
+        and not any(True for _ in module.parameters(recurse=False))
+        and not any(True for _ in module.buffers(recurse=False))
+    )
+
+
+def is_head_norm(module: nn.Module) -> bool:
+    """What may normalise q or k: a norm leaf, or a container of them (``is_norm_list``)."""
+    return is_norm(module) or is_norm_list(module)
+
+
 def is_experts(module: nn.Module) -> bool:
     """Stacked MoE experts (transformers 5.x ``@use_experts_implementation``): a module
     holding 3-D ``[num_experts, out, in]`` parameters, traced as one leaf."""
@@ -187,6 +206,7 @@ def is_leaf(module: nn.Module) -> bool:
     return (
         isinstance(module, (nn.Linear, nn.Embedding))  # a subclass's own forward: unproven, opaque
         or is_norm(module)
+        or is_norm_list(module)
         or is_experts(module)
         or type(module).__module__ in _ACTIVATION_MODULES
     )

@@ -50,6 +50,21 @@ _PER_HEAD_NORM = """\
 """
 
 
+# weights of their own per head, built for all heads (analyze/head_norms.py)
+_EACH_HEAD_NORM = """\
+{x}_by_head = {x}.view(*{x}.shape[:-1], {x}.shape[-1] // {head_dim}, {head_dim})
+{x}_by_head = norm_rank_heads(self.{norm}, {x}_by_head, self.{total}, self.{x}_first_head)
+{x} = {x}_by_head.view({x}.shape)
+"""
+
+_FIRST_HEADS = """\
+# This rank's first q head and first kv head (kv heads are replicated over the
+# ranks when there are fewer of them).
+tp_rank = get_tensor_model_parallel_rank()
+self.q_first_head = tp_rank * self.num_heads
+self.k_first_head = tp_rank // max(1, {tp_size} // self.total_num_kv_heads) * self.num_kv_heads
+"""
+
 _ALL_HEADS_NORM = """\
 # q/k norms over all heads, as in the source: under tensor parallelism each
 # rank holds a slice of the heads: gather, normalise, take its slice back.
@@ -242,16 +257,24 @@ def qk_norms(
         norms += f"# Per-head q/k norms, as in the source, {where} the rotary embedding.\n"
         norms += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=HEAD_DIM)
         norms += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=HEAD_DIM)
+    elif att.qk_norm_over == "each_head":
+        norms += (
+            f"# Per-head q/k norms, as in the source, {where} the rotary embedding. Their\n"
+            "# weights differ per head and are built for every head: each rank normalises\n"
+            "# its own heads in their places.\n"
+        )
+        for x, norm, total in (("q", att.q_norm, "total_num_heads"), ("k", att.k_norm, "total_num_kv_heads")):
+            norms += _EACH_HEAD_NORM.format(x=x, norm=norm, head_dim=HEAD_DIM, total=total)
+        init = t.with_body(init, [*init.body.body, *t.stmts(_FIRST_HEADS.format(tp_size=_tp_size(init)))])
     elif att.qk_norm_over == "all_heads":
         norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)
-        # fuse_qkv's prologue already binds the tensor-parallel size to a local.
-        has_local = any(m.matches(s, TP_SIZE_LOCAL) for s in init.body.body)
-        tp_size = "tp_size" if has_local else "get_tensor_model_parallel_world_size()"
         init = t.with_body(
             init,
             [
                 *init.body.body,
-                *t.stmts(f"self.tp_size = {tp_size}\nself.tp_rank = get_tensor_model_parallel_rank()\n"),
+                *t.stmts(
+                    f"self.tp_size = {_tp_size(init)}\nself.tp_rank = get_tensor_model_parallel_rank()\n"
+                ),
             ],
         )
     elif att.q_norm or att.k_norm:
@@ -261,6 +284,12 @@ def qk_norms(
     if norm_test is not None:  # persimmon's `if self.qk_layernorm:`
         norms = f"if {t.code(norm_test)}:\n" + "".join(f"    {line}\n" for line in norms.splitlines())
     return norms, init
+
+
+def _tp_size(init: cst.FunctionDef) -> str:
+    """The tensor-parallel size: fuse_qkv's prologue already binds it to a local."""
+    has_local = any(m.matches(s, TP_SIZE_LOCAL) for s in init.body.body)
+    return "tp_size" if has_local else "get_tensor_model_parallel_world_size()"
 
 
 def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) -> cst.FunctionDef:

@@ -36,16 +36,17 @@ class _Rename(cst.CSTTransformer):
 
 
 def template_class(file: str, cls: str, names: dict[str, str], attrs: dict[str, str]) -> cst.ClassDef:
-    """Class ``cls`` of ``templates/<file>`` with Name and attribute renames applied."""
+    """Class (or function) ``cls`` of ``templates/<file>`` with Name and attribute renames applied."""
     for node in _parsed(file).body:
-        if isinstance(node, cst.ClassDef) and node.name.value == cls:
+        if isinstance(node, (cst.ClassDef, cst.FunctionDef)) and node.name.value == cls:
             # attribute names first, so that `self.model` -> `self.<attr>` sees the old names
             return node.visit(_Rename(names, attrs))
     raise KeyError(f"templates/{file} has no class {cls}")
 
 
-def insert_before(module: cst.Module, name: str, new: cst.ClassDef) -> cst.Module:
-    """``module`` with ``new`` (a template's class) inserted before its top-level class ``name``."""
+def insert_before(module: cst.Module, name: str, new: cst.ClassDef | cst.FunctionDef) -> cst.Module:
+    """``module`` with ``new`` (a template's class or function) inserted before its top-level
+    class ``name``."""
     body = list(module.body)
     at = next(i for i, n in enumerate(body) if isinstance(n, cst.ClassDef) and n.name.value == name)
     body.insert(at, new.with_changes(leading_lines=body[at].leading_lines))

@@ -114,6 +114,7 @@ def classic_fields(draw, family: str) -> dict:
                 "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0])),
                 "use_qkv_bias": draw(st.booleans()),
                 "use_parallel_residual": draw(st.booleans()),
+                "qk_layernorm": draw(st.booleans()),  # StableLM-2-12B: a LayerNorm per head
             }
         )
     if family == "phi":

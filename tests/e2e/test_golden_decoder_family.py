@@ -116,6 +116,14 @@ CASES: dict[str, tuple[str, dict]] = {
         "stablelm",
         {"use_parallel_residual": True, "use_qkv_bias": True},
     ),
+    # StableLM-2-12B's shape: a LayerNorm per head with its own weights on q and k (off in the
+    # converted default config, proven on a sibling config), beside the parallel residual
+    "stablelm-qk-layernorm-per-head-parallel": (
+        "stablelm",
+        {"qk_layernorm": True, "use_parallel_residual": True},
+    ),
+    # Command R+'s shape: q/k norms whose weight is [heads, head_dim] (off by default)
+    "cohere-qk-norm-per-head-weights": ("cohere", {"use_qk_norm": True}),
     # torch.nn.Linear spelled out, llama3 rope scaling, sliding and global layers
     "cwm-llama3-rope-sliding": ("cwm", {**WINDOW}),
     # Falcon-7B's shape: one kv head (no config field holds it: the source's own expression
@@ -213,14 +221,11 @@ CASES |= {
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
-    "cohere-qk-norm-switched-on": ("cohere", {"use_qk_norm": True}),
     # multi-head gpt_bigcode interleaves q, k and v per head; the MQA file refuses it (the
     # switch was tested only by attributes the rewrite dropped)
     "gpt_bigcode-multi-head-refused": ("gpt_bigcode", {"multi_query": False}),
     # GPT-2's eager path with its own upcast attention was never traced
     "gpt2-reorder-and-upcast-refused": ("gpt2", {"reorder_and_upcast_attn": True}),
-    # stablelm's per-head q/k LayerNorms were never traced (off by default)
-    "stablelm-qk-layernorm-refused": ("stablelm", {"qk_layernorm": True}),
     # Falcon-40B's grouped query_key_value and multi-head Falcon take the other branches of
     # the helper method the rewrite dropped (_split_heads): the MQA file refuses them
     "falcon-new-decoder-architecture-refused": (
@@ -266,6 +271,8 @@ NATIVE_REFUSES = {
     # vLLM 0.32's stablelm.py always builds post_attention_layernorm, which a parallel-residual
     # checkpoint does not have
     "stablelm-parallel-residual-qkv-bias": "were not initialized from checkpoint",
+    # vLLM 0.32's stablelm.py has no q/k norms: StableLM-2-12B's checkpoint does not load
+    "stablelm-qk-layernorm-per-head-parallel": "There is no module or parameter named",
 }
 
 

@@ -18,7 +18,8 @@ vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lf
 whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
 granitemoehybrid with its carried layers and experts), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
-pair (ctrl). Greedy tokens
+pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
+(stablelm, cohere). Greedy tokens
 must equal Hugging Face's. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
@@ -147,6 +148,14 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
     # q/k LayerNorms per head and an ungated MLP, built after the head sharding: sized by the
     # whole head count (the rank's count would halve the dense input and double the norms')
     "persimmon-qk-layernorm-whole-head-counts": ("persimmon", {}),
+    # q/k norms with weights of their own per head, built for all heads: each rank
+    # normalises its heads in their places (StableLM-2-12B's LayerNorm per head; Command
+    # R+'s [heads, head_dim] weight, its one kv head replicated on both ranks)
+    "stablelm-qk-layernorm-per-head": (
+        "stablelm",
+        {"qk_layernorm": True, "use_parallel_residual": True, "num_key_value_heads": 2},
+    ),
+    "cohere-qk-norm-per-head-kv1": ("cohere", {"use_qk_norm": True, "num_key_value_heads": 1}),
     # an output gate per head (softplus in float32): g_proj column-parallel, each rank the gates
     # of its heads; a head count per layer; sliding windows; experts beside a shared MLP
     "laguna-gated-attention-heads-per-layer": (
@@ -202,6 +211,8 @@ CLASSES = {
     "persimmon": "PersimmonForCausalLM",
     "laguna": "LagunaForCausalLM",
     "granite_swa": "GraniteSWAForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "cohere": "CohereForCausalLM",
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -253,6 +264,7 @@ LAYERS = {
     },
 }
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
+LAYERS["stablelm"] = LAYERS["cohere"] = LAYERS["llama"]
 LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["persimmon"] = LAYERS["ctrl"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
 _SHORT_CONV = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 1, "RowParallelLinear": 2}
