@@ -123,3 +123,34 @@ def test_each_rank_normalises_its_heads_in_their_places(norm):
             part = norm_rank_heads(norm, x[:, 2 * rank : 2 * rank + 2], 4, 2 * rank)
             assert torch.allclose(part, whole[:, 2 * rank : 2 * rank + 2], atol=1e-6)
         assert torch.equal(norm_rank_heads(norm, x, 4, 0), whole)
+
+
+class _Switched(nn.Module):
+    """An attention-like module: its q/k norms are built, and called, only under a switch."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.use_norms = config.use_norms
+        self.use_bias = config.use_bias
+        self.proj = nn.Linear(4, 4)
+        if self.use_norms:
+            self.q_norm = nn.LayerNorm(4)
+
+    def forward(self, x):
+        if self.use_norms:
+            x = self.q_norm(x)
+        if self.use_bias:  # calls only what is built: not a norm switch
+            x = self.proj(x)
+        return x
+
+
+def test_the_switch_flipped_is_the_one_calling_modules_the_trace_lacks():
+    from types import SimpleNamespace
+
+    from hfrewrite.analyze.qk_norm_variants import _switched_on
+
+    config = SimpleNamespace(use_norms=False, use_bias=False)
+    field, sibling = _switched_on(config, _Switched(config))
+    assert (field, sibling.use_norms, sibling.use_bias, config.use_norms) == ("use_norms", True, False, False)
+    on = SimpleNamespace(use_norms=True, use_bias=False)
+    assert _switched_on(on, _Switched(on)) is None  # nothing left off calls an unbuilt module
