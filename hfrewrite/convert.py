@@ -11,12 +11,14 @@ import transformers
 
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit import output as emit
 from hfrewrite.emit.config_shim import shim_statements, with_shim
 from hfrewrite.emit.local_modules import inline_local_imports
 from hfrewrite.emit.name_clashes import avoid_vllm_names
 from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.pipeline import run_passes
+from hfrewrite.emit.relative_imports import relative_imports
 from hfrewrite.emit.torch_names import torch_nn_as_nn
 from hfrewrite.errors import CannotBuild, HfrewriteError
 from hfrewrite.progress import step
@@ -55,6 +57,14 @@ def generate(resolved) -> Generated:
         module = torch_nn_as_nn(
             module, plan.linear_classes, plan.transposed_linear_classes, constructors_only=True
         )
+    shim, helpers = [], frozenset()
+    if resolved.isolated is not None:  # its configuration class is written for transformers 4
+        iso = resolved.isolated
+        from_config = frozenset(relative_imports(module)[1])  # what the modeling file imports of it
+        shim = shim_statements(
+            iso.config_path, iso.config_class, resolved.model_type, plan.vllm_sizes, from_config
+        )
+        helpers = frozenset(n for s in shim for n in t.bound_names(s)) & from_config - {iso.config_class}
     with step(f"rewriting {resolved.modeling_path.name}"):
         result = run_passes(
             module,
@@ -62,12 +72,12 @@ def generate(resolved) -> Generated:
                 plan=plan,
                 modeling_file=resolved.modeling_path.name,
                 custom_code=getattr(resolved, "custom_code", False),
+                shim_helpers=helpers,
             ),
         )
     module = result.module
-    if resolved.isolated is not None:  # its configuration class is written for transformers 4
-        iso = resolved.isolated
-        module = with_shim(module, shim_statements(iso.config_path, iso.config_class, resolved.model_type))
+    if shim:
+        module = with_shim(module, shim)
     with step("formatting"):
         text = emit.render(resolved, module.code)
     return Generated(

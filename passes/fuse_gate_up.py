@@ -35,6 +35,7 @@ from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.shared_matchers import builds, nn_call, same, self_attr
+from hfrewrite.emit.taken_init import taken_init_branches
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_gate_up"
@@ -72,6 +73,27 @@ class _FuseProduct(cst.CSTTransformer):
                 self.inputs.append(x_gate)
                 return t.expr(f"{self.out}(gate_up)")
         return updated
+
+
+def _traced_branches_built(cls: cst.ClassDef, mlp) -> cst.ClassDef:
+    """``cls`` whose ``__init__`` builds its Linears in the branch of each config switch the
+    traced config took (OpenELM's ``if config.ffn_with_glu:``), refusing configs that take
+    another; switches that only compute sizes stay (LFM2's)."""
+    if not mlp.init_switches:
+        return cls
+    linears = {f.attr for f in (mlp.gate, mlp.up, mlp.down) if f is not None}
+    init = t.find_method(cls, "__init__")
+
+    def sizes_only(statement: cst.If) -> bool:
+        assigned = {
+            t.self_attr_assigned(s) for s in t.walk(statement) if isinstance(s, cst.SimpleStatementLine)
+        }
+        return not assigned & linears
+
+    init, guards = taken_init_branches(
+        init, mlp.init_switches, cls.name.value, t.init_exprs(cls), keep=sizes_only
+    )
+    return t.set_method(cls, t.with_body(init, t.guards_first(list(init.body.body), guards)))
 
 
 def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str) -> cst.ClassDef:
@@ -214,11 +236,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
     if mlp is None or mlp.form is not MlpForm.AND_MUL:  # no dense MLP, or one row_parallel shards
         return PassResult(module=module)
+    source = _traced_branches_built(t.find_class(module, mlp.module_class), mlp)
     if mlp.fused_gate_up:
-        cls = rewrite_fused(t.find_class(module, mlp.module_class), mlp)
+        cls = rewrite_fused(source, mlp)
     else:
         cls = rewrite_mlp(
-            t.find_class(module, mlp.module_class),
+            source,
             mlp.gate.attr,
             mlp.up.attr,
             mlp.act_attr,

@@ -39,9 +39,11 @@ from functools import partial
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.lm_head import EMBEDDING
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.shared_matchers import SUPER_INIT, builds, nn_call
+from hfrewrite.emit.taken_init import taken_init_branches
 from hfrewrite.errors import HfrewriteError
 
 NAME = "parallel_embedding"
@@ -57,6 +59,12 @@ def _replace_assignment(cls: cst.ClassDef, attr: str, build) -> cst.ClassDef:
             body[i : i + 1] = new
             return t.set_method(cls, t.with_body(init, body))
     raise HfrewriteError(f"{cls.name.value}: {NAME}: self.{attr} is not assigned in __init__")
+
+
+def _assigned(cls: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
+    """What ``cls.__init__`` assigns ``self.<attr>`` at its top level, or None."""
+    init = t.find_method(cls, "__init__")
+    return next((t.assigned_value(s) for s in init.body.body if t.self_attr_assigned(s) == attr), None)
 
 
 def _onto_vocab_parallel(cls: cst.ClassDef) -> cst.ClassDef:
@@ -108,13 +116,22 @@ def _vocab_parallel_embedding(plan, call: cst.BaseExpression) -> list[cst.BaseSt
     )
 
 
-def _parallel_lm_head(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]:
+def _parallel_lm_head(
+    plan, embedding: cst.BaseExpression, call: cst.BaseExpression
+) -> list[cst.BaseStatement]:
     """``self.<head> = nn.Linear(H, V)`` -> a ``ParallelLMHead`` on the last pipeline stage,
-    tied to ``plan.head_tied_to`` when the config ties them, with its logits processor."""
+    tied to ``plan.head_tied_to`` when the config ties them, with its logits processor; no
+    head module (the embedding's weight, ``embedding`` its construction): one, always tied."""
     head = plan.lm_head
     tie = plan.head_tied_to  # found by identity on a model built tied (analyze/tied_head.py)
-    bias = t.arg(call, 2, "bias")
-    if plan.lm_head_weight:  # the source's own head class: one [vocab, hidden] weight, no bias
+    bias = t.arg(call, 2, "bias") if isinstance(call, cst.Call) else None
+    if plan.lm_head_weight == EMBEDDING:  # OpenELM's F.linear with the token embeddings' weight
+        bias = cst.Name("False")
+        vocab, hidden = (
+            t.code(t.arg(embedding, 0, "num_embeddings")),
+            t.code(t.arg(embedding, 1, "embedding_dim")),
+        )
+    elif plan.lm_head_weight:  # the source's own head class: one [vocab, hidden] weight, no bias
         bias, hidden, vocab = cst.Name("False"), "config.hidden_size", "config.vocab_size"
     elif not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{plan.architecture}: {NAME}: self.{head} is not nn.Linear")
@@ -133,6 +150,8 @@ def _parallel_lm_head(plan, call: cst.BaseExpression) -> list[cst.BaseStatement]
         if tie
         else ""
     )
+    if plan.lm_head_weight == EMBEDDING:  # the source computes its logits with that weight itself
+        tying = f"    # The source's logits use the token embeddings' own weight.\n    self.{head} = self.{head}.tie_weights(self.{tie})\n"
     # a final-logit soft cap proven on the values (analyze/logit_softcap.py)
     soft_cap = f", soft_cap=config.{plan.logit_soft_cap}" if plan.logit_soft_cap else ""
     return t.stmts(
@@ -160,7 +179,13 @@ def _fusion_rows(plan) -> tuple[FusionRow, ...]:
         FusionRow(
             plan.architecture,
             f"{head} -> ParallelLMHead"
-            + (f" (tied to {tie} when config.tie_word_embeddings)" if tie else ""),
+            + (
+                f" (the weight of {tie}, with which the source computes its logits)"
+                if plan.lm_head_weight == EMBEDDING
+                else f" (tied to {tie} when config.tie_word_embeddings)"
+                if tie
+                else ""
+            ),
         ),
     )
 
@@ -175,13 +200,21 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             plan.embed_class,
             _onto_vocab_parallel(t.find_class(module, plan.embed_class)),
         )
+    embedding = _assigned(
+        t.find_class(module, plan.base_model_class), plan.embed_tokens
+    )  # as the source builds it
     base = _replace_assignment(
         t.find_class(module, plan.base_model_class),
         plan.embed_tokens,
         partial(_vocab_parallel_embedding, plan),
     )
     module = sites.replace_class(module, plan.base_model_class, base)
-    causal = _replace_assignment(causal, plan.lm_head, partial(_parallel_lm_head, plan))
+    if plan.head_init_switches:  # the branch the traced config took (OpenELM's shared head)
+        init, guards = taken_init_branches(
+            t.find_method(causal, "__init__"), plan.head_init_switches, plan.architecture
+        )
+        causal = t.set_method(causal, t.with_body(init, t.guards_first(list(init.body.body), guards)))
+    causal = _replace_assignment(causal, plan.lm_head, partial(_parallel_lm_head, plan, embedding))
     module = sites.replace_class(module, plan.architecture, causal)
     return PassResult(
         module=module,

@@ -452,5 +452,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     module = _without_unreachable(module, ctx.plan.architecture, names_used)
     module = without_unused_setups(module, names_used)
     module = without_registrations_of_dropped(module)
-    module = with_absolute_imports(module, configs, names_used, ctx.custom_code, ctx.modeling_file)
+    module = with_absolute_imports(
+        module, configs, names_used, ctx.custom_code, ctx.modeling_file, ctx.shim_helpers
+    )
     return PassResult(module=module, matches=len(hf_names))

@@ -166,7 +166,8 @@ def _rope_parameters(att: AttentionPlan, init: cst.FunctionDef, name: str) -> st
         return '{"rope_type": "default", "rope_theta": rope_theta}'
     if att.rope_fields:  # a transformers 4.x config: the fields the replay read, by name
         entries = ", ".join(  # a field of the config, or the source's constant base
-            f'"{key}": {field if field[0].isdigit() else "config." + field}' for key, field in att.rope_fields
+            f'"{key}": {field if field[0].isdigit() or field.startswith("config.") else "config." + field}'
+            for key, field in att.rope_fields
         )
         rope_parameters = '{"rope_type": "default", ' + entries + "}"
     if att.rotary_dim_field:  # GPT-J: the rotated width in lanes, as a share of the head

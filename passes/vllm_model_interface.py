@@ -54,9 +54,10 @@ def _is_call_to(node: cst.BaseStatement, func: m.BaseMatcherNode) -> bool:
 
 
 def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
-    """`make_layers(...)` source for `nn.ModuleList([Layer(...) for i in range(N)])`."""
+    """`make_layers(...)` source for `nn.ModuleList([Layer(...) for i in range(N)])` (or a
+    generator, OpenELM's `nn.ModuleList(Layer(...) for i in range(N))`)."""
     lc = value.args[0].value if builds(value, nn_call("ModuleList")) and value.args else None
-    gen = lc.for_in if isinstance(lc, cst.ListComp) else None
+    gen = lc.for_in if isinstance(lc, cst.ListComp | cst.GeneratorExp) else None
     if (
         gen is None
         or gen.inner_for_in is not None
@@ -69,7 +70,7 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     layer = lc.elt
     # the loop index, wherever the call reads it (Bamba's config.layers_block_type[i] too)
     at = t.expr("extract_layer_index(prefix)")
-    args = [m.replace(a, m.Name(index), at) for a in layer.args]
+    args = [a.with_changes(value=m.replace(a.value, m.Name(index), at)) for a in layer.args]  # not keywords
     extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
     call = f"{t.code(layer.func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
     return (

@@ -32,6 +32,7 @@ def test_the_families():
         "internlm2",
         "minicpm",
         "oldmoe_sizes",
+        "openelm",
         "qwen",
         "stablelm_epoch",
         "telechat",

@@ -336,6 +336,7 @@ _MAX_POSITION_FIELDS = (
     "seq_len",
     "model_max_length",
     "training_seqlen",
+    "max_context_length",  # OpenELM's
 )
 
 

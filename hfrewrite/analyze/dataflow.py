@@ -110,11 +110,19 @@ def _tensor(node: Node) -> bool:
 def _position_source(node: Node) -> bool:
     """Computed from a layer input (positions, a rope table given), or from an ``arange``
     over sizes: the positions 0..seq-1 of a rope table built from the sequence length alone
-    (ERNIE-4.5's remote code), which prove_rope replays. One walk of its ancestors."""
+    (ERNIE-4.5's remote code), or from a tensor the trace captured as a constant (the rows
+    0..seq-1 of a cos/sin cache the module sliced by lengths outside the graph: OpenELM's),
+    which prove_rope replays. One walk of its ancestors."""
     return any(
-        n.op == "placeholder" or (n.op == "call_function" and n.target is torch.arange)
+        n.op == "placeholder"
+        or (n.op == "call_function" and n.target is torch.arange)
+        or (n.op == "get_attr" and str(n.target).startswith(_CAPTURED))
         for n in ancestors(node, None)
     )
+
+
+# how torch.fx names a tensor computed outside the graph that the graph then reads
+_CAPTURED = "_tensor_constant"
 
 
 def reaches(source: Node, target: Node, allowed: set[Node]) -> bool:

@@ -4,6 +4,7 @@ and the example run that reads the glue between its parts from the values
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -11,6 +12,7 @@ import transformers
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from hfrewrite.analyze.functional_head import recording_linear, stand_in
 from hfrewrite.analyze.model_layout import ModelLayout, outside_stack
 from hfrewrite.analyze.plan import NoMatch, PositionEmbeddingPlan, Refusal, refuse
 from hfrewrite.analyze.position_embedding import prove_position_embedding, token_embedding
@@ -91,8 +93,16 @@ def example_run(model: nn.Module, layout: ModelLayout) -> ExampleRun:
     carries the source's statements where the values show there are some."""
     base, layers, embeds, head = layout.base, layout.layers, layout.embeds, layout.head
     stack = layout.layers_attr if layout.nested else ""
-    run = _recorded_run(model, base, layers, head, stack)
+    run = _recorded_run(model, base, layers, head, stack, layout.head_weight)
     seen, calls = run.layer_inputs, run.calls
+    if layout.head_weight and not (head in calls and _same(calls[head][1], run.logits)):
+        raise Refusal(
+            NoMatch(
+                "model_layout",
+                type(model).__name__,
+                f"no lm_head module, and no F.linear call with {layout.head_weight}.weight computes the logits",
+            )
+        )
     first = seen[0][0][0] if seen[0][0] else next(iter(seen[0][1].values()))
     embedded = _tokens_embedded(base, embeds, calls, run.ids, first)
     head_in = calls[head][0]
@@ -137,11 +147,17 @@ def _record_copy(store: dict, key, value) -> None:
 
 
 def _recorded_run(
-    model: nn.Module, base: nn.Module, layers: list[nn.Module], head: str, stack: str = ""
+    model: nn.Module,
+    base: nn.Module,
+    layers: list[nn.Module],
+    head: str,
+    stack: str = "",
+    head_weight: str = "",
 ) -> _RecordedRun:
     """Run the model once on ids, hooks recording what each decoder layer receives and what
     each child of the base model (each module outside the decoder ``stack`` where that sits
-    deeper), the lm_head and the last layer read and return."""
+    deeper), the lm_head and the last layer read and return (``head_weight``: no lm_head
+    module, the ``F.linear`` call with that embedding's weight recorded as the head's)."""
     seen: dict[int, tuple[tuple, dict]] = {}
     calls: dict[str, tuple] = {}
     hooks = [
@@ -156,7 +172,7 @@ def _recorded_run(
         for name, child in (outside_stack(base, stack) if stack else base.named_children())
         if not isinstance(child, nn.ModuleList)
     ]
-    children.append((head, model.get_submodule(head)))
+    children.append((head, stand_in(model, head_weight) if head_weight else model.get_submodule(head)))
     hooks += [
         child.register_forward_hook(lambda _, args, out, name=name: _record_copy(calls, name, (args, out)))
         for name, child in children
@@ -165,8 +181,10 @@ def _recorded_run(
         layers[-1].register_forward_hook(lambda _, args, out: _record_copy(calls, "<last>", (args, out)))
     )
     ids = torch.arange(10).reshape(2, 5) % VOCAB
+    weight = model.get_submodule(head_weight).weight if head_weight else None
+    recording = recording_linear(weight, calls, head) if head_weight else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recording:
             logits = model(input_ids=ids, use_cache=False).logits
     except Exception as e:  # a model that cannot run on CPU at all
         raise Refusal(NoMatch("example run", type(model).__name__, error_line(e))) from e

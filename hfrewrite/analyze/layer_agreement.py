@@ -111,12 +111,20 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
     """The facts layers must share: sliding windows may differ, and rope may be absent
     on some layers (NoPE: cohere2's global layers), never different where present; so may
     the scale of a call through transformers' interface, whose ``scaling=`` expression the
-    file carries (GPT-2's ``scale_attn_by_inverse_layer_idx``: each layer's own)."""
+    file carries (GPT-2's ``scale_attn_by_inverse_layer_idx``: each layer's own); so may the
+    head counts and the projections' sizes (OpenELM's layer-wise scaling), where the file
+    sizes each layer by the source's own expressions (emitted_attention.py)."""
     if isinstance(attention, MlaPlan):
         return attention
     carried = attention.attention_call is AttentionCall.INTERFACE
     return dataclasses.replace(
         attention,
+        **{
+            role: dataclasses.replace(getattr(attention, role), in_features=0, out_features=0)
+            for role in "qkvo"
+        },
+        num_heads=0,
+        num_kv_heads=0,
         scaling=None if carried else attention.scaling,
         sliding_window=None,
         rope_layers=RopeLayers.NONE,

@@ -21,6 +21,7 @@ PLAIN = "plain"  # its own class computing x @ W.T
 L2_NORMALIZED = "l2_normalized"  # x @ normalize(W, dim=-1).T
 TRANSPOSED = "transposed"  # x @ W, W [hidden, vocab]
 TRANSPOSED_WHEN_UNTIED = "transposed_when_untied"  # PLAIN when tied, TRANSPOSED when not
+EMBEDDING = "embedding"  # no head module: the token embedding's weight, by a call (functional_head.py)
 
 
 def is_head(module: nn.Module, config) -> bool:

@@ -36,9 +36,9 @@ from hfrewrite.analyze.checkpoint import (
     unexpected_suffixes,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
+from hfrewrite.analyze.emitted_attention import emitted_attention
 from hfrewrite.analyze.example_run import ExampleRun, build_model, error_line, example_run, initialise_empty
 from hfrewrite.analyze.flat_layout import flat_plan
-from hfrewrite.analyze.head_counts import head_expressions, head_fields
 from hfrewrite.analyze.layer_agreement import (
     LayerFacts,
     attention_layers,
@@ -46,11 +46,10 @@ from hfrewrite.analyze.layer_agreement import (
     kept_mlps,
     mixer_plan,
     one_kind,
-    rope_layers,
 )
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
-from hfrewrite.analyze.lm_head import head_kind
+from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mixers import analyze_mixer, mixer_child, with_layer_test
@@ -82,7 +81,6 @@ from hfrewrite.analyze.plan import (
 )
 from hfrewrite.analyze.qk_norm_variants import with_qk_norm_branch
 from hfrewrite.analyze.qkv_width import prove_at_more_heads
-from hfrewrite.analyze.rope import rotary_field
 from hfrewrite.analyze.rope_constants import prove_rope_constants
 from hfrewrite.analyze.shrink import HEADS, shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
@@ -93,8 +91,8 @@ from hfrewrite.analyze.trace import (
     trace,
     value,
 )
-from hfrewrite.analyze.traced_lines import traced_lines
 from hfrewrite.analyze.transposed_linears import swap_transposed_linears
+from hfrewrite.analyze.vllm_sizes import vllm_sizes
 from hfrewrite.errors import CannotBuild, HfrewriteError
 
 
@@ -138,8 +136,15 @@ def _analyze(
     flipped = flipped_tie(small, build_model)
     if flipped is not None:
         initialise_empty(flipped)
-    flipped_head = flipped.get_submodule(layout.head) if flipped is not None else None
-    kind = head_kind(model.get_submodule(layout.head), run.head_input, run.head_output, small, flipped_head)
+    flipped_head = (
+        flipped.get_submodule(layout.head) if flipped is not None and not layout.head_weight else None
+    )
+    if layout.head_weight:  # no head module: the embedding's weight, proven in example_run
+        kind = EMBEDDING
+    else:
+        kind = head_kind(
+            model.get_submodule(layout.head), run.head_input, run.head_output, small, flipped_head
+        )
     source = _SourceModel(
         config=config,
         small=small,
@@ -185,6 +190,7 @@ class _LayerPlans:
     siblings: tuple[tuple[str, object], ...]
     mixer: MixerPlan | None  # a hybrid model's other mixer
     kept_mlps: tuple[KeptMlp, ...]  # feed-forward classes kept from the source
+    head_counts: tuple[tuple[int, int], ...] = ()  # each attention layer's (heads, kv heads)
 
 
 def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
@@ -238,7 +244,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     lead = per_layer.index(attention_layers(per_layer)[0])
     decoder = per_layer[lead].decoder
     declined = compare_layers(per_layer)
-    attention = _emitted_attention(per_layer, traces[lead], small)
+    attention = emitted_attention(per_layer, traces, lead, small)
     siblings = head_sibling(config, source.head_kind)
     if branches:
         attention_module = traces[lead].module.get_submodule(decoder.attention_block)
@@ -249,6 +255,10 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         one_kind([f.mlp for f in per_layer], MlpPlan),
         one_kind([f.moe for f in per_layer], MoePlan),
     )
+    if mlp is not None and decoder.mlp_block:  # OpenELM's `if config.ffn_with_glu:` builds it
+        block = traces[lead].module.get_submodule(decoder.mlp_block)
+        if type(block).__name__ == mlp.module_class:
+            mlp = dataclasses.replace(mlp, init_switches=init_switches(block, small))
     if branches and moe is not None:
         moe, more, routings = _with_routings(config, moe, source.model)
         declined += more
@@ -271,23 +281,12 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     if mixer is not None:
         has_attention = [facts.attention is not None for facts in per_layer]
         mixer = with_layer_test(mixer, layout.layers, has_attention, per_layer[lead].decoder.attention_block)
-    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer, kept)
-
-
-def _emitted_attention(per_layer: list[LayerFacts], traced: Traced, small) -> AttentionPlan | MlaPlan:
-    """The attention facts to emit (:func:`rope_layers`), with the config fields of the head
-    counts and rotary width and the source lines the attention was traced from."""
-    attention = rope_layers(per_layer)
-    lead = attention_layers(per_layer)[0]
-    if isinstance(attention, AttentionPlan):
-        lines = traced_lines(traced, lead.decoder.attention_block)
-        attention = dataclasses.replace(
-            attention, **head_fields(small, attention), **rotary_field(small, attention), traced_lines=lines
-        )
-        attention = head_expressions(
-            attention, traced.module.get_submodule(lead.decoder.attention_block), small
-        )
-    return attention
+    counts = tuple(
+        (f.attention.num_heads, f.attention.num_kv_heads)
+        for f in attention_layers(per_layer)
+        if isinstance(f.attention, AttentionPlan)
+    )
+    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer, kept, counts)
 
 
 def _with_routings(config, moe: MoePlan, model: nn.Module) -> tuple[MoePlan, tuple, tuple]:
@@ -297,6 +296,29 @@ def _with_routings(config, moe: MoePlan, model: nn.Module) -> tuple[MoePlan, tup
     if router is None:
         return moe, (), ()
     return with_other_routings(config, moe, router, lambda other: _analyze(other, branches=False).moe)
+
+
+def _sizes_for_vllm(source: _SourceModel, plans: _LayerPlans) -> tuple[tuple[str, str], ...]:
+    """What vLLM reads that a repository's own configuration holds otherwise (vllm_sizes.py)."""
+    if not (plans.head_counts and getattr(source.small, "auto_map", None)):
+        return ()
+    layout, run = source.layout, source.run
+    return vllm_sizes(
+        source.config,
+        source.small,
+        layout.base,
+        layout.layers_attr,
+        run.embed,
+        plans.attention,
+        plans.head_counts,
+    )
+
+
+def _head_tied_to(source: _SourceModel) -> str | None:
+    """The embedding the head's weight is when tied (tied_head.py), or whose weight the
+    logits are computed with (functional_head.py)."""
+    tied = source.model if getattr(source.small, "tie_word_embeddings", False) else source.flipped
+    return flattened(source.layout.head_weight or tied_target(tied, source.layout.head), source.layout)
 
 
 def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
@@ -328,6 +350,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         checkpoint_unexpected=unexpected_suffixes(model),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         mtp_layers_field=_mtp_layers_field(config),
+        vllm_sizes=_sizes_for_vllm(source, plans),
         decoder_layer=plans.decoder,
         attention=plans.attention,
         mlp=plans.mlp,
@@ -340,13 +363,11 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         linear_classes=source.linear_classes,
         position_embedding=run.position,
         base_init_switches=init_switches(base, small),
+        head_init_switches=init_switches(model, small) if source.head_kind == EMBEDDING else (),
         base_model_inner=source.layout.inner,
         transposed_linear_classes=source.transposed_classes,
         transposed_linears=source.transposed,
-        head_tied_to=flattened(
-            tied_target(model if getattr(small, "tie_word_embeddings", False) else source.flipped, head),
-            source.layout,
-        ),
+        head_tied_to=_head_tied_to(source),
         forward_switches=_without_proven(
             forward_switches(model, base, layers[0], plans.attention, plans.mlp, plans.moe),
             type(model).__name__,

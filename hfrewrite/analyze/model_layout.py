@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from hfrewrite.analyze.functional_head import HEAD, embedding_head
 from hfrewrite.analyze.lm_head import is_head
 from hfrewrite.analyze.plan import refuse
 
@@ -34,6 +35,9 @@ class ModelLayout:
     # the parts sit at several depths of the base model (ChatGLM's embedding.word_embeddings,
     # encoder.layers, encoder.final_layernorm, output_layer): the file flattens them
     nested: bool = False
+    # no lm_head module: the logits are computed with this embedding's weight by a function
+    # call (OpenELM's F.linear; analyze/functional_head.py), and ``head`` names the one the file builds
+    head_weight: str = ""
 
 
 def model_layout(model: nn.Module, config, small) -> ModelLayout:
@@ -63,6 +67,10 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
         heads = [
             f"{base_attr}.{n}" for n, m in parts if is_head(m, small) and not isinstance(m, nn.Embedding)
         ]
+    prefix = f"{base_attr}.{inner}" if inner else base_attr
+    weight = embedding_head(model, prefix, embeds, small.vocab_size) if not heads else None
+    if weight is not None:  # the example run proves the logits come from it (example_run.py)
+        return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, HEAD, bool(nested), weight)
     if len(heads) != 1:
         refuse("model_layout", f"expected one lm_head Linear child, found {heads}", type(model).__name__)
     return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, heads[0], bool(nested))

@@ -230,6 +230,7 @@ class MlpPlan:
     # The checkpoint holds one [gate; up] projection (phi3, glm): gate and up name it
     fused_gate_up: bool = False
     form: MlpForm = MlpForm.AND_MUL  # analyze/mlp_forms.py: how the file shards it
+    init_switches: tuple[tuple[str, bool], ...] = ()  # its __init__'s, on config alone: traced branch built
 
     def __post_init__(self) -> None:
         if (self.gate is None) != (self.form is MlpForm.UNGATED):
@@ -445,19 +446,17 @@ class ModelPlan:
     checkpoint_roots: tuple[str, ...] = ()
     # transformers' plain unexpected-key names (GPT-2's old ``attn.bias`` buffers): ignored
     checkpoint_unexpected: tuple[str, ...] = ()
-    # The lm_head is a class of the source's holding one weight (analyze/lm_head.py): "plain"
-    # (x @ W.T), "l2_normalized" (Baichuan2's NormHead: normalised when loaded) or
-    # "transposed_when_untied" (ERNIE-4.5: [hidden, vocab] untied, transposed when loaded); "" nn.Linear
+    # How the lm_head computes its logits (analyze/lm_head.py): "" nn.Linear, or a kind of its
+    # own ("l2_normalized": Baichuan2's NormHead; "embedding": no head module, OpenELM's)
     lm_head_weight: str = ""
     # The lm_head reads the final norm's output times a constant (MiniCPM's division by
     # hidden_size / dim_model_base): the source's argument expression is carried into compute_logits
     head_input_scaled: bool = False
-    # The config counts multi-token-prediction layers stored after the last decoder layer
-    # (DeepSeek-V3, GLM-4.5: ``num_nextn_predict_layers``): load_weights skips them.
+    # the config's count of MTP layers after the decoder (DeepSeek-V3): load_weights skips them
     mtp_layers_field: str | None = None
-    # The Hugging Face configuration class the model was built from (``Qwen3Config``):
-    # what vLLM hands the model as ``hf_config``.
-    config_class: str = ""
+    # (name, expression of self): sizes vLLM reads that the config holds otherwise (vllm_sizes.py)
+    vllm_sizes: tuple[tuple[str, str], ...] = ()
+    config_class: str = ""  # the HF configuration class (``Qwen3Config``): vLLM's ``hf_config``
     # (description, config) of the sibling configs whose branches the analysis proved beside
     # the traced one (analyze/mla_variants.py): validation runs the file on each of them too
     sibling_configs: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)
@@ -488,6 +487,7 @@ class ModelPlan:
     # Switches of the base model's __init__ on its config alone ((test, traced value): OPT's
     # final norm and word-embedding projections): the traced branch is built, others refused
     base_init_switches: tuple[tuple[str, bool], ...] = ()
+    head_init_switches: tuple[tuple[str, bool], ...] = ()  # ... of the causal LM's (an EMBEDDING head)
     # The child of the HF base model that holds the stack, when the base model only wraps it
     # (OPT's "decoder"): the file builds that child as the base model; names are mapped
     base_model_inner: str = ""

@@ -10,7 +10,8 @@ it saw turned (ChatGLM3 turns the first half of each head). ChatGLM3's base is i
   make (a base of 30000) and then the constant one (10000): the one the sibling proves says
   whether the base is ``10000 * config.<field>``. A field whose sibling proves neither makes
   the rope something else: refused. One whose sibling fails elsewhere (a head count at 3)
-  says nothing of the rope;
+  says nothing of the rope. Each field at 10000 is set to 30000 the same way: the base is
+  then ``config.<field>`` itself (OpenELM's ``rope_freq_constant``);
 * a width no field holds is proven a constant share of the head on a sibling whose head size
   (the field holding it) is doubled.
 """
@@ -65,25 +66,32 @@ def _proves(analyze, edits: dict) -> bool | None:
 
 
 def _base(att: AttentionPlan, small, analyze, factor: float | None) -> str:
-    """The base's expression: the constant, or ``10000.0 * config.<field>``."""
+    """The base's expression: the constant, ``10000.0 * config.<field>`` (a field at 1 that
+    scales it), or ``config.<field>`` (a field at 10000 that is it: OpenELM's
+    ``rope_freq_constant``)."""
     share = {} if factor is None else {"partial_rotary_factor": factor}
-    found = []
+    found, held = [], []
     for field, v in _numeric(small).items():
-        if v != 1:
+        if v not in (1, float(DEFAULT_THETA)):
             continue
-        edits = {field: type(v)(3)}
+        # a factor at 1 becomes 3; a base of its own at 10000 becomes 30000: either way the
+        # base it makes is 30000
+        edits = {field: type(v)(3 * v)}
         scaled = _proves(analyze, edits | _rope(30000.0, share))
         constant = _proves(analyze, edits | _rope(10000.0, share))
         if scaled and constant is False:
-            found.append(field)
+            (found if v == 1 else held).append(field)
         elif scaled is False and constant is False:
             refuse_rope(
                 f"config.{field} changes the rope's base other than as its "
-                f"factor (at {field}=3 the replay matches neither 30000 nor 10000)",
+                f"{'factor' if v == 1 else 'value'} (at {field}={3 * v:g} the replay matches "
+                "neither 30000 nor 10000)",
                 att.module_class,
             )
-    if len(found) > 1:
-        refuse_rope(f"a base of 10000 times each of {found}", att.module_class)
+    if len(found) + len(held) > 1:
+        refuse_rope(f"the base depends on each of {found + held}", att.module_class)
+    if held:
+        return f"config.{held[0]}"
     return f"{DEFAULT_THETA} * config.{found[0]}" if found else DEFAULT_THETA
 
 

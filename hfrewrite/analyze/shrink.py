@@ -67,7 +67,7 @@ def shrink_config(
     if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None:
         _set(small, "num_key_value_heads", heads_to)  # unset means one kv head per head (MHA)
     for field in ("num_key_value_heads", "num_kv_heads"):  # (Falcon's own name)
-        if kv := getattr(config, field, None):
+        if type(kv := getattr(config, field, None)) is int and kv:  # (OpenELM's is a list per layer)
             _set(small, field, 1 if kv == 1 else heads_to if kv == heads else 2)
     if head_dim:
         _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
@@ -119,6 +119,9 @@ def _shrink_layer_kinds(config, small) -> None:
     least = 3 if _rope_base_lists(config) else 2
     n = max(least, *map(len, kinds.values())) if kinds else least
     _set(small, "num_hidden_layers", n)
+    for field in ("num_layers", "num_transformer_layers"):  # ChatGLM's, OpenELM's own names
+        if type(getattr(config, field, None)) is int:
+            _set(small, field, n)
     for field, distinct in kinds.items():
         set_layer_kinds(config, small, field, distinct + distinct[-1:] * (n - len(distinct)))
     _shrink_layer_patterns(config, small, n)

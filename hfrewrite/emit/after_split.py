@@ -35,6 +35,7 @@ from hfrewrite.emit.attention_body import (
     taken_layout,
     unrecognised,
 )
+from hfrewrite.emit.kv_expansion import kv_expansion
 from hfrewrite.emit.pass_api import PassContext
 from hfrewrite.emit.position_scaled import position_scaled, same_line
 from hfrewrite.emit.shared_matchers import TP_SIZE_LOCAL
@@ -141,6 +142,8 @@ def read_after_split(
             norm_test = test  # the traced config took it: the plan's norms, under its test
         elif test is not None and guards_rope(statement, scope.allowed, scope.states):
             rope_test = test  # NoPE layers: the source's own condition on its rope
+        elif kv_expansion(statement, scope.allowed, scope.states):
+            continue  # k and v expanded to every query head: vLLM's attention groups them itself
         elif taken_layout(
             statement, scope.true_switches, t.init_exprs(scope.cls), scope.allowed, scope.states
         ):

@@ -16,6 +16,7 @@ import ast
 from pathlib import Path
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
@@ -23,9 +24,17 @@ from hfrewrite.errors import HfrewriteError
 SHIM_NOTE = "hfrewrite config shim"
 
 
-def shim_statements(config_path: Path, class_name: str, model_type: str) -> list[cst.CSTNode]:
+def shim_statements(
+    config_path: Path,
+    class_name: str,
+    model_type: str,
+    sizes: tuple[tuple[str, str], ...] = (),
+    also: frozenset[str] = frozenset(),
+) -> list[cst.CSTNode]:
     """Top-level statements defining ``class_name`` as the repository's module does, with
-    the helpers and imports it names."""
+    the helpers and imports it names; ``sizes``: (name, expression of ``self``) of what vLLM
+    reads to size the model, which the class holds under names of its own (analyze/vllm_sizes.py);
+    ``also``: other names of the module the modeling file imports (OpenELM's ``make_divisible``)."""
     try:
         module = cst.parse_module(Path(config_path).read_text(encoding="utf-8"))
     except (OSError, cst.ParserSyntaxError) as exc:
@@ -33,7 +42,7 @@ def shim_statements(config_path: Path, class_name: str, model_type: str) -> list
     defined = {name: node for node in module.body for name in t.bound_names(node)}
     if class_name not in defined or not isinstance(defined[class_name], cst.ClassDef):
         raise HfrewriteError(f"{Path(config_path).name} does not define {class_name} at its top level")
-    needed, todo = set(), [class_name]
+    needed, todo = set(), [class_name, *sorted(also & set(defined))]
     while todo:
         name = todo.pop()
         if name in needed or name not in defined:
@@ -50,7 +59,7 @@ def shim_statements(config_path: Path, class_name: str, model_type: str) -> list
         ):
             node = _only(node, names)
         elif isinstance(node, cst.ClassDef) and node.name.value == class_name:
-            node = _shim_class(node, model_type)
+            node = _with_sizes(_shim_class(node, model_type), sizes)
         kept.append(node)
     return kept
 
@@ -73,9 +82,9 @@ def _only(node: cst.SimpleStatementLine, names: set[str]) -> cst.SimpleStatement
 
 def _shim_class(node: cst.ClassDef, model_type: str) -> cst.ClassDef:
     """The class with a note in its docstring, transformers 4's ``tie_word_embeddings = True``
-    default as a class attribute (a config.json value still sets it), and ``rope_scaling`` a
+    default as a class attribute (a config.json value still sets it), ``rope_scaling`` a
     plain attribute again (transformers 5 makes it an alias of the standardised
-    ``rope_parameters``)."""
+    ``rope_parameters``), and its own ``__post_init__`` renamed (``OWN_POST_INIT``)."""
     note = cst.parse_statement(
         f'"""{SHIM_NOTE}: the repository\'s configuration class as written,\n'
         f'    registered with vLLM for model type {model_type!r}.\n    """'
@@ -97,7 +106,58 @@ def _shim_class(node: cst.ClassDef, model_type: str) -> cst.ClassDef:
             leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
         )
         body.insert(0, plain)
-    return node.with_changes(body=node.body.with_changes(body=[note, *body]))
+    node = node.with_changes(body=node.body.with_changes(body=[note, *body]))
+    return node.visit(_OwnPostInit()) if "__post_init__" in _methods(node) else node
+
+
+# the name the repository's own ``__post_init__`` takes in the shim: transformers 5's
+# PretrainedConfig calls ``__post_init__(**kwargs)`` itself (a dataclass hook), which a 4.x
+# method of that name (OpenELM's, called from its ``__init__``) does not take
+OWN_POST_INIT = "_post_init_as_in_4x"
+
+
+def _methods(node: cst.ClassDef) -> set[str]:
+    return {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)}
+
+
+class _OwnPostInit(cst.CSTTransformer):
+    """``def __post_init__`` and ``self.__post_init__()`` under ``OWN_POST_INIT``."""
+
+    def leave_FunctionDef(self, original, updated):
+        if updated.name.value == "__post_init__":
+            return updated.with_changes(name=cst.Name(OWN_POST_INIT))
+        return updated
+
+    def leave_Attribute(self, original, updated):
+        if updated.attr.value == "__post_init__" and m.matches(updated.value, m.Name("self")):
+            return updated.with_changes(attr=cst.Name(OWN_POST_INIT))
+        return updated
+
+
+_SIZE = """\
+@property
+def {name}(self):
+    return {expr}
+
+@{name}.setter
+def {name}(self, value):
+    if value != self.{name}:
+        raise ValueError(f"config.{name}={{value}} disagrees with what the configuration holds ({expr}={{self.{name}}})")
+"""
+
+
+def _with_sizes(node: cst.ClassDef, sizes: tuple[tuple[str, str], ...]) -> cst.ClassDef:
+    """The class with a property for each of ``sizes``: vLLM reads them under these names."""
+    if not sizes:
+        return node
+    comment = "# what vLLM reads to size the model, from the fields this configuration holds it in"
+    added = []
+    for name, expr in sizes:
+        added += cst.parse_module(_SIZE.format(name=name, expr=expr)).body
+    added[0] = added[0].with_changes(
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(comment))]
+    )
+    return node.with_changes(body=node.body.with_changes(body=[*node.body.body, *added]))
 
 
 def with_shim(module: cst.Module, statements: list[cst.CSTNode]) -> cst.Module:

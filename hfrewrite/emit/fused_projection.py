@@ -13,6 +13,7 @@ from hfrewrite.analyze.fused_qkv import ITEM
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pure_expressions import computes_only
+from hfrewrite.emit.relayout import relayout
 from hfrewrite.emit.shared_matchers import builds, nn_call
 from hfrewrite.emit.torch_names import builds_a_class
 from hfrewrite.errors import HfrewriteError
@@ -200,10 +201,11 @@ def _fused_init(cls: cst.ClassDef, attr: str, heads: str, kv_heads: str, comment
     if not builds(call, nn_call("Linear")):
         raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not nn.Linear")
     size_in, size_out, bias = t.linear_args(call)
-    # the head size, where the source names it otherwise: its proven share of the output
+    # the head size, where the source names it otherwise (or binds it only later: OpenELM):
+    # its proven share of the output
     head_dim = (
         ""
-        if "head_dim" in {t.self_attr_assigned(s) for s in body}
+        if "head_dim" in {t.self_attr_assigned(s) for s in body[: where[attr]]}
         else (
             f"self.head_dim = ({t.code(size_out)}) // (self.total_num_heads + 2 * self.total_num_kv_heads)\n"
         )
@@ -366,8 +368,12 @@ def _clamped_split(
 ) -> cst.FunctionDef:
     """``<var> = self.<attr>(x)``, statements on ``<var>`` (dbrx's clip_qkv clamp, which the
     analysis proved elementwise), ``a, b, c = <var>.split(...)``: the projection and split
-    become vLLM's, the statements between are carried with ``<var>`` named ``qkv``."""
-    between = list(t.rename_locals(t.with_body(forward, body[at + 1 : split_at]), {var: "qkv"}).body.body)
+    become vLLM's, the statements between are carried with ``<var>`` named ``qkv``, but for
+    those that only lay ``<var>`` out in heads (OpenELM's reshape and transpose before its
+    split per head): the analysis proved the lanes they take apart are ``[q; k; v]``, which
+    vLLM's split takes on its flat rows."""
+    kept = [s for s in body[at + 1 : split_at] if not relayout(s, var)]
+    between = list(t.rename_locals(t.with_body(forward, kept), {var: "qkv"}).body.body)
     rest = body[split_at + 1 :]
     if var in t.names_used(cst.Module(rest)):
         raise HfrewriteError(f"{cls}: {NAME}: {var} is used beyond its q/k/v split")

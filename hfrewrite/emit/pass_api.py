@@ -30,6 +30,9 @@ class PassContext:
     # Hub custom code: the configuration class exists only in the repository's code,
     # which vLLM loads itself (trust_remote_code); the file cannot import it
     custom_code: bool = False
+    # names the config shim defines beside the configuration class (the repository's helpers,
+    # OpenELM's make_divisible): the converted code keeps using them
+    shim_helpers: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,19 @@ def relative_imports(module: cst.Module) -> tuple[set[str], list[str]]:
 
 
 def with_absolute_imports(
-    module: cst.Module, configs: list[str], names_used, custom_code: bool, modeling_file: str
+    module: cst.Module,
+    configs: list[str],
+    names_used,
+    custom_code: bool,
+    modeling_file: str,
+    shim_helpers: frozenset[str] = frozenset(),
 ) -> cst.Module:
-    """``module`` with its relative imports replaced by absolute imports of what it still uses."""
+    """``module`` with its relative imports replaced by absolute imports of what it still uses;
+    ``shim_helpers``: names the config shim defines in the file, used as they are."""
+    configs = [c for c in configs if c not in shim_helpers]
     module, relative = _without_relative_imports(module)
+    relative = [_without_names(imp, shim_helpers) for imp in relative]
+    relative = [imp for imp in relative if imp is not None]
     still_used = set().union(*(names_used(n) for n in module.body)) - {c for c in configs}
     if custom_code:  # the repository's modules cannot be imported from the generated file
         module, configs = _as_pretrained_config(module, configs, names_used)
@@ -41,6 +50,17 @@ def with_absolute_imports(
     from_transformers = "".join(f"from transformers import {c}\n" for c in configs)
     imports = from_transformers + _carried_imports(relative, still_used, modeling_file)
     return _after_last_import(module, imports) if imports else module
+
+
+def _without_names(imp: cst.ImportFrom, names: frozenset[str]) -> cst.ImportFrom | None:
+    """``imp`` without the aliases binding ``names``; None when none is left."""
+    if isinstance(imp.names, cst.ImportStar) or not names:
+        return imp
+    kept = [a for a in imp.names if (a.evaluated_alias or a.evaluated_name) not in names]
+    if not kept:
+        return None
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return imp.with_changes(names=kept)
 
 
 def _without_relative_imports(module: cst.Module) -> tuple[cst.Module, list[cst.ImportFrom]]:

@@ -47,7 +47,8 @@ def shim_class(iso, model_type: str) -> type:
     """The config shim the file carries, executed alone (it needs only transformers)."""
     from hfrewrite.emit.config_shim import shim_statements
 
-    code = cst.Module(body=shim_statements(iso.config_path, iso.config_class, model_type)).code
+    sizes = iso.plan.vllm_sizes if getattr(iso, "plan", None) is not None else ()
+    code = cst.Module(body=shim_statements(iso.config_path, iso.config_class, model_type, sizes)).code
     namespace: dict = {"__name__": f"hfrewrite_config_shim_{model_type}"}
     try:
         exec(compile(code, str(iso.config_path), "exec"), namespace)  # noqa: S102 - the repository's class
@@ -65,7 +66,10 @@ def check_shim(shim: type, ckpt: Path, expected: dict, what: str, model_type: st
     from transformers import GenerationConfig
 
     data = json.loads((ckpt / "config.json").read_text())
-    loaded = json.loads(json.dumps(vars(shim.from_dict(data)), default=repr, sort_keys=True))
+    config = shim.from_dict(data)
+    # (a size the shim computes is a property: analyze/vllm_sizes.py)
+    found = {**{k: getattr(config, k) for k in expected if hasattr(type(config), k)}, **vars(config)}
+    loaded = json.loads(json.dumps(found, default=repr, sort_keys=True))
     # transformers 5 pops generation parameters (ChatGLM3's use_cache) from configs it loads:
     # they build nothing
     generation = set(GenerationConfig._get_default_generation_params())

@@ -42,6 +42,11 @@ CONVERTED = {
     # parts at three depths built flat, sequence-first layers, multi-query [q; k; v], a rope
     # over half of each head at 10000 * rope_ratio (proven on sibling configs), a swiglu closure
     "chatglm": ("chatglm", '"rope_theta": 10000.0 * config.rope_ratio'),
+    # layer-wise scaling (each layer its own head counts and MLP width, from per-layer lists),
+    # one fused qkv_proj split per head, no lm_head module (the logits are F.linear with the
+    # token embeddings' weight), a rope base in a field of its own (rope_freq_constant), and
+    # the sizes vLLM reads given to the config shim
+    "openelm": ("openelm", "config.num_query_heads[layer_idx]"),
 }
 # variants: (the repository, its config.json's values changed)
 R1_YARN = {
@@ -59,11 +64,13 @@ VARIANTS = {"deepseek_r1_yarn": ("deepseek", {"rope_scaling": R1_YARN, "max_posi
 ALSO_SHOWS = {
     "deepseek": "        if config.rope_scaling is not None:\n            raise NotImplementedError(",
     "deepseek_r1_yarn": "        if config.rope_scaling is None:\n            raise NotImplementedError(",
+    "openelm": '"rope_theta": config.rope_freq_constant',
 }
 # the second checkpoint's config, where it differs from the repository's (json values)
 SECOND = {
     "ernie4_5": {"tie_word_embeddings": False},  # the head's other layout
     "chatglm": {"rope_ratio": 50},  # ChatGLM3-6B-32K's: another rope base
+    "openelm": {"rope_freq_constant": 500000},  # another rope base, read from its own field
 }
 
 
