@@ -106,10 +106,13 @@ def _vocab_parallel_embedding(plan, call: cst.BaseExpression) -> list[cst.BaseSt
         )
     else:
         raise HfrewriteError(f"{plan.base_model_class}: {NAME}: self.{embed} is not nn.Embedding")
+    last = (  # the last stage holds it too where the head is its weight
+        "get_pp_group().is_last_rank"
+        if plan.lm_head_weight == EMBEDDING
+        else "(\n    config.tie_word_embeddings and get_pp_group().is_last_rank\n)"
+    )
     return t.stmts(
-        "if get_pp_group().is_first_rank or (\n"
-        "    config.tie_word_embeddings and get_pp_group().is_last_rank\n"
-        "):\n"
+        f"if get_pp_group().is_first_rank or {last}:\n"
         f"    self.{embed} = {built}\n"
         "else:\n"
         f"    self.{embed} = PPMissingLayer()\n"
