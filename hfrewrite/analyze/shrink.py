@@ -4,6 +4,7 @@ switch and head layout of the original, at sizes that build and run in a moment.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import transformers
 
@@ -92,8 +93,25 @@ def shrink_config(
     _shrink_state_space(config, small)
     _shrink_sub_configs(config, small, sizes, heads_to)
     _shrink_pad(small)
+    small = _rebuilt(small)
     small._attn_implementation = ATTN_IMPLEMENTATION
     return small
+
+
+def _rebuilt(small):
+    """A repository's configuration built again from the shrunk values: a class that derives
+    fields in its ``__init__`` (OpenELM's head counts per layer, from ``model_dim``,
+    ``head_dim`` and the layer count) derives them from the shrunk ones, as it will when a
+    checkpoint saved from this config is loaded; ``small`` itself where that does not build."""
+    if not getattr(small, "auto_map", None):
+        return small
+    cls = type(small)
+    try:  # what the class computes itself (no parameter of its __init__) is left to it
+        base = set(vars(transformers.PretrainedConfig()))
+        computed = set(vars(cls())) - base - set(inspect.signature(cls.__init__).parameters)
+        return cls.from_dict({k: v for k, v in small.to_dict().items() if k not in computed})
+    except Exception:  # noqa: BLE001 - a class that cannot take its own dict back: as shrunk
+        return small
 
 
 def _shrink_pad(small) -> None:
