@@ -3,11 +3,13 @@ switch and head layout of the original, at sizes that build and run in a moment.
 
 from __future__ import annotations
 
+import ast
 import copy
 import inspect
 
 import transformers
 
+from hfrewrite.analyze.branches import method_tree
 from hfrewrite.analyze.trace import ATTN_IMPLEMENTATION
 
 try:  # transformers 5's strict config dataclasses (huggingface_hub's validation)
@@ -106,12 +108,32 @@ def _rebuilt(small):
     if not getattr(small, "auto_map", None):
         return small
     cls = type(small)
+    computed = _derived(cls)
+    if not computed:
+        return small  # nothing derived: as shrunk
     try:  # what the class computes itself (no parameter of its __init__) is left to it
-        base = set(vars(transformers.PretrainedConfig()))
-        computed = set(vars(cls())) - base - set(inspect.signature(cls.__init__).parameters)
         return cls.from_dict({k: v for k, v in small.to_dict().items() if k not in computed})
     except Exception:  # noqa: BLE001 - a class that cannot take its own dict back: as shrunk
         return small
+
+
+def _derived(cls: type) -> set[str]:
+    """The attributes ``cls``'s own methods set (``self.x = ...``) that are no parameter of
+    its ``__init__``: what it computes from the others."""
+    params = set(inspect.signature(cls.__init__).parameters)
+    found = set()
+    for name, method in vars(cls).items():
+        if not callable(method) or name.startswith("__") and name not in ("__init__", "__post_init__"):
+            continue
+        tree = method_tree(cls, name)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Assign):
+                found |= {
+                    t.attr
+                    for t in node.targets
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                }
+    return found - params
 
 
 def _shrink_pad(small) -> None:
