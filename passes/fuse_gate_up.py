@@ -35,7 +35,7 @@ from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.shared_matchers import builds, nn_call, same, self_attr
-from hfrewrite.emit.taken_init import taken_init_branches
+from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.errors import HfrewriteError
 
 NAME = "fuse_gate_up"
@@ -82,7 +82,6 @@ def _traced_branches_built(cls: cst.ClassDef, mlp) -> cst.ClassDef:
     if not mlp.init_switches:
         return cls
     linears = {f.attr for f in (mlp.gate, mlp.up, mlp.down) if f is not None}
-    init = t.find_method(cls, "__init__")
 
     def sizes_only(statement: cst.If) -> bool:
         assigned = {
@@ -90,10 +89,7 @@ def _traced_branches_built(cls: cst.ClassDef, mlp) -> cst.ClassDef:
         }
         return not assigned & linears
 
-    init, guards = taken_init_branches(
-        init, mlp.init_switches, cls.name.value, t.init_exprs(cls), keep=sizes_only
-    )
-    return t.set_method(cls, t.with_body(init, t.guards_first(list(init.body.body), guards)))
+    return with_traced_branches(cls, mlp.init_switches, t.init_exprs(cls), keep=sizes_only)
 
 
 def rewrite_mlp(cls: cst.ClassDef, gate: str, up: str, act: str, activation: str) -> cst.ClassDef:

@@ -43,7 +43,7 @@ from hfrewrite.analyze.lm_head import EMBEDDING
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.shared_matchers import SUPER_INIT, builds, nn_call
-from hfrewrite.emit.taken_init import taken_init_branches
+from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.errors import HfrewriteError
 
 NAME = "parallel_embedding"
@@ -213,10 +213,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     module = sites.replace_class(module, plan.base_model_class, base)
     if plan.head_init_switches:  # the branch the traced config took (OpenELM's shared head)
-        init, guards = taken_init_branches(
-            t.find_method(causal, "__init__"), plan.head_init_switches, plan.architecture
-        )
-        causal = t.set_method(causal, t.with_body(init, t.guards_first(list(init.body.body), guards)))
+        causal = with_traced_branches(causal, plan.head_init_switches)
     causal = _replace_assignment(causal, plan.lm_head, partial(_parallel_lm_head, plan, embedding))
     module = sites.replace_class(module, plan.architecture, causal)
     return PassResult(

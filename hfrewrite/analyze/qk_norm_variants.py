@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from hfrewrite.analyze.branches import config_branches, method_tree
+from hfrewrite.analyze.branches import config_branches, init_assignments, method_tree
 from hfrewrite.analyze.plan import AttentionPlan, NoMatch, Refusal
 from hfrewrite.analyze.shrink import INVALID_FIELD
 
@@ -94,19 +94,10 @@ def _unbuilt_attrs(branch: ast.If, attention: nn.Module) -> bool:
 
 def _config_attrs(cls: type) -> dict[str, str]:
     """attr -> field for each ``self.<attr> = config.<field>`` of ``cls.__init__``."""
-    tree = method_tree(cls, "__init__")
-    found: dict[str, str] = {}
-    for node in ast.walk(tree) if tree is not None else ():
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-            continue
-        target, value = node.targets[0], node.value
-        if (
-            isinstance(target, ast.Attribute)
-            and isinstance(target.value, ast.Name)
-            and target.value.id == "self"
-            and isinstance(value, ast.Attribute)
-            and isinstance(value.value, ast.Name)
-            and value.value.id == "config"
-        ):
-            found[target.attr] = value.attr
-    return found
+    return {
+        attr: value.attr
+        for attr, value in init_assignments(cls).items()
+        if isinstance(value, ast.Attribute)
+        and isinstance(value.value, ast.Name)
+        and value.value.id == "config"
+    }

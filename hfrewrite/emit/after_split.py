@@ -46,17 +46,10 @@ HEAD_DIM = "self.head_dim"  # where vLLM's attention reads the head size
 
 _PER_HEAD_NORM = """\
 {x}_by_head = {x}.view(*{x}.shape[:-1], {x}.shape[-1] // {head_dim}, {head_dim})
-{x}_by_head = self.{norm}({x}_by_head)
+{x}_by_head = {normed}
 {x} = {x}_by_head.view({x}.shape)
 """
 
-
-# weights of their own per head, built for all heads (analyze/head_norms.py)
-_EACH_HEAD_NORM = """\
-{x}_by_head = {x}.view(*{x}.shape[:-1], {x}.shape[-1] // {head_dim}, {head_dim})
-{x}_by_head = norm_rank_heads(self.{norm}, {x}_by_head, self.{total}, self.{x}_first_head)
-{x} = {x}_by_head.view({x}.shape)
-"""
 
 _FIRST_HEADS = """\
 # This rank's first q head and first kv head (kv heads are replicated over the
@@ -258,8 +251,8 @@ def qk_norms(
     where = att.qk_norm_order.value
     if att.qk_norm_over == "head":
         norms += f"# Per-head q/k norms, as in the source, {where} the rotary embedding.\n"
-        norms += _PER_HEAD_NORM.format(x="q", norm=att.q_norm, head_dim=HEAD_DIM)
-        norms += _PER_HEAD_NORM.format(x="k", norm=att.k_norm, head_dim=HEAD_DIM)
+        for x, norm in (("q", att.q_norm), ("k", att.k_norm)):
+            norms += _PER_HEAD_NORM.format(x=x, normed=f"self.{norm}({x}_by_head)", head_dim=HEAD_DIM)
     elif att.qk_norm_over == "each_head":
         norms += (
             f"# Per-head q/k norms, as in the source, {where} the rotary embedding. Their\n"
@@ -267,7 +260,9 @@ def qk_norms(
             "# its own heads in their places.\n"
         )
         for x, norm, total in (("q", att.q_norm, "total_num_heads"), ("k", att.k_norm, "total_num_kv_heads")):
-            norms += _EACH_HEAD_NORM.format(x=x, norm=norm, head_dim=HEAD_DIM, total=total)
+            # weights of their own per head, built for all heads (analyze/head_norms.py)
+            normed = f"norm_rank_heads(self.{norm}, {x}_by_head, self.{total}, self.{x}_first_head)"
+            norms += _PER_HEAD_NORM.format(x=x, normed=normed, head_dim=HEAD_DIM)
         init = t.with_body(init, [*init.body.body, *t.stmts(_FIRST_HEADS.format(tp_size=_tp_size(init)))])
     elif att.qk_norm_over == "all_heads":
         norms += _ALL_HEADS_NORM.format(q_norm=att.q_norm, k_norm=att.k_norm)

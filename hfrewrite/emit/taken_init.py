@@ -57,6 +57,15 @@ def taken_init_branches(
     return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")
 
 
+def with_traced_branches(
+    cls: cst.ClassDef, switches, exprs: dict[str, str] | None = None, keep=None
+) -> cst.ClassDef:
+    """``cls`` whose ``__init__`` takes the branch of each switch the traced config took
+    (:func:`taken_init_branches`), the guards refusing the others first in it."""
+    init, guards = taken_init_branches(t.find_method(cls, "__init__"), switches, cls.name.value, exprs, keep)
+    return t.set_method(cls, t.with_body(init, t.guards_first(list(init.body.body), guards)))
+
+
 def one_guard_per_condition(guards: str) -> str:
     """``guards`` (``if <condition>:`` blocks) with one guard per refused condition, the
     first one's message kept: two switches refusing the same condition (``not x`` True is
