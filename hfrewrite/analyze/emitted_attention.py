@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hfrewrite.analyze.head_counts import evaluate_count, head_expressions, head_fields
+from hfrewrite.analyze.head_counts import head_expressions, head_fields
 from hfrewrite.analyze.layer_agreement import LayerFacts, attention_layers, rope_layers
 from hfrewrite.analyze.plan import AttentionPlan, MlaPlan, refuse
 from hfrewrite.analyze.rope import rotary_field
@@ -35,24 +35,25 @@ def emitted_attention(
         counts = [(f.attention.num_heads, f.attention.num_kv_heads) for f in attention_layers(per_layer)]
         others = tuple((m, h, kv) for m, (h, kv) in zip(modules, counts))
         attention = head_expressions(attention, traced.module.get_submodule(block), small, others)
-        per_layer_heads(per_layer, attention, modules, small)
+        per_layer_heads(per_layer, attention)
     return attention
 
 
-def per_layer_heads(per_layer: list[LayerFacts], attention: AttentionPlan, modules: list, small) -> None:
-    """Layers whose head counts differ are sized by the source's expressions, evaluated per
-    layer (``modules``: each attention layer's block) to that layer's counts; a config field
-    would give them all one count, and refuses."""
-    layers = attention_layers(per_layer)
-    counts = [(f.attention.num_heads, f.attention.num_kv_heads) for f in layers]
-    if len(set(counts)) == 1:
+def per_layer_heads(per_layer: list[LayerFacts], attention: AttentionPlan) -> None:
+    """Layers whose head counts differ are sized by the source's expressions, which
+    ``head_expressions`` took only where they give every traced layer its own counts; a
+    config field would give them all one count, and refuses."""
+    counts = sorted({(f.attention.num_heads, f.attention.num_kv_heads) for f in attention_layers(per_layer)})
+    if len(counts) == 1:
         return
-    exprs = (attention.heads_expr, attention.kv_heads_expr)
-    per_layer_exprs = not (attention.heads_field or attention.kv_heads_field) and all(exprs)
-    if per_layer_exprs and all(
-        tuple(evaluate_count(text, small, module) for text in exprs) == count
-        for module, count in zip(modules, counts)
-    ):
+    fields = [f"config.{f}" for f in (attention.heads_field, attention.kv_heads_field) if f]
+    if not fields and attention.heads_expr and attention.kv_heads_expr:
         return
-    reason = f"layers differ in their head counts {sorted(set(counts))}, and no expression of the source gives each its own"
-    refuse("uniform_layers", reason, attention.module_class)
+    why = (
+        f"{' and '.join(fields)} would give them all one"
+        if fields
+        else "no expression of the source gives each its own"
+    )
+    refuse(
+        "uniform_layers", f"layers differ in their head counts {counts}, and {why}", attention.module_class
+    )
