@@ -33,13 +33,11 @@ times ``act(gate(x))``, per lane or per head: AFMoE, Laguna) is computed after `
 from the table row's expression, in float32 where the source computes it so; ``row_parallel``
 makes its projection column-parallel.
 
-Preconditions: the plan found rope on q and k; the attention call passes ``scaling=``; ``forward`` starts with the
-``fuse_qkv`` split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the
-source only reshapes q/k/v, applies the plan's q/k norms, calls the functions the analysis proved
-compute nothing the plan does not account for (``apply_rotary_pos_emb``, a GQA ``repeat_kv``, a
-helper calling torch's SDPA proven causal: ``AttentionPlan.replaced_calls``), the cache
-update, the attention call and the output projection -- a conditional rope (NoPE layers,
-smollm3) or any other op is refused rather than dropped.
+Preconditions: the attention call passes ``scaling=``; ``forward`` starts with the ``fuse_qkv``
+split; ``self.attn`` and ``self.rotary_emb`` are free names; after the split the source only
+reshapes q/k/v, applies the plan's q/k norms, calls the functions the analysis proved compute
+nothing the plan does not account for (``AttentionPlan.replaced_calls``), the cache update,
+the attention call and the output projection; any other op is refused rather than dropped.
 """
 
 from __future__ import annotations
@@ -57,8 +55,10 @@ from hfrewrite.emit.after_split import (
     positionless,
     qk_norms,
     read_after_split,
+    untaken_guards,
 )
 from hfrewrite.emit.attention_body import AttentionCallKwargs, config_switch, unrecognised
+from hfrewrite.emit.chunked_attention import chunked_attention
 from hfrewrite.emit.given_residual import projection_at, residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.position_code import (
@@ -183,24 +183,6 @@ def _rope_parameters(att: AttentionPlan, init: cst.FunctionDef, name: str) -> st
     return rope_parameters
 
 
-def _untaken_guards(untaken: tuple[cst.BaseExpression, ...], cls: cst.ClassDef) -> tuple[str, str]:
-    """Refusals of the config branches the trace did not take: those on config fields, to
-    go first, and those on a computed attribute, to go after the sources."""
-    exprs, first, later, name = t.init_exprs(cls), "", "", cls.name.value
-    for test in untaken:
-        try:
-            expr, on_config = t.config_test(t.code(test), exprs), True
-        except ValueError:
-            expr, on_config = t.code(test), False
-        guard = (
-            f"if {expr}:\n"
-            f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where '
-            f'`{expr.replace(chr(34), chr(39))}` is false")\n'
-        )
-        first, later = (first + guard, later) if on_config else (first, later + guard)
-    return first, later
-
-
 def _init_with_attention(
     init: cst.FunctionDef,
     cls: cst.ClassDef,
@@ -218,7 +200,7 @@ def _init_with_attention(
         init = _sinks_per_rank(init, att.sinks, name)
     rope_parameters = _rope_parameters(att, init, name)
     # untaken switches on config fields go first; one on a computed attribute after the sources
-    first, later = _untaken_guards(untaken, cls)
+    first, later = untaken_guards(untaken, cls)
     return t.with_body(
         init,
         [
@@ -232,7 +214,8 @@ def _init_with_attention(
                     if positionless(att)  # learned positions, added to the embeddings
                     else _source_rope_theta(cls, att) + rope_init(att, HEAD_DIM, rope_parameters)
                 )
-                + "self.attn = Attention(\n"
+                + chunked_attention(att, init, name)
+                + f"self.attn = {'attention_class' if att.attention_chunk else 'Attention'}(\n"
                 "    self.num_heads,\n"
                 f"    {HEAD_DIM},\n"
                 f"    {scaling},\n"
@@ -241,6 +224,7 @@ def _init_with_attention(
                 "    quant_config=quant_config,\n"
                 f"{options}"
                 + ("    alibi_slopes=alibi_slopes,\n" if att.alibi else "")
+                + ("    **chunked,\n" if att.attention_chunk else "")
                 + '    prefix=f"{prefix}.attn",\n'
                 ")\n"
             ),
@@ -458,6 +442,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = _with_code_before(module, ALIBI_SLOPES, att.module_class)
     if att.window_mask:
         module = _with_code_before(module, CAUSAL_WINDOW, att.module_class)
+    if att.attention_chunk:
+        imports.append("ChunkedLocalAttention")
+        rows.append(FusionRow(att.module_class, "chunked layers -> ChunkedLocalAttention (masks checked)"))
     if att.rope_table is not None:
         module = _with_code_before(module, SOURCE_ROPE_THETA, att.module_class)
     if att.sinks:

@@ -42,6 +42,7 @@ from hfrewrite.analyze.head_layout import (
     prove_output_layout,
 )
 from hfrewrite.analyze.head_norms import own_weights_per_head
+from hfrewrite.analyze.leaf_modules import is_head_norm
 from hfrewrite.analyze.manual_attention import by_hand_facts, no_attention_reason
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
@@ -63,7 +64,6 @@ from hfrewrite.analyze.trace import (
     Traced,
     causal_sdpa,
     is_attention_leaf,
-    is_head_norm,
     past_identity_dropouts,
     relative,
     value,
@@ -123,6 +123,7 @@ def _analyze(
         * (prescale[1] if prescale else 1.0),
         q_prescale=prescale[2] if prescale else None,
         sliding_window=None if options.window is None else int(options.window),
+        attention_chunk=options.chunk,
         qk_norm_over=qk_norm_over,
         logit_softcap=None if options.softcap is None else float(options.softcap),
         rope_per_layer_type=per_layer_type(config),

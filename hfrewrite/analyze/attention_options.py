@@ -38,6 +38,7 @@ class CallOptions(NamedTuple):
     scaling: float | None
     softcap: float | None
     window: int | None
+    chunk: int | None = None  # the keys are those of the query's chunk of this many tokens
 
 
 def call_options(call: Node, path: str, num_heads: int) -> CallOptions:
@@ -70,22 +71,26 @@ def call_options(call: Node, path: str, num_heads: int) -> CallOptions:
     if call.target is causal_sdpa and scaling is not None and not call.meta.get("unscaled"):
         refuse("vllm_attention", "torch's scaled_dot_product_attention is called with an explicit scale")
     window = value(call.kwargs.get("sliding_window"))
-    _prove_layer_mask(call, window)
-    return CallOptions(sinks, scaling, softcap, window)
+    chunk = _prove_layer_mask(call, window)
+    return CallOptions(sinks, scaling, softcap, window, chunk)
 
 
-def _prove_layer_mask(call: Node, window: int | None) -> None:
+def _prove_layer_mask(call: Node, window: int | None) -> int | None:
     """The mask handed to the attention call (the example run's: one unpadded sequence) lets
     each token see what vLLM's ``Attention`` lets it see: the keys up to it, the last
-    ``window`` of them where the call passes a sliding window. Any other mask (Llama-4's
-    chunked attention, whose chunks the shrunk config makes shorter than the example) is
+    ``window`` of them where the call passes a sliding window, or (returned) the keys of its
+    own chunk of so many tokens (Llama-4's chunked attention, whose chunks the shrunk config
+    makes shorter than the example: vLLM's ``ChunkedLocalAttention``). Any other mask is
     refused: vLLM's causal attention would compute something else."""
     mask = value(call.args[4]) if len(call.args) > 4 else None
     if not torch.is_tensor(mask) or mask.dim() < 2:
-        return  # None: the implementation's own causal attention
+        return None  # None: the implementation's own causal attention
     length = mask.shape[-1]
     if mask.shape[-2] != length:
-        return  # queries over a longer key range (a cache): not the example's prefill
+        return None  # queries over a longer key range (a cache): not the example's prefill
+    chunks = [c for c in range(1, length) if window is None and allows_exactly(mask, chunked_band(length, c))]
+    if chunks:
+        return chunks[0]
     if not allows_exactly(mask, band(length, window)):
         refuse(
             "vllm_attention",
@@ -94,6 +99,13 @@ def _prove_layer_mask(call: Node, window: int | None) -> None:
             + " (checked on the example run's mask: chunked, local or computed from the values), "
             "which vLLM's Attention would not compute",
         )
+    return None
+
+
+def chunked_band(length: int, chunk: int) -> torch.Tensor:
+    """Causal attention within chunks of ``chunk`` positions (0..chunk-1, chunk..)."""
+    position = torch.arange(length)
+    return band(length, None) & (position[:, None] // chunk == position[None, :] // chunk)
 
 
 def _sinks(call: Node, path: str, num_heads: int) -> str | None:

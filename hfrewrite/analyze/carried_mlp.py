@@ -17,6 +17,7 @@ tokens chose) keeps the refusal its rewrite gave, with this reason added.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,10 +26,11 @@ import torch
 from torch import nn
 
 from hfrewrite.analyze.example_run import error_line
+from hfrewrite.analyze.leaf_modules import is_experts
 from hfrewrite.analyze.mlp import analyze_mlp, torch_container
 from hfrewrite.analyze.mlp_forms import KeptMlp, MlpForm
 from hfrewrite.analyze.plan import MlpPlan, NoMatch, Refusal
-from hfrewrite.analyze.trace import Traced, is_experts, relative
+from hfrewrite.analyze.trace import Traced, relative
 
 PATTERN = "carried_mlp"
 _TOLERANCE = 1e-5  # float32 on the same weights: only the summation order differs
@@ -86,7 +88,7 @@ def _why_not_kept(traced: Traced, path: str) -> str | None:
     if len(tensors) != 1 or tensors[0].dim() != 3:
         return "it is not called with the hidden states alone"
     block: nn.Module = traced.module.get_submodule(path)
-    if any(is_experts(m) for m in block.modules()):
+    if any(is_experts(m) and _dispatched(m) for m in block.modules()):
         # @use_experts_implementation: the config picks the code at run time, not this trace
         return "its stacked experts run the implementation the config names at run time"
     (x,) = tensors
@@ -112,6 +114,16 @@ def _why_not_kept(traced: Traced, path: str) -> str | None:
     if (torch.cat(alone) - batch).abs().max() > _TOLERANCE:
         return "it computes otherwise on vLLM's [tokens, hidden] layout"
     return _not_one_graph(call, flat)
+
+
+def _dispatched(experts: nn.Module) -> bool:
+    """The experts' forward is transformers' dispatch to the implementation its config names
+    (``@use_experts_implementation``), not code of their own (Llama-4's ``bmm``)."""
+    from transformers.integrations import moe
+
+    return inspect.unwrap(type(experts).forward) is not type(experts).forward and (
+        type(experts).forward.__code__.co_filename == moe.__file__
+    )
 
 
 def _not_one_graph(call, flat: torch.Tensor) -> str | None:

@@ -26,18 +26,11 @@ import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.block_output import returns_tuple
+from hfrewrite.analyze.leaf_modules import is_experts, is_norm
 from hfrewrite.analyze.linear_classes import is_linear as computes_linear
 from hfrewrite.analyze.manual_attention import no_attention_reason
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
-from hfrewrite.analyze.trace import (
-    Traced,
-    is_attention_leaf,
-    is_experts,
-    is_identity_dropout,
-    is_norm,
-    scope_below,
-    top_scope,
-)
+from hfrewrite.analyze.trace import Traced, is_attention_leaf, is_identity_dropout, scope_below, top_scope
 
 _ADD = (operator.add, torch.add, "add")
 _CASTS = ("to", "float", "type_as", "contiguous")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hfrewrite.analyze.chunked_layers import chunked_layers
 from hfrewrite.analyze.head_counts import head_expressions, head_fields
 from hfrewrite.analyze.layer_agreement import LayerFacts, attention_layers, rope_layers
 from hfrewrite.analyze.plan import AttentionPlan, MlaPlan, refuse
@@ -26,7 +27,11 @@ def emitted_attention(
     if isinstance(attention, AttentionPlan):
         lines = traced_lines(traced, lead.decoder.attention_block)
         attention = dataclasses.replace(
-            attention, **head_fields(small, attention), **rotary_field(small, attention), traced_lines=lines
+            attention,
+            **head_fields(small, attention),
+            **rotary_field(small, attention),
+            traced_lines=lines,
+            attention_chunk=chunked_layers(per_layer, small, attention),
         )
         block = lead.decoder.attention_block
         modules = [

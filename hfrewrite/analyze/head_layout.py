@@ -8,8 +8,9 @@ import operator
 import torch
 from torch.fx import Node
 
+from hfrewrite.analyze.leaf_modules import is_head_norm
 from hfrewrite.analyze.plan import refuse
-from hfrewrite.analyze.trace import Traced, is_head_norm, value
+from hfrewrite.analyze.trace import Traced, value
 
 # What may lie between a projection and the attention (and between the attention and the
 # output projection) besides the proven rope and q/k norms: the rewrite re-derives the

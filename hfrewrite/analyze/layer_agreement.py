@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hfrewrite.analyze.attention_calls import AttentionCall
+from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.plan import (
     AttentionPlan,
     DecoderLayerPlan,
@@ -127,13 +128,25 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         num_kv_heads=0,
         scaling=None if carried else attention.scaling,
         sliding_window=None,
+        attention_chunk=None,
         rope_layers=RopeLayers.NONE,
         rope_style=RopeStyle.NEOX,
         rotary_dim=None,
         rope_turn=RopeTurn.FORWARD,
         rope_base_field=None,
         replaced_calls=(),
+        **_NO_NORMS,
+        q_position_scale=None,
     )
+
+
+# q/k norms may be absent on some layers (Llama-4's NoPE layers): their file keeps the
+# source's test on them (emit/after_split.py), or refuses
+_NO_NORMS = {"q_norm": None, "k_norm": None, "qk_norm_over": None, "qk_norm_order": QkNormOrder.BEFORE_ROPE}
+
+
+def _norms(plan: AttentionPlan) -> tuple:
+    return tuple(getattr(plan, name) for name in _NO_NORMS)
 
 
 def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
@@ -148,12 +161,29 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
         > 1
     ):
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
+    normed = {_norms(a) for a in plans if a.q_norm or a.k_norm}
+    if len(normed) > 1:
+        refuse("uniform_layers", "layers differ in their q/k norms", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
+    norms = dict(zip(_NO_NORMS, normed.pop())) if normed else {}
     return dataclasses.replace(
         chosen,
         sliding_window=plans[0].sliding_window,
         rope_layers=RopeLayers.SOME if roped and len(roped) != len(plans) else chosen.rope_layers,
+        **norms,
+        qk_norm_layers_some=bool(norms) and any(not (a.q_norm or a.k_norm) for a in plans),
+        q_position_scale=_q_scale(plans),
     )
+
+
+def _q_scale(plans: list[AttentionPlan]) -> tuple[str, ...] | None:
+    """The layers' one per-token q scale by position; only one the file computes under the
+    source's own test (where the forward makes its positions) may be absent on some."""
+    scales = {a.q_position_scale for a in plans}
+    found = scales - {None}
+    if len(found) > 1 or (found and None in scales and len(next(iter(found))) == 1):
+        refuse("uniform_layers", "layers differ in their q scale by position", plans[0].module_class)
+    return next(iter(found), None)
 
 
 def attention_layers(per_layer: list[LayerFacts]) -> list[LayerFacts]:

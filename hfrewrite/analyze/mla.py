@@ -29,11 +29,12 @@ from hfrewrite.analyze.attention import _attention_call, _output_projection
 from hfrewrite.analyze.attention_options import HARMLESS_KWARGS
 from hfrewrite.analyze.branches import config_branches, helper_branches
 from hfrewrite.analyze.dataflow import linears_feeding
+from hfrewrite.analyze.leaf_modules import is_norm
 from hfrewrite.analyze.mla_cache import MlaCache, mla_cache
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
 from hfrewrite.analyze.rope_styles import RopeStyle
-from hfrewrite.analyze.trace import Traced, causal_sdpa, is_norm, relative, value
+from hfrewrite.analyze.trace import Traced, causal_sdpa, relative, value
 
 PATTERN = "mla_attention"
 # The rope types get_rope(config.rope_parameters) computes as transformers does (MiniCPM3's

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from hfrewrite.analyze.leaf_modules import is_norm
 from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.plan import AttentionPlan, DecoderLayerPlan, MlaPlan, NoMatch, NormPlan
-from hfrewrite.analyze.trace import is_norm
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.branches import config_branches, init_assignments, init_switches, with_config_attrs
 from hfrewrite.analyze.expert_layouts import ExpertLayout
+from hfrewrite.analyze.leaf_modules import is_experts
 from hfrewrite.analyze.moe_modules import (
     expert_list,
     expert_mlp,
@@ -52,7 +53,7 @@ from hfrewrite.analyze.routing import (
     skip,
     users_through_views,
 )
-from hfrewrite.analyze.trace import Traced, is_experts, relative, value
+from hfrewrite.analyze.trace import Traced, relative, value
 
 # Activations vLLM's fused MoE kernels take by name (vLLM 0.32 on CPU: silu).
 MOE_ACTIVATIONS = ("silu", "swish", "swigluoai")

@@ -83,6 +83,7 @@ class AttentionPlan:
     rope_layers: RopeLayers  # the layers whose q and k a rotary embedding turns
     scaling: float
     sliding_window: int | None
+    attention_chunk: int | None = None  # Llama-4's chunked layers (analyze/chunked_layers.py)
     # What the q/k norms normalise over: "head" (each head_dim slice alike, qwen3), "each_head"
     # (weights per head, StableLM-2) or "all_heads" (olmoe); None without q/k norms.
     qk_norm_over: str | None = None
@@ -103,9 +104,9 @@ class AttentionPlan:
     # The source lines where the forward takes q's, k's and v's own lanes of the fused
     # output (by layout alone, proven on the values): the rewrite binds vLLM's q, k, v there
     qkv_unpack_lines: tuple[str, ...] = ()
-    # the forward's source line scaling q per token by a factor of the positions alone,
-    # after the rope (ministral3's Llama-4 scale; analyze/position_scale.py): carried
-    q_position_scale: str | None = None
+    # the forward's source line scaling q per token by a factor of the positions alone, after
+    # the rope (ministral3; Llama-4 with the factor's expression: analyze/position_scale.py)
+    q_position_scale: tuple[str, ...] | None = None
     # the source's expression q is multiplied by right after its projection, the attention
     # then run at its own scale times it (OPT's self.scaling; analyze/q_prescale.py)
     q_prescale: str | None = None
@@ -114,8 +115,10 @@ class AttentionPlan:
     rotary_dim_field: str | None = None
     # the forward's source lines where the trace recorded nodes (analyze/traced_lines.py)
     traced_lines: tuple[str, ...] = field(default=(), compare=False, repr=False)
-    # Whether the q/k norms precede the rotary embedding (qwen3) or follow it (hunyuan)
+    # Whether the q/k norms precede the rotary embedding (qwen3) or follow it (hunyuan), and
+    # whether some layers have none (Llama-4's NoPE layers: the source's test is kept)
     qk_norm_order: QkNormOrder = QkNormOrder.BEFORE_ROPE
+    qk_norm_layers_some: bool = False
     # Calls in the forward (functions it calls, methods it calls itself) whose every
     # traced node the plan accounts for: the proven rope, layout on the q/k/v and output
     # paths, the attention call, GQA expansions: the rewrite may drop them
@@ -125,11 +128,9 @@ class AttentionPlan:
     # A hand-written attention selecting its scores by a boolean buffer of its module proven a
     # causal band (GPT-Neo's `bias`): each layer's window is read off it (analyze/mask_window.py)
     window_mask: str | None = None
-    # Config fields whose values are the head and kv-head counts (found by value)
-    heads_field: str | None = None
+    heads_field: str | None = None  # config fields holding the head counts (found by value)
     kv_heads_field: str | None = None
-    # where no config field holds a count: the attention __init__'s own expression of the
-    # config that does (Falcon-7B's one kv head; analyze/head_counts.py)
+    # else __init__'s own expression of the config (Falcon-7B; analyze/head_counts.py)
     heads_expr: str | None = None
     kv_heads_expr: str | None = None
     # The attention module's parameter of per-head sink logits (gpt_oss's `sinks`, passed
@@ -146,8 +147,7 @@ class AttentionPlan:
     # A base no config field holds: the source's rotary module whose table the file reads it
     # off at load (analyze/rope_table.py), else None
     rope_table: RopeTable | None = None
-    # The block returns its output projection plus a tensor it is given (BLOOM, TeleChat:
-    # the layer's residual add inside the attention), proven on the trace
+    # The block returns its output projection plus a tensor it is given (BLOOM, TeleChat)
     adds_residual: bool = False
     # the attention output times act(gate(x)) before its projection (analyze/output_gate.py)
     output_gate: OutputGate | None = None

@@ -36,6 +36,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from hfrewrite.analyze.causal_mask import causal_mask
 from hfrewrite.analyze.einops_backend import register_einops_backend
 from hfrewrite.analyze.gqa_expansion import before_expansion, permuted_before_expansion
+from hfrewrite.analyze.leaf_modules import is_leaf
 from hfrewrite.analyze.linear_classes import is_linear
 from hfrewrite.analyze.plan import LinearFact
 from hfrewrite.analyze.scripted import python_for_scripted
@@ -43,8 +44,6 @@ from hfrewrite.analyze.source_frames import source_frames_and_lines
 from hfrewrite.analyze.traced_factories import recorded_factories
 
 ATTN_IMPLEMENTATION = "hfrewrite_opaque"
-
-_ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations")
 
 
 def opaque_attention(module, query, key, value, attention_mask, **kwargs):
@@ -172,46 +171,6 @@ def _value_of(arg: Any) -> Any:
     return arg
 
 
-def is_norm(module: nn.Module) -> bool:
-    """A norm leaf: a childless module whose class name ends in ``Norm``."""
-    return type(module).__name__.endswith("Norm") and not any(module.children())
-
-
-def is_norm_list(module: nn.Module) -> bool:
-    """Norms kept in a container of the source's own class (StableLM-2's per-head LayerNorms,
-    ``norms[h]`` for head ``h``): every module below it a norm leaf, no tensor of its own.
-    Traced as one leaf; what it computes is proven on values where it is used."""
-    below = list(module.modules())[1:]
-    return (
-        bool(below)
-        and not isinstance(module, nn.ModuleList)
-        and all(is_norm(m) or (isinstance(m, nn.ModuleList) and any(m.children())) for m in below)
-        and not any(True for _ in module.parameters(recurse=False))
-        and not any(True for _ in module.buffers(recurse=False))
-    )
-
-
-def is_head_norm(module: nn.Module) -> bool:
-    """What may normalise q or k: a norm leaf, or a container of them (``is_norm_list``)."""
-    return is_norm(module) or is_norm_list(module)
-
-
-def is_experts(module: nn.Module) -> bool:
-    """Stacked MoE experts (transformers 5.x ``@use_experts_implementation``): a module
-    holding 3-D ``[num_experts, out, in]`` parameters, traced as one leaf."""
-    return any(p.dim() == 3 for p in module.parameters(recurse=False))
-
-
-def is_leaf(module: nn.Module) -> bool:
-    return (
-        isinstance(module, (nn.Linear, nn.Embedding))  # a subclass's own forward: unproven, opaque
-        or is_norm(module)
-        or is_norm_list(module)
-        or is_experts(module)
-        or type(module).__module__ in _ACTIVATION_MODULES
-    )
-
-
 class ValueTracer(Tracer):
     """A Tracer whose proxies carry values; see the module docstring."""
 
@@ -264,9 +223,16 @@ class ValueTracer(Tracer):
             leaf = self._causal_sdpa(args, kwargs)
             if leaf is not None:
                 return leaf
+        mutated = _mutated(kind, target, args)
+        before = mutated.node.meta["value"].clone() if mutated is not None else None
         value = self._evaluate(kind, target, args, kwargs)
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, self.proxy)
         proxy.node.meta["value"] = value
+        if mutated is not None:
+            # `out.add_(routed)` (Llama-4's MoE): the source's later reads of `out` read the
+            # in-place op's node, and the node it mutated keeps its value from before
+            mutated.node.meta["value"] = before
+            mutated.node = proxy.node
         return proxy
 
     def _causal_sdpa(self, args: tuple, kwargs: dict) -> ValueProxy | None:
@@ -350,6 +316,19 @@ class ValueTracer(Tracer):
             return forward(module, *args, **kwargs)
 
         return root, [self.root]
+
+
+def _mutated(kind: str, target: Any, args: tuple) -> ValueProxy | None:
+    """The proxy an in-place tensor method (``add_``, ``mul_``) is called on, else None."""
+    if (
+        kind != "call_method"
+        or not (isinstance(target, str) and target.endswith("_"))
+        or target.startswith("_")
+    ):
+        return None
+    if not args or not isinstance(args[0], ValueProxy) or not torch.is_tensor(args[0].node.meta.get("value")):
+        return None
+    return args[0]
 
 
 def _get_attr(root: nn.Module, target: str) -> Any:

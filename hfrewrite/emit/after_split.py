@@ -120,8 +120,8 @@ def read_after_split(
     planned = {a for a in (att.q_norm, att.k_norm) if a}
     q_scale = None
     for statement in checked:
-        if att.q_position_scale and same_line(att.q_position_scale, t.code(statement)):
-            q_scale = position_scaled(statement, scope.params, scope.cls.name.value)
+        if att.q_position_scale and same_line(att.q_position_scale[0], t.code(statement)):
+            q_scale = position_scaled(statement, scope.params, scope.cls.name.value, att.q_position_scale[1:])
             continue
         test = config_switch(statement)
         if (conditional := carried_conditional(statement, scope.states)) is not None:
@@ -279,7 +279,11 @@ def qk_norms(
         raise HfrewriteError(f"{name}: {_PASS}: q/k norms of unknown extent")
     if att.q_norm or att.k_norm:  # their comments describe the source's layout of q/k
         init = _without_trailing_comments(init, {att.q_norm, att.k_norm})
-    if norm_test is not None:  # persimmon's `if self.qk_layernorm:`
+    if att.qk_norm_layers_some and norm_test is None:
+        raise HfrewriteError(
+            f"{name}: {_PASS}: some layers have no q/k norms, but the source's are unconditional"
+        )
+    if norm_test is not None:  # persimmon's `if self.qk_layernorm:`, Llama-4's `if hasattr(self, "qk_norm"):`
         norms = f"if {t.code(norm_test)}:\n" + "".join(f"    {line}\n" for line in norms.splitlines())
     return norms, init
 
@@ -337,15 +341,12 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
             f"{name}: {_PASS}: some layers have no rope, but the source's rope is unconditional"
         )
     tail += "q, k = self.rotary_emb(positions, q, k)\n" if not (att.alibi or positionless(att)) else ""
-    if source.q_scale is not None:
-        if att.qk_norm_order is QkNormOrder.AFTER_ROPE or source.rope_test is not None:
-            raise HfrewriteError(
-                f"{name}: {_PASS}: a q scale by position beside norms or a test after the rope"
-            )
-        tail += "# q scaled per token by the source's function of the positions, after the rope\n"
-        tail += t.code(source.q_scale)
     if att.qk_norm_order is QkNormOrder.AFTER_ROPE:
         tail += norms
+    if source.q_scale is not None:  # the last step on q in the source (analyze/position_scale.py)
+        if not isinstance(source.q_scale, cst.If):
+            tail += "# q scaled per token by the source's function of the positions, after the rope\n"
+        tail += t.code(source.q_scale)
     return (
         tail
         + "attn_output = self.attn(q, k, v)\n"
@@ -353,3 +354,21 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
         + f"attn_output = self.{att.o.attr}(attn_output)\n"
         + (f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n")
     )
+
+
+def untaken_guards(untaken: tuple[cst.BaseExpression, ...], cls: cst.ClassDef) -> tuple[str, str]:
+    """Refusals of the config branches the trace did not take: those on config fields, to
+    go first, and those on a computed attribute, to go after the sources."""
+    exprs, first, later, name = t.init_exprs(cls), "", "", cls.name.value
+    for test in untaken:
+        try:
+            expr, on_config = t.config_test(t.code(test), exprs), True
+        except ValueError:
+            expr, on_config = t.code(test), False
+        guard = (
+            f"if {expr}:\n"
+            f'    raise NotImplementedError("hfrewrite: {name} was converted for configs where '
+            f'`{expr.replace(chr(34), chr(39))}` is false")\n'
+        )
+        first, later = (first + guard, later) if on_config else (first, later + guard)
+    return first, later

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 
@@ -237,10 +238,19 @@ def config_switch(statement: cst.BaseStatement) -> cst.BaseExpression | None:
     if (
         isinstance(statement, cst.If)
         and statement.orelse is None
-        and t.root_names(statement.test) <= _SWITCH_NAMES
+        and t.root_names(statement.test) - _own_attribute_tests(statement.test) <= _SWITCH_NAMES
     ):
         return statement.test
     return None
+
+
+def _own_attribute_tests(test: cst.BaseExpression) -> set[str]:
+    """``{"hasattr"}`` where every call of it in ``test`` asks whether the module holds a
+    named attribute (Llama-4's ``hasattr(self, "qk_norm")``: fixed when it is built, like
+    ``self.<flag>``), else the empty set."""
+    calls = m.findall(test, m.Call(func=m.Name("hasattr")))
+    own = m.Call(func=m.Name("hasattr"), args=[m.Arg(m.Name("self")), m.Arg(m.SimpleString())])
+    return {"hasattr"} if calls and all(m.matches(c, own) for c in calls) else set()
 
 
 def guards_rope(statement: cst.If, allowed_calls: set[str], states: dict[str, str]) -> bool:

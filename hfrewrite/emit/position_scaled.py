@@ -15,8 +15,14 @@ from hfrewrite.errors import HfrewriteError
 _PASS = "vllm_attention"
 
 
-def position_scaled(statement: cst.BaseStatement, params: set[str], cls: str) -> cst.BaseStatement:
-    """``x = x * f(position_ids, ...)`` -> ``q = q * f(positions[None], ...).reshape(-1, 1)``."""
+def position_scaled(
+    statement: cst.BaseStatement, params: set[str], cls: str, made: tuple[str, ...] = ()
+) -> cst.BaseStatement:
+    """``x = x * f(position_ids, ...)`` -> ``q = q * f(positions[None], ...).reshape(-1, 1)``;
+    ``made``: (the factor's expression, the local naming the positions) where the forward
+    makes its positions itself (analyze/position_function.py)."""
+    if made:
+        return _made_positions(statement, cls, *made)
     small = (
         statement.body[0]
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
@@ -42,6 +48,28 @@ def position_scaled(statement: cst.BaseStatement, params: set[str], cls: str) ->
     factor = t.replace_names(factor, {q: "q", positions: t.expr("positions[None]")})
     rows = cst.Call(cst.Attribute(factor, cst.Name("reshape")), [cst.Arg(t.expr("-1")), cst.Arg(t.expr("1"))])
     return t.stmt(f"q = q * {t.code(rows)}\n")
+
+
+_MADE = """\
+if {test}:
+    # q scaled per token by the source's function of the positions (proven by replay on
+    # far positions), on vLLM's positions: one number per token
+    q = (q * ({factor}).reshape(-1, 1)).to(q.dtype)
+"""
+
+
+def _made_positions(statement: cst.BaseStatement, cls: str, expression: str, local: str) -> cst.BaseStatement:
+    """The source's ``if <switch>:`` block making positions, a factor of them and q times
+    it, as vLLM's: the factor's expression on vLLM's ``positions``."""
+    from hfrewrite.emit.attention_body import config_switch
+
+    test = config_switch(statement)
+    if test is None:
+        raise HfrewriteError(
+            f"{cls}: {_PASS}: q's scale by positions it makes is not under one `if` of its own"
+        )
+    factor = t.replace_names(t.expr(expression), {local: t.expr("positions")})
+    return t.stmt(_MADE.format(test=t.code(test), factor=t.code(factor)))
 
 
 def same_line(line: str, statement: str) -> bool:

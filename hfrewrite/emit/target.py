@@ -20,6 +20,7 @@ VLLM: dict[str, str] = {
     "get_act_and_mul_fn": "vllm.model_executor.layers.activation",
     "Attention": "vllm.model_executor.layers.attention",
     "MLAAttention": "vllm.model_executor.layers.attention",
+    "ChunkedLocalAttention": "vllm.model_executor.layers.attention.chunked_local_attention",
     "FusedMoEFactory": "vllm.model_executor.layers.fused_moe",
     "GateLinear": "vllm.model_executor.layers.fused_moe",
     "RMSNorm": "vllm.model_executor.layers.layernorm",

@@ -339,6 +339,15 @@ def _mla_backend(ckpt: Path, options: dict) -> dict:
     return {}
 
 
+def _chunk_blocks(ckpt: Path, options: dict) -> dict:
+    """vLLM's chunked attention needs chunks of whole cache blocks, 128 tokens on CPU by
+    default: a checkpoint chunking by fewer (32, the validation's) runs with blocks of 32."""
+    chunk = json.loads((Path(ckpt) / "config.json").read_text()).get("attention_chunk_size")
+    if isinstance(chunk, int) and chunk % 128 and not chunk % 32 and "block_size" not in options:
+        return {"block_size": 32}
+    return {}
+
+
 def _run_engine(
     ckpt: Path,
     prompts: Sequence[Sequence[int]],
@@ -356,6 +365,7 @@ def _run_engine(
     remote = runs_custom_code(ckpt) and model_type not in _config_registry()
     options = {"dtype": "float32", "trust_remote_code": remote, **(llm_kwargs or {})}
     options.update(_mla_backend(ckpt, options))
+    options.update(_chunk_blocks(ckpt, options))
     llm = LLM(
         model=str(ckpt),
         skip_tokenizer_init=True,

@@ -22,6 +22,7 @@ from pathlib import Path
 from hfrewrite.errors import CannotBuild, HfrewriteError
 
 WINDOW = 8  # a sliding window shorter than the longest validation prompt (40 tokens)
+CHUNK = 32  # chunked attention (Llama-4) over chunks shorter than it, of whole cache blocks
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ def validation_config(config):
     window = getattr(small, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > WINDOW:
         small.sliding_window = WINDOW
+    if isinstance(getattr(small, "attention_chunk_size", None), int):
+        small.attention_chunk_size = CHUNK  # vLLM's CPU chunks hold whole blocks of 32
     return small
 
 

@@ -9,9 +9,9 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.head_norms import own_weights_per_head
+from hfrewrite.analyze.leaf_modules import is_leaf, is_norm_list
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import Refusal
-from hfrewrite.analyze.trace import is_leaf, is_norm_list
 
 
 def plan_of(model_type: str, **overrides):

@@ -124,7 +124,36 @@ def test_a_buffer_built_from_sizes_stays_in_the_graph_through_its_in_place_updat
     (output,) = [n for n in traced.graph.nodes if n.op == "output"]
     result = output.args[0]
     assert result.op == "call_method" and result.target == "reshape"
-    assert result.args[0].op == "call_function"  # recorded, not baked in as a constant
-    assert result.args[0].target is torch.zeros  # the real factory: the tracing patch is undone
+    updated = result.args[0]  # later reads of the buffer read its in-place update
+    assert updated.op == "call_method" and updated.target == "index_add_"
+    assert updated.args[0].op == "call_function"  # recorded, not baked in as a constant
+    assert updated.args[0].target is torch.zeros  # the real factory: the tracing patch is undone
+    assert not value(updated.args[0]).any()  # the buffer's own value: zeros, from before the update
     with torch.no_grad():
         assert torch.equal(value(result), module(x))
+
+
+class _AddsInPlace(nn.Module):
+    """Llama-4's MoE: ``out = shared(x); out.add_(routed); return out``."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared, self.routed = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        out = self.shared(x)
+        out.add_(self.routed(x))
+        return out
+
+
+def test_an_in_place_op_is_what_later_reads_of_its_tensor_read():
+    x = torch.randn(3, 4)
+    traced = trace(_AddsInPlace(), (x,))
+    (output,) = [n for n in traced.graph.nodes if n.op == "output"]
+    returned = output.args[0]
+    assert returned.target == "add_"  # not the shared Linear's node: the routed part is seen
+    shared = next(n for n in traced.graph.nodes if n.target == "shared")
+    module = traced.module
+    with torch.no_grad():
+        assert torch.allclose(value(shared), module.shared(x))  # its value from before the add
+        assert torch.allclose(value(returned), module(x))

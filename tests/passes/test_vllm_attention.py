@@ -413,3 +413,21 @@ def test_a_config_switch_the_trace_left_off_is_guarded():
     )
     out = rewrite(vllm_attention, source, llama_like())
     assert "use_qk_norm" in out and "self.q_norm(" not in out
+
+
+@pytest.mark.parametrize(
+    ("test", "switch"),
+    [
+        ('hasattr(self, "qk_norm")', True),  # Llama-4: fixed when the module is built
+        ('hasattr(self, "qk_norm") and self.use_rope', True),
+        ('hasattr(query_states, "qk_norm")', False),  # a test on a value, not on the module
+        ("hasattr(self, name)", False),
+    ],
+)
+def test_a_module_attribute_test_is_a_config_switch(test, switch):
+    import libcst as cst
+
+    from hfrewrite.emit.attention_body import config_switch
+
+    statement = cst.parse_statement(f"if {test}:\n    x = 1\n")
+    assert (config_switch(statement) is not None) is switch
