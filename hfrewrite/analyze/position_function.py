@@ -72,7 +72,7 @@ def position_function(factor_value: Node, code, module) -> PositionFunction | st
     return (
         function
         if _replays(function, start, factor_value, steps, module)
-        else ("the forward's expression of the factor does not replay its traced values")
+        else "the forward's expression of the factor does not replay its traced values"
     )
 
 
@@ -88,7 +88,7 @@ def _positions(made: Node, factor_value: Node) -> Node:
         and not value(n).is_floating_point()
         and torch.equal(value(n), value(made))
     ]
-    return max(held, key=order.__getitem__)
+    return max(held, key=order.__getitem__, default=made)
 
 
 def _reads_tensor(node: Node, computed: set[Node]) -> bool:

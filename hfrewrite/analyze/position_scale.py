@@ -33,6 +33,8 @@ def peel_position_scale(traced: Traced, path: str, scope: set[Node], q: Node, fe
     chain, mul = _behind_layout(q)
     if not (isinstance(mul, Node) and mul.op in ("call_function", "call_method") and mul.target in _MULS):
         return q, None
+    if any(len(n.users) != 1 for n in [mul, *chain[1:]]):
+        return q, None  # the scaled q read elsewhere too: taking the scale out would change that
     operands = [a for a in mul.args if isinstance(a, Node)]
     if len(operands) != 2 or len(mul.args) != 2:
         return q, None
