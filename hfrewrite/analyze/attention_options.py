@@ -88,9 +88,10 @@ def _prove_layer_mask(call: Node, window: int | None) -> int | None:
     length = mask.shape[-1]
     if mask.shape[-2] != length:
         return None  # queries over a longer key range (a cache): not the example's prefill
-    chunks = [c for c in range(1, length) if window is None and allows_exactly(mask, chunked_band(length, c))]
-    if chunks:
-        return chunks[0]
+    if window is None:
+        chunk = next((c for c in range(1, length) if allows_exactly(mask, chunked_band(length, c))), None)
+        if chunk is not None:
+            return chunk
     if not allows_exactly(mask, band(length, window)):
         refuse(
             "vllm_attention",

@@ -181,7 +181,8 @@ def _q_scale(plans: list[AttentionPlan]) -> tuple[str, ...] | None:
     source's own test (where the forward makes its positions) may be absent on some."""
     scales = {a.q_position_scale for a in plans}
     found = scales - {None}
-    if len(found) > 1 or (found and None in scales and len(next(iter(found))) == 1):
+    made = len(next(iter(found), ())) == 3  # (line, expression, positions' local)
+    if len(found) > 1 or (found and None in scales and not made):
         refuse("uniform_layers", "layers differ in their q scale by position", plans[0].module_class)
     return next(iter(found), None)
 

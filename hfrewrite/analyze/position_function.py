@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 from torch.fx import Node
+from torch.fx.node import map_arg
 
 from hfrewrite.analyze.dataflow import ancestors
 from hfrewrite.analyze.trace import value
@@ -118,10 +119,10 @@ def _replays(function: PositionFunction, start: Node, end: Node, steps: list[Nod
     positions as well as on the example's."""
     expression = compile(function.expression, "<factor>", "eval")
     order = {n: i for i, n in enumerate(end.graph.nodes)}
-    shape = value(start).shape
-    for far in (_FAR[i : i + value(start).numel()] for i in range(0, len(_FAR), value(start).numel())):
-        positions = torch.tensor(list(far) + [0] * (value(start).numel() - len(far))).reshape(shape)
-        positions = positions.to(value(start).dtype)
+    traced = value(start)
+    for far in (_FAR[i : i + traced.numel()] for i in range(0, len(_FAR), traced.numel())):
+        padded = list(far) + [0] * (traced.numel() - len(far))
+        positions = torch.tensor(padded, dtype=traced.dtype).reshape(traced.shape)
         env = {start: positions}
         for node in sorted(steps, key=order.__getitem__):
             env[node] = run_node(node, env)
@@ -133,8 +134,6 @@ def _replays(function: PositionFunction, start: Node, end: Node, steps: list[Nod
 
 def run_node(node: Node, env: dict[Node, object]):
     """``node`` on the replayed values of its inputs (the traced value of any other)."""
-    from torch.fx.node import map_arg
-
     args = map_arg(node.args, lambda n: env.get(n, value(n)))
     kwargs = map_arg(node.kwargs, lambda n: env.get(n, value(n)))
     if node.op == "call_method":

@@ -18,6 +18,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.dataflow import ancestors, reaches
 from hfrewrite.analyze.fused_qkv import forward_code, source_line
+from hfrewrite.analyze.position_function import position_function, run_node
 from hfrewrite.analyze.trace import Traced, value
 
 _MULS = (operator.mul, torch.mul, "mul")
@@ -69,8 +70,6 @@ def _behind_layout(node: Node) -> tuple[list[Node], Node]:
 
 def _without(mul: Node, x: Node, chain: list[Node]) -> None:
     """The layout steps after ``mul`` read ``x`` instead; their values recomputed."""
-    from hfrewrite.analyze.position_function import run_node
-
     chain[-1].replace_input_with(mul, x)
     for node in reversed(chain):
         node.meta["value"] = run_node(node, {})
@@ -110,8 +109,6 @@ def _positions_given(factor: Node) -> tuple | None:
 def _positions_made(factor: Node, code, module) -> tuple | None:
     """((the factor's expression, the positions' local), the sequence's length) where the
     forward makes the positions itself, proven by replay; else None."""
-    from hfrewrite.analyze.position_function import position_function
-
     _, factor_value = _behind_layout(factor)
     found = position_function(factor_value, code, module)
     return None if isinstance(found, str) else (tuple(found[:2]), found.seq)

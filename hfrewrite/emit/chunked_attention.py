@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from hfrewrite.analyze.chunked_layers import CHUNKED
 from hfrewrite.analyze.plan import AttentionPlan
 from hfrewrite.errors import HfrewriteError
 
@@ -15,9 +16,9 @@ _CHUNKED = """\
 # Chunked layers attend within chunks of config.attention_chunk_size positions (the
 # layers transformers' mask mapping gives a chunked mask, checked on the traced ones).
 chunked = (
-    {"attention_chunk_size": config.attention_chunk_size}
-    if config.layer_types[layer_idx] == "chunked_attention"
-    else {}
+    {{"attention_chunk_size": config.attention_chunk_size}}
+    if config.layer_types[layer_idx] == "{chunked}"
+    else {{}}
 )
 attention_class = ChunkedLocalAttention if chunked else Attention
 """
@@ -29,4 +30,4 @@ def chunked_attention(att: AttentionPlan, init: cst.FunctionDef, name: str) -> s
         return ""
     if not {"config", "layer_idx"} <= {p.name.value for p in init.params.params}:
         raise HfrewriteError(f"{name}: {_PASS}: chunked attention, but __init__ has no config and layer_idx")
-    return _CHUNKED
+    return _CHUNKED.format(chunked=CHUNKED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.attention_body import config_switch
 from hfrewrite.emit.fused_projection import unfreed
 from hfrewrite.errors import HfrewriteError
 
@@ -61,8 +62,6 @@ if {test}:
 def _made_positions(statement: cst.BaseStatement, cls: str, expression: str, local: str) -> cst.BaseStatement:
     """The source's ``if <switch>:`` block making positions, a factor of them and q times
     it, as vLLM's: the factor's expression on vLLM's ``positions``."""
-    from hfrewrite.emit.attention_body import config_switch
-
     test = config_switch(statement)
     if test is None:
         raise HfrewriteError(

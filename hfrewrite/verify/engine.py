@@ -339,10 +339,10 @@ def _mla_backend(ckpt: Path, options: dict) -> dict:
     return {}
 
 
-def _chunk_blocks(ckpt: Path, options: dict) -> dict:
+def _chunk_blocks(config: dict, options: dict) -> dict:
     """vLLM's chunked attention needs chunks of whole cache blocks, 128 tokens on CPU by
     default: a checkpoint chunking by fewer (32, the validation's) runs with blocks of 32."""
-    chunk = json.loads((Path(ckpt) / "config.json").read_text()).get("attention_chunk_size")
+    chunk = config.get("attention_chunk_size")
     if isinstance(chunk, int) and chunk % 128 and not chunk % 32 and "block_size" not in options:
         return {"block_size": 32}
     return {}
@@ -361,11 +361,12 @@ def _run_engine(
     t0 = time.perf_counter()
     # a config shim registered for the checkpoint's model type loads its config.json without
     # the repository's code (as vLLM's own shims do)
-    model_type = json.loads((Path(ckpt) / "config.json").read_text()).get("model_type")
+    config = json.loads((Path(ckpt) / "config.json").read_text())
+    model_type = config.get("model_type")
     remote = runs_custom_code(ckpt) and model_type not in _config_registry()
     options = {"dtype": "float32", "trust_remote_code": remote, **(llm_kwargs or {})}
     options.update(_mla_backend(ckpt, options))
-    options.update(_chunk_blocks(ckpt, options))
+    options.update(_chunk_blocks(config, options))
     llm = LLM(
         model=str(ckpt),
         skip_tokenizer_init=True,
