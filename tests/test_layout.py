@@ -58,3 +58,12 @@ def test_no_function_of_the_passes_or_the_analysis_is_over_60_lines():
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     }
     assert long == {}
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their base name (no packages under tests/): two files of one
+    name in different folders stop the whole run at collection."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert {n: c for n, c in names.items() if c > 1} == {}
