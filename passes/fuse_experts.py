@@ -28,7 +28,9 @@ with biases, behind vLLM's ``swigluoai`` (gpt_oss): ``has_bias=True,
 activation="swigluoai"`` and a guard on its alpha and limit; experts as three flat
 ``[E * I, H]`` parameters (dbrx): sizes from the experts class's own expressions with its
 ``config`` bound to what the block passes (``config.ffn_config``), the block's routing
-method dropped (hfrewrite/emit/expert_sources.py).
+method dropped (hfrewrite/emit/expert_sources.py); experts run on every token's input
+scaled by its routing weight (Llama-4): ``apply_router_weight_on_input=True`` and a guard
+refusing configs that choose more than one expert per token, which vLLM does not weight so.
 
 Preconditions: the plan found the MoE block (fx, checked by replaying it numerically);
 the router and experts are built from the block's ``config``; every size the emitted call
@@ -48,6 +50,7 @@ from hfrewrite.emit.expert_sources import (
     bound_init_exprs,
     built_with_block_config,
     flat_sources,
+    input_weight_guard,
     layout,
     router_sizes,
     stacked_sources,
@@ -128,8 +131,10 @@ def _sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> _Sour
         router_cls = t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
         renormalize, guards = source_renormalize(router_cls, router, moe, name)
-        guards += swiglu_guard(module, moe)
+        guards += swiglu_guard(module, moe) + input_weight_guard(moe, sizes["top_k"])
         routing = routing_kwargs(moe, {"router": router, "block": t.init_exprs(block)}, name)
+        if moe.weights_on_input:  # Llama-4: each chosen expert runs on its weight times the input
+            routing["apply_router_weight_on_input"] = "True"
     return _Sources(sizes, act, renormalize, guards, routing)
 
 

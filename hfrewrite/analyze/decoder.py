@@ -30,7 +30,14 @@ from hfrewrite.analyze.leaf_modules import is_experts, is_norm
 from hfrewrite.analyze.linear_classes import is_linear as computes_linear
 from hfrewrite.analyze.manual_attention import no_attention_reason
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, ResidualBlock, refuse
-from hfrewrite.analyze.trace import Traced, is_attention_leaf, is_identity_dropout, scope_below, top_scope
+from hfrewrite.analyze.trace import (
+    Traced,
+    is_attention_leaf,
+    is_identity_dropout,
+    scope_below,
+    top_scope,
+    value,
+)
 
 _ADD = (operator.add, torch.add, "add")
 _CASTS = ("to", "float", "type_as", "contiguous")
@@ -127,10 +134,27 @@ def _side_output(returned: object) -> bool:
 
 
 def _past_dropouts(node: object, traced: Traced) -> object:
-    """Back through dropouts that returned their input (phi3's residual dropouts)."""
-    while isinstance(node, Node) and is_identity_dropout(node, traced):
+    """Back through dropouts that returned their input (phi3's residual dropouts), and views
+    that only regroup the tokens (Llama-4's ``mlp_out.view(residual.shape)`` of a block that
+    flattened them): a view keeps the elements' order, so one that keeps the hidden size and
+    the element count is the identity on vLLM's flat ``[tokens, hidden]`` states."""
+    while isinstance(node, Node) and (is_identity_dropout(node, traced) or _token_view(node)):
         node = node.args[0]
     return node
+
+
+def _token_view(node: Node) -> bool:
+    source = node.args[0] if node.args else None
+    if not (node.op == "call_method" and node.target in ("view", "reshape") and isinstance(source, Node)):
+        return False
+    before, after = value(source), value(node)
+    return (
+        torch.is_tensor(before)
+        and before.dim() >= 2
+        and after.dim() >= 2
+        and before.shape[-1] == after.shape[-1]
+        and before.numel() == after.numel()
+    )
 
 
 def _uncast(node: object) -> object:

@@ -25,7 +25,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.block_output import hidden_output
-from hfrewrite.analyze.branches import forward_switches, init_switches
+from hfrewrite.analyze.branches import forward_switches, forward_switches_of_layers, init_switches
 from hfrewrite.analyze.carried_mlp import carry_mlp
 from hfrewrite.analyze.causal_mask import windowed
 from hfrewrite.analyze.checkpoint import (
@@ -369,7 +369,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         transposed_linears=source.transposed,
         head_tied_to=_head_tied_to(source),
         forward_switches=_without_proven(
-            forward_switches(model, base, layers[0], plans.attention, plans.mlp, plans.moe),
+            forward_switches_of_layers(model, base, layers, plans.attention, plans.mlp, plans.moe),
             type(model).__name__,
             soft_cap,
         ),

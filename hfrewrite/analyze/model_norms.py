@@ -32,8 +32,11 @@ def norm_modules(
     final_norm: nn.Module | None,
 ) -> list[nn.Module]:
     """The norms one vLLM norm class must compute: the layer's own, its attention's (q/k, or
-    MLA's latent norms) and the base model's final norm."""
+    MLA's latent norms) where they are of a class the layer's norms are, and the base model's
+    final norm. The pass renames that class alone: q/k norms of another class (Llama-4's
+    weightless L2 norm) stay the source's."""
     modules = [m for _, m in layer.named_children() if is_norm(m)]
+    layer_classes = {type(m) for m in modules}
     own_norms = (
         (attention.q_a_norm, attention.kv_a_norm)
         if isinstance(attention, MlaPlan)
@@ -41,8 +44,9 @@ def norm_modules(
     )
     attention_module = layer.get_submodule(decoder.attention_block)
     for attr in own_norms:  # (a branch proven on a sibling config may have none here)
-        if isinstance(getattr(attention_module, attr or "", None), nn.Module):
-            modules.append(attention_module.get_submodule(attr))
+        own = getattr(attention_module, attr or "", None)
+        if isinstance(own, nn.Module) and (type(own) in layer_classes or not layer_classes):
+            modules.append(own)
     return [*modules, final_norm] if final_norm is not None else modules
 
 

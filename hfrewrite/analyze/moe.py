@@ -32,6 +32,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.branches import config_branches, init_assignments, init_switches, with_config_attrs
 from hfrewrite.analyze.expert_layouts import ExpertLayout
+from hfrewrite.analyze.input_weighted_moe import input_weighted_plan
 from hfrewrite.analyze.leaf_modules import is_experts
 from hfrewrite.analyze.moe_modules import (
     expert_list,
@@ -39,6 +40,7 @@ from hfrewrite.analyze.moe_modules import (
     flat_experts,
     flat_roles,
     int_attr,
+    returned_index,
     routed,
 )
 from hfrewrite.analyze.moe_replay import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, correction_bias, replay_error
@@ -73,6 +75,8 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     if len(experts_calls) != 1:
         return NoMatch(PATTERN, cls, f"{len(experts_calls)} stacked-experts modules instead of one")
     call = experts_calls[0]
+    if len(call.args) == 1 and not call.kwargs:  # Llama-4: experts on every token, input weighted
+        return _input_weighted(traced, path, call, activation, config)
     if len(call.args) != 3:
         return NoMatch(
             PATTERN,
@@ -103,6 +107,38 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
         plan, init_switches=init_switches(block, config, lambda test: with_config_attrs(test, assigned))
     )
     return _replayed(block, plan, experts_mod, value(root(hidden)), activations, activation)
+
+
+def _input_weighted(traced: Traced, path: str, call: Node, activation: str, config) -> MoePlan | NoMatch:
+    """A block calling its experts on every token's weighted input (analyze/input_weighted_moe.py),
+    replayed with each scoring vLLM routes by."""
+    block = traced.module.get_submodule(path)
+    found = input_weighted_plan(traced, path, call, activation or "silu", config)
+    if isinstance(found, NoMatch):
+        return found
+    plan, hidden = found
+    output_index = returned_index(block, traced, path, value(hidden))
+    if isinstance(output_index, str):
+        return NoMatch(PATTERN, plan.module_class, output_index)
+    assigned = init_assignments(type(block))
+    plan = dataclasses.replace(
+        plan,
+        output_index=output_index,
+        init_switches=init_switches(block, config, lambda test: with_config_attrs(test, assigned)),
+    )
+    activations = [a for a in (activation or "silu",) if a in MOE_ACTIVATIONS] or [plan.activation]
+    replays = [
+        _replayed(
+            block,
+            dataclasses.replace(plan, scoring=s),
+            traced.submodule(call),
+            value(hidden),
+            activations,
+            activation,
+        )
+        for s in (Scoring.SIGMOID, Scoring.SOFTMAX)
+    ]
+    return next((r for r in replays if not isinstance(r, NoMatch)), replays[0])
 
 
 def _scaled_output(
@@ -142,7 +178,7 @@ def _stacked_plan(
     num_experts = experts_mod.gate_up_proj.shape[0] if hasattr(experts_mod, "gate_up_proj") else None
     if num_experts is None or not hasattr(experts_mod, "down_proj"):
         return NoMatch(PATTERN, cls, "the experts do not hold gate_up_proj and down_proj")
-    output_index = _output_index(block, traced, path, value(root(hidden)))
+    output_index = returned_index(block, traced, path, value(root(hidden)))
     if isinstance(output_index, str):
         return NoMatch(PATTERN, cls, output_index)
     width = value(hidden).shape[-1]
@@ -236,7 +272,7 @@ def _expert_modules(traced: Traced, path: str, block: nn.Module, attr: str, conf
     if len(traced.outputs_of(path)) != 1:
         return NoMatch(PATTERN, cls, "the block returns more than one tensor")
     x = value(root(linears[0].args[0]))
-    output_index = _output_index(block, traced, path, x)
+    output_index = returned_index(block, traced, path, x)
     if isinstance(output_index, str):
         return NoMatch(PATTERN, cls, output_index)
     experts = getattr(block, attr)
@@ -444,22 +480,6 @@ def _replay(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> str | None:
             with torch.no_grad():
                 bias.copy_(saved)
     return None
-
-
-def _output_index(block: nn.Module, traced: Traced, path: str, x: torch.Tensor) -> int | None | str:
-    """None when the block returns its output tensor; the index of the tensor the layer
-    reads when it returns a tuple (gpt_oss: (hidden states, router scores)); or why not."""
-    if not traced.returns_tuple.get(path, False):
-        return None
-    (used,) = traced.outputs_of(path)
-    with torch.no_grad():
-        returned = block(x)
-    found = [
-        i
-        for i, r in enumerate(returned)
-        if torch.is_tensor(r) and r.shape == value(used).shape and torch.equal(r, value(used))
-    ]
-    return found[0] if len(found) == 1 else "the block returns a tuple the layer reads no one element of"
 
 
 def _swiglu_attrs(experts: nn.Module) -> tuple[str, str] | None:

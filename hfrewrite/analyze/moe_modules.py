@@ -16,12 +16,14 @@ weights, weighted sum), which is the proof the rewrite rests on.
 
 from __future__ import annotations
 
+import ast
 import operator
 
 import torch
 from torch import nn
 from torch.fx import Node
 
+from hfrewrite.analyze.branches import init_assignments
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.plan import MlpPlan, NoMatch
@@ -164,13 +166,25 @@ def expert_weights(experts: nn.Module, mlp: MlpPlan | None) -> tuple[list, list,
 
 
 def int_attr(module: nn.Module, size: int) -> str | None:
-    """The attribute of ``module`` holding the int ``size`` (top_k, a width...), when exactly one does."""
+    """The attribute of ``module`` holding the int ``size`` (top_k, a width...), when exactly one
+    does; attributes ``__init__`` assigns from another of them (Llama-4's ``self.expert_dim =
+    self.intermediate_size``) are that one."""
     found = [
         name
         for name, v in vars(module).items()
         if not name.startswith("_") and isinstance(v, int) and not isinstance(v, bool) and v == size
     ]
-    return found[0] if len(found) == 1 else None
+    assigned = init_assignments(type(module))
+    originals = [
+        name
+        for name in found
+        if not any(ast.dump(assigned.get(name, ast.Pass())) == _self_attr(other) for other in found)
+    ]
+    return originals[0] if len(originals) == 1 else None
+
+
+def _self_attr(name: str) -> str:
+    return ast.dump(ast.parse(f"self.{name}", mode="eval").body)
 
 
 def flat_experts(block: nn.Module, router: str, num_experts: int) -> str | None:
@@ -205,3 +219,19 @@ def flat_weights(
     gate, up, down = (experts.get_parameter(r) for r in roles)
     gate, up, down = (list(p.view(num_experts, -1, p.shape[1])) for p in (gate, up, down))
     return gate, up, [d.T for d in down]
+
+
+def returned_index(block: nn.Module, traced: Traced, path: str, x: torch.Tensor) -> int | None | str:
+    """None when the block returns its output tensor; the index of the tensor the layer
+    reads when it returns a tuple (gpt_oss: (hidden states, router scores)); or why not."""
+    if not traced.returns_tuple.get(path, False):
+        return None
+    (used,) = traced.outputs_of(path)
+    with torch.no_grad():
+        returned = block(x)
+    found = [
+        i
+        for i, r in enumerate(returned)
+        if torch.is_tensor(r) and r.shape == value(used).shape and torch.equal(r, value(used))
+    ]
+    return found[0] if len(found) == 1 else "the block returns a tuple the layer reads no one element of"

@@ -60,11 +60,13 @@ def replay_error(block: nn.Module, plan: MoePlan, x: torch.Tensor) -> float | No
         rows, slot = torch.where(idx == e)
         if len(rows) == 0:
             continue
-        h = x2[rows]
+        h, weight = x2[rows], w[rows, slot, None]
+        if plan.weights_on_input:  # the weight scales the expert's input, not its output
+            h, weight = h * weight, 1.0
         gate_b, up_b, down_b = biases[e]
         inner = _gated(plan.activation, F.linear(h, gate_w[e], gate_b), F.linear(h, up_w[e], up_b))
         y = F.linear(inner, down_w[e], down_b)
-        out.index_add_(0, rows, y * w[rows, slot, None])
+        out.index_add_(0, rows, y * weight)
     if plan.shared_expert:
         shared = block.get_submodule(plan.shared_expert)(x2)
         if plan.shared_expert_gate:

@@ -82,12 +82,7 @@ def shrink_config(
     _shrink_layer_kinds(config, small)
     _shrink_kv_sharing(config, small)
     _vary_rope_bases(small)
-    if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
-        # MoE models whose config can make some layers dense: trace one of each kind.
-        _set(small, "mlp_only_layers", [0])
-        _set(small, "decoder_sparse_step", 1)
-    if getattr(config, "num_experts", 0) and (getattr(config, "num_dense_layers", 0) or 0) > 0:
-        _set(small, "num_dense_layers", 1)  # LFM2-MoE's first dense layers: one, then MoE
+    _shrink_dense_layers(config, small)
     _shrink_routing(config, small)
     _shrink_windows(small)
     _shrink_rope_factors(small)
@@ -165,6 +160,17 @@ def _shrink_layer_kinds(config, small) -> None:
     for field, distinct in kinds.items():
         set_layer_kinds(config, small, field, distinct + distinct[-1:] * (n - len(distinct)))
     _shrink_layer_patterns(config, small, n)
+
+
+def _shrink_dense_layers(config, small) -> None:
+    """MoE models whose config can make some layers dense: one layer of each kind traced."""
+    if getattr(config, "num_experts", 0) and hasattr(config, "mlp_only_layers"):
+        _set(small, "mlp_only_layers", [0])
+        _set(small, "decoder_sparse_step", 1)
+    if getattr(config, "num_local_experts", 0) and isinstance(getattr(config, "moe_layers", None), list):
+        _set(small, "moe_layers", [1])  # Llama-4's MoE layers by index: one dense layer, then MoE
+    if getattr(config, "num_experts", 0) and (getattr(config, "num_dense_layers", 0) or 0) > 0:
+        _set(small, "num_dense_layers", 1)  # LFM2-MoE's first dense layers: one, then MoE
 
 
 def _shrink_kv_sharing(config, small) -> None:

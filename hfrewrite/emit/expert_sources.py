@@ -165,6 +165,20 @@ def swiglu_guard(module: cst.Module, moe) -> str:
     )
 
 
+def input_weight_guard(moe, top_k: str) -> str:
+    """Refuse configs choosing more than one expert per token where the block weights the
+    experts' input: vLLM's fused MoE does that for top-1 routing only."""
+    if not moe.weights_on_input:
+        return ""
+    return (
+        f"if {top_k} != 1:\n"
+        f"    raise NotImplementedError(\n"
+        f"        \"hfrewrite: {moe.module_class} weights its experts' input, which vLLM's fused MoE \"\n"
+        f'        "does for one expert per token only"\n'
+        "    )\n"
+    )
+
+
 def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
     """Sizes and activation, as the source's router and stacked-experts classes assign them."""
     name = moe.module_class

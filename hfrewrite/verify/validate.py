@@ -66,6 +66,10 @@ def validation_config(config):
     window = getattr(small, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > WINDOW:
         small.sliding_window = WINDOW
+    if getattr(config, "num_experts_per_tok", None) == 1:
+        # one expert per token as the config has it: a file may hold to it (Llama-4's experts
+        # weight their input, which vLLM does for top-1 only); the analysis traced top-2
+        small.num_experts_per_tok = 1
     if isinstance(getattr(small, "attention_chunk_size", None), int):
         small.attention_chunk_size = CHUNK  # vLLM's CPU chunks hold whole blocks of 32
     return small

@@ -5,8 +5,8 @@ local attention, which a short example run would see as causal, is seen on the m
 shrunk config's chunks give (analyze/shrink.py) and checked against the config's chunk size
 and layer types (analyze/chunked_layers.py); its NoPE layers have no q/k norm (the file keeps
 the source's test) and a per-token temperature computed from positions the forward makes
-itself, proven by replay on far positions (analyze/position_function.py). Its MoE layers are
-refused (their experts are called on every token, scaled by the router's scores)."""
+itself, proven by replay on far positions (analyze/position_function.py). Its MoE layers:
+tests/analyze/test_llama4_moe.py."""
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ from hfrewrite.errors import HfrewriteError
 def _config(**changes):
     config = transformers.AutoConfig.for_model("llama4_text")
     layers = config.num_hidden_layers
-    # dense layers alone (moe_layers: []): the MoE blocks are refused
+    # dense layers alone (moe_layers: [])
     defaults = {"no_rope_layers": [1] * layers, "layer_types": ["full_attention"] * layers, "moe_layers": []}
     for name, value in {**defaults, **changes}.items():
         setattr(config, name, value)
@@ -59,14 +59,6 @@ def test_chunked_masks_on_layers_the_config_does_not_name_are_refused(monkeypatc
     chunked = _config(layer_types=["chunked_attention"] * 48)
     with pytest.raises(HfrewriteError, match="the chunked layers are not those config.layer_types names"):
         analyze(chunked)
-
-
-def test_the_released_config_is_refused_for_its_experts():
-    with pytest.raises(HfrewriteError) as refused:
-        analyze(transformers.AutoConfig.for_model("llama4_text"))
-    assert "Llama4TextMoe: fuse_experts: the experts are not called as experts(x, top_k_index" in str(
-        refused.value
-    )
 
 
 def test_a_nope_layers_temperature_is_the_forwards_expression_of_its_positions():
