@@ -137,9 +137,8 @@ class Llama4TextMoe(nn.Module):
         super().__init__()
         if config.num_experts_per_tok != 1:
             raise NotImplementedError(
-                "hfrewrite: Llama4TextMoe weights its experts' input, which "
-                "vLLM's fused MoE "
-                "does for one expert per token only"
+                "hfrewrite: Llama4TextMoe weights its experts' input: vLLM's "
+                "fused MoE does so for one expert per token only"
             )
         # Expert parallelism and its load balancer (EPLB), as in vLLM's qwen3_moe.py;
         # the expert-parallel group exists where vLLM reads the config's expert count.

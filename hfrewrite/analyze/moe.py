@@ -126,14 +126,15 @@ def _input_weighted(traced: Traced, path: str, call: Node, activation: str, conf
         output_index=output_index,
         init_switches=init_switches(block, config, lambda test: with_config_attrs(test, assigned)),
     )
-    activations = [a for a in (activation or "silu",) if a in MOE_ACTIVATIONS] or [plan.activation]
+    if (activation or "silu") not in MOE_ACTIVATIONS:
+        return NoMatch(PATTERN, plan.module_class, f"vLLM's fused MoE has no {activation!r} activation here")
     replays = [
         _replayed(
             block,
             dataclasses.replace(plan, scoring=s),
             traced.submodule(call),
             value(hidden),
-            activations,
+            [activation or "silu"],
             activation,
         )
         for s in (Scoring.SIGMOID, Scoring.SOFTMAX)

@@ -170,13 +170,8 @@ def input_weight_guard(moe, top_k: str) -> str:
     experts' input: vLLM's fused MoE does that for top-1 routing only."""
     if not moe.weights_on_input:
         return ""
-    return (
-        f"if {top_k} != 1:\n"
-        f"    raise NotImplementedError(\n"
-        f"        \"hfrewrite: {moe.module_class} weights its experts' input, which vLLM's fused MoE \"\n"
-        f'        "does for one expert per token only"\n'
-        "    )\n"
-    )
+    message = f"hfrewrite: {moe.module_class} weights its experts' input: vLLM's fused MoE does so for one expert per token only"
+    return f"if {top_k} != 1:\n    raise NotImplementedError({message!r})\n"
 
 
 def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
