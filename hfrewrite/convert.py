@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 import torch
 import transformers
 
+from hfrewrite.analyze.composite import composite_plan, text_part
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
+from hfrewrite.analyze.shrink import shrink_config
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit import output as emit
 from hfrewrite.emit.config_shim import shim_statements, with_shim
@@ -96,6 +100,9 @@ def _plan(resolved):
     under the release it was written for."""
     if resolved.isolated is not None:
         return resolved, resolved.isolated.plan
+    text = None if resolved.custom_code else text_part(resolved.config)
+    if text is not None:  # a multimodal checkpoint: its text model
+        return _composite(resolved, text)
     try:
         with step("building and tracing a shrunk copy, proving replacements"):
             return resolved, analyze(resolved.config)
@@ -106,6 +113,20 @@ def _plan(resolved):
             raise CannotBuild(f"{e} ({_whose_limit(resolved)})") from e
     resolved = isolated(resolved)
     return resolved, resolved.isolated.plan
+
+
+def _composite(resolved, text):
+    """(resolved, plan) of the text model nested in a multimodal config: its own modeling
+    source analysed, and where the multimodal checkpoint keeps it (analyze/composite.py)."""
+    text_lm = transformers.AutoModelForCausalLM._model_mapping[type(text)]
+    source = Path(sys.modules[text_lm.__module__].__file__)
+    resolved = dataclasses.replace(resolved, modeling_path=source, modeling_module=text_lm.__module__)
+    with step("building and tracing a shrunk copy of the text model, proving replacements"):
+        plan = analyze(text)
+        layout = composite_plan(resolved.config, shrink_config(text))
+    if isinstance(layout, NoMatch):
+        raise HfrewriteError(f"{resolved.model_type}: {layout}")
+    return resolved, dataclasses.replace(plan, composite=layout)
 
 
 def _whose_limit(resolved) -> str:

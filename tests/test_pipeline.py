@@ -72,6 +72,7 @@ MATCHES = {
         "drop_dead_locals": 0,  # no unread computed local
         "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # LlamaMLP(config: LlamaConfig)
+        "composite_text": 0,  # a text model's config
     },
     "qwen3_moe": {
         "flatten_base_model": 0,  # no parts deeper than the base model
@@ -98,6 +99,7 @@ MATCHES = {
         "drop_dead_locals": 0,  # no unread computed local
         "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # Qwen3MoeMLP
+        "composite_text": 0,  # a text model's config
     },
     "deepseek_v3": {
         "flatten_base_model": 0,  # no parts deeper than the base model
@@ -124,6 +126,7 @@ MATCHES = {
         "drop_dead_locals": 0,  # no unread computed local
         "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # DeepseekV3MLP
+        "composite_text": 0,  # a text model's config
     },
     "gemma": {
         "flatten_base_model": 0,  # no parts deeper than the base model
@@ -150,6 +153,7 @@ MATCHES = {
         "drop_dead_locals": 0,  # no unread computed local
         "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 1,  # GemmaMLP
+        "composite_text": 0,  # a text model's config
     },
     "starcoder2": {
         "flatten_base_model": 0,  # no parts deeper than the base model
@@ -176,6 +180,7 @@ MATCHES = {
         "drop_dead_locals": 0,  # no unread computed local
         "stale_docstrings": 0,  # no Args: section naming a parameter gone
         "type_config_params": 0,  # the source annotates its configs
+        "composite_text": 0,  # a text model's config
     },
 }
 

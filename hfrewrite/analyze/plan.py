@@ -301,6 +301,17 @@ class PositionEmbeddingPlan:
 
 
 @dataclass(frozen=True)
+class CompositePlan:
+    """Where a multimodal checkpoint keeps the text model the file converts (analyze/composite.py)."""
+
+    architecture: str  # the checkpoint's class, e.g. "Llama4ForConditionalGeneration"
+    # checkpoint name prefix -> the text causal LM's ("model.", "lm_head."), or None: not loaded
+    prefixes: tuple[tuple[str, str | None], ...]
+    # the multimodal config's own tie_word_embeddings ties the lm_head, not the text config's
+    tie_from_composite: bool = False
+
+
+@dataclass(frozen=True)
 class ModelPlan:
     model_type: str
     architecture: str  # the top-level class, e.g. "LlamaForCausalLM"
@@ -368,6 +379,8 @@ class ModelPlan:
     # The module whose weight the lm_head shares when the config ties them, found by identity
     # on a model built tied (analyze/tied_head.py); None: the source never ties them
     head_tied_to: str | None = None
+    # A multimodal checkpoint's text model: the file reads its text config and loads it alone
+    composite: CompositePlan | None = None
     # Classes proven to compute ``x @ weight + bias`` with an ``[in, out]`` weight and built as
     # ``Cls(out, in)`` (GPT-2's Conv1D, analyze/transposed_linears.py): built as ``nn.Linear(in, out)``
     transposed_linear_classes: tuple[str, ...] = ()

@@ -14,6 +14,7 @@ from hfrewrite.emit.target import import_of
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import (
     carry_decoder_layer,
+    composite_text,
     config_guards,
     drop_dead_locals,
     flatten_base_model,
@@ -65,6 +66,7 @@ PASSES: tuple[ModuleType, ...] = (
     drop_dead_locals,
     stale_docstrings,  # after the parameters went
     type_config_params,
+    composite_text,  # last: the text classes read hf_text_config, typed as the others
 )
 
 

@@ -122,7 +122,8 @@ def checkpoint_prompts(ckpt: Path) -> tuple[list[list[int]], list[str] | None]:
         (ckpt / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     ):
         config = ckpt / "config.json"
-        vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+        data = json.loads(config.read_text()) if config.exists() else {}
+        vocab = data.get("vocab_size") or data.get("text_config", {}).get("vocab_size")
         vocab = vocab if isinstance(vocab, int) and vocab > 0 else None
         return [[t % vocab if vocab else t for t in p] for p in DEFAULT_PROMPTS], None
     from transformers import AutoTokenizer

@@ -341,8 +341,9 @@ def _mla_backend(ckpt: Path, options: dict) -> dict:
 
 def _chunk_blocks(config: dict, options: dict) -> dict:
     """vLLM's chunked attention needs chunks of whole cache blocks, 128 tokens on CPU by
-    default: a checkpoint chunking by fewer (32, the validation's) runs with blocks of 32."""
-    chunk = config.get("attention_chunk_size")
+    default: a checkpoint chunking by fewer (32, the validation's) runs with blocks of 32
+    (a multimodal checkpoint's chunk is its text config's)."""
+    chunk = config.get("attention_chunk_size") or config.get("text_config", {}).get("attention_chunk_size")
     if isinstance(chunk, int) and chunk % 128 and not chunk % 32 and "block_size" not in options:
         return {"block_size": 32}
     return {}

@@ -77,10 +77,15 @@ def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from hfrewrite.analyze.composite import composite_class, text_part
+
     torch.manual_seed(seed)
     # Hub custom code the user trusted: save_pretrained copies its files next to the weights
     remote = bool(getattr(config, "auto_map", None))
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=remote)
+    if text_part(config) is not None:  # a multimodal checkpoint, the text model the file loads
+        model = composite_class(config)._from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=remote)
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights appear once
             if param.ndim >= 2 or name.endswith("bias"):

@@ -57,9 +57,14 @@ class Validation:
 
 
 def validation_config(config):
-    """The tiny configuration the generated file is validated on."""
+    """The tiny configuration the generated file is validated on; for a multimodal config,
+    itself with the tiny text config and its other parts one layer deep."""
+    from hfrewrite.analyze.composite import text_part, with_text
     from hfrewrite.analyze.shrink import shrink_config
 
+    text = text_part(config)
+    if text is not None:
+        return with_text(config, validation_config(text))
     small = shrink_config(config)
     small._attn_implementation = "eager"  # transformers' reference attention
     _one_more_layer(config, small)
@@ -156,7 +161,8 @@ def validate_each(resolved, generated, named: list[tuple[str, object]]) -> list[
         cases, references, records = [], [], []
         for i, (what, config) in enumerate(named):
             config = validation_config(config)
-            prompts = [[t % config.vocab_size for t in p] for p in fixtures.DEFAULT_PROMPTS]
+            vocab = config.get_text_config().vocab_size  # (a multimodal config's text part's)
+            prompts = [[t % vocab for t in p] for p in fixtures.DEFAULT_PROMPTS]
             try:
                 # (named after this run: transformers keeps a checkpoint's own code by its folder's name)
                 ckpt = fixtures.save_random_checkpoint(config, tmp / f"{tmp.name}-ckpt{i}")
