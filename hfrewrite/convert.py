@@ -122,7 +122,12 @@ def _composite(resolved, text):
     source = Path(sys.modules[text_lm.__module__].__file__)
     resolved = dataclasses.replace(resolved, modeling_path=source, modeling_module=text_lm.__module__)
     with step("building and tracing a shrunk copy of the text model, proving replacements"):
-        plan = analyze(text)
+        try:
+            plan = analyze(text)
+        except CannotBuild as e:
+            if "cannot build" not in str(e):  # the shrunk model built, and its example run failed
+                raise
+            raise CannotBuild(f"{e} ({_whose_limit(resolved)})") from e
         layout = composite_plan(resolved.config, shrink_config(text))
     if isinstance(layout, NoMatch):
         raise HfrewriteError(f"{resolved.model_type}: {layout}")

@@ -26,8 +26,10 @@ import ast
 import libcst as cst
 
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.after_split import reads_own_attribute
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.taken_init import one_guard_per_condition
+from hfrewrite.errors import HfrewriteError
 
 NAME = "config_guards"
 
@@ -58,6 +60,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         )
         if not dropped:
             continue
+        builds = [test for test, _ in dropped if reads_own_attribute(test)]
+        if builds:  # fixed only once __init__ has built its parts: a guard at its top decides nothing
+            raise HfrewriteError(
+                f"{name}: {NAME}: the forward's `{builds[0]}` branch is dropped and no test "
+                "__init__ can make before it builds that attribute refuses the configs that take it"
+            )
         guards = one_guard_per_condition("".join(_guard(name, test, value) for test, value in dropped))
         cls = t.set_method(cls, t.with_body(init, t.guards_first(list(init.body.body), guards)))
         module = sites.replace_class(module, name, cls)

@@ -23,7 +23,7 @@ from hfrewrite.analyze.shrink import INVALID_FIELD
 
 PATTERN = "vllm_attention"
 # what the sibling's plan may add; every other field must agree
-_NORM_FIELDS = ("q_norm", "k_norm", "qk_norm_over", "qk_norm_order", "replaced_calls")
+_NORM_FIELDS = ("q_norm", "k_norm", "qk_norm_over", "qk_norm_order", "qk_norm_layers_some", "replaced_calls")
 
 
 def with_qk_norm_branch(
@@ -65,10 +65,11 @@ def _switched_on(config, attention: nn.Module) -> tuple[str, object] | None:
     tree = method_tree(type(attention), "forward")
     off = []
     for node in ast.walk(tree) if tree is not None else ():
-        if not (isinstance(node, ast.If) and _self_attr(node.test) in fields):
+        if not isinstance(node, ast.If):
             continue
-        if taken.get(ast.unparse(node.test)) is False and _unbuilt_attrs(node, attention):
-            off.append(fields[_self_attr(node.test)])
+        field = fields.get(_self_attr(node.test)) or _built_under(node.test, type(attention))
+        if field and taken.get(ast.unparse(node.test)) is not True and _unbuilt_attrs(node, attention):
+            off.append(field)
     off = [f for f in dict.fromkeys(off) if getattr(config, f, None) is False]
     if len(off) != 1:
         return None
@@ -78,6 +79,36 @@ def _switched_on(config, attention: nn.Module) -> tuple[str, object] | None:
     except INVALID_FIELD:
         return None
     return off[0], sibling
+
+
+def _built_under(test: ast.expr, cls: type) -> str | None:
+    """For ``hasattr(self, "<attr>")`` (Llama-4's ``if hasattr(self, "qk_norm"):``): the one
+    config field read by the tests of ``cls.__init__`` under which it builds ``self.<attr>``
+    (``if self.config.use_qk_norm and self.use_rope:``), else None."""
+    if not (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id == "hasattr"
+        and len(test.args) == 2
+        and isinstance(test.args[0], ast.Name)
+        and test.args[0].id == "self"
+        and isinstance(test.args[1], ast.Constant)
+        and isinstance(test.args[1].value, str)
+    ):
+        return None
+    attr, init = test.args[1].value, method_tree(cls, "__init__")
+    fields = {
+        read.attr
+        for node in (ast.walk(init) if init is not None else ())
+        if isinstance(node, ast.If) and any(_assigns(s, attr) for s in node.body)
+        for read in ast.walk(node.test)
+        if isinstance(read, ast.Attribute) and ast.unparse(read.value) in ("config", "self.config")
+    }
+    return fields.pop() if len(fields) == 1 else None
+
+
+def _assigns(statement: ast.stmt, attr: str) -> bool:
+    return isinstance(statement, ast.Assign) and any(_self_attr(t) == attr for t in statement.targets)
 
 
 def _self_attr(node: ast.expr) -> str | None:

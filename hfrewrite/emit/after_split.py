@@ -361,6 +361,11 @@ def untaken_guards(untaken: tuple[cst.BaseExpression, ...], cls: cst.ClassDef) -
     go first, and those on a computed attribute, to go after the sources."""
     exprs, first, later, name = t.init_exprs(cls), "", "", cls.name.value
     for test in untaken:
+        if reads_own_attribute(t.code(test)):  # fixed once __init__ has built its parts
+            raise HfrewriteError(
+                f"{name}: vllm_attention: the forward's `{t.code(test)}` branch was never traced, and no "
+                "test __init__ can make before it builds that attribute refuses the configs that take it"
+            )
         try:
             expr, on_config = t.config_test(t.code(test), exprs), True
         except ValueError:
@@ -372,3 +377,17 @@ def untaken_guards(untaken: tuple[cst.BaseExpression, ...], cls: cst.ClassDef) -
         )
         first, later = (first + guard, later) if on_config else (first, later + guard)
     return first, later
+
+
+def reads_own_attribute(test: str) -> bool:
+    """A test of ``hasattr(self, ...)`` or ``getattr(self, ...)`` (Llama-4's
+    ``hasattr(self, "qk_norm")``): a guard at the top of ``__init__`` would decide nothing."""
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("hasattr", "getattr")
+        and n.args
+        and isinstance(n.args[0], ast.Name)
+        and n.args[0].id == "self"
+        for n in ast.walk(ast.parse(test, mode="eval"))
+    )
