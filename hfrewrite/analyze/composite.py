@@ -49,16 +49,14 @@ def composite_class(config) -> type[nn.Module]:
 
 def with_text(config, text) -> transformers.PretrainedConfig:
     """``config`` with ``text`` as its text config and the other parts one layer deep."""
-    parts = {
-        name: value.to_dict()
-        for name, value in vars(config).items()
-        if isinstance(value, transformers.PretrainedConfig) and value is not config.get_text_config()
-    }
+    nested = {name: v for name, v in vars(config).items() if isinstance(v, transformers.PretrainedConfig)}
+    text_field = next(name for name, v in nested.items() if v is config.get_text_config())
+    parts = {name: v.to_dict() for name, v in nested.items() if name != text_field}
     for part in parts.values():
         for field in _LAYER_COUNTS:
             if type(part.get(field)) is int:
                 part[field] = 1
-    data = {**config.to_dict(), **parts, "text_config": text.to_dict()}
+    data = {**config.to_dict(), **parts, text_field: text.to_dict()}
     return type(config).from_dict(data)
 
 

@@ -35,5 +35,7 @@ def test_maverick_proves_the_q_k_norms_its_config_turns_off(tmp_path):
 
 def test_a_dropped_hasattr_branch_refuses_the_conversion(tmp_path, monkeypatch):
     monkeypatch.setattr(qk_norm_variants, "_built_under", lambda test, cls: None)
-    with pytest.raises(HfrewriteError, match=r"the forward's `hasattr\(self, .qk_norm.\)` branch was never traced"):
+    with pytest.raises(
+        HfrewriteError, match=r"the forward's `hasattr\(self, .qk_norm.\)` branch was never traced"
+    ):
         generate(resolve(str(_checkpoint_dir(tmp_path, "Llama-4-Maverick-17B-128E-Instruct"))))
