@@ -307,6 +307,19 @@ def forward_switches(
     return tuple(dict.fromkeys(out))
 
 
+def asks_own_attribute(node: ast.AST) -> bool:
+    """``hasattr(self, ...)`` or ``getattr(self, ...)``: a test fixed only once ``__init__``
+    has built the module's parts (Llama-4's ``hasattr(self, "qk_norm")``)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("hasattr", "getattr")
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == "self"
+    )
+
+
 def forward_switches_of_layers(model: nn.Module, base: nn.Module, layers, *plans) -> tuple:
     """``forward_switches`` with the first layer, less the tests whose value differs between
     the traced ``layers`` (Llama-4's ``layer_idx in config.moe_layers``): each layer took its

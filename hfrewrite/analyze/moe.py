@@ -100,46 +100,44 @@ def analyze_moe(traced: Traced, path: str, activation: str, config) -> MoePlan |
     plan = _stacked_plan(traced, path, call, facts, activations[0], bool(biases))
     if isinstance(plan, NoMatch):
         return plan
-    # its __init__'s switches, on the config or on attributes set from it (LFM2-MoE's
-    # `if self.use_expert_bias:` building its correction bias)
-    assigned = init_assignments(type(block))
-    plan = dataclasses.replace(
-        plan, init_switches=init_switches(block, config, lambda test: with_config_attrs(test, assigned))
-    )
+    plan = dataclasses.replace(plan, init_switches=_block_switches(block, config))
     return _replayed(block, plan, experts_mod, value(root(hidden)), activations, activation)
+
+
+def _block_switches(block: nn.Module, config) -> tuple[tuple[str, bool], ...]:
+    """The block's ``__init__`` switches, on the config or on attributes set from it
+    (LFM2-MoE's ``if self.use_expert_bias:`` building its correction bias)."""
+    assigned = init_assignments(type(block))
+    return init_switches(block, config, lambda test: with_config_attrs(test, assigned))
 
 
 def _input_weighted(traced: Traced, path: str, call: Node, activation: str, config) -> MoePlan | NoMatch:
     """A block calling its experts on every token's weighted input (analyze/input_weighted_moe.py),
-    replayed with each scoring vLLM routes by."""
+    replayed with each scoring vLLM routes by: the first that reproduces the block."""
     block = traced.module.get_submodule(path)
-    found = input_weighted_plan(traced, path, call, activation or "silu", config)
+    activation = activation or "silu"
+    if activation not in MOE_ACTIVATIONS:
+        return NoMatch(
+            PATTERN, type(block).__name__, f"vLLM's fused MoE has no {activation!r} activation here"
+        )
+    found = input_weighted_plan(traced, path, call, activation, config)
     if isinstance(found, NoMatch):
         return found
     plan, hidden = found
     output_index = returned_index(block, traced, path, value(hidden))
     if isinstance(output_index, str):
         return NoMatch(PATTERN, plan.module_class, output_index)
-    assigned = init_assignments(type(block))
-    plan = dataclasses.replace(
-        plan,
-        output_index=output_index,
-        init_switches=init_switches(block, config, lambda test: with_config_attrs(test, assigned)),
-    )
-    if (activation or "silu") not in MOE_ACTIVATIONS:
-        return NoMatch(PATTERN, plan.module_class, f"vLLM's fused MoE has no {activation!r} activation here")
-    replays = [
-        _replayed(
-            block,
-            dataclasses.replace(plan, scoring=s),
-            traced.submodule(call),
-            value(hidden),
-            [activation or "silu"],
-            activation,
+    plan = dataclasses.replace(plan, output_index=output_index, init_switches=_block_switches(block, config))
+    experts, x = traced.submodule(call), value(hidden)
+    first = None
+    for scoring in (Scoring.SIGMOID, Scoring.SOFTMAX):
+        replayed = _replayed(
+            block, dataclasses.replace(plan, scoring=scoring), experts, x, [activation], activation
         )
-        for s in (Scoring.SIGMOID, Scoring.SOFTMAX)
-    ]
-    return next((r for r in replays if not isinstance(r, NoMatch)), replays[0])
+        if not isinstance(replayed, NoMatch):
+            return replayed
+        first = first or replayed
+    return first
 
 
 def _scaled_output(

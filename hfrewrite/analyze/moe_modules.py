@@ -175,16 +175,18 @@ def int_attr(module: nn.Module, size: int) -> str | None:
         if not name.startswith("_") and isinstance(v, int) and not isinstance(v, bool) and v == size
     ]
     assigned = init_assignments(type(module))
-    originals = [
-        name
-        for name in found
-        if not any(ast.dump(assigned.get(name, ast.Pass())) == _self_attr(other) for other in found)
-    ]
+    originals = [name for name in found if not _assigned_from_self(assigned.get(name), found)]
     return originals[0] if len(originals) == 1 else None
 
 
-def _self_attr(name: str) -> str:
-    return ast.dump(ast.parse(f"self.{name}", mode="eval").body)
+def _assigned_from_self(value: ast.expr | None, names: list[str]) -> bool:
+    """``value`` is ``self.<one of names>``."""
+    return (
+        isinstance(value, ast.Attribute)
+        and isinstance(value.value, ast.Name)
+        and value.value.id == "self"
+        and value.attr in names
+    )
 
 
 def flat_experts(block: nn.Module, router: str, num_experts: int) -> str | None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from hfrewrite.analyze.branches import config_branches, init_assignments, method_tree
+from hfrewrite.analyze.branches import asks_own_attribute, config_branches, init_assignments, method_tree
 from hfrewrite.analyze.plan import AttentionPlan, NoMatch, Refusal
 from hfrewrite.analyze.shrink import INVALID_FIELD
 
@@ -86,12 +86,9 @@ def _built_under(test: ast.expr, cls: type) -> str | None:
     config field read by the tests of ``cls.__init__`` under which it builds ``self.<attr>``
     (``if self.config.use_qk_norm and self.use_rope:``), else None."""
     if not (
-        isinstance(test, ast.Call)
-        and isinstance(test.func, ast.Name)
+        asks_own_attribute(test)
         and test.func.id == "hasattr"
         and len(test.args) == 2
-        and isinstance(test.args[0], ast.Name)
-        and test.args[0].id == "self"
         and isinstance(test.args[1], ast.Constant)
         and isinstance(test.args[1].value, str)
     ):

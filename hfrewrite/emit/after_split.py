@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.branches import asks_own_attribute
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gates import OutputGate
 from hfrewrite.analyze.plan import AttentionPlan
@@ -380,14 +381,6 @@ def untaken_guards(untaken: tuple[cst.BaseExpression, ...], cls: cst.ClassDef) -
 
 
 def reads_own_attribute(test: str) -> bool:
-    """A test of ``hasattr(self, ...)`` or ``getattr(self, ...)`` (Llama-4's
-    ``hasattr(self, "qk_norm")``): a guard at the top of ``__init__`` would decide nothing."""
-    return any(
-        isinstance(n, ast.Call)
-        and isinstance(n.func, ast.Name)
-        and n.func.id in ("hasattr", "getattr")
-        and n.args
-        and isinstance(n.args[0], ast.Name)
-        and n.args[0].id == "self"
-        for n in ast.walk(ast.parse(test, mode="eval"))
-    )
+    """A test asking the module for its own attribute (``hasattr(self, ...)``): a guard at the
+    top of ``__init__`` would decide nothing."""
+    return any(asks_own_attribute(n) for n in ast.walk(ast.parse(test, mode="eval")))
