@@ -30,7 +30,6 @@ from itertools import islice
 import torch
 import torch.nn as nn
 from transformers import Cohere2MoeConfig
-from transformers.activations import ACT2FN
 
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig, get_current_vllm_config
@@ -39,9 +38,14 @@ from vllm.distributed import (
     get_pp_group,
     get_tensor_model_parallel_world_size,
 )
+from vllm.model_executor.layers.activation import get_act_and_mul_fn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
-from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
@@ -113,7 +117,13 @@ class Cohere2MoeLayerNorm(nn.Module):
 
 
 class Cohere2MoeMLP(nn.Module):
-    def __init__(self, config: Cohere2MoeConfig, intermediate_size=None):
+    def __init__(
+        self,
+        config: Cohere2MoeConfig,
+        intermediate_size=None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.intermediate_size = (
@@ -121,13 +131,25 @@ class Cohere2MoeMLP(nn.Module):
             if intermediate_size is not None
             else config.intermediate_size
         )
-        self.gate_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(self.intermediate_size, self.hidden_size, bias=False)
-        self.act_fn = ACT2FN[config.hidden_act]
+        self.gate_up_proj = MergedColumnParallelLinear(
+            self.hidden_size,
+            [self.intermediate_size] * 2,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            self.intermediate_size,
+            self.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
+        self.act_fn = get_act_and_mul_fn(config.hidden_act)
 
     def forward(self, x):
-        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate_up, _ = self.gate_up_proj(x)
+        down_proj, _ = self.down_proj(self.act_fn(gate_up))
         return down_proj
 
 
@@ -318,7 +340,12 @@ class Cohere2MoeDecoderLayer(nn.Module):
             prefix=f"{prefix}.self_attn",
         )
         self.mlp = (
-            Cohere2MoeMLP(config, config.prefix_dense_intermediate_size)
+            Cohere2MoeMLP(
+                config,
+                config.prefix_dense_intermediate_size,
+                quant_config=quant_config,
+                prefix=f"{prefix}.mlp",
+            )
             if config.mlp_layer_types[layer_idx] == "dense"
             else Cohere2MoeSparseMoeBlock(
                 config, quant_config=quant_config, prefix=f"{prefix}.mlp"
@@ -437,7 +464,10 @@ class Cohere2MoeModel(nn.Module, EagleModelMixin):
 class Cohere2MoeForCausalLM(
     nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3, MixtureOfExperts
 ):
-    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
     # Hugging Face checkpoints keep the fused projections apart: each tensor is
     # loaded into its shard (weight_name: (param_name, shard_id)); per-expert and
     # stacked expert tensors go to the fused-MoE loader as they are.
@@ -446,6 +476,8 @@ class Cohere2MoeForCausalLM(
             ".q_proj": (".qkv_proj", "q"),
             ".k_proj": (".qkv_proj", "k"),
             ".v_proj": (".qkv_proj", "v"),
+            ".mlp.gate_proj": (".mlp.gate_up_proj", 0),
+            ".mlp.up_proj": (".mlp.gate_up_proj", 1),
         }
     )
     embedding_modules = {

@@ -171,6 +171,12 @@ def _shrink_dense_layers(config, small) -> None:
         _set(small, "moe_layers", [1])  # Llama-4's MoE layers by index: one dense layer, then MoE
     if getattr(config, "num_experts", 0) and (getattr(config, "num_dense_layers", 0) or 0) > 0:
         _set(small, "num_dense_layers", 1)  # LFM2-MoE's first dense layers: one, then MoE
+    kinds = getattr(config, "mlp_layer_types", None)
+    if isinstance(kinds, list) and set(kinds) == {"sparse"} and small.num_hidden_layers >= 2:
+        # transformers' per-layer MLP kinds are "dense" or "sparse"; a config of MoE layers
+        # only (Mellum's default) traces a dense first layer too
+        dense = ["dense"] + ["sparse"] * (small.num_hidden_layers - 1)
+        set_layer_kinds(config, small, "mlp_layer_types", dense)
 
 
 def _shrink_kv_sharing(config, small) -> None:

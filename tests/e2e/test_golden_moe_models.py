@@ -1,6 +1,6 @@
 """The MoE goldens, proved in real vLLM: qwen3_moe, mixtral, qwen2_moe, olmoe, glm4_moe, dots1,
 granitemoe(shared), flex_olmo, hunyuan_v1_moe, ernie4_5_moe, phimoe, dbrx, gpt_oss, minimax_m2,
-hy_v3, exaone_moe, aria_text, cohere2_moe, afmoe, laguna, granitemoe_swa.
+hy_v3, exaone_moe, aria_text, cohere2_moe, afmoe, laguna, granitemoe_swa, mellum.
 
 Tiny float32 checkpoints (8 experts, top-2, head_dim 32): greedy tokens equal Hugging Face's
 and vLLM native's, chosen-token logprobs within 1e-4. Checkpoints come in the Hub's
@@ -203,14 +203,17 @@ CASES: dict[str, tuple[str, dict]] = {
     # renames them when it loads), and two shared experts in one wider MLP added to every token.
     # cohere2_moe: a parallel attention + MoE block off one LayerNorm, a router whose softmax
     # runs over the top-k logits on one branch of its switch (its renormalising division sits
-    # on the sigmoid branch the file refuses), NoPE global layers with sliding windows
+    # on the sigmoid branch the file refuses), NoPE global layers with sliding windows, a
+    # dense first layer (prefix_dense_intermediate_size)
     "cohere2_moe-softmax-over-top-k-parallel-block": (
         "cohere2_moe",
         {
             "num_experts": 8,
             "num_experts_per_tok": 2,
             "sliding_window": 8,
-            "layer_types": ["sliding_attention", "full_attention"],
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
             "tie_word_embeddings": False,
         },
     ),
@@ -274,6 +277,20 @@ CASES: dict[str, tuple[str, dict]] = {
     "aria_text-transposed-renamed-shared": (
         "aria_text",
         {"moe_num_experts": 8, "moe_topk": 2, "intermediate_size": 64, "moe_num_shared_experts": 2},
+    ),
+    # mellum: a softmax router renormalised over the top-k, experts stacked in the fused 3-D
+    # layout in memory, a dense layer chosen by mlp_layer_types. vLLM serves it through its
+    # Transformers backend (TransformersMoEForCausalLM): that is the native run here.
+    "mellum-dense-first": (
+        "mellum",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "norm_topk_prob": True,
+        },
     ),
 }
 # vLLM 0.32's own olmoe.py ignores `clip_qkv` (it never clamps): there Hugging Face is the

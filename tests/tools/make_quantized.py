@@ -84,11 +84,12 @@ def llm_compressor(src: str, fmt: str, out: str, seed: int, ignore: list[str], r
         "ct-gptq": [quantize("W4A16", gptq=True)],
     }[fmt]
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=remote)
-    ids = random_ids(model.config.vocab_size, seed)
+    vocab = model.config.get_text_config().vocab_size  # a multimodal config's is its text part's
+    ids = random_ids(vocab, seed)
     data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * LENGTH] * SAMPLES})
     oneshot(
         model=model,
-        processor=stub_tokenizer(model.config.vocab_size),
+        processor=stub_tokenizer(vocab),
         dataset=data,
         recipe=recipe,
         num_calibration_samples=SAMPLES,
