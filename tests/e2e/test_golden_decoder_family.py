@@ -218,6 +218,15 @@ CASES |= {
         "qwen2",
         {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
     ),
+    # olmo2: norms after attention and MLP (no input norm), q/k norms over all heads
+    "olmo2-post-norms-qk-norm-all-heads": ("olmo2", {}),
+    # glm4: sandwich norms (after attention and after the MLP too), partial interleaved rope,
+    # the checkpoint's fused gate_up_proj
+    "glm4-sandwich-partial-rope": ("glm4", {**UNTIED}),
+    # seed_oss: qkv bias apart from the output projection's own switch
+    "seed_oss-qkv-bias": ("seed_oss", {"attention_bias": True}),
+    # ernie4_5: interleaved rope, biases under one switch
+    "ernie4_5-interleaved-rope": ("ernie4_5", {"use_bias": True}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
