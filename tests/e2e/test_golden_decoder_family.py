@@ -225,8 +225,9 @@ CASES |= {
     "glm4-sandwich-partial-rope": ("glm4", {**UNTIED}),
     # seed_oss: qkv bias apart from the output projection's own switch
     "seed_oss-qkv-bias": ("seed_oss", {"attention_bias": True}),
-    # ernie4_5: interleaved rope, biases under one switch
-    "ernie4_5-interleaved-rope": ("ernie4_5", {"use_bias": True}),
+    # ernie4_5: interleaved rope, tied; then with its biases switched on (use_bias)
+    "ernie4_5-interleaved-rope": ("ernie4_5", {}),
+    "ernie4_5-biases": ("ernie4_5", {"use_bias": True}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
@@ -263,6 +264,9 @@ NATIVE_DIFFERS = {
     # vLLM 0.32's gpt_neox.py does not match transformers 5.19 (tokens differ at step 0)
     "gpt_neox-per-head-qkv-parallel": "gpt_neox",
     "gpt_neox-sequential-residual": "gpt_neox",
+    # vLLM 0.32's ernie45.py is its llama.py without the o_proj bias: it never reads
+    # `use_bias` (the released ERNIE-4.5 configs have it off)
+    "ernie4_5-biases": "use_bias",
     # vLLM 0.32's bloom.py uses the erf gelu; transformers' BloomGelu is the tanh approximation
     # (logprobs 3e-4 to 6e-4 apart in float32; the generated file keeps the source's)
     "bloom-alibi-residual-inside": "erf gelu",
