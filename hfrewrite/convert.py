@@ -11,7 +11,7 @@ import libcst as cst
 import torch
 import transformers
 
-from hfrewrite.analyze.composite import composite_plan, text_part
+from hfrewrite.analyze.composite import composite_plan, text_causal_lm, text_part
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.analyze.shrink import shrink_config
@@ -118,7 +118,7 @@ def _plan(resolved):
 def _composite(resolved, text):
     """(resolved, plan) of the text model nested in a multimodal config: its own modeling
     source analysed, and where the multimodal checkpoint keeps it (analyze/composite.py)."""
-    text_lm = transformers.AutoModelForCausalLM._model_mapping[type(text)]
+    text_lm = text_causal_lm(text)
     source = Path(sys.modules[text_lm.__module__].__file__)
     resolved = dataclasses.replace(resolved, modeling_path=source, modeling_module=text_lm.__module__)
     with step("building and tracing a shrunk copy of the text model, proving replacements"):

@@ -24,6 +24,8 @@ memory and as ``save_pretrained`` writes it (analyze/composite.py).
 
 from __future__ import annotations
 
+import json
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -61,7 +63,7 @@ class _CompositeTie(cst.CSTTransformer):
 
 def _subclass(architecture: str, text_lm: str, prefixes) -> cst.ClassDef:
     entries = "".join(
-        f'            "{old}": {"None" if new is None else repr(new).replace(chr(39), chr(34))},\n'
+        f"            {json.dumps(old)}: {'None' if new is None else json.dumps(new)},\n"
         for old, new in prefixes
     )
     return t.stmt(

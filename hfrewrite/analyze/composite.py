@@ -39,6 +39,11 @@ def text_part(config) -> transformers.PretrainedConfig | None:
     return text if type(text) in transformers.AutoModelForCausalLM._model_mapping else None
 
 
+def text_causal_lm(text) -> type[nn.Module]:
+    """transformers' causal LM class of a text config ``text_part`` returned."""
+    return transformers.AutoModelForCausalLM._model_mapping[type(text)]
+
+
 def composite_class(config) -> type[nn.Module]:
     """The multimodal class of a composite ``config`` (image-text-to-text, else causal LM)."""
     for auto in (transformers.AutoModelForImageTextToText, transformers.AutoModelForCausalLM):
@@ -64,7 +69,7 @@ def composite_plan(config, small_text) -> CompositePlan | NoMatch:
     """The checkpoint layout of ``config``'s multimodal class, its text part ``small_text``:
     built untied, so that its lm_head is saved under a name of its own."""
     cls = composite_class(config)
-    text_lm = transformers.AutoModelForCausalLM._model_mapping[type(small_text)](small_text)
+    text_lm = text_causal_lm(small_text)(small_text)
     embed = text_lm.get_input_embeddings()
     base_class = type(text_lm.get_submodule(_path_of(text_lm, embed).rpartition(".")[0]))
     tie = _tie_flag(cls, config, small_text)
