@@ -396,6 +396,15 @@ class GotOcr2ForConditionalGeneration(Qwen2ForCausalLM):
         }
     )
 
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        # a quantized checkpoint's config names the modules it left unquantized as the
+        # checkpoint does: renamed to this model's, or they would be built quantized
+        if vllm_config.quant_config is not None:
+            vllm_config.quant_config.apply_vllm_mapper(
+                self.text_model_names.get_rename_mapper()
+            )
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         renamed = (
             (self.text_model_names.map_name(name), tensor) for name, tensor in weights

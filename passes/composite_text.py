@@ -7,7 +7,8 @@ classes are the text model's.
 Emits: those classes reading ``hf_text_config`` (vLLM's text part of the checkpoint's config;
 the config itself for a text-only checkpoint), and the checkpoint's architecture as a
 subclass of the causal LM whose ``load_weights`` renames the checkpoint's text tensors to the
-causal LM's names and skips the rest. Where the multimodal config's own
+causal LM's names and skips the rest, and whose ``__init__`` renames the names a quantized
+checkpoint's config gives its unquantized modules the same way. Where the multimodal config's own
 ``tie_word_embeddings`` ties the lm_head (Gemma-3's), the file reads that one::
 
     class Llama4ForConditionalGeneration(Llama4ForCausalLM):
@@ -75,6 +76,12 @@ def _subclass(architecture: str, text_lm: str, prefixes) -> cst.ClassDef:
         f"{entries}"
         "        }\n"
         "    )\n\n"
+        '    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:\n'
+        "        # a quantized checkpoint's config names the modules it left unquantized as the\n"
+        "        # checkpoint does: renamed to this model's, or they would be built quantized\n"
+        "        if vllm_config.quant_config is not None:\n"
+        "            vllm_config.quant_config.apply_vllm_mapper(self.text_model_names.get_rename_mapper())\n"
+        "        super().__init__(vllm_config=vllm_config, prefix=prefix)\n\n"
         "    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:\n"
         "        renamed = ((self.text_model_names.map_name(name), tensor) for name, tensor in weights)\n"
         "        return super().load_weights((name, tensor) for name, tensor in renamed if name is not None)\n"
