@@ -39,6 +39,9 @@ class Generated:
     sibling_configs: tuple[tuple[str, object], ...] = ()
     # Hub custom code analysed under another transformers release (isolate.analysis)
     isolated: object = None
+    # the dtype vLLM runs the file in when validating it: bfloat16 where a layer of vLLM's
+    # computes in no other on CPU (its gated delta net's kernel)
+    vllm_dtype: str = "float32"
 
 
 def generate(resolved) -> Generated:
@@ -91,6 +94,7 @@ def generate(resolved) -> Generated:
         declined=result.declined,
         sibling_configs=plan.sibling_configs,
         isolated=resolved.isolated,
+        vllm_dtype=plan.mixer.vllm_dtype if plan.mixer is not None else "float32",
     )
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.mixer_plans import Mamba2Plan, MixerPlan, ShortConvPlan
+from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba2Plan, MixerPlan, ShortConvPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.errors import HfrewriteError
@@ -96,6 +96,35 @@ def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
     return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
 """
 
+_GDN_STATE = """\
+@classmethod
+def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+    return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
+        vllm_config.model_config.dtype,
+        vllm_config.cache_config.mamba_cache_dtype,
+        vllm_config.cache_config.mamba_ssm_cache_dtype,
+    )
+
+@classmethod
+def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+    # Each gated delta net's convolution window over q, k and v, and its recurrent
+    # state per value head, sharded over tensor-parallel ranks.
+    config = vllm_config.model_config.hf_text_config
+    return MambaStateShapeCalculator.gated_delta_net_state_shape(
+        vllm_config.parallel_config.tensor_parallel_size,
+        config.linear_num_key_heads,
+        config.linear_num_value_heads,
+        config.linear_key_head_dim,
+        config.linear_value_head_dim,
+        config.linear_conv_kernel_dim,
+        vllm_config.num_speculative_tokens,
+    )
+
+@classmethod
+def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+    return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+"""
+
 _STATE_IMPORTS = (
     "MambaStateCopyFunc",
     "MambaStateCopyFuncCalculator",
@@ -121,6 +150,13 @@ class _Row:
     imports: tuple[str, ...]
     # plan -> (condition, why) the config must meet, checked before the layer is built
     checks: Callable[[MixerPlan], tuple[tuple[str, str], ...]] = lambda plan: ()
+    # (attr) -> the arguments after the kind's own: vLLM's layers built from parts take
+    # the configs apart; a gated delta net takes the whole vLLM config
+    shared: Callable[[str], str] = lambda attr: (
+        "model_config=get_current_vllm_config().model_config,\n"
+        "cache_config=cache_config,\nquant_config=quant_config,\n"
+        f'prefix=f"{{prefix}}.{attr}",\n'
+    )
 
 
 def _short_conv_arguments(plan: ShortConvPlan, module: cst.Module) -> str:
@@ -140,12 +176,26 @@ def _mamba2_state(plan: Mamba2Plan, module: cst.Module) -> str:
     return _MAMBA2_STATE.format(**dict(plan.args))
 
 
+def _gdn_shared(attr: str) -> str:
+    # the checkpoint keeps q, k, v and z apart (Qwen3.5's layout): not interleaved per key head
+    return f'vllm_config=get_current_vllm_config(),\nprefix=f"{{prefix}}.{attr}",\ngqa_interleaved_layout=False,\n'
+
+
 ROWS: dict[type, _Row] = {
     ShortConvPlan: _Row(
         "ShortConv", _short_conv_arguments, _short_conv_state, True, ("ShortConv", "extract_layer_index")
     ),
     Mamba2Plan: _Row(
         "MambaMixer2", _mamba2_arguments, _mamba2_state, False, ("MambaMixer2",), lambda plan: plan.fixed
+    ),
+    GatedDeltaNetPlan: _Row(
+        "QwenGatedDeltaNetAttention",
+        lambda plan, module: "config,\n",
+        lambda plan, module: _GDN_STATE,
+        False,
+        ("QwenGatedDeltaNetAttention",),
+        lambda plan: plan.fixed,
+        _gdn_shared,
     ),
 }
 
@@ -219,11 +269,7 @@ class _BuildMixer(cst.CSTTransformer):
         ):
             return updated
         self.built += 1
-        shared = (
-            "model_config=get_current_vllm_config().model_config,\n"
-            "cache_config=cache_config,\nquant_config=quant_config,\n"
-            f'prefix=f"{{prefix}}.{self.mixer.attr}",\n'
-        )
+        shared = self.row.shared(self.mixer.attr)
         lines = "".join(f"    {line}\n" for line in (self.arguments + shared).splitlines())
         built = t.stmt(f"self.{self.mixer.attr} = {self.row.vllm_class}(\n{lines})\n")
         checks = [_fixed_check(*fixed) for fixed in self.row.checks(self.mixer)]

@@ -318,6 +318,9 @@ def _stacked_shards(module: cst.Module, plan) -> dict[str, list[_Shard]]:
             for site in sites
             for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
         ]
+    # a hybrid's mixer whose vLLM layer fuses projections the checkpoint keeps apart
+    for fused, projection, shard in getattr(plan.mixer, "stacked_shards", ()):
+        stacks.setdefault(fused, []).append(_Shard(projection, f".{projection}", shard))
     return stacks
 
 

@@ -414,6 +414,12 @@ def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
         expanded_from(t, 1, k.out_features // head_dim) for t in (kv, vv)
     ):  # k and v given expanded to every query head (Falcon-40B's broadcast_to): proven
         kv_heads = k.out_features // head_dim
+    if q.out_features == 2 * heads * head_dim and k.out_features == kv_heads * head_dim:
+        refuse(  # Qwen3-Next's and Qwen3.5's gated attention
+            "fuse_qkv",
+            f"{q.attr} projects 2 x {heads} heads x {head_dim}, its attention reading half: a query "
+            "packed with a second per-head tensor (an output gate), which the rewrite does not take apart",
+        )
     if q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim:
         refuse("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
     if heads % kv_heads:

@@ -19,6 +19,8 @@ class ShortConvPlan:
     layer_test: str = ""
     attention_when: bool = True
 
+    vllm_dtype = "float32"  # what vLLM's CPU kernel of it computes in, for validation
+
     @property
     def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
         return ()  # ShortConv's parts load under the checkpoint's names
@@ -39,6 +41,8 @@ class Mamba2Plan:
     layer_test: str = ""
     attention_when: bool = True
 
+    vllm_dtype = "float32"
+
     def arg(self, name: str) -> str:
         return dict(self.args)[name]
 
@@ -48,4 +52,32 @@ class Mamba2Plan:
         return ((f".{self.attr}.A_log", f".{self.attr}.A"),)
 
 
-MixerPlan = ShortConvPlan | Mamba2Plan
+@dataclass(frozen=True)
+class GatedDeltaNetPlan:
+    """A gated delta net proven to compute vLLM's ``QwenGatedDeltaNetAttention``
+    (analyze/gated_delta_net.py), its projections kept apart in the checkpoint."""
+
+    module_class: str  # the source's block class, e.g. "Qwen3_5GatedDeltaNet"
+    attr: str  # the decoder layer's child holding it, e.g. "linear_attn"
+    fixed: tuple[tuple[str, str], ...] = ()  # as Mamba2Plan's: silu where vLLM applies it
+    layer_test: str = ""
+    attention_when: bool = True
+    # vLLM's CPU kernel of gated delta nets asserts bfloat16 inputs (ops/cpu/gdn_attention.py)
+    vllm_dtype = "bfloat16"
+
+    @property
+    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    @property
+    def stacked_shards(self) -> tuple[tuple[str, str, str], ...]:
+        """(vLLM's fused projection, the checkpoint's projection, its shard id as code)."""
+        return (
+            ("in_proj_qkvz", "in_proj_qkv", "(0, 1, 2)"),
+            ("in_proj_qkvz", "in_proj_z", "3"),
+            ("in_proj_ba", "in_proj_b", "0"),
+            ("in_proj_ba", "in_proj_a", "1"),
+        )
+
+
+MixerPlan = ShortConvPlan | Mamba2Plan | GatedDeltaNetPlan

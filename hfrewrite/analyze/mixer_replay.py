@@ -16,7 +16,7 @@ def replay_difference(
     ``formula`` on one random input [2, tokens, width]; None where the block does not run
     on its hidden states alone or returns another shape."""
     generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(2, tokens, width, generator=generator, dtype=module.in_proj.weight.dtype)
+    hidden = torch.randn(2, tokens, width, generator=generator, dtype=next(module.parameters()).dtype)
     with torch.no_grad():
         try:
             got = module(hidden)

@@ -11,6 +11,7 @@ import dataclasses
 from torch import nn
 
 from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.gated_delta_net import NOT_A_GDN, analyze_gated_delta_net
 from hfrewrite.analyze.mamba2 import NOT_A_MAMBA2, analyze_mamba2
 from hfrewrite.analyze.mixer_plans import MixerPlan
 from hfrewrite.analyze.plan import NoMatch, Refusal
@@ -19,6 +20,7 @@ from hfrewrite.analyze.short_conv import NOT_A_CONV, analyze_short_conv
 ROWS = (
     (analyze_short_conv, NOT_A_CONV),
     (analyze_mamba2, NOT_A_MAMBA2),
+    (analyze_gated_delta_net, NOT_A_GDN),
 )
 
 

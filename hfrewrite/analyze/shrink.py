@@ -30,8 +30,9 @@ _OTHER_SIZES = {
     "num_experts_per_tok": 2,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
-    "linear_key_head_dim": 32,
-    "linear_value_head_dim": 32,
+    # vLLM's CPU kernel of gated delta nets takes heads of 64 or more (not 32)
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
     # dbrx keeps these in its attn_config / ffn_config sub-configs
     "ffn_hidden_size": 64,
     "moe_num_experts": 4,

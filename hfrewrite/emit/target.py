@@ -41,6 +41,7 @@ VLLM: dict[str, str] = {
     "MambaStateDtypeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaStateShapeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaMixer2": "vllm.model_executor.layers.mamba.mamba_mixer2",
+    "QwenGatedDeltaNetAttention": "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
     "ShortConv": "vllm.model_executor.layers.mamba.short_conv",
     "HasInnerState": "vllm.model_executor.models.interfaces",
     "IsHybrid": "vllm.model_executor.models.interfaces",

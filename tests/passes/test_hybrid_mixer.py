@@ -1,4 +1,5 @@
-"""hybrid_mixer: a hybrid model's short-convolution layers as vLLM's ShortConv."""
+"""hybrid_mixer: a hybrid model's other mixers as vLLM's ShortConv, MambaMixer2 and
+QwenGatedDeltaNetAttention."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import pytest
 from hfrewrite.passes import hybrid_mixer
 
-from hfrewrite.analyze.plan import Mamba2Plan, ShortConvPlan
+from hfrewrite.analyze.plan import GatedDeltaNetPlan, Mamba2Plan, ShortConvPlan
 from hfrewrite.errors import HfrewriteError
 from tests.passes.harness import apply, assert_rewrites
 from tests.passes.plans import llama_like
@@ -256,6 +257,39 @@ def test_a_mamba2_block_becomes_mambamixer2_built_from_its_proven_expressions():
     was proven with, and its state classmethods read the same expressions."""
     plan = dataclasses.replace(llama_like(), mixer=MAMBA2)
     assert_rewrites(hybrid_mixer, MAMBA2_BEFORE, MAMBA2_AFTER, plan)
+
+
+GDN = GatedDeltaNetPlan(
+    module_class="LlamaMamba",
+    attr="mamba",
+    fixed=(('config.hidden_act in ("silu", "swish")', "silu"),),
+    layer_test='self.block_type == "linear_attention"',
+    attention_when=False,
+)
+
+
+def test_a_gated_delta_net_becomes_vllms_built_from_the_whole_config():
+    """vLLM's gated delta net reads its sizes off the config and takes the vLLM config whole;
+    the checkpoint's q, k, v and z are not interleaved per key head; its state classmethods
+    read the text config's linear-attention sizes."""
+    plan = dataclasses.replace(llama_like(), mixer=GDN)
+    out = apply(hybrid_mixer, MAMBA2_BEFORE, plan).module.code
+    built = """\
+            if config.hidden_act not in ('silu', 'swish'):
+                raise ValueError('hfrewrite: this file needs config.hidden_act in ("silu", "swish"): silu')
+            self.mamba = QwenGatedDeltaNetAttention(
+                config,
+                vllm_config=get_current_vllm_config(),
+                prefix=f"{prefix}.mamba",
+                gqa_interleaved_layout=False,
+            )
+"""
+    assert built in out
+    assert "            hidden_states = self.mamba(hidden_states)\n" in out
+    assert "class LlamaForCausalLM(nn.Module, SupportsPP, HasInnerState, IsHybrid):" in out
+    assert "MambaStateShapeCalculator.gated_delta_net_state_shape(" in out
+    assert "config = vllm_config.model_config.hf_text_config\n" in out
+    assert "MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()" in out
 
 
 CARRIED_BEFORE = (

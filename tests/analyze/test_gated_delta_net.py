@@ -1,0 +1,96 @@
+"""analyze/gated_delta_net.py: a block is vLLM's QwenGatedDeltaNetAttention only when its
+formula replays it, and when the config attributes vLLM's class reads are the ones the
+block's own __init__ sizes it with."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from torch import nn
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+from hfrewrite.analyze.gated_delta_net import NOT_A_GDN, analyze_gated_delta_net
+from hfrewrite.analyze.mixers import analyze_mixer
+from hfrewrite.analyze.plan import GatedDeltaNetPlan, NoMatch
+
+SIZES = {
+    "hidden_size": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "full_attention"],
+}
+
+
+def _config(**changes) -> transformers.Qwen3_5TextConfig:
+    return transformers.Qwen3_5TextConfig(**{**SIZES, **changes})
+
+
+def _layer(block: nn.Module) -> nn.Module:
+    layer = nn.Module()
+    layer.linear_attn = block
+    return layer
+
+
+def _block(config=None) -> nn.Module:
+    torch.manual_seed(0)
+    block = Qwen3_5GatedDeltaNet(config or _config(), layer_idx=0)
+    with torch.no_grad():  # past the init's ones, so that a mixed-up dt_bias or norm shows
+        for param in (block.dt_bias, block.norm.weight):
+            param.normal_(1.0, 0.3)
+    return block
+
+
+def test_qwen35s_gated_delta_net_is_vllms():
+    plan = analyze_gated_delta_net(_layer(_block()), "linear_attn", _config())
+    assert isinstance(plan, GatedDeltaNetPlan), plan
+    assert (plan.module_class, plan.attr, plan.vllm_dtype) == (
+        "Qwen3_5GatedDeltaNet",
+        "linear_attn",
+        "bfloat16",
+    )
+    assert [condition for condition, _ in plan.fixed] == [
+        'config.hidden_act in ("silu", "swish")',
+        'getattr(config, "output_gate_type", "silu") in ("silu", "swish")',
+    ]
+    # the checkpoint's four projections load into vLLM's two fused ones
+    assert plan.stacked_shards == (
+        ("in_proj_qkvz", "in_proj_qkv", "(0, 1, 2)"),
+        ("in_proj_qkvz", "in_proj_z", "3"),
+        ("in_proj_ba", "in_proj_b", "0"),
+        ("in_proj_ba", "in_proj_a", "1"),
+    )
+    assert isinstance(analyze_mixer(_layer(_block()), "linear_attn", _config()), GatedDeltaNetPlan)
+
+
+def test_a_block_computing_otherwise_is_refused_by_the_replay():
+    block = _block()
+    block.norm.activation = "sigmoid"  # its gate is not the silu vLLM's layer applies
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", _config())
+    assert isinstance(plan, NoMatch) and plan.reason.startswith("replaying vLLM's gated delta net differs by")
+
+
+def test_key_heads_vllm_would_read_otherwise_are_refused():
+    # the block was built with 2 key heads of 16; a config saying 4 of 8 sizes the same
+    # width, and vLLM's layer, reading it, would group the value heads otherwise
+    config = _config()
+    block = _block(config)
+    config.linear_num_key_heads, config.linear_key_head_dim = 4, 8
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
+    assert isinstance(plan, NoMatch) and "replaying vLLM's gated delta net differs" in plan.reason, plan
+
+
+def test_a_config_its_block_was_not_built_from_is_refused():
+    config = _config()
+    block = _block(config)
+    config.linear_value_head_dim = 16
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
+    assert isinstance(plan, NoMatch) and "config.linear_value_head_dim is 16" in plan.reason, plan
+
+
+def test_other_blocks_are_no_gated_delta_net():
+    layer = nn.Module()
+    layer.linear_attn = nn.Linear(4, 4)
+    assert analyze_gated_delta_net(layer, "linear_attn", _config()).reason == NOT_A_GDN
