@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import libcst as cst
 import torch
 import transformers
 
-from hfrewrite.analyze.composite import composite_plan, text_causal_lm, text_part
+from hfrewrite.analyze.composite import composite_plan, text_causal_lm, text_part, with_text
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import NoMatch
 from hfrewrite.analyze.shrink import shrink_config
@@ -40,8 +41,41 @@ class Generated:
     # Hub custom code analysed under another transformers release (isolate.analysis)
     isolated: object = None
     # the dtype vLLM runs the file in when validating it: bfloat16 where a layer of vLLM's
-    # computes in no other on CPU (its gated delta net's kernel)
+    # computes in no other on CPU (its gated delta net's kernel); then the layers' child
+    # holding that layer, and the sibling configs that build none (validated in float32)
     vllm_dtype: str = "float32"
+    state_layer: str = ""
+    float32_siblings: tuple[str, ...] = ()
+
+
+ATTENTION_EVERYWHERE = "the config with attention in every layer (vLLM in float32: no gated delta net built)"
+
+
+def reduced_precision(config, plan) -> dict:
+    """The sibling configs and, where vLLM computes a state layer of the file in bfloat16
+    only, that dtype, the layer, and a sibling config with attention in every layer, which
+    builds none and so validates in float32 (verify/state_layers.py)."""
+    mixer = plan.mixer
+    if mixer is None or mixer.vllm_dtype == "float32":
+        return {"sibling_configs": plan.sibling_configs}
+    siblings = plan.sibling_configs
+    if mixer.attention_layer_type:
+        siblings += ((ATTENTION_EVERYWHERE, with_layer_types(config, mixer.attention_layer_type)),)
+    return {
+        "sibling_configs": siblings,
+        "vllm_dtype": mixer.vllm_dtype,
+        "state_layer": mixer.attr,
+        "float32_siblings": (ATTENTION_EVERYWHERE,) if mixer.attention_layer_type else (),
+    }
+
+
+def with_layer_types(config, kind: str):
+    """A copy of ``config`` (of its text part, for a multimodal one) with ``kind`` in every
+    entry of its ``layer_types``."""
+    text = text_part(config)
+    target = copy.deepcopy(text if text is not None else config)
+    target.layer_types = [kind] * len(target.layer_types)
+    return with_text(config, target) if text is not None else target
 
 
 def generate(resolved) -> Generated:
@@ -92,9 +126,8 @@ def generate(resolved) -> Generated:
         text=text,
         fused=result.fused,
         declined=result.declined,
-        sibling_configs=plan.sibling_configs,
         isolated=resolved.isolated,
-        vllm_dtype=plan.mixer.vllm_dtype if plan.mixer is not None else "float32",
+        **reduced_precision(resolved.config, plan),
     )
 
 

@@ -102,12 +102,31 @@ class _QkvSizes(NamedTuple):
     head_size: str  # `head_size = ...` where the head size is derived, else ""
 
 
+def _without_packing(parts: tuple, name: str, q: str) -> tuple:
+    """The q projection's parts without the ``* 2`` of the tensor packed beside each head."""
+    size_in, heads, factor, bias = parts
+    if not (m.matches(factor, m.Integer("2")) and isinstance(heads, cst.BinaryOperation)):
+        raise HfrewriteError(f"{name}: {NAME}: self.{q} out size is not `heads * head_dim * 2`")
+    if not isinstance(heads.operator, cst.Multiply):
+        raise HfrewriteError(f"{name}: {NAME}: self.{q} out size is not `heads * head_dim * 2`")
+    return size_in, heads.left, heads.right, bias
+
+
 def _qkv_sizes(
-    init: cst.FunctionDef, body: list, where: dict, roles: tuple[str, str, str], counts, name: str
+    init: cst.FunctionDef,
+    body: list,
+    where: dict,
+    roles: tuple[str, str, str],
+    counts,
+    name: str,
+    packed: bool = False,
 ) -> _QkvSizes:
-    """The shared sizes of the three projections; refuses where they differ."""
+    """The shared sizes of the three projections; refuses where they differ (``packed``: q's
+    projection holds a second tensor per head, ``heads * head_dim * 2``)."""
     q, k, v = roles
     parts = {a: _linear_parts(body[where[a]], name, a) for a in roles}
+    if packed:
+        parts[q] = _without_packing(parts[q], name, q)
     head_size = ""  # the head size as the q projection's size over the proven head count
     if k == v or any(part[1] is None for part in parts.values()):
         if "head_size" in t.names_used(init):
@@ -133,11 +152,22 @@ def _qkv_sizes(
     return _QkvSizes(q_in, q_heads, k_heads, head_dim, q_bias, head_size)
 
 
+_PACKED_HEADS = """\
+# q's projection holds each head's q and output gate side by side: twice the heads,
+# so that each rank's shard keeps whole heads with their gates.
+"""
+
+
 def _fused_init(
-    init: cst.FunctionDef, body: list, where: dict, roles: tuple[str, str, str], sizes: _QkvSizes
+    init: cst.FunctionDef,
+    body: list,
+    where: dict,
+    roles: tuple[str, str, str],
+    sizes: _QkvSizes,
+    packed: bool = False,
 ) -> cst.FunctionDef:
     """``__init__`` with the three projections replaced, where the first stood, by the
-    head bookkeeping and one ``QKVParallelLinear``."""
+    head bookkeeping and one ``QKVParallelLinear`` (``packed``: q's part twice the heads)."""
     bias = t.code(sizes.bias) if sizes.bias is not None else "True"
     head_dim = t.code(sizes.head_dim)
     # vLLM's attention reads the head size as self.head_dim: bound from the source's own
@@ -153,10 +183,11 @@ def _fused_init(
         f"{head_dim_attr}"
         f"self.q_size = self.num_heads * {head_dim}\n"
         f"self.kv_size = self.num_kv_heads * {head_dim}\n"
+        f"{_PACKED_HEADS if packed else ''}"
         "self.qkv_proj = QKVParallelLinear(\n"
         f"    hidden_size={t.code(sizes.size_in)},\n"
         f"    head_size={head_dim},\n"
-        "    total_num_heads=self.total_num_heads,\n"
+        f"    total_num_heads=self.total_num_heads{' * 2' if packed else ''},\n"
         "    total_num_kv_heads=self.total_num_kv_heads,\n"
         f"    bias={bias},\n"
         "    quant_config=quant_config,\n"
@@ -171,9 +202,11 @@ def _fused_init(
     return t.with_body(init, [*before, *fused, *after_head_sharding(after)])
 
 
-def _split_forward(forward: cst.FunctionDef, roles: tuple[str, str, str], name: str) -> cst.FunctionDef:
+def _split_forward(
+    forward: cst.FunctionDef, roles: tuple[str, str, str], name: str, packed: bool = False
+) -> cst.FunctionDef:
     """``forward`` with the three calls replaced by ``q``, ``k``, ``v``, bound by the fused
-    call and its split just before the first of them."""
+    call and its split just before the first of them (``packed``: q twice its size)."""
     q, k, v = roles
     replacer = _ReplaceCalls({q: "q", k: "k", v: "v"})
     forward = free_qkv_names(forward, name)
@@ -193,7 +226,7 @@ def _split_forward(forward: cst.FunctionDef, roles: tuple[str, str, str], name: 
     first = replacer.in_order[0]
     split = t.stmts(
         f"qkv, _ = self.qkv_proj({first})\n"
-        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+        f"q, k, v = qkv.split([{'2 * ' if packed else ''}self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
     )
     fwd_body[first_use:first_use] = split
     return t.with_body(forward, fwd_body)
@@ -205,16 +238,18 @@ def rewrite_attention(
     k: str,
     v: str,
     counts: tuple[str | None, str | None] = (None, None),
+    packed: bool = False,
 ) -> cst.ClassDef:
     """``counts``: the expressions proven to hold the head and kv-head counts; ``k`` may be
     ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together, so
-    the head counts come from those expressions."""
+    the head counts come from those expressions; ``packed``: q's projection holds each head's
+    output gate beside it (the analysis proved it), loaded and split whole."""
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (q, k, v), NAME)
     forward = t.find_method(cls, "forward")
-    sizes = _qkv_sizes(init, body, where, (q, k, v), counts, name)
-    init = _fused_init(init, body, where, (q, k, v), sizes)
-    forward = _split_forward(forward, (q, k, v), name)
+    sizes = _qkv_sizes(init, body, where, (q, k, v), counts, name, packed)
+    init = _fused_init(init, body, where, (q, k, v), sizes, packed)
+    forward = _split_forward(forward, (q, k, v), name, packed)
     return t.set_method(t.set_method(cls, init), forward)
 
 
@@ -265,6 +300,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         att.k.attr,
         att.v.attr,
         _count_expressions(att),
+        packed=att.output_gate is not None and att.output_gate.packed,
     )
     module = sites.replace_class(module, att.module_class, cls)
     kv_layout = layout.report if layout is not None else ""

@@ -111,7 +111,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     mlp = ctx.plan.mlp
     att = ctx.plan.attention
     targets = [] if isinstance(att, MlaPlan) else [(att.module_class, att.o.attr, "RowParallelLinear")]
-    if not isinstance(att, MlaPlan) and att.output_gate is not None:  # sharded as the heads are
+    gate = None if isinstance(att, MlaPlan) else att.output_gate
+    if gate is not None and not gate.packed:  # sharded as the heads are (packed: in qkv_proj)
         targets.append((att.module_class, att.output_gate.attr, "ColumnParallelLinear"))
     moe = ctx.plan.moe
     shared = moe is not None and moe.shared_expert is not None

@@ -98,6 +98,8 @@ def _analyze(
     rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer)
     norms = _norms(traced, path, scope, args, proj.feeders, rope)
     qk_norm_over = _qk_norm_over(traced, path, norms, heads)
+    if heads.packed and proj.fused is not None:
+        refuse("fuse_qkv", f"{proj.q.attr} holds q, k and v with q twice the heads: no layout of q/k/v")
     if proj.fused is None:
         _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
     o_node, adds_residual = _output_projection(traced, path, scope, call)
@@ -323,6 +325,7 @@ def _prove_head_layouts(
             before_rope,
             qk_norm_over,
             role,
+            packed=heads.packed and role == "q",
         )
 
 
@@ -397,6 +400,7 @@ class _Heads(NamedTuple):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    packed: bool = False  # q's projection holds [heads, 2 * head_dim], q the first half of each
 
 
 def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
@@ -414,17 +418,14 @@ def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
         expanded_from(t, 1, k.out_features // head_dim) for t in (kv, vv)
     ):  # k and v given expanded to every query head (Falcon-40B's broadcast_to): proven
         kv_heads = k.out_features // head_dim
-    if q.out_features == 2 * heads * head_dim and k.out_features == kv_heads * head_dim:
-        refuse(  # Qwen3-Next's and Qwen3.5's gated attention
-            "fuse_qkv",
-            f"{q.attr} projects 2 x {heads} heads x {head_dim}, its attention reading half: a query "
-            "packed with a second per-head tensor (an output gate), which the rewrite does not take apart",
-        )
-    if q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim:
+    # q's projection twice the heads: q and another tensor per head (Qwen3-Next's output
+    # gate), proven by the head layout and the output gate's replay
+    packed = q.out_features == 2 * heads * head_dim and k.out_features == kv_heads * head_dim
+    if not packed and (q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim):
         refuse("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
     if heads % kv_heads:
         refuse("vllm_attention", f"{heads} heads not divisible by {kv_heads} kv heads")
-    return _Heads(heads, kv_heads, head_dim)
+    return _Heads(heads, kv_heads, head_dim, packed)
 
 
 def _head_norm(
@@ -476,9 +477,16 @@ def _output_path(
     """The output gate between the attention and its projection, or None; the rest of that
     path layout alone, and without a gate, the projection reading the heads as vLLM lays them."""
     qkv_linears = list({n: None for f in proj.feeders.values() for n in linears_feeding(f, scope, traced)})
+    packed_q = proj.feeders["q"] if heads.packed else None
     gate, on_output = output_gate(
-        traced, path, scope, call, o_node, qkv_linears, (heads.num_heads, heads.head_dim)
+        traced, path, scope, call, o_node, qkv_linears, (heads.num_heads, heads.head_dim), packed_q
     )
+    if heads.packed and (gate is None or not gate.packed):
+        refuse(
+            "fuse_qkv",
+            f"{proj.q.attr} projects 2 x {heads.num_heads} heads x {heads.head_dim}, its attention reading "
+            "half: the other half is no output gate the replay proves",
+        )
     only_layout(on_output, traced, "the attention output")
     if gate is None:
         prove_output_layout(call, o_node)

@@ -61,17 +61,21 @@ def prove_head_layout(
     norm: str | None,
     norm_over: str | None,
     role: str,
+    packed: bool = False,
 ) -> None:
     """The layout ops between a projection and its head-shaped value (the rope's input,
     or the attention's) are the split vLLM assumes: ``[b, s, heads * d]`` ->
     ``[b, heads, s, d]`` (or ``[b, s, heads, d]``, a rope's input), head after head (through the q/k norm, if any), checked on
-    the traced values: a transpose against head_dim has the same shape, not the values."""
+    the traced values: a transpose against head_dim has the same shape, not the values.
+    ``packed``: the projection holds ``[heads, 2 * d]``, the head the first half of each."""
     out, got = value(proj), value(head_shaped)
     if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 3):
         refuse(
             "vllm_attention",
             f"the {role} projection's output is not [batch, seq, features]",
         )
+    if packed:
+        out = out.reshape(*out.shape[:2], heads, 2 * head_dim)[..., :head_dim].reshape(*out.shape[:2], -1)
     layouts = []
     # the projection read [b, s, features], or [s, b, features] (TeleChat transposes first)
     for rows in (out, out.transpose(0, 1)):

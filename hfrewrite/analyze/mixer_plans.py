@@ -64,6 +64,9 @@ class GatedDeltaNetPlan:
     attention_when: bool = True
     # vLLM's CPU kernel of gated delta nets asserts bfloat16 inputs (ops/cpu/gdn_attention.py)
     vllm_dtype = "bfloat16"
+    # the config's layer_types entry of the attention layers: a config with it in every
+    # layer builds no gated delta net, and validates in float32 ("": none found)
+    attention_layer_type: str = ""
 
     @property
     def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:

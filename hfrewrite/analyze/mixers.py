@@ -105,3 +105,13 @@ def _self_calls(statements: list[ast.stmt]) -> set[str]:
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == "self"
     }
+
+
+def attention_layer_type(types: list, has_attention: list[bool]) -> str:
+    """The one entry of the config's ``layer_types`` that the traced layers with attention
+    have and the others have not ("" where there is no such entry)."""
+    kinds = {kind for kind, attends in zip(types, has_attention) if attends}
+    others = {kind for kind, attends in zip(types, has_attention) if not attends}
+    if len(kinds) != 1 or kinds & others or not isinstance(next(iter(kinds)), str):
+        return ""
+    return next(iter(kinds))

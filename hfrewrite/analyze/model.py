@@ -52,7 +52,7 @@ from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
-from hfrewrite.analyze.mixers import analyze_mixer, mixer_child, with_layer_test
+from hfrewrite.analyze.mixers import analyze_mixer, attention_layer_type, mixer_child, with_layer_test
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
@@ -281,6 +281,10 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     if mixer is not None:
         has_attention = [facts.attention is not None for facts in per_layer]
         mixer = with_layer_test(mixer, layout.layers, has_attention, per_layer[lead].decoder.attention_block)
+        if mixer.vllm_dtype != "float32":  # validated in float32 with attention in every layer
+            mixer = dataclasses.replace(
+                mixer, attention_layer_type=attention_layer_type(types, has_attention)
+            )
     counts = tuple(
         (f.attention.num_heads, f.attention.num_kv_heads)
         for f in attention_layers(per_layer)

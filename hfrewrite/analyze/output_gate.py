@@ -36,10 +36,12 @@ def output_gate(
     o_node: Node,
     qkv_linears: list[Node],
     heads: tuple[int, int],
+    packed_q: Node | None = None,
 ) -> tuple[OutputGate | None, list[Node]]:
     """The gate between the attention output and its projection (None without a product on
     that path), and the path's other nodes, for the caller's layout check; ``qkv_linears``:
-    the Linears q, k and v come from; ``heads``: (heads, head_dim)."""
+    the Linears q, k and v come from; ``heads``: (heads, head_dim); ``packed_q``: q's Linear
+    where it projects twice the heads (the gate may be the second half of each)."""
     on_path = path_nodes(o_node, call, scope)
     products = [n for n in on_path if _multiplies(n) and torch.is_tensor(value(n))]  # not sizes
     if not products:
@@ -48,13 +50,14 @@ def output_gate(
         refuse(_PASS, f"the attention output is multiplied {len(products)} times before its projection")
     product = products[0]
     operands = [a for a in product.all_input_nodes if a is not call and a not in on_path]
-    linear = _gate_linear(traced, scope, operands, qkv_linears)
+    linear = _gate_linear(traced, scope, operands, qkv_linears, packed_q)
     between = [*path_nodes(operands[0], linear, scope), operands[0]]
     if any(
         a not in (*between, linear) and torch.is_tensor(value(a)) for n in between for a in n.all_input_nodes
     ):
         refuse(_PASS, "the output gate reads a tensor besides its projection of the block's input")
-    activation, per_head = _replayed(traced, call, o_node, linear, heads)
+    packed = linear is packed_q
+    activation, per_head = _replayed(traced, call, o_node, linear, heads, packed)
     module = traced.submodule(linear)
     gate = OutputGate(
         attr=relative(linear.target, path),
@@ -64,15 +67,21 @@ def output_gate(
         activation=activation,
         per_head=per_head,
         upcast=any(_to_float32(n) for n in between),
+        packed=packed,
     )
     rest = [n for n in on_path if n is not product and torch.is_tensor(value(n))]
     return gate, rest
 
 
-def _gate_linear(traced: Traced, scope: set[Node], operands: list[Node], qkv_linears: list[Node]) -> Node:
-    """The one Linear the gate operand comes from: a projection of q's, k's and v's input."""
+def _gate_linear(
+    traced: Traced, scope: set[Node], operands: list[Node], qkv_linears: list[Node], packed_q: Node | None
+) -> Node:
+    """The one Linear the gate operand comes from: a projection of q's, k's and v's input
+    (q's own where it packs the gate beside q: ``packed_q``)."""
     found = linears_feeding(operands[0], scope, traced) if len(operands) == 1 else []
     reads = {n.args[0] for n in qkv_linears}
+    if len(found) == 1 and found[0] is packed_q is not None:
+        return found[0]
     if len(found) != 1 or found[0] in qkv_linears or found[0].args[0] not in reads:
         refuse(
             _PASS,
@@ -82,9 +91,10 @@ def _gate_linear(traced: Traced, scope: set[Node], operands: list[Node], qkv_lin
 
 
 def _replayed(
-    traced: Traced, call: Node, o_node: Node, linear: Node, heads: tuple[int, int]
+    traced: Traced, call: Node, o_node: Node, linear: Node, heads: tuple[int, int], packed: bool
 ) -> tuple[GateActivation, bool]:
-    """The row whose replay gives what the output projection read, and whether per head."""
+    """The row whose replay gives what the output projection read, and whether per head
+    (``packed``: the gate is the second half of each head of the projection)."""
     num_heads, head_dim = heads
     out = value(call)
     out = out[0] if isinstance(out, (tuple, list)) else out
@@ -92,7 +102,7 @@ def _replayed(
     module = traced.submodule(linear)
     if not (torch.is_tensor(out) and out.dim() == 4):
         refuse(_PASS, "the attention output is not [batch, seq, heads, head_dim]")
-    if module.out_features not in (num_heads, num_heads * head_dim):
+    if module.out_features not in (num_heads, num_heads * head_dim) and not packed:
         refuse(
             _PASS, f"the output gate has {module.out_features} lanes: neither one per head nor one per lane"
         )
@@ -101,6 +111,8 @@ def _replayed(
     by_head = out.reshape(batch, seq, num_heads, head_dim)
     with torch.no_grad():
         gate = F.linear(value(linear.args[0]), module.weight, module.bias)
+    if packed:  # [heads, q then gate]: the second half of each head
+        gate = gate.reshape(batch, seq, num_heads, 2 * head_dim)[..., head_dim:].reshape(batch, seq, -1)
     worst = float("inf")
     for row in GateActivation:
         scale = row.replay(gate)

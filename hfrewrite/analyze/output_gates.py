@@ -51,7 +51,12 @@ class OutputGate:
     activation: GateActivation
     per_head: bool  # one gate per head ([heads]), else one per lane ([heads * head_dim])
     upcast: bool  # the source computes the activation in float32 and casts back
+    # the gate is the second half of each head of q's own projection, [heads, 2 * head_dim]
+    # (Qwen3-Next's and Qwen3.5's): the fused q/k/v projection holds it, no Linear of its own
+    packed: bool = False
 
     def describe(self) -> str:
         where = "per head" if self.per_head else "per lane"
+        if self.packed:
+            return f"attention output x {self.activation.label}(gate), the gate packed per head beside q in {self.attr}"
         return f"attention output x {self.activation.label}({self.attr}(x)), {where}"

@@ -311,9 +311,20 @@ gate = self.{attr}(hidden_states)
 """
 
 
+_PACKED = """\
+# Each head's q and output gate side by side in the projection, as in the source.
+q, gate = q.view(*q.shape[:-1], -1, 2 * {head_dim}).chunk(2, dim=-1)
+q = q.reshape(*q.shape[:-2], -1)
+gate = gate.reshape(*gate.shape[:-2], -1)
+"""
+
+
 def gated_output(gate: OutputGate) -> str:
-    """The statements multiplying vLLM's attention output by the proven gate."""
+    """The statements multiplying vLLM's attention output by the proven gate (a gate packed
+    beside q is already taken apart from it: ``_PACKED``)."""
     code = _GATE.format(described=gate.describe(), attr=gate.attr)
+    if gate.packed:
+        code = code.splitlines(keepends=True)[0]
     if gate.upcast:  # as the source: the activation in float32, cast back
         act = gate.activation.expression.format(gate="gate.float()")
         code += f"gate = {act}.to(attn_output.dtype)\n"
@@ -331,7 +342,9 @@ def gated_output(gate: OutputGate) -> str:
 def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: str | None, name: str) -> str:
     """vLLM's forward after the kept projection: ``norms``, the rope, ``self.attn`` and the
     output projection; ``residual``: the parameter added to its output."""
-    tail = norms if att.qk_norm_order is QkNormOrder.BEFORE_ROPE else ""
+    packed = att.output_gate is not None and att.output_gate.packed
+    tail = _PACKED.format(head_dim=HEAD_DIM) if packed else ""
+    tail += norms if att.qk_norm_order is QkNormOrder.BEFORE_ROPE else ""
     tail += "".join(t.code(c) for c in source.carried)
     if source.rope_test is not None:
         tail += f"if {t.code(source.rope_test)}:  # layers without rope (NoPE), as in the source\n    "

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from hfrewrite.errors import HfrewriteError
-from hfrewrite.verify.compare import BF16_LOGPROB_TOL
 
 PROMPT_TEXTS = (
     "The capital of France is",
@@ -37,6 +36,7 @@ PROMPT_TEXTS = (
 )
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ENGINE_ALLOWANCE = 3 << 30  # two processes' runtimes, activations, a KV cache
+BF16_LOGPROB_TOL = 0.25  # measured 0.15 on a random tiny Llama (float32: 1e-5)
 
 
 def parameter_count(ckpt: Path) -> int:

@@ -118,6 +118,19 @@ def _tensor(x: Any, layer: bool) -> Any:
     return x if torch.is_tensor(x) and x.numel() else None
 
 
+def same_rows(want: Any, got: Any, tokens: int, layer: bool) -> tuple[Any, Any] | None:
+    """(vLLM's, Hugging Face's) outputs of one module as [tokens, features] rows, the rows
+    vLLM ran (a cached prefix it skipped left out); None where they cannot be lined up."""
+    b, a = _tensor(want, False), _tensor(got, layer)
+    if a is None or b is None or b.numel() % tokens or a.numel() % (b.numel() // tokens):
+        return None
+    b = b.reshape(tokens, -1)
+    a = a.reshape(-1, b.shape[1])
+    if a.shape[0] > tokens:
+        return None
+    return a, b[tokens - a.shape[0] :]
+
+
 def first_divergence(hf: dict[str, Any], layers: set[str], vllm: dict[str, Any], tokens: int) -> str:
     """A sentence naming the first module (in Hugging Face's order) whose output differs.
 
@@ -131,14 +144,10 @@ def first_divergence(hf: dict[str, Any], layers: set[str], vllm: dict[str, Any],
         parent = name.rpartition(".")[0]
         if name not in vllm or not (name in layers or parent in layers or parent in bases):
             continue
-        b, a = _tensor(want, False), _tensor(vllm[name], name in layers)
-        if a is None or b is None or b.numel() % tokens or a.numel() % (b.numel() // tokens):
+        rows = same_rows(want, vllm[name], tokens, name in layers)
+        if rows is None:
             continue
-        b = b.reshape(tokens, -1)
-        a = a.reshape(-1, b.shape[1])
-        if a.shape[0] > tokens:
-            continue
-        b = b[tokens - a.shape[0] :]
+        a, b = rows
         diff = (a - b).abs().max().item()
         if diff > TOLERANCE * max(1.0, b.abs().max().item()):
             where = f"first differs at {name} (max |diff| {diff:.1e}"
