@@ -21,7 +21,8 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	deepseek_v2 deepseek_v3 phimoe dbrx gpt_oss bloom mpt gpt_bigcode gpt2 gptj stablelm cwm \
 	minimax_m2 hy_v3 exaone4 exaone_moe biogpt codegen falcon gpt_neo ministral3 openai-gpt opt xglm \
 	aria_text cohere2_moe afmoe laguna axk1 granite_swa youtu ctrl llama4_text \
-	llama4 gemma3 got_ocr2 mellum olmo2 glm4 seed_oss ernie4_5
+	llama4 gemma3 got_ocr2 mellum olmo2 glm4 seed_oss ernie4_5 \
+	qwen3_5_text qwen3_5_moe_text qwen3_5 qwen3_5_moe qwen3_next
 # goldens converted from a config under golden/configs/ (golden/configs/README.md says why)
 GOLDEN_CONFIGS := lfm2 lfm2_moe bamba granitemoehybrid granitemoe_swa minicpm3
 

@@ -46,6 +46,7 @@ class Generated:
     vllm_dtype: str = "float32"
     state_layer: str = ""
     float32_siblings: tuple[str, ...] = ()
+    attention_layer_type: str = ""  # the layer_types entry of attention layers ("": none)
 
 
 ATTENTION_EVERYWHERE = "the config with attention in every layer (vLLM in float32: no gated delta net built)"
@@ -66,6 +67,7 @@ def reduced_precision(config, plan) -> dict:
         "vllm_dtype": mixer.vllm_dtype,
         "state_layer": mixer.attr,
         "float32_siblings": (ATTENTION_EVERYWHERE,) if mixer.attention_layer_type else (),
+        "attention_layer_type": mixer.attention_layer_type,
     }
 
 

@@ -2,8 +2,9 @@
 
 Matches the decoder layer when the analysis proved its other mixer one of vLLM's state-caching
 layers (``ModelPlan.mixer``): a gated short convolution (LFM2's ``Lfm2ShortConv``) as
-``ShortConv``, a Mamba-2 block (Bamba's ``BambaMixer``) as ``MambaMixer2``, each replayed
-against vLLM's formula; and the layer forward's own test choosing it (``self.is_attention_layer``,
+``ShortConv``, a Mamba-2 block (Bamba's ``BambaMixer``) as ``MambaMixer2``, a gated delta
+net (Qwen3.5's, Qwen3-Next's) as ``QwenGatedDeltaNetAttention``, each replayed against vLLM's
+formula; and the layer forward's own test choosing it (``self.is_attention_layer``,
 proven on every traced layer). Each kind is one row (``ROWS``): how vLLM builds it, how the
 layer calls it, and the classmethods vLLM sizes its state with.
 
@@ -15,7 +16,9 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   load_weights). ShortConv takes the config and the block's channels; MambaMixer2 takes
   the expressions of the config the analysis proved for each of its sizes, after checks that
   refuse the configs beyond that proof (``Mamba2Plan.fixed``: time steps vLLM would not
-  clamp, a convolution activation other than silu, more groups than the traced one);
+  clamp, a convolution activation other than silu, more groups than the traced one); the gated
+  delta net takes the config and the whole vLLM config, with the layout of its projections
+  (``gqa_interleaved_layout``), after checks of the silu it applies;
 * in its fused forward, the attention call under the source's test, and in the other branch
   the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
   carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
@@ -150,12 +153,12 @@ class _Row:
     imports: tuple[str, ...]
     # plan -> (condition, why) the config must meet, checked before the layer is built
     checks: Callable[[MixerPlan], tuple[tuple[str, str], ...]] = lambda plan: ()
-    # (attr) -> the arguments after the kind's own: vLLM's layers built from parts take
-    # the configs apart; a gated delta net takes the whole vLLM config
-    shared: Callable[[str], str] = lambda attr: (
+    # plan -> the arguments after the kind's own: vLLM's layers built from parts take the
+    # configs apart; a gated delta net takes the whole vLLM config
+    shared: Callable[[MixerPlan], str] = lambda plan: (
         "model_config=get_current_vllm_config().model_config,\n"
         "cache_config=cache_config,\nquant_config=quant_config,\n"
-        f'prefix=f"{{prefix}}.{attr}",\n'
+        f'prefix=f"{{prefix}}.{plan.attr}",\n'
     )
 
 
@@ -176,9 +179,16 @@ def _mamba2_state(plan: Mamba2Plan, module: cst.Module) -> str:
     return _MAMBA2_STATE.format(**dict(plan.args))
 
 
-def _gdn_shared(attr: str) -> str:
-    # the checkpoint keeps q, k, v and z apart (Qwen3.5's layout): not interleaved per key head
-    return f'vllm_config=get_current_vllm_config(),\nprefix=f"{{prefix}}.{attr}",\ngqa_interleaved_layout=False,\n'
+def _gdn_arguments(plan: GatedDeltaNetPlan, module: cst.Module) -> str:
+    return "config,\n"
+
+
+def _gdn_shared(plan: GatedDeltaNetPlan) -> str:
+    # Qwen3-Next's checkpoint interleaves q, k, v, z (and b, a) per key head; Qwen3.5's keeps them apart
+    return (
+        f'vllm_config=get_current_vllm_config(),\nprefix=f"{{prefix}}.{plan.attr}",\n'
+        f"gqa_interleaved_layout={plan.interleaved},\n"
+    )
 
 
 ROWS: dict[type, _Row] = {
@@ -190,7 +200,7 @@ ROWS: dict[type, _Row] = {
     ),
     GatedDeltaNetPlan: _Row(
         "QwenGatedDeltaNetAttention",
-        lambda plan, module: "config,\n",
+        _gdn_arguments,
         lambda plan, module: _GDN_STATE,
         False,
         ("QwenGatedDeltaNetAttention",),
@@ -269,7 +279,7 @@ class _BuildMixer(cst.CSTTransformer):
         ):
             return updated
         self.built += 1
-        shared = self.row.shared(self.mixer.attr)
+        shared = self.row.shared(self.mixer)
         lines = "".join(f"    {line}\n" for line in (self.arguments + shared).splitlines())
         built = t.stmt(f"self.{self.mixer.attr} = {self.row.vllm_class}(\n{lines})\n")
         checks = [_fixed_check(*fixed) for fixed in self.row.checks(self.mixer)]

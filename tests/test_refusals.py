@@ -14,10 +14,11 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        # Gated DeltaNet (linear attention): no softmax attention, no mixer hfrewrite proves.
+        # Kimi's delta attention (short convolutions per q, k and v, a per-channel decay): no
+        # softmax attention, no mixer hfrewrite proves.
         (
-            "qwen3_next",
-            "Qwen3NextGatedDeltaNet: vllm_attention: no softmax attention call, and the block is no mixer",
+            "kimi_linear",
+            "KimiLinearDeltaAttention: vllm_attention: no softmax attention call, and the block is no mixer",
         ),
         # GPT-NeoX-Japanese's attention (by hand, folded) returns its output projection's
         # bias apart, for the layer to add: the projection does not end the block.

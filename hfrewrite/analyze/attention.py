@@ -94,12 +94,10 @@ def _analyze(
     if (prescale := peel_q_prescale(traced, path, proj.feeders["q"])) is not None:  # (OPT)
         proj = proj._replace(feeders={**proj.feeders, "q": prescale[0]})
     args["q"], q_scale = peel_position_scale(traced, path, scope, args["q"], proj.feeders["q"])
-    heads = _heads(args, proj.q, proj.k)
+    heads = _heads(args, proj)
     rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer)
     norms = _norms(traced, path, scope, args, proj.feeders, rope)
     qk_norm_over = _qk_norm_over(traced, path, norms, heads)
-    if heads.packed and proj.fused is not None:
-        refuse("fuse_qkv", f"{proj.q.attr} holds q, k and v with q twice the heads: no layout of q/k/v")
     if proj.fused is None:
         _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
     o_node, adds_residual = _output_projection(traced, path, scope, call)
@@ -403,8 +401,9 @@ class _Heads(NamedTuple):
     packed: bool = False  # q's projection holds [heads, 2 * head_dim], q the first half of each
 
 
-def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
+def _heads(args: dict, proj: _Projections) -> _Heads:
     """(heads, kv heads, head_dim) from the [batch, heads, seq, head_dim] values."""
+    q, k = proj.q, proj.k
     qv, kv, vv = (value(args[role]) for role in "qkv")
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv)):
         refuse("vllm_attention", "q, k and v are not [batch, heads, seq, head_dim]")
@@ -421,6 +420,8 @@ def _heads(args: dict, q: LinearFact, k: LinearFact) -> _Heads:
     # q's projection twice the heads: q and another tensor per head (Qwen3-Next's output
     # gate), proven by the head layout and the output gate's replay
     packed = q.out_features == 2 * heads * head_dim and k.out_features == kv_heads * head_dim
+    if packed and proj.fused is not None:
+        refuse("fuse_qkv", f"{q.attr} holds q, k and v with q twice the heads: no layout of q/k/v")
     if not packed and (q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim):
         refuse("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
     if heads % kv_heads:

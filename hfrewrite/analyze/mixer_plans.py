@@ -55,10 +55,13 @@ class Mamba2Plan:
 @dataclass(frozen=True)
 class GatedDeltaNetPlan:
     """A gated delta net proven to compute vLLM's ``QwenGatedDeltaNetAttention``
-    (analyze/gated_delta_net.py), its projections kept apart in the checkpoint."""
+    (analyze/gated_delta_net.py)."""
 
     module_class: str  # the source's block class, e.g. "Qwen3_5GatedDeltaNet"
     attr: str  # the decoder layer's child holding it, e.g. "linear_attn"
+    # Qwen3-Next's in_proj_qkvz and in_proj_ba, interleaved per key head (vLLM's
+    # gqa_interleaved_layout), rather than Qwen3.5's four projections
+    interleaved: bool = False
     fixed: tuple[tuple[str, str], ...] = ()  # as Mamba2Plan's: silu where vLLM applies it
     layer_test: str = ""
     attention_when: bool = True
@@ -74,7 +77,10 @@ class GatedDeltaNetPlan:
 
     @property
     def stacked_shards(self) -> tuple[tuple[str, str, str], ...]:
-        """(vLLM's fused projection, the checkpoint's projection, its shard id as code)."""
+        """(vLLM's fused projection, the checkpoint's projection, its shard id as code);
+        none where the checkpoint's projections are vLLM's own (interleaved)."""
+        if self.interleaved:
+            return ()
         return (
             ("in_proj_qkvz", "in_proj_qkv", "(0, 1, 2)"),
             ("in_proj_qkvz", "in_proj_z", "3"),

@@ -107,6 +107,19 @@ def _self_calls(statements: list[ast.stmt]) -> set[str]:
     }
 
 
+def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module], lead: int, types: list):
+    """``plan`` (None: no other mixer) with the layer's own test choosing it, proven on the
+    traced layers (``per_layer``: their facts, ``lead`` the first with attention), and where
+    vLLM computes it in bfloat16 only, the ``layer_types`` entry of the attention layers."""
+    if plan is None:
+        return None
+    has_attention = [facts.attention is not None for facts in per_layer]
+    plan = with_layer_test(plan, layers, has_attention, per_layer[lead].decoder.attention_block)
+    if plan.vllm_dtype != "float32":  # validated in float32 with attention in every layer
+        plan = dataclasses.replace(plan, attention_layer_type=attention_layer_type(types, has_attention))
+    return plan
+
+
 def attention_layer_type(types: list, has_attention: list[bool]) -> str:
     """The one entry of the config's ``layer_types`` that the traced layers with attention
     have and the others have not ("" where there is no such entry)."""

@@ -52,7 +52,7 @@ from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
-from hfrewrite.analyze.mixers import analyze_mixer, attention_layer_type, mixer_child, with_layer_test
+from hfrewrite.analyze.mixers import analyze_mixer, layers_mixer, mixer_child
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
@@ -277,14 +277,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         decoder = dataclasses.replace(
             decoder, free_defaults=free_defaults(layout.layers[lead], args, kwargs, value(hidden))
         )
-    mixer = mixer_plan(per_layer)
-    if mixer is not None:
-        has_attention = [facts.attention is not None for facts in per_layer]
-        mixer = with_layer_test(mixer, layout.layers, has_attention, per_layer[lead].decoder.attention_block)
-        if mixer.vllm_dtype != "float32":  # validated in float32 with attention in every layer
-            mixer = dataclasses.replace(
-                mixer, attention_layer_type=attention_layer_type(types, has_attention)
-            )
+    mixer = layers_mixer(mixer_plan(per_layer), per_layer, layout.layers, lead, types)
     counts = tuple(
         (f.attention.num_heads, f.attention.num_kv_heads)
         for f in attention_layers(per_layer)

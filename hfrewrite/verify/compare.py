@@ -298,7 +298,7 @@ def verify_many(
                 "generated_module": str(case.generated_module),
             }
         )
-        nat = add({"kind": "vllm", **common, "generated_module": None}) if native else None
+        nat = add({"kind": "vllm", **common, **engine, "generated_module": None}) if native else None
         plan.append((case, arch, hf, gen, nat))
     if timeout is None:
         timeout = 120 + 30 * len(runs)  # measured: ~5 s per vLLM run, 2 busy cores

@@ -35,14 +35,21 @@ def _keep(output: Any) -> Any:
 
 
 def _hook(recorded: dict[str, Any], name: str):
-    """A forward hook keeping the module's first output under ``name``; it returns None,
-    which leaves the output as it is (a module shared by layers runs again)."""
+    """A forward hook keeping the module's first output under ``name`` and its first
+    input under ``input_key(name)``; it returns None, which leaves the output as it is (a
+    module shared by layers runs again)."""
 
-    def hook(_module, _args, output) -> None:
+    def hook(_module, args, output) -> None:
         if name not in recorded:
             recorded[name] = _keep(output)
+            recorded[input_key(name)] = _keep(args[0]) if args else None
 
     return hook
+
+
+def input_key(name: str) -> str:
+    """Where a recording keeps module ``name``'s first input."""
+    return f"{name}:input"
 
 
 def start_recording(model: Any) -> None:
@@ -141,6 +148,8 @@ def first_divergence(hf: dict[str, Any], layers: set[str], vllm: dict[str, Any],
     bases = {s.rpartition(".")[0] for s in stacks}  # "model"
     agreed = 0
     for name, want in hf.items():
+        if name.endswith(input_key("")):  # the modules' inputs: their outputs are compared
+            continue
         parent = name.rpartition(".")[0]
         if name not in vllm or not (name in layers or parent in layers or parent in bases):
             continue

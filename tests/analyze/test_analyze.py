@@ -139,8 +139,8 @@ def test_mixed_sliding_window_is_declined_not_fatal():
 
 def test_linear_attention_model_is_refused():
     with pytest.raises(HfrewriteError) as e:
-        plan_of("qwen3_next")
-    assert str(e.value) == ("qwen3_next: Qwen3NextGatedDeltaNet: vllm_attention: " + NO_MIXER_REASON)
+        plan_of("kimi_linear")
+    assert str(e.value) == ("kimi_linear: KimiLinearDeltaAttention: vllm_attention: " + NO_MIXER_REASON)
 
 
 def test_model_without_attention_and_mlp_blocks_is_refused():

@@ -94,3 +94,55 @@ def test_other_blocks_are_no_gated_delta_net():
     layer = nn.Module()
     layer.linear_attn = nn.Linear(4, 4)
     assert analyze_gated_delta_net(layer, "linear_attn", _config()).reason == NOT_A_GDN
+
+
+def test_qwen3_nexts_interleaved_projections_are_vllms_interleaved_layout():
+    """Qwen3-Next keeps q, k, v, z and b, a in two projections interleaved per key head: the
+    replay takes them apart as vLLM's gqa_interleaved_layout does; nothing to stack at load."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    config = transformers.Qwen3NextConfig(**SIZES)
+    torch.manual_seed(0)
+    block = Qwen3NextGatedDeltaNet(config, layer_idx=0)
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
+    assert isinstance(plan, GatedDeltaNetPlan) and plan.interleaved, plan
+    assert plan.stacked_shards == ()
+
+
+def test_interleaved_replay_differs_from_the_flat_reading():
+    """Read as Qwen3.5's flat layout (q, k, v, z one after another), Qwen3-Next's
+    interleaved projection gives another output: the layouts are told apart on values."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    from hfrewrite.analyze import gated_delta_net
+
+    config = transformers.Qwen3NextConfig(**SIZES)
+    torch.manual_seed(0)
+    block = Qwen3NextGatedDeltaNet(config, layer_idx=0)
+    sizes = {
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": config.linear_conv_kernel_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+    }
+    hidden = torch.randn(1, 5, 64)
+    with torch.no_grad():
+        want = block(hidden)
+        interleaved = gated_delta_net.reference(block, hidden, sizes, interleaved=True)
+        qkvz, ba = block.in_proj_qkvz, block.in_proj_ba
+        flat = nn.Module()
+        flat.in_proj_qkv = nn.Linear(64, 96, bias=False)  # q, k: 2 heads of 16; v: 4 of 8
+        flat.in_proj_z = nn.Linear(64, 32, bias=False)
+        flat.in_proj_b, flat.in_proj_a = nn.Linear(64, 4, bias=False), nn.Linear(64, 4, bias=False)
+        flat.in_proj_qkv.weight.copy_(qkvz.weight[:96])
+        flat.in_proj_z.weight.copy_(qkvz.weight[96:])
+        flat.in_proj_b.weight.copy_(ba.weight[:4])
+        flat.in_proj_a.weight.copy_(ba.weight[4:])
+        for part in ("conv1d", "norm", "out_proj"):
+            flat.add_module(part, block.get_submodule(part))
+        flat.A_log, flat.dt_bias = block.A_log, block.dt_bias
+        misread = gated_delta_net.reference(flat, hidden, sizes)
+    assert torch.allclose(want, interleaved, atol=1e-5)
+    assert not torch.allclose(want, misread, atol=1e-3)

@@ -8,6 +8,7 @@ in real vLLM against Hugging Face, on a shrunk copy of each released config.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -21,13 +22,23 @@ def validate_golden(model_type: str) -> dict:
     """The golden file of ``model_type`` validated on each released config of its type, all in
     one vLLM worker: {"type", "configs", "validated", "failed": ["config: problem"], "seconds"}."""
     from hfrewrite.config_matrix import load_configs
-    from hfrewrite.convert import Generated
+    from hfrewrite.convert import Generated, generate, with_layer_types
     from hfrewrite.resolve import resolve
     from hfrewrite.verify.validate import validate_each
 
     resolved = resolve(model_type)
     golden = Generated(f"{model_type}.py", (ROOT / "golden" / f"{model_type}.py").read_text(), (), ())
     configs = list(load_configs(CONFIGS / model_type, model_type))
+    made = generate(resolved)  # what convert knows of the file beyond its text: its vLLM dtype
+    if made.vllm_dtype != "float32":  # state layers in bfloat16 (verify/state_layers.py)
+        golden = dataclasses.replace(golden, vllm_dtype=made.vllm_dtype, state_layer=made.state_layer)
+        if made.attention_layer_type:  # and each config with attention in every layer, in float32
+            every = [
+                (f"{name} with attention in every layer", with_layer_types(config, made.attention_layer_type))
+                for name, config in configs
+            ]
+            golden = dataclasses.replace(golden, float32_siblings=tuple(name for name, _ in every))
+            configs += every
     start = time.perf_counter()
     outcomes = validate_each(resolved, golden, configs)
     failed = [f"{what}: {report.problems[0]}{where}" for what, report, where in outcomes if not report.ok]
