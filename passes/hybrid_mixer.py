@@ -69,10 +69,12 @@ def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
     return MambaStateCopyFuncCalculator.short_conv_state_copy_func()
 """
 
-_MAMBA2_STATE = """\
+# The state classmethods of a layer with a convolution and a recurrent state (Mamba-2, gated
+# delta nets): ``{kind}`` names vLLM's calculators, ``{shape}`` the shape's body.
+_RECURRENT_STATE = """\
 @classmethod
 def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
-    return MambaStateDtypeCalculator.mamba2_state_dtype(
+    return MambaStateDtypeCalculator.{kind}_state_dtype(
         vllm_config.model_config.dtype,
         vllm_config.cache_config.mamba_cache_dtype,
         vllm_config.cache_config.mamba_ssm_cache_dtype,
@@ -80,6 +82,13 @@ def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[tor
 
 @classmethod
 def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+{shape}
+@classmethod
+def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+    return MambaStateCopyFuncCalculator.{kind}_state_copy_func()
+"""
+
+_MAMBA2_SHAPE = """\
     # Each Mamba-2 layer's convolution window and recurrent state, sharded over
     # tensor-parallel ranks by heads and groups.
     config = vllm_config.model_config.hf_config
@@ -93,23 +102,9 @@ def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tup
         conv_kernel={conv_kernel_size},
         num_spec=vllm_config.num_speculative_tokens,
     )
-
-@classmethod
-def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
-    return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
 """
 
-_GDN_STATE = """\
-@classmethod
-def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
-    return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-        vllm_config.model_config.dtype,
-        vllm_config.cache_config.mamba_cache_dtype,
-        vllm_config.cache_config.mamba_ssm_cache_dtype,
-    )
-
-@classmethod
-def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+_GDN_SHAPE = """\
     # Each gated delta net's convolution window over q, k and v, and its recurrent
     # state per value head, sharded over tensor-parallel ranks.
     config = vllm_config.model_config.hf_text_config
@@ -122,10 +117,6 @@ def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tup
         config.linear_conv_kernel_dim,
         vllm_config.num_speculative_tokens,
     )
-
-@classmethod
-def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
-    return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 """
 
 _STATE_IMPORTS = (
@@ -176,7 +167,7 @@ def _mamba2_arguments(plan: Mamba2Plan, module: cst.Module) -> str:
 
 
 def _mamba2_state(plan: Mamba2Plan, module: cst.Module) -> str:
-    return _MAMBA2_STATE.format(**dict(plan.args))
+    return _RECURRENT_STATE.format(kind="mamba2", shape=_MAMBA2_SHAPE.format(**dict(plan.args)))
 
 
 def _gdn_arguments(plan: GatedDeltaNetPlan, module: cst.Module) -> str:
@@ -201,7 +192,7 @@ ROWS: dict[type, _Row] = {
     GatedDeltaNetPlan: _Row(
         "QwenGatedDeltaNetAttention",
         _gdn_arguments,
-        lambda plan, module: _GDN_STATE,
+        lambda plan, module: _RECURRENT_STATE.format(kind="gated_delta_net", shape=_GDN_SHAPE),
         False,
         ("QwenGatedDeltaNetAttention",),
         lambda plan: plan.fixed,

@@ -142,6 +142,7 @@ class _VllmWorker:
         generated_module: str | None = None,
         compile: bool = False,
         cache_root: str | None = None,
+        dtype: str = "float32",
     ) -> dict:
         if cache_root:  # vLLM reads its environment lazily: a fresh compile cache
             os.environ["VLLM_CACHE_ROOT"] = cache_root
@@ -152,7 +153,7 @@ class _VllmWorker:
         self.llm = LLM(
             model=ckpt,
             skip_tokenizer_init=True,
-            dtype="float32",
+            dtype=dtype,
             max_model_len=max_model_len,
             enforce_eager=not compile,
             model_impl="transformers" if self.impl == "transformers" else "vllm",
@@ -255,12 +256,12 @@ class _HfWorker:
             "architecture": checkpoint_architecture(Path(out_dir)),
         }
 
-    def op_load(self, ckpt: str, **_: Any) -> dict:
+    def op_load(self, ckpt: str, dtype: str = "float32", **_: Any) -> dict:
         import torch
         from transformers import AutoModelForCausalLM
 
         t0 = time.perf_counter()
-        self.model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=getattr(torch, dtype)).eval()
         gen = self.model.generation_config
         gen.eos_token_id = None
         gen.pad_token_id = 0

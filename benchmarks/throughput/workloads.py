@@ -57,9 +57,12 @@ class ModelSpec:
     quick_config: dict[str, Any]
     golden: str  # golden/<file>: the type is benchmarked only when it exists
     label: str
+    # what every variant computes in: bfloat16 where vLLM's CPU kernels take no other (gated
+    # delta nets)
+    dtype: str = "float32"
 
 
-def describe(label: str, c: dict[str, Any]) -> str:
+def describe(label: str, c: dict[str, Any], dtype: str = "float32") -> str:
     """One line for a checkpoint config."""
     text = (
         f"{label}: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
@@ -85,7 +88,12 @@ def describe(label: str, c: dict[str, Any]) -> str:
     kinds = c.get("layer_types", [])
     if "conv" in kinds:
         text += f", {kinds.count('conv')} of the layers short convolutions"
-    return text + f", vocab {c['vocab_size']}, float32, random weights"
+    if "linear_num_key_heads" in c:
+        text += (
+            f", gated delta nets ({c['linear_num_key_heads']} key / {c['linear_num_value_heads']} value "
+            f"heads of {c['linear_key_head_dim']}) in {kinds.count('linear_attention')} of the layers"
+        )
+    return text + f", vocab {c['vocab_size']}, {dtype}, random weights"
 
 
 LLAMA = ModelSpec(
@@ -346,7 +354,59 @@ AFMOE = ModelSpec(
     label="AFMoE (gated attention, sigmoid routing, shared expert)",
 )
 
-MODELS = (LLAMA, QWEN3_MOE, GEMMA3_TEXT, PHI, GLM4_MOE, DEEPSEEK_V3, GPT_BIGCODE, LFM2, GRANITE_H, AFMOE)
+# A gated-delta-net hybrid: Qwen3-Next's linear-attention layers (vLLM's
+# QwenGatedDeltaNetAttention, convolution and recurrent states cached) in three of every four
+# layers, attention gated by half of q_proj with partial rope, MoE beside a gated shared
+# expert. vLLM's CPU kernel of gated delta nets computes in bfloat16 only: every variant runs
+# in bfloat16 (its heads 128 wide, as released, which the kernel takes).
+_QWEN3_NEXT = {
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "partial_rotary_factor": 0.25,
+}
+QWEN3_NEXT = ModelSpec(
+    key="qwen3_next",
+    model_type="qwen3_next",
+    config={
+        **_DENSE,
+        **_QWEN3_NEXT,
+        "head_dim": 128,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+    },
+    quick_config={
+        **_SMALL,
+        **_QWEN3_NEXT,
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+    },
+    golden="qwen3_next.py",
+    label="Qwen3-Next (hybrid: gated delta nets, gated attention, MoE beside a gated shared expert)",
+    dtype="bfloat16",
+)
+
+MODELS = (
+    LLAMA,
+    QWEN3_MOE,
+    GEMMA3_TEXT,
+    PHI,
+    GLM4_MOE,
+    DEEPSEEK_V3,
+    GPT_BIGCODE,
+    LFM2,
+    GRANITE_H,
+    AFMOE,
+    QWEN3_NEXT,
+)
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
 LABELS = {
@@ -388,7 +448,7 @@ def prepare_model(
     config = spec.quick_config if quick else spec.config
     ckpt = tmp / f"ckpt-{spec.key}"
     res: dict[str, Any] = {
-        "description": describe(spec.label, config),
+        "description": describe(spec.label, config, spec.dtype),
         "model_type": spec.model_type,
         "config": config,
         "generated_module": str(generated_module),
@@ -412,6 +472,7 @@ def prepare_model(
         "architecture": res["architecture"],
         "max_model_len": workload.prompt_len + workload.new_tokens + 16,
         "generated_module": str(generated_module),
+        "dtype": spec.dtype,
     }
     res["_prompts"] = make_prompts(workload, config["vocab_size"])
     return res
