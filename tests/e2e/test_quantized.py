@@ -66,8 +66,28 @@ CASES = {
     ),
     # a carried-source type: LayerNorms, a parallel block, partial rope kept from the source
     "phi": (("w8a8", "w4a16", "fp8", "gptq"), {"num_key_value_heads": 4, "head_dim": None}, ()),
+    # gated delta nets (their qkvz and out projections quantized; b and a, 2 x 4 value heads,
+    # too narrow for the kernels, float, as vLLM's own qwen3_next.py keeps ba_proj out of
+    # blockwise FP8), gated attention, experts float beside a quantized shared expert
+    "qwen3_next": (
+        ("w4a16", "fp8"),
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["linear_attention", "linear_attention", "full_attention"],
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_expert_intermediate_size": 256,
+        },
+        ("re:.*mlp.experts.*", "re:.*shared_expert_gate.*", "re:.*in_proj_ba.*"),
+    ),
 }
-# Where the file's layers are vLLM's own (llama, qwen3, gemma3_text, qwen3_moe) it computes
+# vLLM's CPU kernel of gated delta nets computes in bfloat16 only, whatever the format
+GATED_DELTA_NETS = {"qwen3_next"}
+# Where the file's layers are vLLM's own (llama, qwen3, gemma3_text, qwen3_moe, qwen3_next) it computes
 # what native computes: tokens equal, logprobs within float32's bound (measured: 0.0, as native
 # against itself). phi's LayerNorms and parallel block are the source's: in float32 they agree
 # (1e-6), in bfloat16 they round in another order, as the unquantized checkpoint does (greedy
@@ -161,7 +181,9 @@ def runs(quantized) -> dict[str, tuple[dict, dict, str]]:
         vocab = config.get("text_config", config)["vocab_size"]
         dtype = (
             "bfloat16"
-            if fmt in BF16 or (fmt in AMX_BF16 and torch.cpu._is_amx_tile_supported())
+            if fmt in BF16
+            or (fmt in AMX_BF16 and torch.cpu._is_amx_tile_supported())
+            or model_type in GATED_DELTA_NETS
             else "float32"
         )
         common = {
