@@ -81,6 +81,19 @@ def unexpected_suffixes(model) -> tuple[str, ...]:
     return tuple(p for p in patterns if isinstance(p, str) and re.fullmatch(r"[\w.]+", p))
 
 
+def unexpected_prefixes(model) -> tuple[str, ...]:
+    """The plain prefixes among transformers' ``_keys_to_ignore_on_load_unexpected`` of the
+    model's class (``^mtp.*``: Qwen3-Next's and Qwen3.5's multi-token-prediction layers, which
+    the causal LM does not build): load_weights skips checkpoint tensors named so."""
+    patterns = getattr(type(model), "_keys_to_ignore_on_load_unexpected", None) or ()
+    found = []
+    for pattern in patterns:
+        plain = pattern[1:-2].replace("\\.", ".") if isinstance(pattern, str) else ""
+        if pattern.startswith("^") and pattern.endswith(".*") and re.fullmatch(r"\w+(\.\w+)*", plain):
+            found.append(plain)
+    return tuple(found)
+
+
 def checkpoint_roots(model) -> tuple[str, ...]:
     """The causal LM's children that hold parameters (``transformer``, ``lm_head``): the
     first name of every tensor of a checkpoint saved from it. A checkpoint saved from the

@@ -33,6 +33,7 @@ from hfrewrite.analyze.checkpoint import (
     checkpoint_renames,
     checkpoint_roots,
     expert_checkpoint_names,
+    unexpected_prefixes,
     unexpected_suffixes,
 )
 from hfrewrite.analyze.decoder import analyze_decoder, carried_layer
@@ -345,6 +346,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         + checkpoint_prefix_renames(type(model).__name__),
         checkpoint_roots=checkpoint_roots(model),
         checkpoint_unexpected=unexpected_suffixes(model),
+        checkpoint_skipped=unexpected_prefixes(model),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         mtp_layers_field=_mtp_layers_field(config),
         vllm_sizes=_sizes_for_vllm(source, plans),

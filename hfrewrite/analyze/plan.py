@@ -348,6 +348,8 @@ class ModelPlan:
     checkpoint_roots: tuple[str, ...] = ()
     # transformers' plain unexpected-key names (GPT-2's old ``attn.bias`` buffers): ignored
     checkpoint_unexpected: tuple[str, ...] = ()
+    # ... and prefixes (``^mtp.*``: layers the causal LM does not build): skipped at load
+    checkpoint_skipped: tuple[str, ...] = ()
     # How the lm_head computes its logits (analyze/lm_head.py): "" nn.Linear, or a kind of its
     # own ("l2_normalized": Baichuan2's NormHead; "embedding": no head module, OpenELM's)
     lm_head_weight: str = ""

@@ -50,14 +50,16 @@ def _base_model_names(self, weights):
 
 def base_model_names(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
     """load_weights reads checkpoints of the base model alone (GPT-2's, BLOOM's) too,
-    first of all, and ignores the tensors transformers declares unexpected."""
-    roots = _tuple_items(f"{r}." for r in plan.checkpoint_roots)
+    first of all, and ignores the tensors transformers declares unexpected (names ending so,
+    or under a prefix: layers the causal LM does not build, left out of the renaming)."""
+    skipped = getattr(plan, "checkpoint_skipped", ())
+    roots = _tuple_items([*(f"{r}." for r in plan.checkpoint_roots), *skipped])
     out = []
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
             member = member.visit(WrapWeights("_base_model_names"))
-            if plan.checkpoint_unexpected:
-                member = member.visit(_IgnoringUnexpected(plan.checkpoint_unexpected))
+            if plan.checkpoint_unexpected or skipped:
+                member = member.visit(_IgnoringUnexpected(plan.checkpoint_unexpected, skipped))
             helper = t.stmt(_BASE_MODEL_NAMES.format(base=plan.base_model_attr, roots=roots))
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
@@ -65,17 +67,24 @@ def base_model_names(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatem
 
 
 class _IgnoringUnexpected(cst.CSTTransformer):
-    """``AutoWeightsLoader(self)`` -> ``AutoWeightsLoader(self, ignore_unexpected_suffixes=[...])``."""
+    """``AutoWeightsLoader(self)`` -> ``AutoWeightsLoader(self, ignore_unexpected_prefixes=[...],
+    ignore_unexpected_suffixes=[...])``."""
 
-    def __init__(self, suffixes: tuple[str, ...]) -> None:
-        self.suffixes = suffixes
+    def __init__(self, suffixes: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> None:
+        self.suffixes, self.prefixes = suffixes, prefixes
 
     def leave_Call(self, original, updated):
         if m.matches(updated.func, m.Name("AutoWeightsLoader")) and len(updated.args) == 1:
-            listed = ", ".join(f'"{s}"' for s in self.suffixes)
-            return t.expr(
-                f"AutoWeightsLoader({t.code(updated.args[0].value)}, ignore_unexpected_suffixes=[{listed}])"
-            )
+            options = [
+                (name, items)
+                for name, items in (
+                    ("ignore_unexpected_prefixes", self.prefixes),
+                    ("ignore_unexpected_suffixes", self.suffixes),
+                )
+                if items
+            ]
+            listed = "".join(f", {name}=[{', '.join(repr(s) for s in items)}]" for name, items in options)
+            return t.expr(f"AutoWeightsLoader({t.code(updated.args[0].value)}{listed})".replace("'", '"'))
         return updated
 
 

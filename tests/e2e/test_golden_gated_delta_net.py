@@ -26,6 +26,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from hfrewrite.verify import engine
 from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many, verify_many_against_hf
@@ -61,7 +63,7 @@ FLOAT32_CASES: dict[str, tuple[str, dict]] = {
 
 
 def _ckpt(tmp_path_factory, name: str, model_type: str, kinds: list[str], overrides: dict, seed: int) -> Path:
-    return make_tiny_checkpoint(
+    ckpt = make_tiny_checkpoint(
         model_type,
         tmp_path_factory.mktemp(name),
         seed=seed,
@@ -69,6 +71,21 @@ def _ckpt(tmp_path_factory, name: str, model_type: str, kinds: list[str], overri
         layer_types=kinds,
         **overrides,
     )
+    return _with_mtp_tensors(ckpt)
+
+
+def _with_mtp_tensors(ckpt: Path) -> Path:
+    """``ckpt`` holding multi-token-prediction tensors too, as every released Qwen3-Next and
+    Qwen3.5 checkpoint does (``mtp.*``): transformers' causal LM ignores them, so must the file
+    (before it did, loading failed on them)."""
+    path = ckpt / "model.safetensors"
+    tensors = load_file(path)
+    width = tensors["model.embed_tokens.weight"].shape[1]
+    tensors["mtp.fc.weight"] = torch.randn(width, 2 * width)
+    tensors["mtp.layers.0.input_layernorm.weight"] = torch.ones(width)
+    tensors["mtp.norm.weight"] = torch.ones(width)
+    save_file(tensors, path, metadata={"format": "pt"})
+    return ckpt
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +195,7 @@ def test_qwen3_next_golden_equals_vllms_own_in_bfloat16(tmp_path):
     ckpt = make_tiny_checkpoint(
         "qwen3_next", tmp_path / "next", seed=5, num_hidden_layers=3, layer_types=kinds, **GDN, **MOE
     )
+    ckpt = _with_mtp_tensors(ckpt)
     (report,) = verify_many([VerifyCase(ckpt, GOLDEN / "qwen3_next.py", dtype="bfloat16")])
     assert report.generated_class.startswith("hfrewrite_generated_"), report.summary()
     assert report.native_tokens is not None and report.generated_tokens == report.native_tokens, (
