@@ -216,6 +216,35 @@ MUTATIONS: dict[str, tuple[str, list[tuple[str, str]], str]] = {
         ],
         "refused",
     ),
+    # Qwen3.5's q projection packs each head's q and output gate, q first: with the halves
+    # read the other way round the head layout vLLM's split assumes is not the source's
+    "packed-gate-first": (
+        "qwen3_5",
+        [("        query_states, gate = torch.chunk(", "        gate, query_states = torch.chunk(")],
+        "refused",
+    ),
+    # the packed gate through silu, a gate no row of the table replays (sigmoid, softplus)
+    "packed-gate-silu": (
+        "qwen3_5",
+        [
+            (
+                "attn_output = attn_output * torch.sigmoid(gate)",
+                "attn_output = attn_output * torch.nn.functional.silu(gate)",
+            )
+        ],
+        "refused",
+    ),
+    # the gated delta net's decay without its softplus: the replay of vLLM's formula differs
+    "gated-delta-net-decay-without-softplus": (
+        "qwen3_5",
+        [
+            (
+                "g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)",
+                "g = -self.A_log.float().exp() * (a.float() + self.dt_bias)",
+            )
+        ],
+        "refused",
+    ),
 }
 
 
@@ -230,6 +259,12 @@ def mutated_module(model_type: str, edits: list[tuple[str, str]], tmp: Path):
     src = re.sub(
         r"^from \.\.\.(\S*) import",
         lambda m: "from transformers" + (f".{m[1]}" if m[1] else "") + " import",
+        src,
+        flags=re.MULTILINE,
+    )
+    src = re.sub(
+        r"^from \.\.(\w+) import",  # a sibling model's package (Qwen3.5's ..auto)
+        r"from transformers.models.\1 import",
         src,
         flags=re.MULTILINE,
     )
