@@ -14,11 +14,11 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
 @pytest.mark.parametrize(
     ("model_type", "reason"),
     [
-        # Kimi's delta attention (short convolutions per q, k and v, a per-channel decay): no
-        # softmax attention, no mixer hfrewrite proves.
+        # Kimi's delta attention (short convolutions per q, k and v, a per-channel decay): a
+        # kind vLLM has a layer for, on triton kernels only, recognised by its parts.
         (
             "kimi_linear",
-            "KimiLinearDeltaAttention: vllm_attention: no softmax attention call, and the block is no mixer",
+            "KimiLinearDeltaAttention: vllm_attention: a Kimi delta attention block",
         ),
         # GPT-NeoX-Japanese's attention (by hand, folded) returns its output projection's
         # bias apart, for the layer to add: the projection does not end the block.
@@ -47,10 +47,12 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ),
         # HRM runs two stacks of layers in cycles.
         ("hrm_text", "its lists sit deeper (L_module.layers, H_module.layers)"),
-        # Mamba mixes with a recurrent state space, not softmax attention.
-        ("mamba", "MambaBlock: decoder_layer: no softmax attention call"),
-        # MiniMax's lightning-attention layers: its MoE router's softmax is not attention.
-        ("minimax", "MiniMaxDecoderLayer: decoder_layer: no softmax attention call"),
+        # Mamba-1 mixes with a selective scan, which vLLM's CPU build has no kernel for.
+        ("mamba", "MambaBlock: decoder_layer: a Mamba-1 selective-scan block"),
+        # MiniMax's lightning-attention layers (its MoE router's softmax is not attention).
+        ("minimax", "MiniMaxDecoderLayer: decoder_layer: a lightning-attention block"),
+        # RecurrentGemma's RG-LRU: no softmax attention, no mixer hfrewrite knows.
+        ("recurrent_gemma", "RecurrentGemmaRecurrentBlock: vllm_attention: no softmax attention call"),
         # Phi-4-multimodal builds its vision and audio encoders under the embedding.
         (
             "phi4_multimodal",

@@ -32,6 +32,7 @@ from hfrewrite.analyze.trace import (
     relative,
     value,
 )
+from hfrewrite.analyze.unconverted_mixers import unconverted_mixer
 
 _MATMUL = (torch.matmul, operator.matmul, "matmul", torch.bmm, "bmm")
 # ``bias.baddbmm(q, k^T, beta=, alpha=)``: BLOOM's ALiBi scores, bias + alpha * q @ k^T
@@ -132,7 +133,8 @@ def scores_softmax(node) -> bool:
 
 def no_attention_reason(nodes, traced: Traced) -> str:
     """Why ``nodes`` (a layer's, or a block's), holding no attention call, hold no attention
-    the file could compute: the form they compute instead, else that no mixer is proven."""
+    the file could compute: the form they compute instead, a mixer vLLM has a layer for that
+    cannot run here (analyze/unconverted_mixers.py), else that no mixer is proven."""
     nodes = list(nodes)
     if any(is_direct_sdpa(n) for n in nodes):
         return DIRECT_SDPA_REASON
@@ -140,7 +142,7 @@ def no_attention_reason(nodes, traced: Traced) -> str:
         return MANUAL_REASON
     if any(scores_softmax(n) for n in nodes):
         return UNRECOGNISED_SOFTMAX_REASON
-    return NO_MIXER_REASON
+    return unconverted_mixer(traced.module) or NO_MIXER_REASON
 
 
 def _computed_operands(node: Node) -> bool:

@@ -19,6 +19,7 @@ from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.analyze.trace import opaque_attention, trace
+from hfrewrite.analyze.unconverted_mixers import KINDS
 from hfrewrite.errors import HfrewriteError
 
 
@@ -138,15 +139,24 @@ def test_mixed_sliding_window_is_declined_not_fatal():
 
 
 def test_linear_attention_model_is_refused():
+    # recognised by its parts as a kind vLLM has a layer for that cannot run here
     with pytest.raises(HfrewriteError) as e:
         plan_of("kimi_linear")
-    assert str(e.value) == ("kimi_linear: KimiLinearDeltaAttention: vllm_attention: " + NO_MIXER_REASON)
+    assert str(e.value) == ("kimi_linear: KimiLinearDeltaAttention: vllm_attention: " + KINDS[1].reason)
 
 
 def test_model_without_attention_and_mlp_blocks_is_refused():
     with pytest.raises(HfrewriteError) as e:
         plan_of("mamba")
-    assert str(e.value) == "mamba: MambaBlock: decoder_layer: " + NO_MIXER_REASON
+    assert str(e.value) == "mamba: MambaBlock: decoder_layer: " + KINDS[0].reason
+
+
+def test_a_recurrent_mixer_of_no_known_kind_is_refused_as_such():
+    with pytest.raises(HfrewriteError) as e:
+        plan_of("recurrent_gemma")
+    assert str(e.value) == (
+        "recurrent_gemma: RecurrentGemmaRecurrentBlock: vllm_attention: " + NO_MIXER_REASON
+    )
 
 
 def test_a_scale_each_layer_computes_for_itself_is_carried():
@@ -161,7 +171,7 @@ def test_a_routers_softmax_is_not_taken_for_attention():
     # computes a softmax over a linear's logits: that is no attention form gone unrecognised
     with pytest.raises(HfrewriteError) as e:
         plan_of("minimax")
-    assert str(e.value) == "minimax: MiniMaxDecoderLayer: decoder_layer: " + NO_MIXER_REASON
+    assert str(e.value) == "minimax: MiniMaxDecoderLayer: decoder_layer: " + KINDS[2].reason
 
 
 def test_activation_without_fused_kernel_keeps_its_act_between_column_shards():

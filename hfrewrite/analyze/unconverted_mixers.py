@@ -1,0 +1,53 @@
+"""Mixers vLLM has a layer for that no file could run here: recognised by their parts, and
+refused with what they are and why, rather than with the general "no softmax attention".
+Each claim is about vLLM 0.32's CPU build, checked when the row was written. A kind that
+comes to run here is a row moved to analyze/mixers.py, with its proof."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class _Kind:
+    children: frozenset[str]  # the parameter-holding children the block has (at least these)
+    params: frozenset[str]  # its own parameters (at least these)
+    reason: str
+
+
+KINDS = (
+    _Kind(
+        frozenset({"in_proj", "conv1d", "x_proj", "dt_proj", "out_proj"}),
+        frozenset({"A_log", "D"}),
+        "a Mamba-1 selective-scan block (x_proj, dt_proj, A_log, D): vLLM runs such blocks as its "
+        "MambaMixer, but its CPU build (0.32) has no selective-scan kernel "
+        "(torch.ops._C.selective_scan_fwd), so no file holding one could run or be validated here",
+    ),
+    _Kind(
+        frozenset({"q_proj", "k_proj", "v_proj", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_proj"}),
+        frozenset(),
+        "a Kimi delta attention block (a forget gate per channel, a convolution on q, k and v): "
+        "vLLM runs such blocks as its KimiDeltaAttention, on triton kernels only, none on CPU, so "
+        "no file holding one could run or be validated here",
+    ),
+    _Kind(
+        frozenset({"qkv_proj", "output_gate", "norm", "out_proj"}),
+        frozenset(),
+        "a lightning-attention block (MiniMax's linear attention): vLLM runs such blocks as its "
+        "MiniMaxText01LinearAttention, whose decode is a triton kernel only, none on CPU, so no "
+        "file holding one could run or be validated here",
+    ),
+)
+
+
+def unconverted_mixer(module: nn.Module) -> str | None:
+    """The reason of the first kind a submodule of ``module`` has the parts of, else None."""
+    for block in module.modules():
+        children = {n for n, c in block.named_children() if any(True for _ in c.parameters())}
+        params = {n for n, _ in block.named_parameters(recurse=False)}
+        for kind in KINDS:
+            if kind.children <= children and kind.params <= params:
+                return kind.reason
+    return None
