@@ -1,8 +1,11 @@
 """``hfrewrite verify MODEL_TYPE``: prove a generated file on tiny random checkpoints of
-the model type (``hfrewrite.verify.checkpoint`` handles a checkpoint directory)."""
+the model type (``hfrewrite.verify.checkpoint`` handles a checkpoint directory). A file
+whose state layers vLLM computes in bfloat16 only (gated delta nets) is proven as convert
+proves it (verify/state_layers.py): the llama-like variants below do not fit it."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,21 +27,24 @@ def main(args: Any) -> int:
     """``hfrewrite verify MODEL_TYPE [--generated FILE]``: prove the generated file
     (generated now when not given) on ``CLI_VARIANTS`` tiny checkpoints; print one
     summary per checkpoint. Exit code 0 when all pass, 1 otherwise."""
+    from hfrewrite import convert
     from hfrewrite.errors import HfrewriteError
+    from hfrewrite.resolve import resolve
 
     with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
         tmp = Path(tmp)
         generated = args.generated
+        if generated is not None and not Path(generated).is_file():
+            raise HfrewriteError(f"{generated}: no such file")
+        resolved = resolve(args.model_type)
+        with step(f"converting {args.model_type}"):  # the file, or what convert knows of it
+            result = convert.generate(resolved)
+        if result.vllm_dtype != "float32":
+            text = Path(generated).read_text() if generated is not None else result.text
+            return _as_convert_validates(resolved, dataclasses.replace(result, text=text))
         if generated is None:
-            from hfrewrite import convert
-            from hfrewrite.resolve import resolve
-
-            with step(f"converting {args.model_type}"):
-                result = convert.generate(resolve(args.model_type))
             generated = tmp / result.filename
             generated.write_text(result.text)
-        elif not Path(generated).is_file():
-            raise HfrewriteError(f"{generated}: no such file")
         cases = []
         for seed, (name, overrides) in enumerate(CLI_VARIANTS.items()):
             try:
@@ -57,3 +63,21 @@ def main(args: Any) -> int:
         print(f"[{name}] {report.summary()}\n")
     print("verified" if all(r.ok for r in reports) else "FAILED")
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _as_convert_validates(resolved, generated) -> int:
+    """A file with state layers vLLM computes in bfloat16 only, proven as convert proves it:
+    with attention in every layer in float32, and on its first state layer in bfloat16."""
+    from hfrewrite.errors import HfrewriteError
+    from hfrewrite.verify.validate import validate
+
+    with step(
+        f"validating {generated.filename} as convert does (its state layers run in {generated.vllm_dtype})"
+    ):
+        try:
+            validation = validate(resolved, generated)
+        except HfrewriteError as exc:
+            print(f"{exc}\nFAILED")
+            return 1
+    print(f"{validation.line()}\nverified")
+    return 0

@@ -203,3 +203,18 @@ def test_qwen3_next_golden_equals_vllms_own_in_bfloat16(tmp_path):
     )
     assert report.logprob_diff_native <= LOGPROB_TOL, report.summary()
     assert report.generated_structure == report.native_structure, report.summary()
+
+
+@pytest.mark.vllm
+def test_verify_model_type_proves_the_golden_as_convert_does(capsys, monkeypatch):
+    """``hfrewrite verify qwen3_next --generated golden/qwen3_next.py``: the llama-like variants
+    of ``verify`` do not fit a hybrid whose state layers run in bfloat16 only, so the golden is
+    proven as convert proves it, in float32 with attention in every layer and in bfloat16 on
+    its first gated delta net."""
+    from hfrewrite.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["verify", "qwen3_next", "--generated", str(GOLDEN / "qwen3_next.py")])
+    out = capsys.readouterr().out
+    assert code == 0 and out.rstrip().endswith("verified"), out
+    assert "the config with attention in every layer" in out and "in bfloat16" in out, out
