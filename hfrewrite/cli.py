@@ -196,8 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
-        default="float32",
-        help="with CHECKPOINT_DIR: the dtype both sides compute in (default float32)",
+        default=None,
+        help="with CHECKPOINT_DIR: the dtype both sides compute in (default float32; bfloat16 for a "
+        "file generated now whose state layers vLLM computes in no other)",
     )
     p.add_argument(
         "--max-tokens",

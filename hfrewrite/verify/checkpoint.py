@@ -20,6 +20,7 @@ first token of every prompt equal and the logprobs before any divergence within
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import tempfile
@@ -173,15 +174,13 @@ def main(args: Any) -> int:
     )
 
     ckpt = Path(args.model_type)
-    dtype = args.dtype
+    dtype = args.dtype or "float32"
     custom = _custom_code(ckpt)
     if custom and not args.trust_remote_code:
         raise HfrewriteError(
             f"{ckpt}: the checkpoint's config names its own code (auto_map): pass --trust-remote-code "
             "to run it in Hugging Face and vLLM"
         )
-    check_fits(ckpt, dtype)
-    prompts, texts = checkpoint_prompts(ckpt)
     with tempfile.TemporaryDirectory(prefix="hfrewrite-verify-") as tmp:
         generated = args.generated
         if generated is None:
@@ -192,8 +191,12 @@ def main(args: Any) -> int:
                 result = convert.generate(resolve(str(ckpt), None, bool(custom)))
             generated = Path(tmp) / result.filename
             generated.write_text(result.text)
+            if args.dtype is None and result.vllm_dtype != "float32" and not custom:
+                return _verify_state_layers(ckpt, generated, result, args, Path(tmp))
         elif not Path(generated).is_file():
             raise HfrewriteError(f"{generated}: no such file")
+        check_fits(ckpt, dtype)
+        prompts, texts = checkpoint_prompts(ckpt)
         case = VerifyCase(
             ckpt.resolve(),
             Path(generated).resolve(),
@@ -241,3 +244,51 @@ def main(args: Any) -> int:
     )
     print("verified" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _verify_state_layers(ckpt: Path, generated: Path, result, args: Any, tmp: Path) -> int:
+    """A file whose state layers vLLM computes in bfloat16 only (gated delta nets), on the
+    checkpoint as convert validates it (verify/state_layers.py): vLLM in bfloat16 against
+    Hugging Face in float32, judged on the first state layer's output against Hugging Face's
+    block run on the very input vLLM's layer was given; the greedy tokens are reported."""
+    from hfrewrite.progress import step
+    from hfrewrite.verify import engine
+    from hfrewrite.verify.compare import VerifyCase, first_difference, verify_many_against_hf
+    from hfrewrite.verify.state_layers import STATE_LAYER_TOL, first_state_layer_difference
+
+    check_fits(ckpt, "float32")
+    prompts, texts = checkpoint_prompts(ckpt)
+    case = VerifyCase(ckpt.resolve(), generated.resolve(), prompts=prompts, max_tokens=args.max_tokens)
+    case = dataclasses.replace(case, vllm_dtype=result.vllm_dtype)
+    print(
+        f"vLLM computes this file's state layers in {result.vllm_dtype} only: it runs in {result.vllm_dtype}"
+    )
+    with step(f"decoding {len(prompts)} prompts in Hugging Face (float32) and in vLLM with {generated.name}"):
+        tokens, logprobs = engine.hf_greedy(case.ckpt, prompts, args.max_tokens)
+        record = tmp / "vllm-modules.pt"
+        report = verify_many_against_hf([case], [{"tokens": tokens, "logprobs": logprobs}], [record])[0]
+    print(f"vLLM instantiated {report.generated_class} from {report.generated_file}")
+    if report.errors or not report.ran_file_under_test:
+        print("\n".join(f"{side} run failed:\n{error.strip()}" for side, error in report.errors.items()))
+        print("FAILED")
+        return 1
+    for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
+        label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
+        at = first_difference(hf, gen)
+        print(
+            f"{label}: {len(hf)} greedy tokens equal"
+            if at is None
+            else f"{label}: greedy tokens equal up to step {at} of {len(hf)}"
+        )
+    difference = first_state_layer_difference(
+        case.ckpt, engine.record_prompt(prompts), record, result.state_layer
+    )
+    if isinstance(difference, str):
+        print(f"{difference}\nFAILED")
+        return 1
+    name, diff = difference
+    print(
+        f"{name} ({result.vllm_dtype}): {diff:.2e} from Hugging Face's on the same input (tolerance {STATE_LAYER_TOL:g}); the tokens above are reported, not judged"
+    )
+    print("verified" if diff <= STATE_LAYER_TOL else "FAILED")
+    return 0 if diff <= STATE_LAYER_TOL else 1

@@ -289,7 +289,7 @@ def verify_many(
         if case.dtype != "float32":
             common["dtype"] = case.dtype
         hf = add({"kind": "hf", **common, "generated_module": None})
-        engine = {"llm_kwargs": {"dtype": case.dtype}} if case.dtype != "float32" else {}
+        engine = _engine_kwargs(case)
         gen = add(
             {
                 "kind": "vllm",
@@ -351,8 +351,9 @@ def verify_many_against_hf(
 
 
 def _engine_kwargs(case: VerifyCase) -> dict[str, Any]:
-    """The run's ``llm_kwargs``: its dtype where not float32, and its other options."""
-    kwargs = {"dtype": case.vllm_dtype} if case.vllm_dtype != "float32" else {}
+    """The vLLM runs' ``llm_kwargs``: their dtype where not float32, and the other options."""
+    dtype = case.vllm_dtype if case.vllm_dtype != "float32" else case.dtype
+    kwargs = {"dtype": dtype} if dtype != "float32" else {}
     kwargs.update(case.engine_options)
     return {"llm_kwargs": kwargs} if kwargs else {}
 
