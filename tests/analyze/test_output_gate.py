@@ -124,3 +124,51 @@ def test_other_products_are_refused(mutate, case):
     result = plan_of()
     assert isinstance(result, NoMatch), result
     assert str(result).startswith(f"GatedAttention: {reason}"), str(result)
+
+
+class PackedGateAttention(nn.Module):
+    """Qwen3-Next's gated attention: q_proj projects each head's q and its gate side by side
+    ([heads, 2 * head_dim], q first); the output is gated by sigmoid of the second halves."""
+
+    def __init__(self, gate_first: bool = False, silu: bool = False):
+        super().__init__()
+        self.q_proj = nn.Linear(32, 128, bias=False)
+        self.k_proj = nn.Linear(32, 64, bias=False)
+        self.v_proj = nn.Linear(32, 64, bias=False)
+        self.o_proj = nn.Linear(64, 32, bias=False)
+        self.gate_first, self.silu = gate_first, silu
+
+    def forward(self, x, other):
+        batch, seq, _ = x.shape
+        q, gate = torch.chunk(self.q_proj(x).view(batch, seq, -1, 32), 2, dim=-1)
+        if self.gate_first:
+            q, gate = gate, q
+        gate = gate.reshape(batch, seq, -1)
+        q = q.transpose(1, 2)
+        k, v = (p(x).view(batch, seq, -1, 16).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        out, _ = opaque_attention(self, q, k, v, None, scaling=0.25)
+        out = out.reshape(batch, seq, -1)
+        out = out * (torch.nn.functional.silu(gate) if self.silu else torch.sigmoid(gate))
+        return self.o_proj(out)
+
+
+def test_a_gate_packed_beside_q_in_its_projection_is_proven():
+    plan = plan_of(PackedGateAttention())
+    assert (plan.num_heads, plan.head_dim, plan.q.out_features) == (4, 16, 128)
+    gate = plan.output_gate
+    assert gate.packed and gate.attr == "q_proj" and gate.activation is GateActivation.SIGMOID
+    assert not gate.per_head
+
+
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        # the halves the other way round: q is not the first half of each head
+        (PackedGateAttention(gate_first=True), "the q path does not split the projection into heads"),
+        # a gate no row of the table replays
+        (PackedGateAttention(silu=True), "replaying the output gate as sigmoid, softplus differs"),
+    ],
+)
+def test_a_packed_q_not_proven_so_is_refused(module, says):
+    plan = plan_of(module)
+    assert isinstance(plan, NoMatch) and says in plan.reason, plan

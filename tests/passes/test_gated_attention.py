@@ -228,3 +228,71 @@ class LlamaAttention(nn.Module):
 def test_modules_built_after_the_head_sharding_take_the_whole_head_counts():
     # (an attribute forward reads, heads_per_rank, keeps the rank's count)
     assert_rewrites(fuse_qkv, BEFORE_HEAD_COUNTS, AFTER_HEAD_COUNTS, llama_like())
+
+
+def packed():
+    plan = llama_like()
+    gate = OutputGate("q_proj", 128, 256, False, GateActivation.SIGMOID, False, False, packed=True)
+    # the analysis accounts for the chunk taking each head apart, as it does on Qwen3.5's trace
+    calls = (*plan.attention.replaced_calls, "chunk")
+    attention = dataclasses.replace(plan.attention, output_gate=gate, replaced_calls=calls)
+    return dataclasses.replace(plan, attention=attention)
+
+
+def test_a_gate_packed_in_q_proj_is_taken_apart_after_the_split():
+    """Qwen3-Next's gate: q_proj's second half of each head. The split takes twice q's size,
+    each head is taken apart before the rope; the gate multiplies vLLM's attention output."""
+    before = BEFORE_ATTENTION.replace(
+        "        query_states = q.view(hidden_shape).transpose(1, 2)\n",
+        "        query_states, gate = torch.chunk(q.view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)\n"
+        "        gate = gate.reshape(*input_shape, -1)\n"
+        "        query_states = query_states.reshape(hidden_shape).transpose(1, 2)\n",
+    ).replace("{gate_lines}", "attn_output = attn_output * torch.sigmoid(gate)")
+    before = before.replace(
+        "q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)",
+        "q, k, v = qkv.split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)",
+    )
+    after = AFTER_ATTENTION.replace(
+        "        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)\n",
+        "        q, k, v = qkv.split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+        "        # Each head's q and output gate side by side in the projection, as in the source.\n"
+        "        q, gate = q.view(*q.shape[:-1], -1, 2 * self.head_dim).chunk(2, dim=-1)\n"
+        "        q = q.reshape(*q.shape[:-2], -1)\n"
+        "        gate = gate.reshape(*gate.shape[:-2], -1)\n",
+    ).replace(
+        "{gate_lines}",
+        "        # The source's output gate (proven by replay): attention output x sigmoid(gate), "
+        "the gate packed per head beside q in q_proj.\n"
+        "        gate = torch.sigmoid(gate)\n"
+        "        attn_output = attn_output * gate\n",
+    )
+    assert_rewrites(vllm_attention, before, after, packed())
+
+
+PACKED_INIT = """\
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim * 2, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=False)
+
+    def forward(self, hidden_states):
+        q = self.q_proj(hidden_states)
+        k = self.k_proj(hidden_states)
+        v = self.v_proj(hidden_states)
+        return q, k, v
+"""
+
+
+def test_fuse_qkv_builds_twice_the_query_heads_for_a_packed_gate():
+    """Each rank's q shard keeps whole heads with their gates: QKVParallelLinear over twice the
+    query heads; the split takes twice q's size; the rank's own head count stays the heads'."""
+    from harness import apply
+
+    out = apply(fuse_qkv, PACKED_INIT, packed()).module.code
+    assert "self.total_num_heads = config.num_attention_heads\n" in out
+    assert "total_num_heads=self.total_num_heads * 2," in out
+    assert "# q's projection holds each head's q and output gate side by side" in out
+    assert "q, k, v = qkv.split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)" in out
+    assert "self.q_size = self.num_heads * self.head_dim\n" in out
