@@ -195,6 +195,9 @@ def main(args: Any) -> int:
                 return _verify_state_layers(ckpt, generated, result, args, Path(tmp))
         elif not Path(generated).is_file():
             raise HfrewriteError(f"{generated}: no such file")
+        elif args.dtype is None and not custom and (result := _facts(ckpt)) is not None:
+            # a file of a model whose state layers vLLM computes in bfloat16 only
+            return _verify_state_layers(ckpt, Path(generated), result, args, Path(tmp))
         check_fits(ckpt, dtype)
         prompts, texts = checkpoint_prompts(ckpt)
         case = VerifyCase(
@@ -244,6 +247,22 @@ def main(args: Any) -> int:
     )
     print("verified" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _facts(ckpt: Path):
+    """What convert knows of the checkpoint's file beyond its text, where vLLM computes its
+    state layers in bfloat16 only (else None: the file is verified in float32 as given)."""
+    from hfrewrite import convert
+    from hfrewrite.errors import CannotBuild
+    from hfrewrite.progress import step
+    from hfrewrite.resolve import resolve
+
+    try:
+        with step(f"analysing {ckpt} (the dtype vLLM computes the file in)"):
+            result = convert.generate(resolve(str(ckpt)))
+    except (HfrewriteError, CannotBuild):
+        return None
+    return result if result.vllm_dtype != "float32" else None
 
 
 def _verify_state_layers(ckpt: Path, generated: Path, result, args: Any, tmp: Path) -> int:

@@ -222,9 +222,10 @@ def test_verify_model_type_proves_the_golden_as_convert_does(capsys, monkeypatch
 
 @pytest.mark.vllm
 def test_verify_checkpoint_judges_the_first_gated_delta_net(tmp_path, capsys, monkeypatch):
-    """``hfrewrite verify CHECKPOINT_DIR`` (the file converted now from its config): vLLM in
-    bfloat16 against Hugging Face in float32, judged on the first gated delta net on the same
-    input; a checkpoint with multi-token-prediction tensors, as released ones have."""
+    """``hfrewrite verify CHECKPOINT_DIR`` (the file converted now from its config, or the
+    golden given): vLLM in bfloat16 against Hugging Face in float32, judged on the first gated
+    delta net on the same input; a checkpoint with multi-token-prediction tensors, as released
+    ones have."""
     from hfrewrite.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -232,7 +233,10 @@ def test_verify_checkpoint_judges_the_first_gated_delta_net(tmp_path, capsys, mo
     ckpt = make_tiny_checkpoint(
         "qwen3_next", tmp_path / "next", seed=3, num_hidden_layers=3, layer_types=kinds, **GDN, **MOE
     )
-    code = main(["verify", str(_with_mtp_tensors(ckpt))])
-    out = capsys.readouterr().out
-    assert code == 0 and out.rstrip().endswith("verified"), out
-    assert "it runs in bfloat16" in out and "model.layers.0.linear_attn (bfloat16):" in out, out
+    ckpt = _with_mtp_tensors(ckpt)
+    # the file converted now from the checkpoint's config, then the golden itself
+    for given in ([], ["--generated", str(GOLDEN / "qwen3_next.py")]):
+        code = main(["verify", str(ckpt), *given])
+        out = capsys.readouterr().out
+        assert code == 0 and out.rstrip().endswith("verified"), out
+        assert "it runs in bfloat16" in out and "model.layers.0.linear_attn (bfloat16):" in out, out
