@@ -5,6 +5,7 @@ comes to run here is a row moved to analyze/mixers.py, with its proof."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -15,6 +16,34 @@ class _Kind:
     children: frozenset[str]  # the parameter-holding children the block has (at least these)
     params: frozenset[str]  # its own parameters (at least these)
     reason: str
+    # what the parts' shapes show of the kind, beyond their names
+    shapes: Callable[[nn.Module], bool] = lambda block: True
+
+
+def _selective_scan(block: nn.Module) -> bool:
+    """Mamba-1's shapes: a state per channel (A_log [inner, state]), time steps projected up
+    from a rank of their own, x_proj giving that rank and B and C."""
+    a_log, dt_proj = block.A_log, block.dt_proj
+    if a_log.dim() != 2 or not isinstance(dt_proj, nn.Linear) or not isinstance(block.x_proj, nn.Linear):
+        return False
+    inner, state = a_log.shape
+    return dt_proj.out_features == inner and block.x_proj.out_features == dt_proj.in_features + 2 * state
+
+
+def _forget_gate(block: nn.Module) -> bool:
+    """Kimi's shapes: a forget gate with a decay and a time-step bias of its own, a depthwise
+    convolution over the projected q, k and v."""
+    gate = {n for n, _ in block.forget_gate.named_parameters(recurse=False)}
+    convs = [m for m in block.modules() if isinstance(m, nn.Conv1d) and m.groups == m.in_channels]
+    return {"A_log", "dt_bias"} <= gate and bool(convs)
+
+
+def _fused_qkv(block: nn.Module) -> bool:
+    """One projection to q, k and v of the width the output projection reads, a gate of it."""
+    parts = (block.qkv_proj, block.output_gate, block.out_proj)
+    if not all(isinstance(p, nn.Linear) for p in parts):
+        return False
+    return block.qkv_proj.out_features == 3 * block.out_proj.in_features
 
 
 KINDS = (
@@ -24,6 +53,7 @@ KINDS = (
         "a Mamba-1 selective-scan block (x_proj, dt_proj, A_log, D): vLLM runs such blocks as its "
         "MambaMixer, but its CPU build (0.32) has no selective-scan kernel "
         "(torch.ops._C.selective_scan_fwd), so no file holding one could run or be validated here",
+        _selective_scan,
     ),
     _Kind(
         frozenset({"q_proj", "k_proj", "v_proj", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_proj"}),
@@ -31,6 +61,7 @@ KINDS = (
         "a Kimi delta attention block (a forget gate per channel, a convolution on q, k and v): "
         "vLLM runs such blocks as its KimiDeltaAttention, on triton kernels only, none on CPU, so "
         "no file holding one could run or be validated here",
+        _forget_gate,
     ),
     _Kind(
         frozenset({"qkv_proj", "output_gate", "norm", "out_proj"}),
@@ -38,6 +69,7 @@ KINDS = (
         "a lightning-attention block (MiniMax's linear attention): vLLM runs such blocks as its "
         "MiniMaxText01LinearAttention, whose decode is a triton kernel only, none on CPU, so no "
         "file holding one could run or be validated here",
+        _fused_qkv,
     ),
 )
 
@@ -48,6 +80,6 @@ def unconverted_mixer(module: nn.Module) -> str | None:
         children = {n for n, c in block.named_children() if any(True for _ in c.parameters())}
         params = {n for n, _ in block.named_parameters(recurse=False)}
         for kind in KINDS:
-            if kind.children <= children and kind.params <= params:
+            if kind.children <= children and kind.params <= params and kind.shapes(block):
                 return kind.reason
     return None

@@ -305,10 +305,8 @@ def _without_trailing_comments(init: cst.FunctionDef, attrs: set[str | None]) ->
     return t.with_body(init, body)
 
 
-_GATE = """\
-# The source's output gate (proven by replay): {described}.
-gate = self.{attr}(hidden_states)
-"""
+_GATE = "# The source's output gate (proven by replay): {described}.\n"
+_GATE_PROJECTION = "gate = self.{attr}(hidden_states)\n"
 
 
 _PACKED = """\
@@ -322,9 +320,9 @@ gate = gate.reshape(*gate.shape[:-2], -1)
 def gated_output(gate: OutputGate) -> str:
     """The statements multiplying vLLM's attention output by the proven gate (a gate packed
     beside q is already taken apart from it: ``_PACKED``)."""
-    code = _GATE.format(described=gate.describe(), attr=gate.attr)
-    if gate.packed:
-        code = code.splitlines(keepends=True)[0]
+    code = _GATE.format(described=gate.describe())
+    if not gate.packed:
+        code += _GATE_PROJECTION.format(attr=gate.attr)
     if gate.upcast:  # as the source: the activation in float32, cast back
         act = gate.activation.expression.format(gate="gate.float()")
         code += f"gate = {act}.to(attn_output.dtype)\n"

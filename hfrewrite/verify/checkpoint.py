@@ -167,7 +167,6 @@ def main(args: Any) -> int:
     from hfrewrite.progress import step
     from hfrewrite.verify.compare import (
         VerifyCase,
-        first_difference,
         logprob_tolerance,
         verify_many,
         verify_many_against_hf,
@@ -229,17 +228,8 @@ def main(args: Any) -> int:
     if not report.ran_file_under_test:
         print(f"vLLM did not run {generated}: another registration of {report.architecture} won")
         ok = False
-    for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
-        label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
-        step = first_difference(hf, gen)
-        if step is None:
-            print(f"{label}: {len(hf)} greedy tokens equal")
-        else:
-            print(
-                f"{label}: greedy tokens equal up to step {step} of {len(hf)}, then {gen[step : step + 3]} "
-                f"(vLLM) vs {hf[step : step + 3]} (HF)"
-            )
-        ok = ok and (step is None if dtype == "float32" else step != 0)
+    for at in _token_lines(report, prompts, texts):
+        ok = ok and (at is None if dtype == "float32" else at != 0)
     diff = report.logprob_diff_hf
     print(
         f"max |logprob diff| before any divergence: {'n/a' if diff is None else f'{diff:.2e}'} "
@@ -272,7 +262,7 @@ def _verify_state_layers(ckpt: Path, generated: Path, result, args: Any, tmp: Pa
     block run on the very input vLLM's layer was given; the greedy tokens are reported."""
     from hfrewrite.progress import step
     from hfrewrite.verify import engine
-    from hfrewrite.verify.compare import VerifyCase, first_difference, verify_many_against_hf
+    from hfrewrite.verify.compare import VerifyCase, verify_many_against_hf
     from hfrewrite.verify.state_layers import STATE_LAYER_TOL, first_state_layer_difference
 
     check_fits(ckpt, "float32")
@@ -288,17 +278,13 @@ def _verify_state_layers(ckpt: Path, generated: Path, result, args: Any, tmp: Pa
         report = verify_many_against_hf([case], [{"tokens": tokens, "logprobs": logprobs}], [record])[0]
     print(f"vLLM instantiated {report.generated_class} from {report.generated_file}")
     if report.errors or not report.ran_file_under_test:
-        print("\n".join(f"{side} run failed:\n{error.strip()}" for side, error in report.errors.items()))
+        for side, error in report.errors.items():
+            print(f"{side} run failed:\n{error.strip()}")
+        if not report.errors:
+            print(f"vLLM did not run {generated}: another registration of {report.architecture} won")
         print("FAILED")
         return 1
-    for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
-        label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
-        at = first_difference(hf, gen)
-        print(
-            f"{label}: {len(hf)} greedy tokens equal"
-            if at is None
-            else f"{label}: greedy tokens equal up to step {at} of {len(hf)}"
-        )
+    _token_lines(report, prompts, texts)
     difference = first_state_layer_difference(
         case.ckpt, engine.record_prompt(prompts), record, result.state_layer
     )
@@ -311,3 +297,23 @@ def _verify_state_layers(ckpt: Path, generated: Path, result, args: Any, tmp: Pa
     )
     print("verified" if diff <= STATE_LAYER_TOL else "FAILED")
     return 0 if diff <= STATE_LAYER_TOL else 1
+
+
+def _token_lines(report, prompts, texts) -> list[int | None]:
+    """Print, per prompt, whether the greedy tokens agree and where they first part; the
+    first differing step of each (None: equal)."""
+    from hfrewrite.verify.compare import first_difference
+
+    steps = []
+    for i, (hf, gen) in enumerate(zip(report.hf_tokens, report.generated_tokens)):
+        label = repr(texts[i]) if texts else f"prompt {i} ({len(prompts[i])} token ids)"
+        step = first_difference(hf, gen)
+        if step is None:
+            print(f"{label}: {len(hf)} greedy tokens equal")
+        else:
+            print(
+                f"{label}: greedy tokens equal up to step {step} of {len(hf)}, then {gen[step : step + 3]} "
+                f"(vLLM) vs {hf[step : step + 3]} (HF)"
+            )
+        steps.append(step)
+    return steps

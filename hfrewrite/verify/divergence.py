@@ -101,12 +101,18 @@ def record_hf(ckpt: Path, prompt: list[int]) -> tuple[dict[str, Any], set[str]]:
     finally:
         for hook in hooks:
             hook.remove()
+    return recorded, decoder_layer_names(model)
+
+
+def decoder_layer_names(model: Any) -> set[str]:
+    """The names of the decoder layers: the outermost ModuleList's children."""
+    import torch
+
     lists = {
         name: len(module) for name, module in model.named_modules() if isinstance(module, torch.nn.ModuleList)
     }
-    # the decoder layers
     stack = min(lists, key=lambda name: (name.count("."), name)) if lists else None
-    return recorded, {f"{stack}.{i}" for i in range(lists[stack])} if stack else set()
+    return {f"{stack}.{i}" for i in range(lists[stack])} if stack else set()
 
 
 def _tensor(x: Any, layer: bool) -> Any:

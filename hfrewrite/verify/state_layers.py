@@ -55,7 +55,7 @@ def first_state_layer_difference(
         return "vLLM recorded no module outputs"
     vllm = torch.load(recorded)
     model = hf_model(ckpt)
-    _, layers = divergence.record_hf(ckpt, prompt)
+    layers = divergence.decoder_layer_names(model)
     for name, module in model.named_modules():
         parent, _, child = name.rpartition(".")
         if parent in layers and child == attr:
