@@ -16,6 +16,10 @@ Emits the tensor-parallel head bookkeeping of vLLM's ``llama.py`` plus::
 and, in ``forward``, ``qkv, _ = self.qkv_proj(x)`` / ``q, k, v = qkv.split(...)`` with the
 three calls replaced by ``q``, ``k``, ``v``.
 
+Where the analysis proved v's heads narrower than q's and k's (``AttentionPlan.v_head_dim``:
+MiMo-V2-Flash's ``NKV * config.v_head_dim``), v keeps the source's own size expression:
+``v_head_size=self.v_head_size`` and a split of ``[q_size, kv_size, v_size]``.
+
 A checkpoint-fused projection may pass through elementwise ops before its split (dbrx:
 ``qkv = qkv.clamp(...)``): those statements are kept, on ``qkv``.
 
@@ -100,6 +104,7 @@ class _QkvSizes(NamedTuple):
     head_dim: cst.BaseExpression
     bias: cst.BaseExpression | None
     head_size: str  # `head_size = ...` where the head size is derived, else ""
+    v_head_dim: cst.BaseExpression | None = None  # v's head size, where narrower (proven)
 
 
 def _without_packing(parts: tuple, name: str, q: str) -> tuple:
@@ -120,9 +125,11 @@ def _qkv_sizes(
     counts,
     name: str,
     packed: bool = False,
+    narrow_v: bool = False,
 ) -> _QkvSizes:
     """The shared sizes of the three projections; refuses where they differ (``packed``: q's
-    projection holds a second tensor per head, ``heads * head_dim * 2``)."""
+    projection holds a second tensor per head, ``heads * head_dim * 2``; ``narrow_v``: the
+    analysis proved v's heads narrower, v's own size kept)."""
     q, k, v = roles
     parts = {a: _linear_parts(body[where[a]], name, a) for a in roles}
     if packed:
@@ -145,11 +152,11 @@ def _qkv_sizes(
         raise HfrewriteError(f"{name}: {NAME}: q/k/v differ in their bias setting")
     if not same(k_heads, v_heads):
         raise HfrewriteError(f"{name}: {NAME}: k_proj and v_proj differ in out_features")
-    if not same(head_dim, k_dim, v_dim):  # QKVParallelLinear has one head_size
+    if not same(head_dim, k_dim, *(() if narrow_v else (v_dim,))):  # one head_size (and v's own)
         raise HfrewriteError(
             f"{name}: {NAME}: q/k/v differ in head_dim ({t.code(head_dim)}, {t.code(k_dim)}, {t.code(v_dim)})"
         )
-    return _QkvSizes(q_in, q_heads, k_heads, head_dim, q_bias, head_size)
+    return _QkvSizes(q_in, q_heads, k_heads, head_dim, q_bias, head_size, v_dim if narrow_v else None)
 
 
 _PACKED_HEADS = """\
@@ -183,6 +190,7 @@ def _fused_init(
         f"{head_dim_attr}"
         f"self.q_size = self.num_heads * {head_dim}\n"
         f"self.kv_size = self.num_kv_heads * {head_dim}\n"
+        f"{_narrow_v(sizes)}"
         f"{_PACKED_HEADS if packed else ''}"
         "self.qkv_proj = QKVParallelLinear(\n"
         f"    hidden_size={t.code(sizes.size_in)},\n"
@@ -190,6 +198,7 @@ def _fused_init(
         f"    total_num_heads=self.total_num_heads{' * 2' if packed else ''},\n"
         "    total_num_kv_heads=self.total_num_kv_heads,\n"
         f"    bias={bias},\n"
+        f"{'    v_head_size=self.v_head_size,' + chr(10) if sizes.v_head_dim is not None else ''}"
         "    quant_config=quant_config,\n"
         '    prefix=f"{prefix}.qkv_proj",\n'
         ")\n"
@@ -202,8 +211,21 @@ def _fused_init(
     return t.with_body(init, [*before, *fused, *after_head_sharding(after)])
 
 
+def _narrow_v(sizes: _QkvSizes) -> str:
+    """v's head size and width, where its heads are narrower than q's and k's."""
+    if sizes.v_head_dim is None:
+        return ""
+    return (
+        f"self.v_head_size = {t.code(sizes.v_head_dim)}\nself.v_size = self.num_kv_heads * self.v_head_size\n"
+    )
+
+
 def _split_forward(
-    forward: cst.FunctionDef, roles: tuple[str, str, str], name: str, packed: bool = False
+    forward: cst.FunctionDef,
+    roles: tuple[str, str, str],
+    name: str,
+    packed: bool = False,
+    narrow_v: bool = False,
 ) -> cst.FunctionDef:
     """``forward`` with the three calls replaced by ``q``, ``k``, ``v``, bound by the fused
     call and its split just before the first of them (``packed``: q twice its size)."""
@@ -226,7 +248,8 @@ def _split_forward(
     first = replacer.in_order[0]
     split = t.stmts(
         f"qkv, _ = self.qkv_proj({first})\n"
-        f"q, k, v = qkv.split([{'2 * ' if packed else ''}self.q_size, self.kv_size, self.kv_size], dim=-1)\n"
+        f"q, k, v = qkv.split([{'2 * ' if packed else ''}self.q_size, self.kv_size, "
+        f"self.{'v_size' if narrow_v else 'kv_size'}], dim=-1)\n"
     )
     fwd_body[first_use:first_use] = split
     return t.with_body(forward, fwd_body)
@@ -239,6 +262,7 @@ def rewrite_attention(
     v: str,
     counts: tuple[str | None, str | None] = (None, None),
     packed: bool = False,
+    narrow_v: bool = False,
 ) -> cst.ClassDef:
     """``counts``: the expressions proven to hold the head and kv-head counts; ``k`` may be
     ``v`` (one Linear holding both, TeleChat's key_value): its size is theirs together, so
@@ -247,9 +271,9 @@ def rewrite_attention(
     name = cls.name.value
     init, body, where = t.init_assignments(cls, (q, k, v), NAME)
     forward = t.find_method(cls, "forward")
-    sizes = _qkv_sizes(init, body, where, (q, k, v), counts, name, packed)
+    sizes = _qkv_sizes(init, body, where, (q, k, v), counts, name, packed, narrow_v)
     init = _fused_init(init, body, where, (q, k, v), sizes, packed)
-    forward = _split_forward(forward, (q, k, v), name, packed)
+    forward = _split_forward(forward, (q, k, v), name, packed, narrow_v)
     return t.set_method(t.set_method(cls, init), forward)
 
 
@@ -301,6 +325,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         att.v.attr,
         _count_expressions(att),
         packed=att.output_gate is not None and att.output_gate.packed,
+        narrow_v=att.v_head_dim is not None,
     )
     module = sites.replace_class(module, att.module_class, cls)
     kv_layout = layout.report if layout is not None else ""

@@ -28,6 +28,12 @@ Attention sinks the call passes (``s_aux=self.sinks``) go to ``Attention(sinks=.
 the rank's heads; statements between the fused projection and its split (dbrx's ``clip_qkv``
 clamp, proven elementwise) are kept.
 
+A number the source multiplies k by after the head split (Falcon-H1's ``key_multiplier``,
+analyze/path_scale.py) is folded into the scale, as the source's expression; one it multiplies
+v by is applied to vLLM's v after the split; v heads narrower than q's and k's are zero-padded
+to their size around ``self.attn`` and cut from its output (emit/value_heads.py). Sinks the
+source builds on some layers only (``nn.Parameter(...) if is_swa else None``) keep its test.
+
 An output gate the analysis proved by replay (analyze/output_gate.py: the attention output
 times ``act(gate(x))``, per lane or per head: AFMoE, Laguna) is computed after ``self.attn``
 from the table row's expression, in float32 where the source computes it so; ``row_parallel``
@@ -72,6 +78,7 @@ from hfrewrite.emit.position_code import (
 )
 from hfrewrite.emit.shared_matchers import QKV_PROJECTION
 from hfrewrite.emit.templates_io import insert_before, template_class
+from hfrewrite.emit.value_heads import key_scaled
 from hfrewrite.errors import HfrewriteError
 
 NAME = "vllm_attention"
@@ -195,6 +202,7 @@ def _init_with_attention(
     scaling = t.code(kwargs["scaling"])
     if att.q_prescale:  # q multiplied by it after its projection, the call at its own scale
         scaling = att.q_prescale if scaling in ("1", "1.0") else f"{att.q_prescale} * {scaling}"
+    scaling = key_scaled(att, scaling)
     options = _attention_options(kwargs, att)
     if att.sinks:
         init = _sinks_per_rank(init, att.sinks, name)
@@ -356,12 +364,21 @@ def _sinks_per_rank(init: cst.FunctionDef, attr: str, cls: str) -> cst.FunctionD
     as this rank's slice of the checkpoint's per-head tensor (as vLLM's gpt_oss.py does)."""
     body = list(init.body.body)
     at = [i for i, s in enumerate(body) if t.self_attr_assigned(s) == attr]
-    if len(at) != 1 or t.call_name(t.assigned_value(body[at[0]])) != "nn.Parameter":
+    built = t.assigned_value(body[at[0]]) if len(at) == 1 else None
+    test = None  # `nn.Parameter(...) if <test> else None`: sinks on some layers (MiMo-V2-Flash)
+    if isinstance(built, cst.IfExp) and m.matches(built.orelse, m.Name("None")):
+        built, test = built.body, built.test
+    if t.call_name(built) != "nn.Parameter":
         raise HfrewriteError(f"{cls}: {NAME}: self.{attr} (the attention sinks) is not one nn.Parameter")
+    parameter = "nn.Parameter(torch.empty(self.num_heads), requires_grad=False)"
+    loader = f'set_weight_attrs(self.{attr}, {{"weight_loader": sharded_weight_loader(0)}})\n'
     new = t.stmts(
         "# Attention sinks: one logit per head, this rank's heads.\n"
-        f"self.{attr} = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)\n"
-        f'set_weight_attrs(self.{attr}, {{"weight_loader": sharded_weight_loader(0)}})\n'
+        + (
+            f"self.{attr} = {parameter} if {t.code(test)} else None\nif self.{attr} is not None:\n    {loader}"
+            if test is not None
+            else f"self.{attr} = {parameter}\n{loader}"
+        )
     )
     new[0] = new[0].with_changes(leading_lines=body[at[0]].leading_lines)
     body[at[0] : at[0] + 1] = new

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
 from torch.fx import Node
 
 from hfrewrite.analyze.attention_options import call_options
@@ -34,7 +33,6 @@ from hfrewrite.analyze.dataflow import (
     rope_start,
 )
 from hfrewrite.analyze.fused_qkv import fused_qkv
-from hfrewrite.analyze.gqa_expansion import expanded_from
 from hfrewrite.analyze.head_layout import (
     norm_through_layout,
     only_layout,
@@ -42,10 +40,12 @@ from hfrewrite.analyze.head_layout import (
     prove_output_layout,
 )
 from hfrewrite.analyze.head_norms import own_weights_per_head
+from hfrewrite.analyze.head_sizes import Heads, heads_of
 from hfrewrite.analyze.leaf_modules import is_head_norm
 from hfrewrite.analyze.manual_attention import by_hand_facts, no_attention_reason
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
+from hfrewrite.analyze.path_scale import path_scales
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, RopeTable, refuse
 from hfrewrite.analyze.position_scale import peel_position_scale
 from hfrewrite.analyze.q_prescale import peel_q_prescale
@@ -94,7 +94,7 @@ def _analyze(
     if (prescale := peel_q_prescale(traced, path, proj.feeders["q"])) is not None:  # (OPT)
         proj = proj._replace(feeders={**proj.feeders, "q": prescale[0]})
     args["q"], q_scale = peel_position_scale(traced, path, scope, args["q"], proj.feeders["q"])
-    heads = _heads(args, proj)
+    heads = heads_of(args, proj)
     rope = _rope(traced, path, scope, args, proj.feeders, config, heads.head_dim, layer)
     norms = _norms(traced, path, scope, args, proj.feeders, rope)
     qk_norm_over = _qk_norm_over(traced, path, norms, heads)
@@ -119,9 +119,7 @@ def _analyze(
         rope_style=fact.style if fact else RopeStyle.NEOX,
         rope_turn=fact.turn if fact else RopeTurn.FORWARD,
         rotary_dim=fact.rotary_dim if fact else head_dim,
-        scaling=float(head_dim**-0.5 if options.scaling is None else options.scaling)
-        * (prescale[1] if prescale else 1.0),
-        q_prescale=prescale[2] if prescale else None,
+        **_scales(options.scaling, prescale, rope, heads),
         sliding_window=None if options.window is None else int(options.window),
         attention_chunk=options.chunk,
         qk_norm_over=qk_norm_over,
@@ -142,6 +140,19 @@ def _analyze(
         adds_residual=adds_residual,
         output_gate=gate,
     )
+
+
+def _scales(called: float | None, prescale: tuple | None, rope: _Rope, heads: Heads) -> dict:
+    """The scale vLLM's attention runs at (the call's, or the default, times the numbers q
+    and k are multiplied by), the source's expressions of those numbers, and v's head size
+    where narrower."""
+    scaling = heads.head_dim**-0.5 if called is None else called
+    return {
+        "scaling": float(scaling) * (prescale[1] if prescale else 1.0) * rope.scales.get("k", (None, 1.0))[1],
+        "q_prescale": prescale[2] if prescale else None,
+        "path_scales": tuple((role, expression) for role, (_, _, expression) in sorted(rope.scales.items())),
+        "v_head_dim": heads.v_head_dim if heads.v_head_dim != heads.head_dim else None,
+    }
 
 
 class _Projections(NamedTuple):
@@ -167,8 +178,8 @@ def _projections(traced: Traced, path: str, scope: set[Node], args: dict) -> _Pr
             refuse("fuse_qkv", "q, k and v do not come from three different linears")
         q, k, v = (traced.linear_fact(feeders[role], path) for role in "qkv")
         fused, unpack_lines = None, ()
-    if k.out_features != v.out_features:
-        refuse(
+    if k.out_features != v.out_features and (fused is not None or v.out_features > k.out_features):
+        refuse(  # (a narrower v of its own: its head size, head_sizes.py)
             "fuse_qkv",
             f"{k.attr} and {v.attr} differ in out_features ({k.out_features} != {v.out_features})",
         )
@@ -185,6 +196,8 @@ class _Rope(NamedTuple):
     norm_after: dict[str, str] | None  # role -> the norm right after the rope (hunyuan)
     ends: dict[str, Node]  # q/k -> where the proven rope ends (empty without a rope)
     table: RopeTable | None = None  # the source's module whose table gives a computed base
+    # k or v -> (the product, the number, its source expression): a config number times it
+    scales: dict[str, tuple[Node, float, str]] | None = None
 
 
 def _rope(
@@ -212,9 +225,12 @@ def _rope(
             "vllm_attention",
             "a position-dependent op is not applied to exactly q and k",
         )
-    for role in "qkv":  # projection -> rope (or attention): layout, casts, norms only
-        stop = rope_in[role] if rope_in[role] is not None else args[role]
-        only_layout([*path_nodes(stop, feeders[role], scope), stop], traced, f"the {role} path")
+    stops = {role: rope_in[role] if rope_in[role] is not None else args[role] for role in "qkv"}
+    scales = path_scales(traced, path, scope, stops, feeders)
+    products = {product for product, _, _ in scales.values()}
+    for role, stop in stops.items():  # projection -> rope (or attention): layout, casts, norms only
+        nodes = [*path_nodes(stop, feeders[role], scope), stop]
+        only_layout([n for n in nodes if n not in products], traced, f"the {role} path")
     rope, norm_after = None, None
     if rope_in["q"] is not None:
         rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type, layer_idx)
@@ -238,7 +254,7 @@ def _rope(
             refuse_rope(rope)
     rope_ends = {r: after_norm[r].args[0] if norm_after is not None else args[r] for r in "qk"}
     table = _rope_table(traced, path, rope, value(args["q"]).shape[-2], config, layer_type)
-    return _Rope(rope_in, rope, norm_after, rope_ends if rope else {}, table)
+    return _Rope(rope_in, rope, norm_after, rope_ends if rope else {}, table, scales)
 
 
 def _rope_table(traced: Traced, path: str, rope, seq: int, config, layer_type) -> RopeTable | None:
@@ -278,7 +294,7 @@ def _norms(
     return norms
 
 
-def _qk_norm_over(traced: Traced, path: str, norms: dict, heads: _Heads) -> str | None:
+def _qk_norm_over(traced: Traced, path: str, norms: dict, heads: Heads) -> str | None:
     """What the q/k norms normalise over: "head" (every head alike), "each_head" (each with
     weights of its own), "all_heads", or None without norms."""
     if norms["q"] is None:
@@ -306,7 +322,7 @@ def _prove_head_layouts(
     feeders: dict,
     rope: _Rope,
     norms: dict,
-    heads: _Heads,
+    heads: Heads,
     qk_norm_over: str | None,
 ) -> None:
     """Each of q, k and v splits into heads the way vLLM assumes (prove_head_layout)."""
@@ -319,11 +335,12 @@ def _prove_head_layouts(
             feeders[role],
             rope.starts[role] or args[role],
             counts[role],
-            heads.head_dim,
+            heads.v_head_dim if role == "v" else heads.head_dim,
             before_rope,
             qk_norm_over,
             role,
             packed=heads.packed and role == "q",
+            scale=rope.scales[role][1] if role in rope.scales else 1.0,
         )
 
 
@@ -392,43 +409,6 @@ def _feeder(traced: Traced, path: str, scope: set[Node], arg: Node, group: list[
     return found[0]
 
 
-class _Heads(NamedTuple):
-    """The attention's head counts and head size, read off the traced q/k/v values."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    packed: bool = False  # q's projection holds [heads, 2 * head_dim], q the first half of each
-
-
-def _heads(args: dict, proj: _Projections) -> _Heads:
-    """(heads, kv heads, head_dim) from the [batch, heads, seq, head_dim] values."""
-    q, k = proj.q, proj.k
-    qv, kv, vv = (value(args[role]) for role in "qkv")
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (qv, kv, vv)):
-        refuse("vllm_attention", "q, k and v are not [batch, heads, seq, head_dim]")
-    heads, kv_heads, head_dim = qv.shape[1], kv.shape[1], qv.shape[3]
-    if kv.shape[3] != head_dim or vv.shape[3] != head_dim or vv.shape[1] != kv_heads:
-        refuse(
-            "vllm_attention",
-            f"q, k and v shapes differ: {tuple(qv.shape)}, {tuple(kv.shape)}, {tuple(vv.shape)}",
-        )
-    if k.out_features != kv_heads * head_dim and all(
-        expanded_from(t, 1, k.out_features // head_dim) for t in (kv, vv)
-    ):  # k and v given expanded to every query head (Falcon-40B's broadcast_to): proven
-        kv_heads = k.out_features // head_dim
-    # q's projection twice the heads: q and another tensor per head (Qwen3-Next's output
-    # gate), proven by the head layout and the output gate's replay
-    packed = q.out_features == 2 * heads * head_dim and k.out_features == kv_heads * head_dim
-    if packed and proj.fused is not None:
-        refuse("fuse_qkv", f"{q.attr} holds q, k and v with q twice the heads: no layout of q/k/v")
-    if not packed and (q.out_features != heads * head_dim or k.out_features != kv_heads * head_dim):
-        refuse("fuse_qkv", f"out_features are not heads * head_dim ({head_dim})")
-    if heads % kv_heads:
-        refuse("vllm_attention", f"{heads} heads not divisible by {kv_heads} kv heads")
-    return _Heads(heads, kv_heads, head_dim, packed)
-
-
 def _head_norm(
     traced: Traced,
     path: str,
@@ -473,7 +453,7 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
 
 
 def _output_path(
-    traced: Traced, path: str, scope: set[Node], call: Node, o_node: Node, proj: _Projections, heads: _Heads
+    traced: Traced, path: str, scope: set[Node], call: Node, o_node: Node, proj: _Projections, heads: Heads
 ):
     """The output gate between the attention and its projection, or None; the rest of that
     path layout alone, and without a gate, the projection reading the heads as vLLM lays them."""

@@ -51,9 +51,11 @@ def per_layer_heads(per_layer: list[LayerFacts], attention: AttentionPlan) -> No
     counts = sorted({(f.attention.num_heads, f.attention.num_kv_heads) for f in attention_layers(per_layer)})
     if len(counts) == 1:
         return
-    fields = [f"config.{f}" for f in (attention.heads_field, attention.kv_heads_field) if f]
-    if not fields and attention.heads_expr and attention.kv_heads_expr:
+    heads_differ = len({heads for heads, _ in counts}) > 1
+    kv_differ = len({kv for _, kv in counts}) > 1
+    if (attention.heads_expr or not heads_differ) and (attention.kv_heads_expr or not kv_differ):
         return
+    fields = [f"config.{f}" for f in (attention.heads_field, attention.kv_heads_field) if f]
     why = (
         f"{' and '.join(fields)} would give them all one"
         if fields

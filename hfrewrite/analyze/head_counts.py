@@ -22,6 +22,7 @@ from hfrewrite.analyze.branches import Substitute, assigned_once, init_assignmen
 from hfrewrite.analyze.plan import AttentionPlan
 
 _CONFIG_NAMES = {"config", "None", "True", "False"}
+LOCAL = "local "  # the key prefix of an __init__ local among the attributes
 
 
 def head_fields(small, attention: AttentionPlan) -> dict:
@@ -53,6 +54,12 @@ def head_expressions(
     given = not _takes_config(type(module))
     heads = [(m, h) for m, h, _ in others]
     kv_heads = [(m, kv) for m, _, kv in others]
+    # a count that differs between layers (MiMo-V2-Flash's kv heads, doubled on its sliding
+    # layers) is no config field's, whatever the lead layer's value
+    if any(h != attention.num_heads for _, h in heads):
+        attention = dataclasses.replace(attention, heads_field=None)
+    if any(kv != attention.num_kv_heads for _, kv in kv_heads):
+        attention = dataclasses.replace(attention, kv_heads_field=None)
     return dataclasses.replace(
         attention,
         heads_expr=None
@@ -72,14 +79,19 @@ def count_expression(
     parameters (OpenELM's ``config.num_query_heads[layer_idx]``), at the values the module
     keeps of them."""
     layer = layer_parameters(module)
-    found = {
-        text
+    fitting = {
+        attr: text
         for attr, text in _config_expressions(type(module), set(layer)).items()
-        if type(getattr(module, attr, None)) is int
-        and getattr(module, attr) == count
-        and _evaluates_to(text, config, count, layer)
+        if _evaluates_to(text, config, count, layer)
         and all(evaluate_count(text, config, other) == n for other, n in others)
     }
+    # an attribute holding the count, else a local the projections are sized by
+    found = {
+        text
+        for attr, text in fitting.items()
+        if type(getattr(module, attr, None)) is int and getattr(module, attr) == count
+    }
+    found = found or {text for attr, text in fitting.items() if attr.startswith(LOCAL)}
     return found.pop() if len(found) == 1 else None
 
 
@@ -113,6 +125,9 @@ def _config_expressions(cls: type, layer: set[str] = frozenset()) -> dict[str, s
     once = assigned_once(cls)
     values = {attr: ast.unparse(v) for attr, v in init_assignments(cls).items() if attr in once}
     local = _locals_assigned_once(cls)
+    # a local the projections are sized by (``num_key_value_heads = ... if is_swa else ...``):
+    # no attribute holds its value, so it is taken only where it gives every traced layer its count
+    values |= {f"{LOCAL}{name}": value for name, value in local.items()}
     out = {}
     for attr, value in values.items():
         tree = ast.parse(value, mode="eval").body

@@ -62,13 +62,16 @@ def prove_head_layout(
     norm_over: str | None,
     role: str,
     packed: bool = False,
+    scale: float = 1.0,
 ) -> None:
     """The layout ops between a projection and its head-shaped value (the rope's input,
     or the attention's) are the split vLLM assumes: ``[b, s, heads * d]`` ->
     ``[b, heads, s, d]`` (or ``[b, s, heads, d]``, a rope's input), head after head (through the q/k norm, if any), checked on
     the traced values: a transpose against head_dim has the same shape, not the values.
-    ``packed``: the projection holds ``[heads, 2 * d]``, the head the first half of each."""
+    ``packed``: the projection holds ``[heads, 2 * d]``, the head the first half of each;
+    ``scale``: a number the path multiplies by (path_scale.py), divided out."""
     out, got = value(proj), value(head_shaped)
+    got = got / scale if torch.is_tensor(got) and scale != 1.0 else got
     if not (torch.is_tensor(out) and torch.is_tensor(got) and out.dim() == 3):
         refuse(
             "vllm_attention",

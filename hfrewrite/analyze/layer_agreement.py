@@ -109,7 +109,7 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
 
 
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
-    """The facts layers must share: sliding windows may differ, and rope may be absent
+    """The facts layers must share: sliding windows and sinks may differ, and rope may be absent
     on some layers (NoPE: cohere2's global layers), never different where present; so may
     the scale of a call through transformers' interface, whose ``scaling=`` expression the
     file carries (GPT-2's ``scale_attn_by_inverse_layer_idx``: each layer's own); so may the
@@ -137,6 +137,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         replaced_calls=(),
         **_NO_NORMS,
         q_position_scale=None,
+        sinks=None,
     )
 
 
@@ -164,6 +165,11 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     normed = {_norms(a) for a in plans if a.q_norm or a.k_norm}
     if len(normed) > 1:
         refuse("uniform_layers", "layers differ in their q/k norms", plans[0].module_class)
+    # sinks on some layers only (MiMo-V2-Flash's sliding ones): the file builds the source's
+    # parameter as its __init__ does, None where the call passed none
+    sinks = {a.sinks for a in plans if a.sinks}
+    if len(sinks) > 1:
+        refuse("uniform_layers", "layers pass different attention sinks", plans[0].module_class)
     chosen = roped[0] if roped else plans[0]
     norms = dict(zip(_NO_NORMS, normed.pop())) if normed else {}
     return dataclasses.replace(
@@ -173,6 +179,7 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
         **norms,
         qk_norm_layers_some=bool(norms) and any(not (a.q_norm or a.k_norm) for a in plans),
         q_position_scale=_q_scale(plans),
+        sinks=sinks.pop() if sinks else None,
     )
 
 

@@ -109,6 +109,11 @@ class AttentionPlan:
     # the source's expression q is multiplied by right after its projection, the attention
     # then run at its own scale times it (OPT's self.scaling; analyze/q_prescale.py)
     q_prescale: str | None = None
+    # (role, the source's expression) for k or v multiplied by a config number on its path:
+    # k's folded into the scale, v's multiplied after the split (analyze/path_scale.py)
+    path_scales: tuple[tuple[str, str], ...] = ()
+    # v's head size where narrower than q's and k's (MiMo-V2-Flash): padded for vLLM's attention
+    v_head_dim: int | None = None
     # the config field holding the rotated width in lanes (GPT-J's rotary_dim), when the
     # replay proved that width: the file passes its share of the head to get_rope
     rotary_dim_field: str | None = None

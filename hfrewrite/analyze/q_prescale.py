@@ -19,7 +19,7 @@ from torch.fx import Node
 from hfrewrite.analyze.fused_qkv import forward_code, source_line
 from hfrewrite.analyze.trace import Traced
 
-_MUL = (operator.mul, "mul")
+MUL = (operator.mul, "mul")
 
 
 def peel_q_prescale(traced: Traced, path: str, feeder: Node) -> tuple[Node, float, str] | None:
@@ -29,20 +29,27 @@ def peel_q_prescale(traced: Traced, path: str, feeder: Node) -> tuple[Node, floa
     if len(users) != 1:
         return None
     (scaled,) = users
-    if (
-        scaled.op not in ("call_function", "call_method")
-        or scaled.target not in _MUL
-        or len(scaled.args) != 2
-    ):
+    if scaled.op not in ("call_function", "call_method") or scaled.target not in MUL or len(scaled.args) != 2:
         return None
-    numbers = [a for a in scaled.args if isinstance(a, int | float) and not isinstance(a, bool)]
-    if len(numbers) != 1 or feeder not in scaled.args:
+    if feeder not in scaled.args:
         return None
-    expression = _factor_text(source_line(scaled, forward_code(traced, path)))
-    number = float(numbers[0])
-    if not expression or not _evaluates_to(expression, traced.module.get_submodule(path), number):
+    proven = factor_of(
+        scaled, source_line(scaled, forward_code(traced, path)), traced.module.get_submodule(path)
+    )
+    return None if proven is None else (scaled, *proven)
+
+
+def factor_of(product: Node, line: str, module) -> tuple[float, str] | None:
+    """(the number, the source's expression for it) of ``product``, a product by one Python
+    number traced off ``line``, when that line multiplies by one expression reading ``self``
+    alone that gives the number on ``module``; else None."""
+    numbers = [a for a in product.args if isinstance(a, int | float) and not isinstance(a, bool)]
+    if len(numbers) != 1:
         return None
-    return scaled, number, expression
+    expression, number = _factor_text(line), float(numbers[0])
+    if not expression or not _evaluates_to(expression, module, number):
+        return None
+    return number, expression
 
 
 def _evaluates_to(expression: str, module, number: float) -> bool:

@@ -75,6 +75,7 @@ def shrink_config(
             _set(small, field, 1 if kv == 1 else heads_to if kv == heads else 2)
     if head_dim:
         _set(small, "head_dim", 2 * HIDDEN // HEADS if explicit else HIDDEN // HEADS)
+        _shrink_value_heads(config, small, head_dim)
     rotary = getattr(config, "rotary_dim", None)
     if isinstance(rotary, int) and heads:  # an absolute rope width (GPT-J, CodeGen): its share kept
         before = head_dim or config.hidden_size // heads
@@ -387,6 +388,16 @@ def _shrink_sub_configs(config, small, sizes: dict, heads_to: int) -> None:
         kv = getattr(sub, "kv_n_heads", None)
         if isinstance(kv, int):
             _set(small_sub, "kv_n_heads", 1 if kv == 1 else heads_to if kv == heads else 2)
+
+
+def _shrink_value_heads(config, small, head_dim: int) -> None:
+    """A value head size of its own beside ``head_dim`` (MiMo-V2-Flash's ``v_head_dim``, MLA
+    aside): kept equal, half as wide or twice, as the config has it."""
+    v_head_dim = getattr(config, "v_head_dim", None)
+    if type(v_head_dim) is not int or isinstance(getattr(config, "kv_lora_rank", None), int):
+        return
+    ratio = 1 if v_head_dim == head_dim else 0.5 if v_head_dim < head_dim else 2
+    _set(small, "v_head_dim", int(small.head_dim * ratio))
 
 
 def _shrink_mla(config, small) -> None:

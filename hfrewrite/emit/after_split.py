@@ -40,6 +40,7 @@ from hfrewrite.emit.kv_expansion import kv_expansion
 from hfrewrite.emit.pass_api import PassContext
 from hfrewrite.emit.position_scaled import position_scaled, same_line
 from hfrewrite.emit.shared_matchers import TP_SIZE_LOCAL
+from hfrewrite.emit.value_heads import after_attention, before_attention
 from hfrewrite.errors import HfrewriteError
 
 _PASS = "vllm_attention"  # the pass whose refusals these are
@@ -361,7 +362,9 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
         tail += t.code(source.q_scale)
     return (
         tail
+        + before_attention(att)
         + "attn_output = self.attn(q, k, v)\n"
+        + after_attention(att)
         + (gated_output(att.output_gate) if att.output_gate else "")
         + f"attn_output = self.{att.o.attr}(attn_output)\n"
         + (f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n")

@@ -85,3 +85,25 @@ def test_without_a_config_the_count_is_the_parameter_the_attribute_holds():
     assert count_expression(module, CONFIG, 4) == "num_heads"
     assert count_expression(module, CONFIG, 32) == "embed_dim // num_heads"  # head_dim's, by value
     assert count_expression(module, CONFIG, 3) is None  # no attribute holds it
+
+
+def test_a_count_only_a_local_holds_is_taken_where_it_gives_each_layer_its_own():
+    """MiMo-V2-Flash's kv heads: a local of __init__ (doubled on sliding layers), which no
+    attribute keeps; taken as the expression giving each traced layer its count."""
+
+    class PerLayer(nn.Module):
+        def __init__(self, config, layer_idx):
+            super().__init__()
+            self.layer_idx = layer_idx
+            sliding = config.layer_types[layer_idx] == "sliding"
+            kv_heads = config.num_kv_heads * 2 if sliding else config.num_kv_heads
+            self.k_proj = nn.Linear(8, kv_heads * 2)
+
+    config = SimpleNamespace(num_kv_heads=2, layer_types=["full", "sliding"])
+    full, sliding = PerLayer(config, 0), PerLayer(config, 1)
+    expression = count_expression(full, config, 2, [(sliding, 4)])
+    assert (
+        expression
+        == "config.num_kv_heads * 2 if config.layer_types[layer_idx] == 'sliding' else config.num_kv_heads"
+    )
+    assert count_expression(full, config, 2, [(sliding, 3)]) is None  # gives the other layer 4
