@@ -195,6 +195,23 @@ class BambaDecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if tuple(config.time_step_limit) != (0.0, float("inf")):
+            raise ValueError(
+                "hfrewrite: this file needs tuple(config.time_step_limit) == "
+                '(0.0, float("inf")): vLLM\'s MambaMixer2 does not clamp '
+                "time steps"
+            )
+        if config.hidden_act not in ("silu", "swish"):
+            raise ValueError(
+                'hfrewrite: this file needs config.hidden_act in ("silu", '
+                '"swish"): vLLM\'s causal convolution applies silu or nothing'
+            )
+        if config.mamba_n_groups != 1:
+            raise ValueError(
+                "hfrewrite: this file needs config.mamba_n_groups == 1: "
+                "proven with one group only, where a norm over all channels "
+                "is vLLM's norm over each group's"
+            )
         self.feed_forward = BambaMLP(
             config, quant_config=quant_config, prefix=f"{prefix}.feed_forward"
         )
@@ -203,24 +220,6 @@ class BambaDecoderLayer(nn.Module):
 
         self.block_type = layer_type
         if layer_type == "linear_attention":
-            if tuple(config.time_step_limit) != (0.0, float("inf")):
-                raise ValueError(
-                    "hfrewrite: this file needs "
-                    'tuple(config.time_step_limit) == (0.0, float("inf")): '
-                    "vLLM's MambaMixer2 does not clamp time steps"
-                )
-            if config.hidden_act not in ("silu", "swish"):
-                raise ValueError(
-                    "hfrewrite: this file needs config.hidden_act in "
-                    '("silu", "swish"): vLLM\'s causal convolution applies '
-                    "silu or nothing"
-                )
-            if config.mamba_n_groups != 1:
-                raise ValueError(
-                    "hfrewrite: this file needs config.mamba_n_groups == 1: "
-                    "proven with one group only, where a norm over all "
-                    "channels is vLLM's norm over each group's"
-                )
             self.mamba = MambaMixer2(
                 hidden_size=config.hidden_size,
                 conv_kernel_size=config.mamba_d_conv,

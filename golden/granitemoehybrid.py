@@ -256,6 +256,23 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if tuple(config.time_step_limit) != (0.0, float("inf")):
+            raise ValueError(
+                "hfrewrite: this file needs tuple(config.time_step_limit) == "
+                '(0.0, float("inf")): vLLM\'s MambaMixer2 does not clamp '
+                "time steps"
+            )
+        if config.hidden_act not in ("silu", "swish"):
+            raise ValueError(
+                'hfrewrite: this file needs config.hidden_act in ("silu", '
+                '"swish"): vLLM\'s causal convolution applies silu or nothing'
+            )
+        if config.mamba_n_groups != 1:
+            raise ValueError(
+                "hfrewrite: this file needs config.mamba_n_groups == 1: "
+                "proven with one group only, where a norm over all channels "
+                "is vLLM's norm over each group's"
+            )
         # Either attention or mamba will be initialized, depending on the layer type.
         self.self_attn = None
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -278,24 +295,6 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         self.mamba = None
 
         if config.layers_block_type[layer_idx] == "linear_attention":
-            if tuple(config.time_step_limit) != (0.0, float("inf")):
-                raise ValueError(
-                    "hfrewrite: this file needs "
-                    'tuple(config.time_step_limit) == (0.0, float("inf")): '
-                    "vLLM's MambaMixer2 does not clamp time steps"
-                )
-            if config.hidden_act not in ("silu", "swish"):
-                raise ValueError(
-                    "hfrewrite: this file needs config.hidden_act in "
-                    '("silu", "swish"): vLLM\'s causal convolution applies '
-                    "silu or nothing"
-                )
-            if config.mamba_n_groups != 1:
-                raise ValueError(
-                    "hfrewrite: this file needs config.mamba_n_groups == 1: "
-                    "proven with one group only, where a norm over all "
-                    "channels is vLLM's norm over each group's"
-                )
             self.mamba = MambaMixer2(
                 hidden_size=config.hidden_size,
                 conv_kernel_size=config.mamba_d_conv,

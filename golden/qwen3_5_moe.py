@@ -305,21 +305,21 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
         prefix: str = "",
     ):
         super().__init__()
+        if config.hidden_act not in ("silu", "swish"):
+            raise ValueError(
+                'hfrewrite: this file needs config.hidden_act in ("silu", '
+                '"swish"): vLLM\'s gated delta net applies silu in its '
+                "convolution and its gate, as the traced block does"
+            )
+        if getattr(config, "output_gate_type", "silu") not in ("silu", "swish"):
+            raise ValueError(
+                "hfrewrite: this file needs getattr(config, "
+                '"output_gate_type", "silu") in ("silu", "swish"): vLLM\'s '
+                "gated delta net applies silu in its convolution and its "
+                "gate, as the traced block does"
+            )
         self.block_type = config.layer_types[layer_idx]
         if self.block_type == "linear_attention":
-            if config.hidden_act not in ("silu", "swish"):
-                raise ValueError(
-                    "hfrewrite: this file needs config.hidden_act in "
-                    '("silu", "swish"): vLLM\'s gated delta net applies silu '
-                    "in its convolution and its gate, as the traced block does"
-                )
-            if getattr(config, "output_gate_type", "silu") not in ("silu", "swish"):
-                raise ValueError(
-                    "hfrewrite: this file needs getattr(config, "
-                    '"output_gate_type", "silu") in ("silu", "swish"): '
-                    "vLLM's gated delta net applies silu in its convolution "
-                    "and its gate, as the traced block does"
-                )
             self.linear_attn = QwenGatedDeltaNetAttention(
                 config,
                 vllm_config=get_current_vllm_config(),

@@ -56,11 +56,15 @@ def _assigning_chain(statement: cst.BaseStatement) -> tuple[str, int] | None:
 
 
 def _name_counts(fn: cst.FunctionDef) -> dict[str, int] | None:
+    """How often each name occurs in ``fn``'s body; a keyword argument's name
+    (``MambaMixer2(head_dim=...)``) is no read of a local."""
     counts: dict[str, int] = {}
-    for node in t.walk(fn.body):
+    nodes = list(t.walk(fn.body))
+    keywords = {id(node.keyword) for node in nodes if isinstance(node, cst.Arg) and node.keyword is not None}
+    for node in nodes:
         if isinstance(node, (cst.Global, cst.Nonlocal)):
             return None
-        if isinstance(node, cst.Name):
+        if isinstance(node, cst.Name) and id(node) not in keywords:
             counts[node.value] = counts.get(node.value, 0) + 1
     return counts
 

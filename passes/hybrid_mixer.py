@@ -19,6 +19,10 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   clamp, a convolution activation other than silu, more groups than the traced one); the gated
   delta net takes the config and the whole vLLM config, with the layout of its projections
   (``gqa_interleaved_layout``), after checks of the silu it applies;
+* a Mamba-2 block with muP factors (Falcon-H1's, ``Mamba2Plan.input_scale`` and
+  ``projection_scale``) as ``ScaledMambaMixer2`` (templates/mamba2.py), built with the source's
+  expressions of them; the source's statements registering the full factor vector on every
+  block go, the file's mixer cutting its own to the rank's columns;
 * in its fused forward, the attention call under the source's test, and in the other branch
   the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
   carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
@@ -33,6 +37,7 @@ Preconditions: the layer's forward is vLLM's fused-residual one (fused_residual_
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +47,7 @@ import libcst.matchers as m
 from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba2Plan, MixerPlan, ShortConvPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.templates_io import insert_before, template_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "hybrid_mixer"
@@ -208,6 +214,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     row = ROWS[type(mixer)]
     layer = ctx.plan.decoder_layer
     arguments = row.arguments(mixer, module)
+    if isinstance(mixer, Mamba2Plan) and (mixer.input_scale or mixer.projection_scale):
+        row, arguments = _scaled(row, mixer, arguments)
+        module = insert_before(
+            module, layer.module_class, template_class("mamba2.py", "ScaledMambaMixer2", {}, {})
+        )
+        module = module.visit(_WithoutRegistration(mixer.projection_buffer, mixer.projection_scale))
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
@@ -229,6 +241,61 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     return PassResult(
         module=module, imports=row.imports + _STATE_IMPORTS, fused=(fused,), matches=sites.count
     )
+
+
+def _scaled(row: _Row, mixer: Mamba2Plan, arguments: str) -> tuple[_Row, str]:
+    """Falcon-H1's muP factors: vLLM's mixer subclassed to apply them (templates/mamba2.py),
+    built with the source's own expressions of them."""
+    scales = (
+        f"input_scale={mixer.input_scale or '1.0'},\nprojection_scale={mixer.projection_scale or 'None'},\n"
+    )
+    imports = (*row.imports, "get_tensor_model_parallel_rank")
+    return dataclasses.replace(row, vllm_class="ScaledMambaMixer2", imports=imports), scales + arguments
+
+
+class _WithoutRegistration(cst.CSTTransformer):
+    """The source's ``<x>.register_buffer("<buffer>", ...)`` statements (Falcon-H1's base model
+    registering the projection's factors on every block): the file's mixer builds its own,
+    cut to its rank's columns. A loop left empty goes with them."""
+
+    def __init__(self, buffer: str, built: str) -> None:
+        self.buffer, self.built = buffer, built  # and the expression the source built it with
+
+    def leave_FunctionDef(self, original, updated):
+        """Without ``x = <built>`` where nothing reads ``x`` any more (the analysis evaluated
+        that expression: it only computes the factors)."""
+        if updated is original:
+            return updated
+        body = [
+            s
+            for s in updated.body.body
+            if not (
+                isinstance(s, cst.SimpleStatementLine)
+                and isinstance(s.body[0], cst.Assign)
+                and t.code(s.body[0].value) == self.built
+                and isinstance(target := s.body[0].targets[0].target, cst.Name)
+                and target.value
+                not in t.names_used(
+                    updated.body.with_changes(body=[o for o in updated.body.body if o is not s])
+                )
+            )
+        ]
+        return t.with_body(updated, body)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        call = updated.body[0].value if isinstance(updated.body[0], cst.Expr) else None
+        if (
+            isinstance(call, cst.Call)
+            and (t.call_name(call) or "").endswith(".register_buffer")
+            and call.args
+            and m.matches(call.args[0].value, m.SimpleString())
+            and call.args[0].value.evaluated_value == self.buffer
+        ):
+            return cst.RemoveFromParent()
+        return updated
+
+    def leave_For(self, original, updated):
+        return cst.RemoveFromParent() if not updated.body.body else updated
 
 
 def _channels(module: cst.Module, block: str) -> str:
@@ -273,17 +340,16 @@ class _BuildMixer(cst.CSTTransformer):
         shared = self.row.shared(self.mixer)
         lines = "".join(f"    {line}\n" for line in (self.arguments + shared).splitlines())
         built = t.stmt(f"self.{self.mixer.attr} = {self.row.vllm_class}(\n{lines})\n")
-        checks = [_fixed_check(*fixed) for fixed in self.row.checks(self.mixer)]
-        statements = [*checks, built]
-        statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
-        return cst.FlattenSentinel(statements)
+        return built.with_changes(leading_lines=updated.leading_lines)
 
     def leave_FunctionDef(self, original, updated):
+        """The checks of the config first: a config the file refuses builds no layer."""
         if self.built != 1:
             raise HfrewriteError(
                 f"{self.mixer.module_class}: {NAME}: not built once as self.{self.mixer.attr} from the layer's config"
             )
-        return updated
+        checks = "".join(t.code(_fixed_check(*fixed)) for fixed in self.row.checks(self.mixer))
+        return t.with_body(updated, t.guards_first(list(updated.body.body), checks))
 
 
 def _fixed_check(condition: str, why: str) -> cst.BaseStatement:

@@ -28,11 +28,9 @@ Attention sinks the call passes (``s_aux=self.sinks``) go to ``Attention(sinks=.
 the rank's heads; statements between the fused projection and its split (dbrx's ``clip_qkv``
 clamp, proven elementwise) are kept.
 
-A number the source multiplies k by after the head split (Falcon-H1's ``key_multiplier``,
-analyze/path_scale.py) is folded into the scale, as the source's expression; one it multiplies
-v by is applied to vLLM's v after the split; v heads narrower than q's and k's are zero-padded
-to their size around ``self.attn`` and cut from its output (emit/value_heads.py). Sinks the
-source builds on some layers only (``nn.Parameter(...) if is_swa else None``) keep its test.
+A number times k (analyze/path_scale.py) is folded into the scale; one times v, and v heads
+narrower than q's and k's (zero-padded around ``self.attn``), are emit/value_heads.py's. Sinks
+built on some layers only (``nn.Parameter(...) if is_swa else None``) keep the source's test.
 
 An output gate the analysis proved by replay (analyze/output_gate.py: the attention output
 times ``act(gate(x))``, per lane or per head: AFMoE, Laguna) is computed after ``self.attn``

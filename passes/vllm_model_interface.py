@@ -334,8 +334,9 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
             f"{plan.architecture}: {NAME}: the logits are post-processed, but not by "
             f"statements right after `logits = self.{plan.lm_head}(...)`"
         )
-    # attributes the carried statements read (`self.logit_scale = config.logit_scale`)
-    reads = set().union(*(t.self_attrs_used(s) for s in carried)) - {"config"}
+    # attributes the carried statements read (`self.logit_scale = config.logit_scale`), not
+    # the base model the template builds (Falcon-H1's `self.model.lm_head_multiplier`)
+    reads = set().union(*(t.self_attrs_used(s) for s in carried)) - {"config", plan.base_model_attr}
     head += [s for s in source_init.body.body if t.self_attr_assigned(s) in reads and s not in head]
     tpl = _with_head_built(tpl, plan.base_model_attr, head)
     bias = head_has_bias(head)

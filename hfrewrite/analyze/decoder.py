@@ -167,17 +167,18 @@ def _uncast(node: object) -> object:
 def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
     """A layer whose forward is carried: which direct submodule attends (it holds the
     attention call, or is a hybrid model's other ``mixer``) and which is the MLP (the other
-    one with linears; a MoE block beside a dense MLP, the two summed: the MoE)."""
-    attending = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)} or (
-        {mixer} if mixer else set()
-    )
+    one with linears; a MoE block beside a dense MLP, the two summed: the MoE). A ``mixer``
+    beside the attention (Falcon-H1's Mamba-2 in every layer) is neither."""
+    attention = {top_scope(n) for n in traced.graph.nodes if is_attention_leaf(n)}
+    beside = mixer if attention else ""
+    attending = attention or ({mixer} if mixer else set())
     with_linears = {top_scope(n) for n in traced.linears_in("")}
     moe = {
         top_scope(n) for n in traced.graph.nodes if n.op == "call_module" and is_experts(traced.submodule(n))
     }
     with_linears |= moe
     cls = type(traced.module).__name__
-    others = sorted(with_linears - attending - {None})
+    others = sorted(with_linears - attending - {None, beside})
     shared = [o for o in others if o not in moe] if len(others) == 2 and len(moe & set(others)) == 1 else []
     others = [o for o in others if o not in shared]
     if not attending:
@@ -204,6 +205,7 @@ def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
         attention_returns_list=traced.returns_list.get(path, False),
         attention_wrappers=tuple(wrappers),
         returns_tuple=returns_tuple(traced),
+        mixer_block=beside,
     )
 
 

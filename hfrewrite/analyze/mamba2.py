@@ -9,7 +9,10 @@ sharing the B and C of their group), then ``out_proj(norm(y * silu(z)))``, the R
 over each group's channels. A block is replaced by it only when replaying that formula with
 the block's own weights reproduces the block on values. ``MambaMixer2`` is built from
 arguments, not a config: each is the expression of the config the block's ``__init__``
-assigns, kept only when its traced value is what the block's structure shows."""
+assigns, kept only when its traced value is what the block's structure shows. A block without
+its gated norm (Falcon-H1's ``nn.Identity()`` under ``mamba_rms_norm``) is vLLM's with
+``use_rms_norm=False``; the factors of its input and of its projection's columns (Falcon-H1's
+muP multipliers) are proven by mamba2_scales.py."""
 
 from __future__ import annotations
 
@@ -21,6 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.mamba2_scales import (
+    changed_replays,
+    input_scale,
+    output_changes,
+    projection,
+    read_scales,
+)
 from hfrewrite.analyze.mixer_replay import replay_difference
 from hfrewrite.analyze.plan import Mamba2Plan, NoMatch
 
@@ -40,36 +50,56 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
     name = type(module).__name__
     weighted = {n for n, m in module.named_children() if any(True for _ in m.parameters())}
     params = {n for n, _ in module.named_parameters(recurse=False)}
-    if weighted != set(CHILDREN) or params != set(PARAMETERS):
+    normed = "norm" in weighted  # else a weightless identity (Falcon-H1's without mamba_rms_norm)
+    if weighted | {"norm"} != set(CHILDREN) or params != set(PARAMETERS) or not hasattr(module, "norm"):
         return NoMatch(PATTERN, name, NOT_A_MAMBA2)
-    sizes = _sizes(module)
+    sizes = _sizes(module, normed)
     if isinstance(sizes, str):
         return NoMatch(PATTERN, name, sizes)
     args = _arguments(type(module), config, sizes)
     if isinstance(args, str):
         return NoMatch(PATTERN, name, args)
+    if not normed:
+        args["use_rms_norm"] = ("False", False)
     values = {kw: value for kw, (_, value) in args.items()}
     if values["activation"] not in _ACTIVATIONS:
         return NoMatch(PATTERN, name, f"its convolution's activation is {values['activation']!r}, not silu")
     fixed = _fixed(type(module), config, args)
     if isinstance(fixed, str):
         return NoMatch(PATTERN, name, fixed)
+    expressions = {a: code for a, code, _ in init_expressions(type(module), config)}
+    flags = _norm_flags(module, values, expressions) if normed else ()
+    if isinstance(flags, str):
+        return NoMatch(PATTERN, name, flags)
+    scales = read_scales(module, config, values["hidden_size"], _TOKENS, expressions)
+    if isinstance(scales, str):
+        return NoMatch(PATTERN, name, scales)
+    scaled = lambda h, s, p: reference(module, h, values, s, p)
     difference = replay_difference(
-        module, values["hidden_size"], _TOKENS, lambda hidden: reference(module, hidden, values)
+        module,
+        values["hidden_size"],
+        _TOKENS,
+        lambda h: scaled(h, input_scale(module, scales), projection(module, scales)),
     )
     if difference is None or difference > 1e-4:
         shown = "fails" if difference is None else f"differs by {difference:.2e}"
         return NoMatch(PATTERN, name, f"replaying vLLM's Mamba-2 mixer {shown}{_norm_span(module, values)}")
+    if (why := changed_replays(module, scales, values["hidden_size"], _TOKENS, scaled)) is not None:
+        return NoMatch(PATTERN, name, why)
     return Mamba2Plan(
         module_class=name,
         attr=attr,
         args=tuple((kw, expr) for kw, (expr, _) in args.items()),
-        fixed=fixed,
+        fixed=fixed + _norm_switch(type(module), config, normed) + flags,
+        input_scale=scales.input_expr,
+        projection_scale=scales.projection_expr,
+        projection_buffer=scales.projection_buffer,
     )
 
 
-def _sizes(module: nn.Module) -> dict | str:
-    """What the block's structure shows of MambaMixer2's arguments (a str: why it is not one)."""
+def _sizes(module: nn.Module, normed: bool = True) -> dict | str:
+    """What the block's structure shows of MambaMixer2's arguments (a str: why it is not one);
+    ``normed``: the block has its gated norm (its epsilon is then one)."""
     conv, in_proj, out_proj = module.conv1d, module.in_proj, module.out_proj
     if not (type(conv) is nn.Conv1d and type(in_proj) is nn.Linear and type(out_proj) is nn.Linear):
         return "its conv1d, in_proj and out_proj are not a Conv1d and two Linears"
@@ -81,10 +111,10 @@ def _sizes(module: nn.Module) -> dict | str:
         return f"in_proj does not project to [{inner} + {channels} + {heads}] (gate, conv input, time steps)"
     if module.D.numel() != heads or module.dt_bias.numel() != heads or inner % heads:
         return f"D and dt_bias are not one per head of {heads}, or {heads} heads do not split {inner}"
-    if (in_proj.bias is None) != (out_proj.bias is None) or module.norm.weight.numel() != inner:
+    if (in_proj.bias is None) != (out_proj.bias is None) or (normed and module.norm.weight.numel() != inner):
         return "its projections differ in bias, or its norm is not over the gated output"
     eps = [v for v in vars(module.norm).values() if type(v) is float]
-    if len(eps) != 1:
+    if normed and len(eps) != 1:
         return "its norm keeps no one epsilon"
     return {
         "hidden_size": hidden,
@@ -94,7 +124,7 @@ def _sizes(module: nn.Module) -> dict | str:
         "use_bias": in_proj.bias is not None,
         "num_heads": heads,
         "head_dim": inner // heads,
-        "rms_norm_eps": eps[0],
+        **({"rms_norm_eps": eps[0]} if normed else {}),
         "groups_times_state": (channels - inner) // 2,
     }
 
@@ -111,8 +141,10 @@ def init_expressions(cls: type, config) -> list[tuple[str, str, object]]:
             target = node.targets[0]
             if len(node.targets) == 1 and isinstance(target, ast.Attribute) and _is_self(target.value):
                 found[target.attr] = _substituted(node.value, found)
-                # a part's keyword arguments too (NemotronH's `nn.Linear(..., bias=config.use_bias)`)
-                for keyword in node.value.keywords if isinstance(node.value, ast.Call) else ():
+                # a part's keyword arguments too (NemotronH's `nn.Linear(..., bias=config.use_bias)`),
+                # also of a part built under a test (Falcon-H1's `Norm(...) if ... else nn.Identity()`)
+                built = node.value.body if isinstance(node.value, ast.IfExp) else node.value
+                for keyword in built.keywords if isinstance(built, ast.Call) else ():
                     if keyword.arg:
                         found[f"{target.attr}({keyword.arg}=)"] = _substituted(keyword.value, found)
 
@@ -212,6 +244,47 @@ def _fixed(cls: type, config, args: dict) -> tuple[tuple[str, str], ...] | str:
     return tuple(out)
 
 
+def _norm_switch(cls: type, config, normed: bool) -> tuple[tuple[str, str], ...]:
+    """Where ``__init__`` builds the norm under a test of the config (Falcon-H1's ``... if
+    config.mamba_rms_norm else nn.Identity()``), that test as it was traced: the other branch's
+    block was never replayed."""
+    tree = method_tree(cls, "__init__")
+    tests = [
+        node.value.test
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Attribute)
+        and _is_self(node.targets[0].value)
+        and node.targets[0].attr == "norm"
+        and isinstance(node.value, ast.IfExp)
+    ]
+    if len(tests) != 1:
+        return ()
+    test = _substituted(tests[0], {})
+    if {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} != {"config"}:
+        return ()
+    code = ast.unparse(test)
+    why = "proven with the block's gated norm" if normed else "proven without the block's gated norm"
+    return ((f"{code}" if normed else f"not ({code})", why),)
+
+
+def _norm_flags(module: nn.Module, values: dict, expressions: dict) -> tuple[tuple[str, str], ...] | str:
+    """The norm's switches the block's output depends on (Falcon-H1's ``norm_before_gate``),
+    each at its traced value, from the config expression ``__init__`` builds the norm with."""
+    out = []
+    for name, value in vars(module.norm).items():
+        if type(value) is not bool or not output_changes(
+            module, module.norm, name, not value, values["hidden_size"], _TOKENS
+        ):
+            continue  # not a switch, or one its forward does not read
+        expression = expressions.get(f"norm({name}=)")
+        if expression is None:
+            return f"its norm's switch {name} changes its output, and no expression of its config sets it"
+        out.append((f"({expression}) is {value}", f"proven with the norm's {name} {value}"))
+    return tuple(out)
+
+
 def _norm_span(module: nn.Module, values: dict) -> str:
     """Why the replay differs where the block has several groups and its gated norm spans all
     channels (Bamba's, Granite-4.0-H's): the same formula with one norm group reproduces it."""
@@ -229,15 +302,26 @@ def _norm_span(module: nn.Module, values: dict) -> str:
     )
 
 
-def reference(module: nn.Module, hidden: torch.Tensor, values: dict) -> torch.Tensor:
-    """vLLM's Mamba-2 mixer of ``hidden`` [batch, tokens, hidden] from a zero state, with the
-    block's weights and the sizes ``values``, the scan taken token by token (the gated norm
-    over each of ``n_groups`` groups, or of ``values["norm_groups"]`` where given)."""
+def reference(
+    module: nn.Module,
+    hidden: torch.Tensor,
+    values: dict,
+    input_scale: float = 1.0,
+    projection_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """vLLM's Mamba-2 mixer of ``hidden`` [batch, tokens, hidden] times ``input_scale`` from
+    a zero state, its projection's output times ``projection_scale`` per column (vLLM's
+    ``mup_vector``), with the block's weights and the sizes ``values``, the scan taken token by
+    token (the gated norm over each of ``n_groups`` groups, or of ``values["norm_groups"]``
+    where given; none where ``values["use_rms_norm"]`` is False)."""
     inner, heads, groups = values["intermediate_size"], values["num_heads"], values["n_groups"]
     state_size, kernel = values["ssm_state_size"], values["conv_kernel_size"]
     batch, tokens, _ = hidden.shape
     channels = inner + 2 * groups * state_size
-    gate, xbc, dt = module.in_proj(hidden).split([inner, channels, heads], dim=-1)
+    projected = module.in_proj(hidden * input_scale)
+    if projection_scale is not None:
+        projected = projected * projection_scale
+    gate, xbc, dt = projected.split([inner, channels, heads], dim=-1)
     xbc = F.conv1d(
         F.pad(xbc.transpose(1, 2), (kernel - 1, 0)), module.conv1d.weight, module.conv1d.bias, groups=channels
     )
@@ -257,6 +341,8 @@ def reference(module: nn.Module, hidden: torch.Tensor, values: dict) -> torch.Te
         )
         out.append((state * c[:, i, :, None, :]).sum(-1) + module.D[:, None] * x[:, i])
     y = torch.stack(out, dim=1).reshape(batch, tokens, inner) * F.silu(gate)
+    if not values.get("use_rms_norm", True):
+        return module.out_proj(y)
     norm_groups = values.get("norm_groups", groups)
     grouped = y.reshape(batch, tokens, norm_groups, inner // norm_groups)
     y = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + values["rms_norm_eps"])

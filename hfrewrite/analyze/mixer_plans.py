@@ -40,6 +40,12 @@ class Mamba2Plan:
     fixed: tuple[tuple[str, str], ...] = ()
     layer_test: str = ""
     attention_when: bool = True
+    # Falcon-H1's muP factors (analyze/mamba2_scales.py): the config expression its input is
+    # multiplied by, and the modeling module's expression of the per-column factor of its
+    # projection (vLLM's mup_vector); "" where the block has none
+    input_scale: str = ""
+    projection_scale: str = ""
+    projection_buffer: str = ""  # the block's buffer holding it, which the source registers
 
     vllm_dtype = "float32"
 

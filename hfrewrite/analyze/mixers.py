@@ -114,6 +114,15 @@ def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module
     if plan is None:
         return None
     has_attention = [facts.attention is not None for facts in per_layer]
+    beside = [facts.attention is not None and facts.mixer is not None for facts in per_layer]
+    if all(beside):  # attention and the mixer in every layer (Falcon-H1): no test chooses
+        return plan
+    if any(beside):
+        raise Refusal(
+            NoMatch(
+                "hybrid_layer", plan.module_class, "some layers hold the mixer beside attention, others not"
+            )
+        )
     plan = with_layer_test(plan, layers, has_attention, per_layer[lead].decoder.attention_block)
     if plan.vllm_dtype != "float32":  # validated in float32 with attention in every layer
         plan = dataclasses.replace(plan, attention_layer_type=attention_layer_type(types, has_attention))

@@ -88,7 +88,6 @@ from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, head_sibling, tied_target
 from hfrewrite.analyze.trace import (
     Traced,
-    is_attention_leaf,
     trace,
     value,
 )
@@ -436,8 +435,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         else:
             found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
             why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
-        attends = any(is_attention_leaf(n) for n in traced.graph.nodes)
-        decoder = carried_layer(traced, "" if attends else mixer_child(traced.module, small))
+        decoder = carried_layer(traced, mixer_child(traced.module, small))
         carried = NoMatch(
             "fused_residual_norm",
             decoder.module_class,
@@ -490,8 +488,9 @@ def _mixer(traced: Traced, decoder: DecoderLayerPlan, attention, small) -> tuple
     """(attention, None) for a layer whose mixer is attention; (None, plan) for a hybrid
     model's layer whose mixer is a proven short convolution; else the refusal of the two that
     says why (the attention's, unless the block is a convolution)."""
-    if not isinstance(attention, NoMatch):
-        return attention, None
+    if not isinstance(attention, NoMatch):  # and a mixer beside it (Falcon-H1), proven by mixer_child
+        beside = decoder.mixer_block and analyze_mixer(traced.module, decoder.mixer_block, small)
+        return attention, beside or None
     mixer = analyze_mixer(traced.module, decoder.attention_block, small) if decoder.attention_block else None
     if mixer is not None and not isinstance(mixer, NoMatch):
         return None, mixer

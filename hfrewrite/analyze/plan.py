@@ -287,6 +287,9 @@ class DecoderLayerPlan:
     # Parameters of the carried forward with literal defaults that vLLM may leave at them:
     # not passed by the model, or proven not to change the hidden states (layer_defaults.py)
     free_defaults: tuple[str, ...] = ()
+    # a hybrid's other mixer beside the attention in the same layer (Falcon-H1's Mamba-2;
+    # ModelPlan.mixer), the carried forward calling both ("": none)
+    mixer_block: str = ""
 
     @property
     def fused(self) -> bool:

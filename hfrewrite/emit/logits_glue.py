@@ -28,18 +28,42 @@ def logits_statements(forward: cst.FunctionDef | None, lm_head: str) -> list[cst
             and isinstance(s, cst.SimpleStatementLine)
             and isinstance(s.body[0], cst.Assign)
             and m.matches(s.body[0].targets[0].target, m.Name("logits"))
-            and t.call_name(s.body[0].value) == f"self.{lm_head}"
+            and _head_call(s.body[0].value, lm_head) is not None
         ),
         None,
     )
     if at is None:
         return []  # nothing to carry; a post-processing the analysis saw then fails closed
-    carried = []
+    carried = _same_line(body[at].body[0].value, lm_head)
     for s in body[at + 1 :]:
         if "logits" not in assigned_names(s) or not t.root_names(s) <= _LOGITS_NAMES:
             break
         carried.append(s)
     return carried
+
+
+def _head_call(value: cst.BaseExpression, lm_head: str) -> cst.Call | None:
+    """``self.<lm_head>(...)``, alone or times an expression on the line (Falcon-H1's
+    ``self.lm_head(...) * self.model.lm_head_multiplier``)."""
+    if t.call_name(value) == f"self.{lm_head}":
+        return value
+    if isinstance(value, cst.BinaryOperation) and t.call_name(value.left) == f"self.{lm_head}":
+        return value.left
+    return None
+
+
+def _same_line(value: cst.BaseExpression, lm_head: str) -> list[cst.BaseStatement]:
+    """What the lm_head's line does to its logits besides the call: ``logits = logits * x``,
+    carried as any later statement is (a factor of 1 on the traced config leaves the logits
+    as they are, so the example run cannot tell it is there)."""
+    if not isinstance(value, cst.BinaryOperation):
+        return []
+    rest = value.with_changes(left=cst.Name("logits"))
+    if not t.root_names(value.right) <= _LOGITS_NAMES:
+        raise HfrewriteError(
+            f"{NAME}: the lm_head's line computes {t.code(value)}, which the file would not keep"
+        )
+    return t.stmts(f"logits = {t.code(rest)}\n")
 
 
 def head_has_bias(statements: list[cst.BaseStatement]) -> bool:

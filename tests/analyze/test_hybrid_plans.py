@@ -57,3 +57,25 @@ def test_granite_4_h_layers_are_carried_with_a_shared_mlp_beside_the_moe():
     assert plan.mlp.module_class == "GraniteMoeHybridMLP" and plan.moe is not None
     assert plan.attention.rope_layers is RopeLayers.NONE  # no rope: the Mamba-2 layers see the order
     assert ("config.position_embedding_type == 'rope'", False) in plan.base_init_switches
+
+
+def test_falcon_h1s_mamba2_sits_beside_the_attention_in_every_layer():
+    """Falcon-H1: one layer class holding attention, a Mamba-2 block and an MLP; the layer is
+    carried (attention and mixer on one norm's output, their outputs scaled and summed), no
+    test chooses between them, and the mixer's muP factors are proven."""
+    from transformers import AutoConfig
+
+    plan = analyze(AutoConfig.for_model("falcon_h1"))
+    layer, mixer = plan.decoder_layer, plan.mixer
+    assert (layer.attention_block, layer.mixer_block, layer.mlp_block, layer.fused) == (
+        "self_attn",
+        "mamba",
+        "feed_forward",
+        False,
+    )
+    assert (mixer.module_class, mixer.layer_test, mixer.input_scale) == (
+        "FalconH1Mixer",
+        "",
+        "config.ssm_in_multiplier",
+    )
+    assert plan.attention.path_scales == (("k", "self.key_multiplier"),)

@@ -161,3 +161,84 @@ def test_a_layers_child_with_a_mixers_parts_that_fails_its_proof_gives_the_reaso
     with pytest.raises(Refusal, match="does not clamp time steps"):
         mixer_child(layer, config)
     assert mixer_child(_layer(_bamba_block()), _config()) == "mamba"
+
+
+def _falcon_block(buffer=None, **changes) -> tuple[nn.Module, transformers.FalconH1Config]:
+    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer, compute_mup_vector
+
+    config = transformers.FalconH1Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_ssm=128,
+        mamba_d_state=8,
+        mamba_chunk_size=3,
+        **changes,
+    )
+    torch.manual_seed(0)
+    block = FalconH1Mixer(config, layer_idx=0)
+    # the base model registers it on each block (Falcon-H1's muP factors per column)
+    block.register_buffer(
+        "mup_vector", compute_mup_vector(config) if buffer is None else buffer, persistent=False
+    )
+    with torch.no_grad():
+        for param in (block.A_log, block.D, block.dt_bias):
+            param.normal_(1.0, 0.3)
+    return block, config
+
+
+def test_falcon_h1s_multipliers_are_proven_factors_at_one_and_otherwise():
+    """Its input times ssm_in_multiplier and its projection times the muP vector: proven
+    with the default config's 1s (each changed in turn, the block still replays) and with
+    a released checkpoint's own values; no gated norm (vLLM's use_rms_norm=False)."""
+    for changes in ({}, {"ssm_in_multiplier": 1.25, "ssm_multipliers": [0.3, 0.6, 0.7, 1.2, 0.9]}):
+        block, config = _falcon_block(**changes)
+        plan = analyze_mamba2(_layer(block), "mamba", config)
+        assert isinstance(plan, Mamba2Plan), plan
+        assert (plan.input_scale, plan.projection_scale, plan.projection_buffer) == (
+            "config.ssm_in_multiplier",
+            "compute_mup_vector(config)",
+            "mup_vector",
+        )
+        assert dict(plan.args)["use_rms_norm"] == "False" and "rms_norm_eps" not in dict(plan.args)
+        assert ("not (config.mamba_rms_norm)", "proven without the block's gated norm") in plan.fixed
+
+
+def test_a_factor_no_source_statement_builds_is_refused():
+    block, config = _falcon_block(buffer=torch.full((1, 1, 128 * 2 + 16 + 4), 0.5))
+    plan = analyze_mamba2(_layer(block), "mamba", config)
+    assert isinstance(plan, NoMatch)
+    assert plan.reason == "compute_mup_vector(config) does not give the traced self.mup_vector"
+
+
+def test_a_number_the_forward_reads_otherwise_is_refused(mutate):
+    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer
+
+    mutate(
+        FalconH1Mixer,
+        "forward",
+        (
+            "contextualized_states = self.out_proj(scan_output.to(dtype))",
+            "contextualized_states = self.out_proj(scan_output.to(dtype)) * self.ssm_in_multiplier",
+        ),
+    )
+    block, config = _falcon_block()
+    plan = analyze_mamba2(_layer(block), "mamba", config)
+    assert isinstance(plan, NoMatch)
+    assert "self.ssm_in_multiplier" in plan.reason
+
+
+def test_falcon_h1s_gated_norm_is_proven_with_its_switches_as_traced():
+    block, config = _falcon_block(mamba_rms_norm=True, mamba_norm_before_gate=False)
+    plan = analyze_mamba2(_layer(block), "mamba", config)
+    assert isinstance(plan, Mamba2Plan), plan
+    assert [c for c, _ in plan.fixed][-2:] == [
+        "config.mamba_rms_norm",
+        "(config.mamba_norm_before_gate) is False",
+    ]
+    # normalised before the gate, it is not vLLM's (which gates, then normalises)
+    block, config = _falcon_block(mamba_rms_norm=True, mamba_norm_before_gate=True)
+    plan = analyze_mamba2(_layer(block), "mamba", config)
+    assert isinstance(plan, NoMatch) and plan.reason.startswith("replaying vLLM's Mamba-2 mixer differs")

@@ -16,7 +16,8 @@ experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written 
 (gpt_neo with its local window, xglm), and a hybrid whose short-convolution layers run as
 vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2), and one
 whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
-granitemoehybrid with its carried layers and experts), and attention sinks beside a rope base
+granitemoehybrid with its carried layers and experts; falcon_h1 with attention beside each Mamba-2
+block and muP factors cut per rank), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
 (stablelm, cohere). Greedy tokens
@@ -176,6 +177,25 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "moe_routed_scaling_factor": 2.0,
         },
     ),
+    # Falcon-H1: attention and Mamba-2 side by side in every layer (each rank half the heads
+    # of both, the one group replicated) with its muP multipliers, the mixer's per-column
+    # factors cut to each rank's columns of its projection
+    "falcon_h1-parallel-mamba2-mup": (
+        "falcon_h1",
+        {
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_d_ssm": 128,
+            "mamba_d_state": 16,
+            "key_multiplier": 0.8,
+            "ssm_in_multiplier": 1.2,
+            "ssm_out_multiplier": 0.7,
+            "ssm_multipliers": [0.5, 1.4, 0.8, 1.1, 0.6],
+            "mlp_multipliers": [1.25, 0.75],
+            "embedding_multiplier": 1.7,
+            "lm_head_multiplier": 0.6,
+        },
+    ),
     # attention sinks cut to each rank's heads; each layer's rope base its entry of
     # layer_rope_theta, none at 0; sliding layers
     "granite_swa-sinks-rope-base-per-layer": (
@@ -216,6 +236,7 @@ CLASSES = {
     "granite_swa": "GraniteSWAForCausalLM",
     "stablelm": "StableLmForCausalLM",
     "cohere": "CohereForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -281,7 +302,16 @@ _GATED = {
     "MergedColumnParallelLinear": 1,
     "RowParallelLinear": 2,
 }
+# attention and Mamba-2 (its one group replicated) in every layer; the MLP kept from the
+# source (its multipliers inside), its Linears replicated
+_FALCON_H1 = {
+    "QKVParallelLinear": 1,
+    "ColumnParallelLinear": 2,
+    "RowParallelLinear": 2,
+    "ReplicatedLinear": 3,
+}
 LAYER_LIST = {
+    "falcon_h1": [_FALCON_H1] * 2,
     "granite_swa": [LAYERS["llama"]] * 3,
     "laguna": [
         _GATED,

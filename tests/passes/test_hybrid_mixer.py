@@ -184,10 +184,10 @@ MAMBA2_AFTER = """\
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, layer_type, cache_config=None, quant_config=None, prefix=""):
         super().__init__()
+        if config.mamba_n_groups != 1:
+            raise ValueError('hfrewrite: this file needs config.mamba_n_groups == 1: proven with one group only')
         self.block_type = layer_type
         if layer_type == "linear_attention":
-            if config.mamba_n_groups != 1:
-                raise ValueError('hfrewrite: this file needs config.mamba_n_groups == 1: proven with one group only')
             self.mamba = MambaMixer2(
                 hidden_size=config.hidden_size,
                 conv_kernel_size=config.mamba_d_conv,
@@ -253,8 +253,8 @@ class LlamaForCausalLM(nn.Module, SupportsPP, HasInnerState, IsHybrid):
 
 
 def test_a_mamba2_block_becomes_mambamixer2_built_from_its_proven_expressions():
-    """MambaMixer2 returns its output (no buffer), is built after the checks of what the file
-    was proven with, and its state classmethods read the same expressions."""
+    """MambaMixer2 returns its output (no buffer), the checks of what the file was proven with
+    come first in the layer's __init__, and its state classmethods read the same expressions."""
     plan = dataclasses.replace(llama_like(), mixer=MAMBA2)
     assert_rewrites(hybrid_mixer, MAMBA2_BEFORE, MAMBA2_AFTER, plan)
 
@@ -274,9 +274,13 @@ def test_a_gated_delta_net_becomes_vllms_built_from_the_whole_config():
     read the text config's linear-attention sizes."""
     plan = dataclasses.replace(llama_like(), mixer=GDN)
     out = apply(hybrid_mixer, MAMBA2_BEFORE, plan).module.code
+    checked = """\
+        super().__init__()
+        if config.hidden_act not in ('silu', 'swish'):
+            raise ValueError('hfrewrite: this file needs config.hidden_act in ("silu", "swish"): silu')
+"""
+    assert checked in out
     built = """\
-            if config.hidden_act not in ('silu', 'swish'):
-                raise ValueError('hfrewrite: this file needs config.hidden_act in ("silu", "swish"): silu')
             self.mamba = QwenGatedDeltaNetAttention(
                 config,
                 vllm_config=get_current_vllm_config(),

@@ -1,0 +1,44 @@
+"""vLLM-side code for Mamba-2 blocks with muP factors (Falcon-H1's).
+
+Parsed with libcst by ``passes/hybrid_mixer.py``, never imported at run time.
+"""
+
+import torch
+from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+
+class ScaledMambaMixer2(MambaMixer2):
+    """vLLM's Mamba-2 mixer on its input times ``input_scale``, the output of its input
+    projection times ``projection_scale`` (if any), one factor per column of the source's
+    ``[z, x, B, C, dt]`` projection, as the source's block computes."""
+
+    def __init__(
+        self, input_scale: float, projection_scale: torch.Tensor | None, **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        self.input_scale = input_scale
+        if projection_scale is not None:
+            projection_scale = self.rank_columns(projection_scale.reshape(-1))
+        self.register_buffer("projection_scale", projection_scale, persistent=False)
+
+    def rank_columns(self, columns: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a vector over the projection's columns: z, x, B, C and dt
+        each sharded as the projection is; B and C whole where one group is shared by
+        every rank."""
+        inner, heads = self.intermediate_size, self.num_heads
+        groups_state = (columns.numel() - 2 * inner - heads) // 2
+        parts = columns.split([inner, inner, groups_state, groups_state, heads])
+        shared = groups_state // self.ssm_state_size % self.tp_size != 0
+        rank = get_tensor_model_parallel_rank()
+        return torch.cat(
+            [
+                part if shared and i in (2, 3) else part.chunk(self.tp_size)[rank]
+                for i, part in enumerate(parts)
+            ]
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return super().forward(
+            hidden_states * self.input_scale, mup_vector=self.projection_scale
+        )
