@@ -46,8 +46,8 @@ from vllm.distributed import (
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
     QKVParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -167,21 +167,21 @@ class FalconH1MLP(nn.Module):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
-        self.gate_proj = ReplicatedLinear(
+        self.gate_proj = ColumnParallelLinear(
             self.hidden_size,
             self.intermediate_size,
             bias=config.mlp_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.gate_proj",
         )
-        self.up_proj = ReplicatedLinear(
+        self.up_proj = ColumnParallelLinear(
             self.hidden_size,
             self.intermediate_size,
             bias=config.mlp_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.up_proj",
         )
-        self.down_proj = ReplicatedLinear(
+        self.down_proj = RowParallelLinear(
             self.intermediate_size,
             self.hidden_size,
             bias=config.mlp_bias,

@@ -36,6 +36,7 @@ from hfrewrite.emit.logits_glue import (
     carrying_logits,
     head_has_bias,
     logits_statements,
+    scales_head_input,
     scaling_head_input,
 )
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -344,8 +345,9 @@ def rewrite_causal_lm(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:
         tpl = adding_head_bias(tpl, plan.lm_head)
     if carried:
         tpl = carrying_logits(tpl, plan.lm_head, carried, bias)
-    if plan.head_input_scaled:  # after the carried post-processing, which rebuilds compute_logits
-        tpl = scaling_head_input(tpl, t.find_method(cls, "forward"), plan)
+    forward = t.find_method(cls, "forward")
+    if plan.head_input_scaled or scales_head_input(forward, plan.lm_head):  # after the carried logits
+        tpl = scaling_head_input(tpl, forward, plan)
     if not eagle3_drafts_fit(plan):
         tpl = _without_eagle3(tpl)
     return tpl.with_changes(leading_lines=cls.leading_lines)

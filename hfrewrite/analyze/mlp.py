@@ -27,9 +27,11 @@ from transformers.activations import ACT2FN
 
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import ancestors, path_nodes
+from hfrewrite.analyze.fused_qkv import forward_code, source_line
 from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.mlp_pairwise import OWN_ACT, function_of, lanewise, pairwise_fused, pairwise_separate
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
+from hfrewrite.analyze.q_prescale import factor_of
 from hfrewrite.analyze.trace import Traced, is_identity_dropout, past_identity_dropouts, relative, value
 
 # Keys of vllm.model_executor.layers.activation._ACTIVATION_AND_MUL_REGISTRY (vLLM 0.32)
@@ -70,6 +72,12 @@ def analyze_mlp(traced: Traced, path: str, config, container: bool = False) -> M
     ends = {past_identity_dropouts(n, traced, path): n for n in linears}
     outputs = read_outputs(traced, path)
     adds_residual = False
+    if (
+        len(outputs) == 1
+        and outputs[0] not in ends
+        and (scaled := _scaled_output(traced, path, outputs[0], ends))
+    ):
+        outputs = [scaled]  # `down(y) * self.down_multiplier` (Falcon-H1): the forward keeps it
     if len(outputs) == 1 and outputs[0] not in ends:  # `down(...) + residual` (BLOOM)
         given = [end for end in ends if adds_given_tensor(outputs[0], end, traced, path)]
         outputs, adds_residual = (given, True) if given else (outputs, False)
@@ -93,6 +101,17 @@ def analyze_mlp(traced: Traced, path: str, config, container: bool = False) -> M
     if isinstance(gated, MlpPlan):
         return gated
     return pairwise_separate(traced, path, cls, linears, down) or gated
+
+
+def _scaled_output(traced: Traced, path: str, output: Node, ends: dict) -> Node | None:
+    """The projection ``output`` multiplies by a number that the source's expression on that
+    line gives (``self.down_multiplier``), where nothing else reads the projection: the
+    rewrites keep the forward's own line, which goes on multiplying vLLM's reduced output."""
+    projection = next((a for a in output.args if a in ends), None) if isinstance(output, Node) else None
+    if output.target not in _MUL or projection is None or len(projection.users) != 1:
+        return None
+    line = source_line(output, forward_code(traced, path))
+    return projection if factor_of(output, line, traced.module.get_submodule(path)) else None
 
 
 def analyze_inline_mlp(traced: Traced, attrs: tuple[str, ...]) -> MlpPlan | NoMatch:

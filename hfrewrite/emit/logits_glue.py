@@ -157,6 +157,19 @@ def scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cst
     return t.set_method(tpl, t.with_body(logits, [*scale, *logits.body.body]))
 
 
+def scales_head_input(forward: cst.FunctionDef | None, lm_head: str) -> bool:
+    """The source's forward hands its lm_head an arithmetic expression of one name (``x /
+    self.config.logits_scaling``): the file carries it even where the traced config's factor
+    is 1, which the example run cannot tell from no factor at all."""
+    calls = [
+        n
+        for n in (t.walk(forward.body) if forward is not None else ())
+        if isinstance(n, cst.Call) and t.call_name(n) == f"self.{lm_head}" and len(n.args) == 1
+    ]
+    expr = _scaled_input(forward, calls[0].args[0].value) if len(calls) == 1 else None
+    return isinstance(expr, cst.BinaryOperation) and len(t.root_names(expr) - {"self"}) == 1
+
+
 def _scaled_input(forward: cst.FunctionDef, arg: cst.BaseExpression) -> cst.BaseExpression | None:
     """The lm_head's argument as one expression of the base model's output: the selection
     of the tokens to keep (``x[:, slice_indices, :]``, vLLM selects them itself) dropped,

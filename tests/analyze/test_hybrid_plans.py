@@ -79,3 +79,6 @@ def test_falcon_h1s_mamba2_sits_beside_the_attention_in_every_layer():
         "config.ssm_in_multiplier",
     )
     assert plan.attention.path_scales == (("k", "self.key_multiplier"),)
+    # `up(x) * act(gate(x) * m)`, then `down(y) * m'`: the act kept per gate/up lane, the
+    # output's factor on the forward's own line
+    assert (plan.mlp.module_class, plan.mlp.form.name) == ("FalconH1MLP", "PAIRWISE")

@@ -302,14 +302,9 @@ _GATED = {
     "MergedColumnParallelLinear": 1,
     "RowParallelLinear": 2,
 }
-# attention and Mamba-2 (its one group replicated) in every layer; the MLP kept from the
-# source (its multipliers inside), its Linears replicated
-_FALCON_H1 = {
-    "QKVParallelLinear": 1,
-    "ColumnParallelLinear": 2,
-    "RowParallelLinear": 2,
-    "ReplicatedLinear": 3,
-}
+# attention and Mamba-2 (its one group replicated) in every layer; the MLP's gate and up by
+# columns, its act and multipliers the source's
+_FALCON_H1 = {"QKVParallelLinear": 1, "ColumnParallelLinear": 4, "RowParallelLinear": 3}
 LAYER_LIST = {
     "falcon_h1": [_FALCON_H1] * 2,
     "granite_swa": [LAYERS["llama"]] * 3,

@@ -82,3 +82,34 @@ def test_a_rescaling_that_is_not_one_assignment_is_refused(rebinding):
 def test_an_argument_expression_reads_through_the_rescaling_before_it():
     source = "    h = self.model(input_ids)[0]\n    h = h / self.a\n    return self.lm_head(h * self.b)\n"
     assert scaled(source) == "hidden_states = (hidden_states / self.a) * self.b"
+
+
+def test_a_scaled_lm_head_input_in_the_source_is_carried_whatever_the_traced_factor():
+    """The example run cannot tell a factor of 1 from none: the source's arithmetic on the
+    head's input is what the file carries."""
+    from hfrewrite.emit.logits_glue import scales_head_input
+
+    def forward(body: str):
+        return t.stmt("def forward(self, input_ids, slice_indices):\n" + body)
+
+    assert scales_head_input(
+        forward("    h = self.model(input_ids)[0]\n    return self.lm_head(h * self.scale)\n"), "lm_head"
+    )
+    assert not scales_head_input(
+        forward("    h = self.model(input_ids)[0]\n    return self.lm_head(h[:, slice_indices, :])\n"),
+        "lm_head",
+    )
+
+
+def test_a_factor_on_the_lm_heads_line_is_carried_into_compute_logits():
+    """Falcon-H1's ``logits = self.lm_head(h) * self.model.lm_head_multiplier``."""
+    from hfrewrite.emit.logits_glue import logits_statements
+
+    forward = t.stmt(
+        "def forward(self, input_ids, slice_indices):\n"
+        "    h = self.model(input_ids)[0]\n"
+        "    logits = self.lm_head(h[:, slice_indices, :]) * self.model.lm_head_multiplier\n"
+        "    return logits\n"
+    )
+    (carried,) = logits_statements(forward, "lm_head")
+    assert t.code(carried).strip() == "logits = logits * self.model.lm_head_multiplier"
