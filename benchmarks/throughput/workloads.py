@@ -394,6 +394,31 @@ QWEN3_NEXT = ModelSpec(
     dtype="bfloat16",
 )
 
+# A parallel hybrid: Falcon-H1's attention and Mamba-2 side by side in every layer (vLLM's
+# Attention and MambaMixer2, the mixer's states cached), muP multipliers of their own on the
+# embeddings, the mixer's input and projection columns, the keys, both outputs, the MLP and
+# the logits.
+_FALCON_H1 = {
+    "mamba_d_head": 64,
+    "mamba_d_state": 64,
+    "key_multiplier": 0.39,
+    "attention_out_multiplier": 0.94,
+    "ssm_in_multiplier": 1.25,
+    "ssm_out_multiplier": 0.23,
+    "ssm_multipliers": [0.35, 0.25, 0.5, 0.35, 0.17],
+    "mlp_multipliers": [0.88, 0.5],
+    "embedding_multiplier": 5.66,
+    "lm_head_multiplier": 0.039,
+}
+FALCON_H1 = ModelSpec(
+    key="falcon_h1",
+    model_type="falcon_h1",
+    config={**_DENSE, **_FALCON_H1, "mamba_n_heads": 24, "mamba_d_ssm": 1536},
+    quick_config={**_SMALL, **_FALCON_H1, "mamba_n_heads": 4, "mamba_d_ssm": 256},
+    golden="falcon_h1.py",
+    label="Falcon-H1 (hybrid: attention and Mamba-2 side by side in every layer, muP multipliers)",
+)
+
 MODELS = (
     LLAMA,
     QWEN3_MOE,
@@ -406,6 +431,7 @@ MODELS = (
     GRANITE_H,
     AFMOE,
     QWEN3_NEXT,
+    FALCON_H1,
 )
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")

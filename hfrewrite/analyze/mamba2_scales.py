@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hfrewrite.analyze.mixer_replay import replay_difference
+from hfrewrite.analyze.mixer_replay import block_output, random_input, replay_difference
 
 _WITNESS = 1.375  # a float attribute's changed value: not 0, 1 or any default
 _EXPRESSION = "expression: "  # registered_expression's answer, when it is not a reason
@@ -97,7 +97,7 @@ def changed_replays(
     """Why the block does not replay with each of its factors changed (None: it does), so
     that a factor at 1 on the traced config is proven a factor too."""
     for name in filter(None, (scales.input_attr, scales.projection_buffer)):
-        with _set(module, name, _changed(getattr(module, name))):
+        with _Setting(module, name, _changed(getattr(module, name))):
             difference = replay_difference(
                 module,
                 width,
@@ -113,7 +113,7 @@ def changed_replays(
 def output_changes(block: nn.Module, owner: nn.Module, name: str, value, width: int, tokens: int) -> bool:
     """Setting ``owner.<name>`` (the block or a part of it) to ``value`` changes ``block``'s output."""
     base = _output(block, width, tokens)
-    with _set(owner, name, value):
+    with _Setting(owner, name, value):
         out = _output(block, width, tokens)
     return base is None or out is None or not torch.equal(out, base)
 
@@ -129,14 +129,7 @@ def projection(module: nn.Module, scales: Mamba2Scales) -> torch.Tensor | None:
 
 
 def _output(module: nn.Module, width: int, tokens: int) -> torch.Tensor | None:
-    generator = torch.Generator().manual_seed(1)
-    hidden = torch.randn(1, tokens, width, generator=generator, dtype=next(module.parameters()).dtype)
-    with torch.no_grad():
-        try:
-            out = module(hidden)
-        except Exception:  # noqa: BLE001 - a block that needs more than its hidden states
-            return None
-    return out[0] if isinstance(out, tuple) else out
+    return block_output(module, random_input(module, 1, tokens, width, seed=1))
 
 
 def _changed(value):
@@ -146,7 +139,7 @@ def _changed(value):
     return torch.rand(value.shape, generator=generator, dtype=value.dtype) + 0.5
 
 
-class _set:
+class _Setting:
     """``module.<name>`` set to ``value`` inside the ``with``."""
 
     def __init__(self, module: nn.Module, name: str, value) -> None:

@@ -84,6 +84,27 @@ CASES = {
         },
         ("re:.*mlp.experts.*", "re:.*shared_expert_gate.*", "re:.*in_proj_ba.*"),
     ),
+    # attention beside Mamba-2 in every layer, muP multipliers everywhere: the mixer's
+    # quantized input projection under its per-column factors (ScaledMambaMixer2). Its
+    # width, 2 x 256 + 2 x 16 + heads, must be a multiple of 32 for vLLM's CPU int4 kernel:
+    # 32 heads of 8
+    "falcon_h1": (
+        ("w4a16", "fp8"),
+        {
+            "mamba_n_heads": 32,
+            "mamba_d_head": 8,
+            "mamba_d_ssm": 256,
+            "mamba_d_state": 16,
+            "key_multiplier": 0.8,
+            "ssm_in_multiplier": 1.2,
+            "ssm_out_multiplier": 0.7,
+            "ssm_multipliers": [0.5, 1.4, 0.8, 1.1, 0.6],
+            "mlp_multipliers": [1.25, 0.75],
+            "embedding_multiplier": 1.7,
+            "lm_head_multiplier": 0.6,
+        },
+        (),
+    ),
 }
 # vLLM's CPU kernel of gated delta nets computes in bfloat16 only, whatever the format
 GATED_DELTA_NETS = {"qwen3_next"}
@@ -94,7 +115,7 @@ GATED_DELTA_NETS = {"qwen3_next"}
 # paths part late; 0.06 before): there, verify's bfloat16 rule (every prompt's first token
 # equal, logprobs before any divergence within 0.25).
 EXACT_TOL, BF16_TOL = 1e-4, 0.25
-CARRIED = {"phi"}
+CARRIED = {"phi", "falcon_h1"}  # (Falcon-H1's MLP: the source's act and multipliers per lane)
 # Multimodal checkpoints quantized as their recipes do (the vision tower and projector left
 # float), served by the golden's composite class (passes/composite_text.py). vLLM's own class
 # for them is multimodal (it needs torchvision, which breaks vLLM's CPU build): the reference
