@@ -340,3 +340,35 @@ def test_a_carried_layer_keeps_its_test_and_gives_shortconv_a_buffer():
         "        else:\n"
     ) in out
     assert "            self.conv = ShortConv(\n" in out
+
+
+def test_the_sources_registration_of_the_mixers_factors_goes():
+    """Falcon-H1's base model registers the full muP vector on every block; the file's mixer
+    builds its own, cut per rank: the loop and the local it read go, nothing else."""
+    import libcst as cst
+
+    from passes.hybrid_mixer import _WithoutRegistration
+
+    source = """\
+class Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embedding_multiplier = config.embedding_multiplier
+        mup_vector = compute_mup_vector(config)
+        for layer in self.layers:
+            layer.mamba.register_buffer("mup_vector", mup_vector.clone(), persistent=False)
+        self.other = compute_mup_vector(config)
+"""
+    out = (
+        cst.parse_module(source).visit(_WithoutRegistration("mup_vector", "compute_mup_vector(config)")).code
+    )
+    assert (
+        out
+        == """\
+class Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embedding_multiplier = config.embedding_multiplier
+        self.other = compute_mup_vector(config)
+"""
+    )
