@@ -36,7 +36,7 @@ def heads_of(args: dict, proj) -> Heads:
             "vllm_attention",
             f"q, k and v shapes differ: {tuple(qv.shape)}, {tuple(kv.shape)}, {tuple(vv.shape)}",
         )
-    if v_head_dim > head_dim or (v_head_dim != head_dim and (proj.fused is not None or v_head_dim % 8)):
+    if v_head_dim > head_dim or (v_head_dim != head_dim and proj.fused is not None):
         refuse(
             "vllm_attention",
             f"v heads of {v_head_dim} beside q and k heads of {head_dim}: vLLM's CPU attention has one "

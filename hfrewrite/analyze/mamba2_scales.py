@@ -32,7 +32,6 @@ from torch import nn
 from hfrewrite.analyze.mixer_replay import block_output, random_input, replay_difference
 
 _WITNESS = 1.375  # a float attribute's changed value: not 0, 1 or any default
-_EXPRESSION = "expression: "  # registered_expression's answer, when it is not a reason
 _TOLERANCE = 1e-4
 
 
@@ -80,10 +79,12 @@ def read_scales(
             return f"no expression of its config in __init__ gives self.{inputs[0]}, its input's factor"
         scales = Mamba2Scales(inputs[0], expressions[inputs[0]])
     if projections:
-        built = registered_expression(type(module), projections[0], config, getattr(module, projections[0]))
-        if not built.startswith(_EXPRESSION):
-            return built
-        scales = Mamba2Scales(scales.input_attr, scales.input_expr, projections[0], built[len(_EXPRESSION) :])
+        built, why = registered_expression(
+            type(module), projections[0], config, getattr(module, projections[0])
+        )
+        if built is None:
+            return why
+        scales = Mamba2Scales(scales.input_attr, scales.input_expr, projections[0], built)
     return scales
 
 
@@ -153,37 +154,38 @@ class _Setting:
         setattr(self.module, self.name, self.kept)
 
 
-def registered_expression(cls: type, buffer: str, config, traced: torch.Tensor) -> str:
-    """The config expression the modeling module registers ``buffer`` on blocks of ``cls``
-    with: the one ``<x>.register_buffer("<buffer>", <value>)`` statement there, ``<value>``
-    through its function's locals an expression of ``config`` alone, up to a ``.clone()``,
-    that gives ``traced`` on ``config``, after ``_EXPRESSION`` (else why not)."""
+def registered_expression(cls: type, buffer: str, config, traced: torch.Tensor) -> tuple[str | None, str]:
+    """(the config expression, "") the modeling module of ``cls`` registers ``buffer`` with:
+    the one ``<x>.register_buffer("<buffer>", <value>)`` statement of its classes' ``__init__``,
+    ``<value>`` through its function's locals an expression reading ``config``, up to a
+    ``.clone()``, that gives ``traced`` on ``config``; else (None, why not)."""
     source_module = sys.modules.get(cls.__module__)
     found = set()
-    for _, function in inspect.getmembers(source_module, inspect.isclass):
-        if function.__module__ != cls.__module__ or "__init__" not in vars(function):
+    for _, owner in inspect.getmembers(source_module, inspect.isclass):
+        if owner.__module__ != cls.__module__ or "__init__" not in vars(owner):
             continue
         try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(function.__init__)))
+            tree = ast.parse(textwrap.dedent(inspect.getsource(owner.__init__)))
         except (OSError, TypeError, SyntaxError):
             continue
         found |= _registrations(tree, buffer)
     if len(found) != 1:
-        return f"self.{buffer}, its projection's factor, is not registered once from its config"
+        return None, f"self.{buffer}, its projection's factor, is not registered once from its config"
     expression = found.pop()
     try:
         value = eval(expression, vars(source_module), {"config": config})  # the source's own
     except Exception:  # noqa: BLE001 - an expression that does not evaluate on this config
-        return f"{expression}, which builds self.{buffer}, does not evaluate on the traced config"
+        return None, f"{expression}, which builds self.{buffer}, does not evaluate on the traced config"
     if not (torch.is_tensor(value) and value.shape == traced.shape and torch.equal(value, traced)):
-        return f"{expression} does not give the traced self.{buffer}"
-    return _EXPRESSION + expression
+        return None, f"{expression} does not give the traced self.{buffer}"
+    return expression, ""
 
 
 def _registrations(tree: ast.AST, buffer: str) -> set[str]:
     """The expressions ``register_buffer("<buffer>", ...)`` is given in ``tree``, its locals
     assigned once substituted, a trailing ``.clone()`` dropped; only those reading ``config``
-    alone and calling module-level names."""
+    and no attribute of ``self`` (any other name must be the module's: the evaluation fails
+    otherwise)."""
     assigned: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -40,6 +40,11 @@ def analyze_mixer(layer: nn.Module, attr: str, config) -> MixerPlan | NoMatch | 
 def mixer_child(layer: nn.Module, config) -> str:
     """The one direct child of ``layer`` proven a mixer of some kind ("" when none is); a
     child with the parts of a kind that fails its proof refuses with that kind's reason."""
+    return proven_mixer(layer, config)[0]
+
+
+def proven_mixer(layer: nn.Module, config) -> tuple[str, MixerPlan | None]:
+    """``mixer_child`` and its plan (None where there is none)."""
     plans = {
         name: analyze_mixer(layer, name, config)
         for name, child in layer.named_children()
@@ -47,11 +52,11 @@ def mixer_child(layer: nn.Module, config) -> str:
     }
     found = [name for name, plan in plans.items() if plan is not None and not isinstance(plan, NoMatch)]
     if len(found) == 1:
-        return found[0]
+        return found[0], plans[found[0]]
     failed = [plan for plan in plans.values() if isinstance(plan, NoMatch)]
     if not found and failed:
         raise Refusal(failed[0])
-    return ""
+    return "", None
 
 
 def with_layer_test(plan: MixerPlan, layers: list[nn.Module], attention: list[bool], block: str) -> MixerPlan:

@@ -108,7 +108,7 @@ def _scaled_output(traced: Traced, path: str, output: Node, ends: dict) -> Node 
     line gives (``self.down_multiplier``), where nothing else reads the projection: the
     rewrites keep the forward's own line, which goes on multiplying vLLM's reduced output."""
     projection = next((a for a in output.args if a in ends), None) if isinstance(output, Node) else None
-    if output.target not in _MUL or projection is None or len(projection.users) != 1:
+    if projection is None or output.target not in _MUL or len(projection.users) != 1:
         return None
     line = source_line(output, forward_code(traced, path))
     return projection if factor_of(output, line, traced.module.get_submodule(path)) else None

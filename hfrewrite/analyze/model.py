@@ -53,7 +53,7 @@ from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
-from hfrewrite.analyze.mixers import analyze_mixer, layers_mixer, mixer_child
+from hfrewrite.analyze.mixers import analyze_mixer, layers_mixer, proven_mixer
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
@@ -428,14 +428,15 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
 
 def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_idx: int) -> LayerFacts:
     """The facts of layer ``layer_idx`` (``small``: the traced config)."""
-    decoder = analyze_decoder(traced)
+    decoder, proven = analyze_decoder(traced), None
     if isinstance(decoder, NoMatch) or len(decoder.blocks) != 2:
         if isinstance(decoder, NoMatch):
             why = decoder.reason
         else:
             found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
             why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
-        decoder = carried_layer(traced, mixer_child(traced.module, small))
+        child, proven = proven_mixer(traced.module, small)
+        decoder = carried_layer(traced, child)
         carried = NoMatch(
             "fused_residual_norm",
             decoder.module_class,
@@ -450,7 +451,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         attention = analyze_mla(traced, block, small, layer_type)
     else:
         attention = analyze_attention(traced, block, small, layer_type, layer_idx)
-    attention, mixer = _mixer(traced, decoder, attention, small)
+    attention, mixer = _mixer(traced, decoder, attention, small, proven)
     block = decoder.mlp_block
     mlp = (
         analyze_inline_mlp(traced, decoder.mlp_linears)
@@ -484,14 +485,16 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
     return LayerFacts(decoder, attention, shared, moe, carried, mixer)
 
 
-def _mixer(traced: Traced, decoder: DecoderLayerPlan, attention, small) -> tuple:
-    """(attention, None) for a layer whose mixer is attention; (None, plan) for a hybrid
-    model's layer whose mixer is a proven short convolution; else the refusal of the two that
-    says why (the attention's, unless the block is a convolution)."""
-    if not isinstance(attention, NoMatch):  # and a mixer beside it (Falcon-H1), proven by mixer_child
-        beside = decoder.mixer_block and analyze_mixer(traced.module, decoder.mixer_block, small)
-        return attention, beside or None
-    mixer = analyze_mixer(traced.module, decoder.attention_block, small) if decoder.attention_block else None
+def _mixer(traced: Traced, decoder: DecoderLayerPlan, attention, small, proven) -> tuple:
+    """(attention, None) for a layer whose mixer is attention, or (attention, plan) with a
+    mixer beside it (Falcon-H1); (None, plan) for a hybrid model's layer whose mixer is a
+    proven one; else the refusal of the two that says why (the attention's, unless the block
+    is a mixer). ``proven``: the carried layer's mixer child, already analysed."""
+    if not isinstance(attention, NoMatch):
+        return attention, proven if decoder.mixer_block else None
+    block = decoder.attention_block
+    mixer = proven if proven is not None and proven.attr == block else None
+    mixer = mixer or (analyze_mixer(traced.module, block, small) if block else None)
     if mixer is not None and not isinstance(mixer, NoMatch):
         return None, mixer
     raise Refusal(mixer or attention)

@@ -362,9 +362,9 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
         tail += t.code(source.q_scale)
     return (
         tail
-        + before_attention(att)
+        + before_attention(att, HEAD_DIM)
         + "attn_output = self.attn(q, k, v)\n"
-        + after_attention(att)
+        + after_attention(att, HEAD_DIM)
         + (gated_output(att.output_gate) if att.output_gate else "")
         + f"attn_output = self.{att.o.attr}(attn_output)\n"
         + (f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n")

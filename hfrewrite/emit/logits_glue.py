@@ -139,15 +139,7 @@ def carrying_logits(
 def scaling_head_input(tpl: cst.ClassDef, forward: cst.FunctionDef, plan) -> cst.ClassDef:
     """compute_logits first scales the hidden states as the source's ``self.<lm_head>(<expr>)``
     does (the analysis proved a constant factor): ``<expr>`` on vLLM's ``hidden_states``."""
-    calls = []
-
-    class _HeadCalls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            if t.call_name(call) == f"self.{plan.lm_head}" and len(call.args) == 1:
-                calls.append(call.args[0].value)
-
-    forward.visit(_HeadCalls())
-    expr = _scaled_input(forward, calls[0]) if len(calls) == 1 else None
+    expr = _head_input(forward, plan.lm_head)
     roots = t.root_names(expr) - {"self"} if expr is not None else set()
     if len(roots) != 1:
         raise HfrewriteError(f"{plan.architecture}: {NAME}: the lm_head's scaled input is not one expression")
@@ -161,13 +153,19 @@ def scales_head_input(forward: cst.FunctionDef | None, lm_head: str) -> bool:
     """The source's forward hands its lm_head an arithmetic expression of one name (``x /
     self.config.logits_scaling``): the file carries it even where the traced config's factor
     is 1, which the example run cannot tell from no factor at all."""
+    expr = _head_input(forward, lm_head)
+    return isinstance(expr, cst.BinaryOperation) and len(t.root_names(expr) - {"self"}) == 1
+
+
+def _head_input(forward: cst.FunctionDef | None, lm_head: str) -> cst.BaseExpression | None:
+    """The argument of the forward's one ``self.<lm_head>(x)`` call as one expression of the
+    base model's output (``_scaled_input``); None where there is not one such call."""
     calls = [
         n
         for n in (t.walk(forward.body) if forward is not None else ())
         if isinstance(n, cst.Call) and t.call_name(n) == f"self.{lm_head}" and len(n.args) == 1
     ]
-    expr = _scaled_input(forward, calls[0].args[0].value) if len(calls) == 1 else None
-    return isinstance(expr, cst.BinaryOperation) and len(t.root_names(expr) - {"self"}) == 1
+    return _scaled_input(forward, calls[0].args[0].value) if len(calls) == 1 else None
 
 
 def _scaled_input(forward: cst.FunctionDef, arg: cst.BaseExpression) -> cst.BaseExpression | None:

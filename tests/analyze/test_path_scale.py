@@ -49,8 +49,8 @@ def test_k_and_v_numbers_are_proven_k_folded_into_the_scale():
     assert plan.v_head_dim is None
     # the file's scale is the source's expression times the call's, v multiplied after the split
     assert key_scaled(plan, "self.scaling") == "self.key_multiplier * self.scaling"
-    assert before_attention(plan) == "v = v * self.v_scale  # as the source scales v\n"
-    assert after_attention(plan) == ""
+    assert before_attention(plan, "self.head_dim") == "v = v * self.v_scale  # as the source scales v\n"
+    assert after_attention(plan, "self.head_dim") == ""
 
 
 def test_a_literal_number_is_its_own_expression(mutate):
@@ -88,8 +88,8 @@ def test_narrower_v_heads_are_padded_around_the_attention(mutate):
     plan = plan_of()
     assert not isinstance(plan, NoMatch), plan
     assert (plan.head_dim, plan.v_head_dim, plan.path_scales) == (16, 8, (("k", "self.key_multiplier"),))
-    assert "torch.nn.functional.pad" in before_attention(plan)
-    assert "[..., : self.v_head_size]" in after_attention(plan)
+    assert "torch.nn.functional.pad" in before_attention(plan, "self.head_dim")
+    assert "[..., : self.v_head_size]" in after_attention(plan, "self.head_dim")
 
 
 def test_wider_v_heads_are_refused(mutate):
