@@ -22,7 +22,9 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
 * a Mamba-2 block with muP factors (Falcon-H1's, ``Mamba2Plan.input_scale`` and
   ``projection_scale``) as ``ScaledMambaMixer2`` (templates/mamba2.py), built with the source's
   expressions of them; the source's statements registering the full factor vector on every
-  block go, the file's mixer cutting its own to the rank's columns;
+  block go, the file's mixer cutting its own to the rank's columns; one whose time steps
+  are floored (NemotronH's ``time_step_min``, ``Mamba2Plan.time_step_floor``) as
+  ``FlooredMambaMixer2``, built with the source's expression of the floor;
 * in its fused forward, the attention call under the source's test, and in the other branch
   the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
   carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
@@ -220,6 +222,13 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             module, layer.module_class, template_class("mamba2.py", "ScaledMambaMixer2", {}, {})
         )
         module = module.visit(_WithoutRegistration(mixer.projection_buffer, mixer.projection_scale))
+    elif isinstance(mixer, Mamba2Plan) and mixer.time_step_floor:  # NemotronH's
+        imports = (*row.imports, "get_forward_context")
+        row = dataclasses.replace(row, vllm_class="FlooredMambaMixer2", imports=imports)
+        arguments = f"time_step_min={mixer.time_step_floor},\n{arguments}"
+        module = insert_before(
+            module, layer.module_class, template_class("mamba2.py", "FlooredMambaMixer2", {}, {})
+        )
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))

@@ -1,10 +1,12 @@
-"""vLLM-side code for Mamba-2 blocks with muP factors (Falcon-H1's).
+"""vLLM-side code for Mamba-2 blocks with muP factors (Falcon-H1's) or a time-step floor
+(NemotronH's).
 
 Parsed with libcst by ``passes/hybrid_mixer.py``, never imported at run time.
 """
 
 import torch
 from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
 
@@ -42,3 +44,28 @@ class ScaledMambaMixer2(MambaMixer2):
         return super().forward(
             hidden_states * self.input_scale, mup_vector=self.projection_scale
         )
+
+
+class FlooredMambaMixer2(MambaMixer2):
+    """vLLM's Mamba-2 mixer with the time steps of the tokens it reads several at a time
+    floored at ``time_step_min`` after their softplus, as the source's chunked scan clamps
+    them (its one-token step, a decode, clamps none: nor does this one); softplus is
+    increasing, so their input is floored at ``softplus^-1(time_step_min) - dt_bias``."""
+
+    def __init__(self, time_step_min: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.time_step_min = time_step_min
+
+    def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor):
+        metadata = get_forward_context().attn_metadata
+        metadata = metadata.get(self.prefix) if isinstance(metadata, dict) else None
+        if self.time_step_min <= 0.0 or metadata is None or metadata.num_prefills == 0:
+            return super().conv_ssm_forward(projected_states, output)
+        decodes = metadata.num_decode_tokens  # vLLM orders a batch's decodes first
+        rest, dt = projected_states.split(
+            [projected_states.shape[-1] - self.tped_dt_size, self.tped_dt_size], dim=-1
+        )
+        lowest = self.dt_bias.new_tensor(self.time_step_min, dtype=torch.float32)
+        floor = (torch.log(torch.expm1(lowest)) - self.dt_bias.float()).to(dt.dtype)
+        dt = torch.cat([dt[:decodes], torch.maximum(dt[decodes:], floor)])
+        return super().conv_ssm_forward(torch.cat([rest, dt], dim=-1), output)

@@ -12,18 +12,18 @@ arguments, not a config: each is the expression of the config the block's ``__in
 assigns, kept only when its traced value is what the block's structure shows. A block without
 its gated norm (Falcon-H1's ``nn.Identity()`` under ``mamba_rms_norm``) is vLLM's with
 ``use_rms_norm=False``; the factors of its input and of its projection's columns (Falcon-H1's
-muP multipliers) are proven by mamba2_scales.py."""
+muP multipliers) are proven by mamba2_scales.py, its time-step limits by mamba2_floor.py."""
 
 from __future__ import annotations
 
 import ast
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.mamba2_floor import floor_replay, time_step_limits
 from hfrewrite.analyze.mamba2_scales import (
     changed_replays,
     input_scale,
@@ -64,9 +64,11 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
     values = {kw: value for kw, (_, value) in args.items()}
     if values["activation"] not in _ACTIVATIONS:
         return NoMatch(PATTERN, name, f"its convolution's activation is {values['activation']!r}, not silu")
-    fixed = _fixed(type(module), config, args)
-    if isinstance(fixed, str):
-        return NoMatch(PATTERN, name, fixed)
+    limits = time_step_limits(init_expressions(type(module), config))
+    if isinstance(limits, str):
+        return NoMatch(PATTERN, name, limits)
+    values["time_step_floor"] = limits.floor_value
+    fixed = limits.conditions + _fixed(args)
     expressions = {a: code for a, code, _ in init_expressions(type(module), config)}
     flags = _norm_flags(module, values, expressions) if normed else ()
     if isinstance(flags, str):
@@ -86,6 +88,10 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
         return NoMatch(PATTERN, name, f"replaying vLLM's Mamba-2 mixer {shown}{_norm_span(module, values)}")
     if (why := changed_replays(module, scales, values["hidden_size"], _TOKENS, scaled)) is not None:
         return NoMatch(PATTERN, name, why)
+    if limits.floor and (scales.input_expr or scales.projection_expr):
+        return NoMatch(PATTERN, name, "a time-step floor beside muP factors, not proven together")
+    if limits.floor and (why := _floor_proof(module, values, limits.floor_value)) is not None:
+        return NoMatch(PATTERN, name, why)
     return Mamba2Plan(
         module_class=name,
         attr=attr,
@@ -94,6 +100,18 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
         input_scale=scales.input_expr,
         projection_scale=scales.projection_expr,
         projection_buffer=scales.projection_buffer,
+        time_step_floor=limits.floor,
+    )
+
+
+def _floor_proof(module: nn.Module, values: dict, floor: float) -> str | None:
+    """Why the block's time-step floor is not proven (None: it is)."""
+    return floor_replay(
+        module,
+        values["hidden_size"],
+        _TOKENS,
+        lambda hidden, at: reference(module, hidden, {**values, "time_step_floor": at}),
+        floor,
     )
 
 
@@ -219,25 +237,16 @@ def _one(exprs, kw: str, fits) -> tuple[str, object] | None:
     return code, next(value for _, c, value in exprs if c == code)
 
 
-_CLAMP = "vLLM's MambaMixer2 does not clamp time steps"
 _ONE_GROUP = "proven with one group only, where a norm over all channels is vLLM's norm over each group's"
 _SILU = "vLLM's causal convolution applies silu or nothing"
 
 
-def _fixed(cls: type, config, args: dict) -> tuple[tuple[str, str], ...] | str:
-    """What the file requires of every config, as (condition, why): the block's time-step
-    limits (a (low, high) pair of floats from its config), which vLLM's MambaMixer2 never
-    applies, at the no-op (0, inf) they must have on the traced config (a str: why they do
-    not); the convolution's activation silu; and one group where the traced block has one,
-    since with one group a norm over all channels and vLLM's norm over each group's are the
-    same, and the replay tells them apart only with more."""
-    out = []
-    for _, code, value in init_expressions(cls, config):
-        if isinstance(value, tuple | list) and len(value) == 2 and all(type(v) is float for v in value):
-            if tuple(value) != (0.0, math.inf):
-                return f"{code} is {tuple(value)}: {_CLAMP}"
-            out.append((f'tuple({code}) == (0.0, float("inf"))', _CLAMP))
-    out.append((f"{args['activation'][0]} in {_ACTIVATIONS!r}".replace("'", '"'), _SILU))
+def _fixed(args: dict) -> tuple[tuple[str, str], ...]:
+    """What the file requires of every config besides the time-step limits (mamba2_floor.py),
+    as (condition, why): the convolution's activation silu; and one group where the traced
+    block has one, since with one group a norm over all channels and vLLM's norm over each
+    group's are the same, and the replay tells them apart only with more."""
+    out = [(f"{args['activation'][0]} in {_ACTIVATIONS!r}".replace("'", '"'), _SILU)]
     groups, traced = args["n_groups"]
     if traced == 1:
         out.append((f"{groups} == 1", _ONE_GROUP))
@@ -312,8 +321,9 @@ def reference(
     """vLLM's Mamba-2 mixer of ``hidden`` [batch, tokens, hidden] times ``input_scale`` from
     a zero state, its projection's output times ``projection_scale`` per column (vLLM's
     ``mup_vector``), with the block's weights and the sizes ``values``, the scan taken token by
-    token (the gated norm over each of ``n_groups`` groups, or of ``values["norm_groups"]``
-    where given; none where ``values["use_rms_norm"]`` is False)."""
+    token (its time steps floored at ``values["time_step_floor"]`` where given; the gated norm
+    over each of ``n_groups`` groups, or of ``values["norm_groups"]`` where given; none where
+    ``values["use_rms_norm"]`` is False)."""
     inner, heads, groups = values["intermediate_size"], values["num_heads"], values["n_groups"]
     state_size, kernel = values["ssm_state_size"], values["conv_kernel_size"]
     batch, tokens, _ = hidden.shape
@@ -330,7 +340,7 @@ def reference(
     b, c = (
         t.reshape(batch, tokens, groups, state_size).repeat_interleave(heads // groups, dim=2) for t in (b, c)
     )
-    dt = F.softplus(dt + module.dt_bias)
+    dt = F.softplus(dt + module.dt_bias).clamp(min=values.get("time_step_floor", 0.0))
     decay = torch.exp(dt * -torch.exp(module.A_log.float()))
     state = hidden.new_zeros(batch, heads, inner // heads, state_size)
     out = []

@@ -46,6 +46,9 @@ class Mamba2Plan:
     input_scale: str = ""
     projection_scale: str = ""
     projection_buffer: str = ""  # the block's buffer holding it, which the source registers
+    # the config expression of the floor the block's time steps are clamped at after their
+    # softplus (NemotronH's time_step_min, analyze/mamba2_floor.py); "" where it has none
+    time_step_floor: str = ""
 
     vllm_dtype = "float32"
 

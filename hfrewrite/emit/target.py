@@ -15,6 +15,7 @@ VLLM: dict[str, str] = {
     "get_ep_group": "vllm.distributed",
     "get_pp_group": "vllm.distributed",
     "get_tensor_model_parallel_rank": "vllm.distributed",
+    "get_forward_context": "vllm.forward_context",
     "get_tensor_model_parallel_world_size": "vllm.distributed",
     "tensor_model_parallel_all_gather": "vllm.distributed",
     "get_act_and_mul_fn": "vllm.model_executor.layers.activation",

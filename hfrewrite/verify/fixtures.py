@@ -98,9 +98,24 @@ def save_random_checkpoint(config: Any, out_dir: Path, seed: int = 0) -> Path:
     model.config.architectures = [type(model).__name__]
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
+    _plain_infinities(out_dir / "config.json")
     if remote:
         _copy_custom_code(model, out_dir)
     return out_dir
+
+
+def _plain_infinities(path: Path) -> None:
+    """``config.json`` with the infinities transformers 5.19 writes as ``{"__float__":
+    "Infinity"}`` (and reads back as that dict, which its config classes reject: Bamba's
+    ``time_step_limit``) written as the bare ``Infinity`` of released configs."""
+    text = path.read_text()
+    if '"__float__"' not in text:
+        return
+
+    def plain(obj: dict) -> object:
+        return float(obj["__float__"]) if set(obj) == {"__float__"} else obj
+
+    path.write_text(json.dumps(json.loads(text, object_hook=plain), indent=2, sort_keys=True) + "\n")
 
 
 def _copy_custom_code(model: Any, out_dir: Path) -> None:
