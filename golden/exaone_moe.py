@@ -515,14 +515,14 @@ class ExaoneMoeForCausalLM(
         # "model."; transformers adds that prefix when it loads one into the causal LM,
         # and so does this.
         for name, tensor in weights:
-            if not name.startswith(("model.", "lm_head.")):
+            if not name.startswith(("model.", "lm_head.", "mtp")):
                 name = "model." + name
             yield name, tensor
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
-        loader = AutoWeightsLoader(self)
+        loader = AutoWeightsLoader(self, ignore_unexpected_prefixes=["mtp"])
         return loader.load_weights(
             self._base_model_names(weights), mapper=self.hf_to_vllm_mapper
         )

@@ -341,7 +341,9 @@ class GPTNeoXForCausalLM(
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Reads the original Hugging Face checkpoint names; fused projections are
         # loaded shard by shard through `hf_to_vllm_mapper`.
-        loader = AutoWeightsLoader(self)
+        loader = AutoWeightsLoader(
+            self, ignore_unexpected_suffixes=["attention.bias", "attention.masked_bias"]
+        )
         return loader.load_weights(
             self._qkv_per_head_to_blocks(weights), mapper=self.hf_to_vllm_mapper
         )

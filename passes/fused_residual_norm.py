@@ -92,7 +92,11 @@ def _index_calling(body, attr: str) -> int:
     raise HfrewriteError(f"{NAME}: self.{attr} is not called in the decoder layer forward")
 
 
-def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) -> cst.FunctionDef:
+def decoder_forward(
+    fwd: cst.FunctionDef, blocks, attention_blocks: set[str], attention_class: str = ""
+) -> cst.FunctionDef:
+    """The fused forward of ``blocks``; ``attention_class``: a one-block layer's block is
+    an attention of that class in some layers only (block_kinds), called as its kind takes it."""
     src = list(fwd.body.body)
     out: list[cst.BaseStatement] = []
     start = 0
@@ -114,12 +118,13 @@ def decoder_forward(fwd: cst.FunctionDef, blocks, attention_blocks: set[str]) ->
         norm[0] = norm[0].with_changes(
             leading_lines=[*([cst.EmptyLine(indent=False)] if i else []), *comments]
         )
-        call = (
-            f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
-            if b.block in attention_blocks
-            else f"self.{b.block}(hidden_states)"
-        )
-        out += [*norm, t.stmt(f"hidden_states = {call}\n")]
+        attends = f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
+        call = attends if b.block in attention_blocks else f"self.{b.block}(hidden_states)"
+        if attention_class:
+            chosen = f"if isinstance(self.{b.block}, {attention_class}):\n    hidden_states = {attends}\n"
+            out += [*norm, t.stmt(f"{chosen}else:\n    hidden_states = self.{b.block}(hidden_states)\n")]
+        else:
+            out += [*norm, t.stmt(f"hidden_states = {call}\n")]
         if b.post_norm:  # sandwich norm on the block's output, before the residual add
             out.append(t.stmt(f"hidden_states = self.{b.post_norm}(hidden_states)\n"))
     out.append(t.stmt("return hidden_states, residual\n"))
@@ -205,6 +210,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 t.find_method(layer, "forward"),
                 plan.decoder_layer.blocks,
                 attention_blocks,
+                plan.decoder_layer.block_kinds.attention_class if plan.decoder_layer.block_kinds else "",
             ),
         )
         module = t.replace_class(module, plan.decoder_layer.module_class, layer)

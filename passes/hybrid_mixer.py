@@ -233,7 +233,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
     forward = t.find_method(cls, "forward")
-    if layer.fused:
+    if layer.block_kinds is not None:  # its forward calls the block as its class takes it
+        if row.writes_into_buffer:
+            raise HfrewriteError(f"{mixer.module_class}: {NAME}: a layer of one block writing into a buffer")
+    elif layer.fused:
         forward = _choosing_forward(forward, layer.attention_block, mixer, row)
     elif row.writes_into_buffer:  # carried: its own test chooses; the call takes the hidden states alone
         forward = forward.visit(_IntoBuffer(mixer.attr, forward))

@@ -34,7 +34,12 @@ from hfrewrite.analyze.qkv_layouts import MP_BLOCKS, QkvLayout
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_weights import experts_need_splitting, experts_one_by_one
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.weight_streams import WrapWeights, base_model_names, transposing_linears
+from hfrewrite.emit.weight_streams import (
+    WrapWeights,
+    base_model_names,
+    ignoring_unexpected,
+    transposing_linears,
+)
 from hfrewrite.errors import HfrewriteError
 
 NAME = "load_weights"
@@ -409,6 +414,8 @@ def _with_checkpoint_helpers(
     att, moe = plan.attention, plan.moe
     if plan.base_model_attr in plan.checkpoint_roots and not plan.checkpoint_prefix_renames:
         body = base_model_names(body, plan)
+    else:
+        body = ignoring_unexpected(body, plan)
     if plan.transposed_linears:
         body = transposing_linears(body, plan)
     if _qkv_layout(att) is not None and att.qkv_layout.load_helper:

@@ -47,10 +47,11 @@ class ScaledMambaMixer2(MambaMixer2):
 
 
 class FlooredMambaMixer2(MambaMixer2):
-    """vLLM's Mamba-2 mixer with the time steps of the tokens it reads several at a time
-    floored at ``time_step_min`` after their softplus, as the source's chunked scan clamps
-    them (its one-token step, a decode, clamps none: nor does this one); softplus is
-    increasing, so their input is floored at ``softplus^-1(time_step_min) - dt_bias``."""
+    """vLLM's Mamba-2 mixer with the time steps of its prefill tokens floored at
+    ``time_step_min`` after their softplus, as the source's chunked scan clamps
+    them (its one-token step, a decode, clamps none: nor does this one). As
+    softplus is increasing, its input is floored at
+    ``softplus^-1(time_step_min) - dt_bias`` instead."""
 
     def __init__(self, time_step_min: float, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -50,6 +50,7 @@ MATCHES = {
     "llama": {
         "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
+        "block_kinds": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,  # LlamaDecoderLayer.forward takes `residual`: fused, not carried
         "fuse_qkv": 1,  # LlamaAttention.qkv_proj
@@ -77,6 +78,7 @@ MATCHES = {
     "qwen3_moe": {
         "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
+        "block_kinds": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,
         "fuse_qkv": 1,  # Qwen3MoeAttention
@@ -104,6 +106,7 @@ MATCHES = {
     "deepseek_v3": {
         "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
+        "block_kinds": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,
         "fuse_qkv": 0,  # latent attention: mla_attention's
@@ -131,6 +134,7 @@ MATCHES = {
     "gemma": {
         "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
+        "block_kinds": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 0,
         "fuse_qkv": 1,
@@ -158,6 +162,7 @@ MATCHES = {
     "starcoder2": {
         "flatten_base_model": 0,  # no parts deeper than the base model
         "taken_branches": 0,
+        "block_kinds": 0,
         "inline_helpers": 0,  # no helper method holds the projections
         "carry_decoder_layer": 1,  # Starcoder2DecoderLayer: LayerNorms kept, forward carried
         "fuse_qkv": 1,

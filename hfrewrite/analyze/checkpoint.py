@@ -57,18 +57,17 @@ def _literal(pattern: str) -> bool:
 
 def checkpoint_prefix_renames(key: str) -> tuple[tuple[str, str], ...]:
     """Anchored prefix renames (Hub name -> module name) for a model type or causal-LM
-    class name, e.g. gpt_neox's ``("embed_out.", "lm_head.")``."""
+    class name, e.g. gpt_neox's ``("embed_out.", "lm_head.")``; and a rename of one leading
+    name unanchored (NemotronH's ``backbone.`` -> ``model.``), applied where a name starts
+    with it (a checkpoint naming it deeper loads nothing under it: vLLM stops on the name)."""
     renames = []
     for rule in get_checkpoint_conversion_mapping(key) or ():
         if type(rule).__name__ != "WeightRenaming":
             continue
         for source, target in zip(rule.source_patterns, rule.target_patterns):
             plain = source.removeprefix("^").replace("\\.", ".")
-            if (
-                source.startswith("^")
-                and re.escape(plain).replace("\\.", ".") == plain
-                and re.escape(target).replace("\\.", ".") == target
-            ):
+            literal = re.escape(plain).replace("\\.", ".") == plain and _literal(target)
+            if literal and (source.startswith("^") or re.fullmatch(r"\w+\.", plain)):
                 renames.append((plain, target))
     return tuple(renames)
 
@@ -84,12 +83,14 @@ def unexpected_suffixes(model) -> tuple[str, ...]:
 def unexpected_prefixes(model) -> tuple[str, ...]:
     """The plain prefixes among transformers' ``_keys_to_ignore_on_load_unexpected`` of the
     model's class (``^mtp.*``: Qwen3-Next's and Qwen3.5's multi-token-prediction layers, which
-    the causal LM does not build): load_weights skips checkpoint tensors named so."""
+    the causal LM does not build; NemotronH's unanchored ``mtp.*``, taken where a name starts
+    with it): load_weights skips checkpoint tensors named so."""
     patterns = getattr(type(model), "_keys_to_ignore_on_load_unexpected", None) or ()
     found = []
     for pattern in patterns:
-        plain = pattern[1:-2].replace("\\.", ".") if isinstance(pattern, str) else ""
-        if pattern.startswith("^") and pattern.endswith(".*") and re.fullmatch(r"\w+(\.\w+)*", plain):
+        plain = pattern.removeprefix("^")[:-2].replace("\\.", ".") if isinstance(pattern, str) else ""
+        anchored = pattern.startswith("^") and re.fullmatch(r"\w+(\.\w+)*", plain)
+        if pattern.endswith(".*") and (anchored or re.fullmatch(r"\w+", plain)):  # one name: not layers.61
             found.append(plain)
     return tuple(found)
 

@@ -94,6 +94,8 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
     for i, facts in enumerate(per_layer):
         if facts.mixer is not None:  # its mixer sits where the attention layers have theirs
             same = _but_the_mixer(facts.decoder) == _but_the_mixer(first.decoder)
+        elif facts.attention is None:  # a layer whose one block is an MLP (block_kinds.py)
+            same = facts.decoder == first.decoder
         else:
             same = (facts.decoder, _no_window(facts.attention)) == (
                 first.decoder,

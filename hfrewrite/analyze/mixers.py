@@ -122,6 +122,8 @@ def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module
     beside = [facts.attention is not None and facts.mixer is not None for facts in per_layer]
     if all(beside):  # attention and the mixer in every layer (Falcon-H1): no test chooses
         return plan
+    if per_layer[lead].decoder.one_block:  # its kind is its class (block_kinds.py): no test
+        return plan
     if any(beside):
         raise Refusal(
             NoMatch(
@@ -142,3 +144,18 @@ def attention_layer_type(types: list, has_attention: list[bool]) -> str:
     if len(kinds) != 1 or kinds & others or not isinstance(next(iter(kinds)), str):
         return ""
     return next(iter(kinds))
+
+
+def layer_mixer(traced, decoder, attention, small, proven) -> tuple:
+    """(attention, None) for a layer whose mixer is attention, or (attention, plan) with a
+    mixer beside it (Falcon-H1); (None, plan) for a hybrid model's layer whose mixer is a
+    proven one; else the refusal of the two that says why (the attention's, unless the block
+    is a mixer). ``proven``: the carried layer's mixer child, already analysed."""
+    if not isinstance(attention, NoMatch):
+        return attention, proven if decoder.mixer_block else None
+    block = decoder.attention_block
+    mixer = proven if proven is not None and proven.attr == block else None
+    mixer = mixer or (analyze_mixer(traced.module, block, small) if block else None)
+    if mixer is not None and not isinstance(mixer, NoMatch):
+        return None, mixer
+    raise Refusal(mixer or attention)

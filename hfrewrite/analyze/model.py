@@ -24,6 +24,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
+from hfrewrite.analyze.block_kinds import one_block_facts, with_kinds
 from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.branches import forward_switches, forward_switches_of_layers, init_switches
 from hfrewrite.analyze.carried_mlp import carry_mlp
@@ -53,7 +54,7 @@ from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
-from hfrewrite.analyze.mixers import analyze_mixer, layers_mixer, proven_mixer
+from hfrewrite.analyze.mixers import layer_mixer, layers_mixer, proven_mixer
 from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
@@ -243,6 +244,8 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     # a hybrid model's first attention layer leads: the other mixer's layers agree with it
     lead = per_layer.index(attention_layers(per_layer)[0])
     decoder = per_layer[lead].decoder
+    if decoder.one_block:  # one block each, of a kind per layer
+        decoder = with_kinds(decoder, layout.layers, per_layer[lead].attention.module_class)
     declined = compare_layers(per_layer)
     attention = emitted_attention(per_layer, traces, lead, small)
     siblings = head_sibling(config, source.head_kind)
@@ -429,6 +432,9 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
 def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_idx: int) -> LayerFacts:
     """The facts of layer ``layer_idx`` (``small``: the traced config)."""
     decoder, proven = analyze_decoder(traced), None
+    one_block = not isinstance(decoder, NoMatch) and len(decoder.blocks) == 1
+    if one_block and (facts := one_block_facts(traced, decoder, config, small, layer_idx)) is not None:
+        return facts
     if isinstance(decoder, NoMatch) or len(decoder.blocks) != 2:
         if isinstance(decoder, NoMatch):
             why = decoder.reason
@@ -451,7 +457,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         attention = analyze_mla(traced, block, small, layer_type)
     else:
         attention = analyze_attention(traced, block, small, layer_type, layer_idx)
-    attention, mixer = _mixer(traced, decoder, attention, small, proven)
+    attention, mixer = layer_mixer(traced, decoder, attention, small, proven)
     block = decoder.mlp_block
     mlp = (
         analyze_inline_mlp(traced, decoder.mlp_linears)
@@ -483,18 +489,3 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
     elif decoder.shared_mlp_block:  # beside the MoE block, summed with it by the carried forward
         shared = _required(analyze_mlp(traced, decoder.shared_mlp_block, config))
     return LayerFacts(decoder, attention, shared, moe, carried, mixer)
-
-
-def _mixer(traced: Traced, decoder: DecoderLayerPlan, attention, small, proven) -> tuple:
-    """(attention, None) for a layer whose mixer is attention, or (attention, plan) with a
-    mixer beside it (Falcon-H1); (None, plan) for a hybrid model's layer whose mixer is a
-    proven one; else the refusal of the two that says why (the attention's, unless the block
-    is a mixer). ``proven``: the carried layer's mixer child, already analysed."""
-    if not isinstance(attention, NoMatch):
-        return attention, proven if decoder.mixer_block else None
-    block = decoder.attention_block
-    mixer = proven if proven is not None and proven.attr == block else None
-    mixer = mixer or (analyze_mixer(traced.module, block, small) if block else None)
-    if mixer is not None and not isinstance(mixer, NoMatch):
-        return None, mixer
-    raise Refusal(mixer or attention)

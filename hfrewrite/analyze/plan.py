@@ -261,6 +261,18 @@ class ResidualBlock:
 
 
 @dataclass(frozen=True)
+class BlockKinds:
+    """A layer of one block whose kind each layer chooses (analyze/block_kinds.py)."""
+
+    attr: str  # the layer's block, e.g. "mixer"
+    attention_class: str  # the class of the block in the layers that attend ("": none do)
+    table: str = ""  # the modeling module's dict the block's class is read from ("": none)
+    key: str = ""  # the expression of the layer indexing it, e.g. "self.block_type"
+    # (key, class) of the traced layers, in the table's order
+    kinds: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class DecoderLayerPlan:
     """A decoder layer: its attention and MLP submodules, and, when the layer is a
     sequence of pre-norm residual blocks whose norms vLLM fuses with the residual add,
@@ -290,10 +302,17 @@ class DecoderLayerPlan:
     # a hybrid's other mixer beside the attention in the same layer (Falcon-H1's Mamba-2;
     # ModelPlan.mixer), the carried forward calling both ("": none)
     mixer_block: str = ""
+    # a layer of one block (attention, another mixer or an MLP by layer: NemotronH's)
+    block_kinds: BlockKinds | None = None
 
     @property
     def fused(self) -> bool:
         return bool(self.blocks)
+
+    @property
+    def one_block(self) -> bool:
+        """A layer of one block whose kind each layer chooses (analyze/block_kinds.py)."""
+        return len(self.blocks) == 1 and self.attention_block == self.mlp_block
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from hfrewrite.emit.pass_api import FusionRow, PassContext
 from hfrewrite.emit.target import import_of
 from hfrewrite.errors import HfrewriteError
 from hfrewrite.passes import (
+    block_kinds,
     carry_decoder_layer,
     composite_text,
     config_guards,
@@ -44,6 +45,7 @@ from hfrewrite.passes import (
 PASSES: tuple[ModuleType, ...] = (
     flatten_base_model,  # first: the other passes find the parts where a flat model has them
     taken_branches,
+    block_kinds,  # before the passes that find each block's class built by name
     inline_helpers,
     carry_decoder_layer,
     fuse_qkv,

@@ -66,6 +66,19 @@ def base_model_names(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatem
     return out
 
 
+def ignoring_unexpected(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
+    """load_weights ignoring the tensors transformers declares unexpected, where its names are
+    renamed rather than read from a base model's checkpoint too (NemotronH's ``mtp.*``)."""
+    skipped = getattr(plan, "checkpoint_skipped", ())
+    if not (plan.checkpoint_unexpected or skipped):
+        return body
+    visitor = _IgnoringUnexpected(plan.checkpoint_unexpected, skipped)
+    return [
+        m.visit(visitor) if isinstance(m, cst.FunctionDef) and m.name.value == "load_weights" else m
+        for m in body
+    ]
+
+
 class _IgnoringUnexpected(cst.CSTTransformer):
     """``AutoWeightsLoader(self)`` -> ``AutoWeightsLoader(self, ignore_unexpected_prefixes=[...],
     ignore_unexpected_suffixes=[...])``."""

@@ -63,7 +63,10 @@ def test_a_floor_held_in_one_config_pair_keeps_its_ceiling_checked():
     plan = analyze_mamba2(layer, "mixer", config)
     assert isinstance(plan, Mamba2Plan), plan
     assert plan.time_step_floor == "config.time_step_limit[0]"
-    assert ('config.time_step_limit[1] == float("inf")', "the file floors time steps, it caps none") in plan.fixed
+    assert (
+        'config.time_step_limit[1] == float("inf")',
+        "the file floors time steps, it caps none",
+    ) in plan.fixed
 
 
 def test_no_floor_keeps_the_file_checking_there_is_none():

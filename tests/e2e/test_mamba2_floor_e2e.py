@@ -12,7 +12,6 @@ floored too, decodes other tokens: both are run, so the test shows it can fail.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 

@@ -17,7 +17,8 @@ experts (gpt_oss), flat experts behind a norm wrapper (dbrx), attention written 
 vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lfm2), and one
 whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
 granitemoehybrid with its carried layers and experts; falcon_h1 with attention beside each Mamba-2
-block and muP factors cut per rank), and attention sinks beside a rope base
+block and muP factors cut per rank; nemotron_h's one-block layers, its Mamba-2 time steps
+floored from each rank's share of dt_bias), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
 (stablelm, cohere). Greedy tokens
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # types converted from a config directory rather than their bare default config
 SOURCES = {
     model_type: str(ROOT / "golden" / "configs" / model_type)
-    for model_type in ("lfm2", "bamba", "granitemoehybrid")
+    for model_type in ("lfm2", "bamba", "granitemoehybrid", "nemotron_h")
 }
 LFM2 = {"conv_dim": 128, "block_dim": 128, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0}
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
@@ -196,6 +197,22 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "lm_head_multiplier": 0.6,
         },
     ),
+    # NemotronH: layers of one block each (Mamba-2 with each rank one of its two groups and
+    # half its heads, attention, a relu² MLP), the time steps floored mid-range so that the
+    # floor, from each rank's share of dt_bias, raises about half of them
+    "nemotron_h-one-block-layers-floored": (
+        "nemotron_h",
+        {
+            "layers_block_type": ["linear_attention", "mlp", "full_attention", "linear_attention"],
+            "num_hidden_layers": 4,
+            "mamba_num_heads": 4,
+            "mamba_head_dim": 64,
+            "n_groups": 2,
+            "ssm_state_size": 16,
+            "chunk_size": 4,
+            "time_step_min": 1.3,
+        },
+    ),
     # attention sinks cut to each rank's heads; each layer's rope base its entry of
     # layer_rope_theta, none at 0; sliding layers
     "granite_swa-sinks-rope-base-per-layer": (
@@ -237,6 +254,7 @@ CLASSES = {
     "stablelm": "StableLmForCausalLM",
     "cohere": "CohereForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -305,8 +323,16 @@ _GATED = {
 # attention and Mamba-2 (its one group replicated) in every layer; the MLP's gate and up by
 # columns, its act and multipliers the source's
 _FALCON_H1 = {"QKVParallelLinear": 1, "ColumnParallelLinear": 4, "RowParallelLinear": 3}
+# two groups over two ranks: each rank its own, the projections merged as without parallelism
+_MAMBA2_GROUPS = {"MergedColumnParallelLinear": 2, "RowParallelLinear": 1}
 LAYER_LIST = {
     "falcon_h1": [_FALCON_H1] * 2,
+    "nemotron_h": [
+        _MAMBA2_GROUPS,
+        {"ColumnParallelLinear": 1, "RowParallelLinear": 1},
+        {"QKVParallelLinear": 1, "RowParallelLinear": 1},
+        _MAMBA2_GROUPS,
+    ],
     "granite_swa": [LAYERS["llama"]] * 3,
     "laguna": [
         _GATED,

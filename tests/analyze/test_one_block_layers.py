@@ -1,0 +1,93 @@
+"""analyze/block_kinds.py: layers of one block each, the block's kind per layer, read from
+what each traced block computes and, where the layer reads its class from a table, from the
+table's entry for the layer's key."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hfrewrite.analyze.block_kinds import block_kinds
+from hfrewrite.analyze.model import analyze
+from hfrewrite.analyze.plan import Mamba2Plan, Refusal
+from hfrewrite.errors import HfrewriteError
+from hfrewrite.resolve import resolve
+
+CONFIGS = Path(__file__).resolve().parents[2] / "golden" / "configs"
+
+
+class _Attention(nn.Linear):
+    pass
+
+
+class _Mlp(nn.Linear):
+    pass
+
+
+TABLE = {"attention": _Attention, "mlp": _Mlp}
+
+
+class _Layer(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.block = TABLE[self.kind](4, 4)
+
+
+def test_the_table_and_the_traced_kinds_in_its_order():
+    kinds = block_kinds([_Layer("mlp"), _Layer("attention"), _Layer("mlp")], "block", "_Attention")
+    assert (kinds.table, kinds.key) == ("TABLE", "self.kind")
+    assert kinds.kinds == (("attention", "_Attention"), ("mlp", "_Mlp"))
+
+
+def test_a_layer_whose_block_is_not_its_keys_class_is_refused():
+    layer = _Layer("mlp")
+    layer.kind = "attention"  # the key now names another class than the block's
+    with pytest.raises(Refusal, match=r"`TABLE\[self.kind\]` is not the class"):
+        block_kinds([layer], "block", "_Attention")
+
+
+def test_a_table_of_other_things_is_refused(monkeypatch):
+    monkeypatch.setitem(
+        sys.modules[__name__].__dict__, "TABLE", {"attention": _Attention, "mlp": "not a class"}
+    )
+    with pytest.raises(Refusal, match="not a table of classes"):
+        block_kinds([_Layer("attention")], "block", "_Attention")
+
+
+def test_a_block_built_by_name_has_no_table():
+    class Direct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = _Mlp(4, 4)
+
+    kinds = block_kinds([Direct()], "block", "")
+    assert (kinds.table, kinds.kinds) == ("", ())
+
+
+def test_nemotron_hs_layers_are_its_three_kinds():
+    torch.manual_seed(0)
+    plan = analyze(resolve(str(CONFIGS / "nemotron_h")).config)
+    kinds = plan.decoder_layer.block_kinds
+    assert (kinds.attr, kinds.table, kinds.key, kinds.attention_class) == (
+        "mixer",
+        "MIXER_TYPES",
+        "self.block_type",
+        "NemotronHAttention",
+    )
+    assert dict(kinds.kinds) == {
+        "linear_attention": "NemotronHMamba2Mixer",
+        "full_attention": "NemotronHAttention",
+        "mlp": "NemotronHMLP",
+    }
+    assert isinstance(plan.mixer, Mamba2Plan) and plan.mixer.time_step_floor == "config.time_step_min"
+    assert plan.mlp.module_class == "NemotronHMLP" and plan.decoder_layer.fused
+
+
+def test_nemotron_hs_ungated_experts_are_refused_with_why():
+    with pytest.raises(HfrewriteError, match="ungated.*CUDA, XPU and ROCm only"):
+        analyze(resolve("nemotron_h").config)
