@@ -297,7 +297,7 @@ def _count_expressions(att) -> tuple[str | None, str | None]:
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
-    if isinstance(att, MlaPlan):  # passes/mla_attention.py
+    if att is None or isinstance(att, MlaPlan):  # attention-free; passes/mla_attention.py
         return PassResult(module=module)
     sites = Sites()
     layout = att.qkv_layout

@@ -201,9 +201,11 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if plan.decoder_layer.fused:
         layer = t.find_class(module, plan.decoder_layer.module_class)
         # the analysis's attention child, however __init__ builds it (a class table)
-        attention_blocks = _blocks_of_class(layer, plan.attention.module_class) | {
-            plan.decoder_layer.attention_block
-        }
+        attention_blocks = (
+            _blocks_of_class(layer, plan.attention.module_class) | {plan.decoder_layer.attention_block}
+            if plan.attention is not None
+            else set()  # attention-free
+        )
         layer = t.set_method(
             layer,
             decoder_forward(

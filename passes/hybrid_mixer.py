@@ -24,12 +24,15 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   expressions of them; the source's statements registering the full factor vector on every
   block go, the file's mixer cutting its own to the rank's columns; one whose time steps
   are floored (NemotronH's ``time_step_min``, ``Mamba2Plan.time_step_floor``) as
-  ``FlooredMambaMixer2``, built with the source's expression of the floor;
+  ``FlooredMambaMixer2``, built with the source's expression of the floor; one whose gated
+  norm spans all channels however many groups it has (``Mamba2Plan.norm_spans_groups``) as
+  ``SpanNormMambaMixer2``;
 * in its fused forward, the attention call under the source's test, and in the other branch
   the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
   carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
   already given the mixer the hidden states alone (a buffer is made for ShortConv);
-* on the causal LM, ``IsHybrid`` and ``HasInnerState`` and the three state classmethods.
+* on the causal LM, ``IsHybrid`` (``IsAttentionFree`` where no layer attends: a Mamba-2
+  model) and ``HasInnerState`` and the three state classmethods.
 
 Preconditions: the layer's forward is vLLM's fused-residual one (fused_residual_norm) calling
 ``self.<attention>(positions=..., hidden_states=...)``, or carried with one
@@ -132,7 +135,6 @@ _STATE_IMPORTS = (
     "MambaStateCopyFuncCalculator",
     "MambaStateDtypeCalculator",
     "MambaStateShapeCalculator",
-    "IsHybrid",
     "HasInnerState",
     "get_current_vllm_config",
     "VllmConfig",
@@ -229,6 +231,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = insert_before(
             module, layer.module_class, template_class("mamba2.py", "FlooredMambaMixer2", {}, {})
         )
+    elif isinstance(mixer, Mamba2Plan) and mixer.norm_spans_groups:  # transformers' Mamba-2's
+        imports = (*row.imports, "Mixer2RMSNormGated")
+        row = dataclasses.replace(row, vllm_class="SpanNormMambaMixer2", imports=imports)
+        module = insert_before(
+            module, layer.module_class, template_class("mamba2.py", "SpanNormMambaMixer2", {}, {})
+        )
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
@@ -243,15 +251,20 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     cls = t.set_method(t.set_method(cls, init), forward)
     module = sites.replace_class(module, layer.module_class, cls)
     lm = t.find_class(module, ctx.plan.architecture)
+    # no attention at all (a Mamba-2 model): vLLM's attention-free contract, no KV cache
+    contract = "IsHybrid" if ctx.plan.attention is not None else "IsAttentionFree"
     module = sites.replace_class(
-        module, ctx.plan.architecture, _hybrid_lm(lm, row.state_methods(mixer, module))
+        module, ctx.plan.architecture, _hybrid_lm(lm, row.state_methods(mixer, module), contract)
     )
     fused = FusionRow(
         layer.module_class,
         f"{mixer.attr}: {mixer.module_class} -> {row.vllm_class} (its state cached by vLLM)",
     )
     return PassResult(
-        module=module, imports=row.imports + _STATE_IMPORTS, fused=(fused,), matches=sites.count
+        module=module,
+        imports=(*row.imports, *_STATE_IMPORTS, contract),
+        fused=(fused,),
+        matches=sites.count,
     )
 
 
@@ -463,9 +476,10 @@ def _indented(lines: str) -> str:
     return "".join(f"    {line}\n" for line in lines.splitlines())
 
 
-def _hybrid_lm(lm: cst.ClassDef, state_methods: str) -> cst.ClassDef:
-    """The causal LM as a hybrid model: the interfaces and the state classmethods."""
-    bases = [*lm.bases, cst.Arg(cst.Name("HasInnerState")), cst.Arg(cst.Name("IsHybrid"))]
+def _hybrid_lm(lm: cst.ClassDef, state_methods: str, contract: str) -> cst.ClassDef:
+    """The causal LM as a hybrid (or attention-free) model: the interfaces and the state
+    classmethods."""
+    bases = [*lm.bases, cst.Arg(cst.Name("HasInnerState")), cst.Arg(cst.Name(contract))]
     methods = list(cst.parse_module(state_methods).body)
     members = list(lm.body.body)
     at = next((i for i, s in enumerate(members) if isinstance(s, cst.FunctionDef)), len(members))

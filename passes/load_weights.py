@@ -302,6 +302,8 @@ def _stacked_shards(module: cst.Module, plan) -> dict[str, list[_Shard]]:
                 _Shard(att.q_a, f".{att.q_a}", "0"),
                 _Shard(att.kv_a, f".{att.kv_a}", "1"),
             ]
+    elif att is None:  # attention-free: no q/k/v to stack
+        pass
     elif att.qkv_layout is not None and not att.qkv_layout.holds_q:  # split by _kv_split
         stacks["qkv_proj"] = [
             _Shard(att.q.attr, f".{att.q.attr}", '"q"'),

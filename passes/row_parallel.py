@@ -110,8 +110,12 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     rows = []
     mlp = ctx.plan.mlp
     att = ctx.plan.attention
-    targets = [] if isinstance(att, MlaPlan) else [(att.module_class, att.o.attr, "RowParallelLinear")]
-    gate = None if isinstance(att, MlaPlan) else att.output_gate
+    targets = (
+        []
+        if att is None or isinstance(att, MlaPlan)
+        else [(att.module_class, att.o.attr, "RowParallelLinear")]
+    )
+    gate = None if att is None or isinstance(att, MlaPlan) else att.output_gate
     if gate is not None and not gate.packed:  # sharded as the heads are (packed: in qkv_proj)
         targets.append((att.module_class, att.output_gate.attr, "ColumnParallelLinear"))
     moe = ctx.plan.moe

@@ -17,6 +17,8 @@ Matches what is left of the Transformers runtime after the other passes:
 * methods nothing calls any more: private ones (``_split_heads``, replaced with its use),
   and any but ``forward`` and torch's hooks in the layer classes (ERNIE-4.5's
   ``rope_attn``/``core_attn``, orphaned by the rewritten forward);
+* torch's ``load_state_dict`` hooks the source registers (Mamba-2's ``load_hook``): vLLM
+  loads through ``load_weights``, never ``load_state_dict``;
 * ``self.x = ...`` assignments in ``__init__`` whose attribute nothing reads any more
   (``self.is_causal``, ``self.attention_dropout``, ``self.gradient_checkpointing``, an
   ``nn.Dropout``...).
@@ -409,6 +411,31 @@ def _registers_auto_class(node: cst.CSTNode) -> bool:
     return m.matches(node, _AUTO_CLASS)
 
 
+_LOAD_HOOK = m.SimpleStatementLine(
+    body=[
+        m.Expr(
+            m.Call(
+                func=m.Attribute(
+                    value=m.Name("self"),
+                    attr=m.Name("_register_load_state_dict_pre_hook")
+                    | m.Name("register_load_state_dict_post_hook")
+                    | m.Name("register_load_state_dict_pre_hook"),
+                )
+            )
+        )
+    ]
+)
+
+
+class _WithoutLoadHooks(cst.CSTTransformer):
+    """``self._register_load_state_dict_pre_hook(self.load_hook)`` (Mamba-2's renaming of old
+    checkpoint names): torch's ``load_state_dict`` hooks, which vLLM never calls (its
+    load_weights reads the checkpoint); a checkpoint needing that renaming stops on the name."""
+
+    def leave_SimpleStatementLine(self, original, updated):
+        return cst.RemoveFromParent() if m.matches(updated, _LOAD_HOOK) else updated
+
+
 def without_orphans(module: cst.Module, root: str) -> cst.Module:
     """``module`` without what a later rewrite left unread: the methods, definitions and
     ``__init__`` assignments ``root`` (the causal LM's class) no longer reaches."""
@@ -447,7 +474,7 @@ def _prune_attributes(module: cst.Module, calls_of, reads_of, cross_reads_of) ->
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     hf_names, configs = relative_imports(module)
     module = module.with_changes(body=[n for n in module.body if not _registers_auto_class(n)])
-    module = module.visit(_DropHfRuntime(hf_names))
+    module = module.visit(_DropHfRuntime(hf_names)).visit(_WithoutLoadHooks())
     names_used = _PerNode(t.names_used)
     module = _without_unreachable(module, ctx.plan.architecture, names_used)
     module = without_unused_setups(module, names_used)

@@ -178,8 +178,9 @@ def _without_class_aliases(node: cst.CSTNode) -> cst.CSTNode:
 
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    attention, layer = ctx.plan.attention.module_class, ctx.plan.decoder_layer
-    tables = _class_tables(module, attention)
+    layer = ctx.plan.decoder_layer
+    attention = ctx.plan.attention.module_class if ctx.plan.attention is not None else ""
+    tables = _class_tables(module, attention) if attention else []
     # the class building the attention: the layer, or the wrapper around it (GPT-Neo's)
     owner = [layer.module_class, *layer.attention_wrappers][-1]
     attrs = layer.attention_block.split(".")

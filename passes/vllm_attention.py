@@ -445,7 +445,7 @@ def _described(att: AttentionPlan, hybrid: bool = False) -> str:
 
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
-    if isinstance(att, MlaPlan):  # passes/mla_attention.py
+    if att is None or isinstance(att, MlaPlan):  # attention-free; passes/mla_attention.py
         return PassResult(module=module)
     cls = t.find_class(module, att.module_class)
     cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))

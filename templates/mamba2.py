@@ -1,5 +1,5 @@
-"""vLLM-side code for Mamba-2 blocks with muP factors (Falcon-H1's) or a time-step floor
-(NemotronH's).
+"""vLLM-side code for Mamba-2 blocks with muP factors (Falcon-H1's), a time-step floor
+(NemotronH's) or a gated norm over all groups (transformers' Mamba-2's).
 
 Parsed with libcst by ``passes/hybrid_mixer.py``, never imported at run time.
 """
@@ -7,7 +7,10 @@ Parsed with libcst by ``passes/hybrid_mixer.py``, never imported at run time.
 import torch
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_mixer2 import (
+    MambaMixer2,
+    Mixer2RMSNormGated,
+)
 
 
 class ScaledMambaMixer2(MambaMixer2):
@@ -70,3 +73,15 @@ class FlooredMambaMixer2(MambaMixer2):
         floor = (torch.log(torch.expm1(lowest)) - self.dt_bias.float()).to(dt.dtype)
         dt = torch.cat([dt[:decodes], torch.maximum(dt[decodes:], floor)])
         return super().conv_ssm_forward(torch.cat([rest, dt], dim=-1), output)
+
+
+class SpanNormMambaMixer2(MambaMixer2):
+    """vLLM's Mamba-2 mixer with its gated norm over all its channels at once, as the
+    source's is, however many groups its B and C have (vLLM's normalises each group's;
+    under tensor parallelism each rank's sum of squares is reduced across ranks)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.norm = Mixer2RMSNormGated(
+            self.intermediate_size, 1, self.use_rms_norm, eps=kwargs["rms_norm_eps"]
+        )

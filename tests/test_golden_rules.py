@@ -97,6 +97,17 @@ def _interface_functions(tree: ast.Module) -> set[int]:
     return fixed
 
 
+def _attention_free(tree: ast.Module) -> bool:
+    """A model of vLLM's attention-free contract (``IsAttentionFree``: Mamba-2 layers alone):
+    vLLM hands it ``positions`` as any model, and nothing in it has a use for them."""
+    return any(
+        isinstance(base, ast.Name) and base.id == "IsAttentionFree"
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef)
+        for base in cls.bases
+    )
+
+
 def _alibi_forwards(tree: ast.Module) -> set[int]:
     """``forward`` of vLLM attention classes without rope: built with ALiBi
     (``alibi_slopes=``), or for learned absolute positions (added to the embeddings). The
@@ -120,7 +131,7 @@ def test_defines_no_unused_parameter(golden):
         args = fn.args
         params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
         read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | (
-            {"positions"} if id(fn) in alibi else set()
+            {"positions"} if id(fn) in alibi or _attention_free(tree) else set()
         )
         unused += [
             f"{fn.name}({p}) line {fn.lineno}" for p in params if p not in ("self", "cls") and p not in read

@@ -27,7 +27,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.branches import method_tree
-from hfrewrite.analyze.layer_agreement import LayerFacts
+from hfrewrite.analyze.layer_agreement import LayerFacts, attention_free, attention_layers
 from hfrewrite.analyze.leaf_modules import is_experts
 from hfrewrite.analyze.mixers import analyze_mixer
 from hfrewrite.analyze.mlp import analyze_mlp
@@ -133,3 +133,16 @@ def with_kinds(decoder: DecoderLayerPlan, layers: list[nn.Module], attention_cla
     """``decoder`` of one-block ``layers`` marked as choosing its block's kind."""
     kinds = block_kinds(layers, decoder.blocks[0].block, attention_class)
     return dataclasses.replace(decoder, block_kinds=kinds)
+
+
+def lead_layer(per_layer: list, layers: list[nn.Module]) -> tuple[bool, int, DecoderLayerPlan]:
+    """Whether no layer attends (Mamba-2 alone: the layers agree on no attention); the layer
+    that leads (a hybrid's first attention layer: the other mixer's layers agree with it); its
+    decoder plan, with the kinds of a one-block layer's block."""
+    free = attention_free(per_layer)
+    lead = 0 if free else per_layer.index(attention_layers(per_layer)[0])
+    decoder = per_layer[lead].decoder
+    if decoder.one_block:  # one block each, of a kind per layer
+        attending = per_layer[lead].attention
+        decoder = with_kinds(decoder, layers, attending.module_class if attending else "")
+    return free, lead, decoder

@@ -90,7 +90,7 @@ def kept_mlps(per_layer: list[LayerFacts]) -> tuple[tuple[NoMatch, ...], tuple[K
 def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
     """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
     window is kept as a declined fact."""
-    first = attention_layers(per_layer)[0]
+    first = per_layer[0] if attention_free(per_layer) else attention_layers(per_layer)[0]
     for i, facts in enumerate(per_layer):
         if facts.mixer is not None:  # its mixer sits where the attention layers have theirs
             same = _but_the_mixer(facts.decoder) == _but_the_mixer(first.decoder)
@@ -103,6 +103,8 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
             )
         if not same:
             refuse("uniform_layers", f"layer {i} differs", facts.decoder.module_class)
+    if attention_free(per_layer):
+        return ()
     windows = [getattr(facts.attention, "sliding_window", None) for facts in attention_layers(per_layer)]
     if len(set(windows)) == 1:
         return ()
@@ -194,6 +196,12 @@ def _q_scale(plans: list[AttentionPlan]) -> tuple[str, ...] | None:
     if len(found) > 1 or (found and None in scales and not made):
         refuse("uniform_layers", "layers differ in their q scale by position", plans[0].module_class)
     return next(iter(found), None)
+
+
+def attention_free(per_layer: list[LayerFacts]) -> bool:
+    """No layer attends and every one holds a proven mixer (a Mamba-2 model): vLLM's
+    attention-free contract."""
+    return all(facts.attention is None and facts.mixer is not None for facts in per_layer)
 
 
 def attention_layers(per_layer: list[LayerFacts]) -> list[LayerFacts]:

@@ -76,20 +76,17 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
     scales = read_scales(module, config, values["hidden_size"], _TOKENS, expressions)
     if isinstance(scales, str):
         return NoMatch(PATTERN, name, scales)
+    values = _replayed(module, values, scales)
+    if isinstance(values, str):
+        return NoMatch(PATTERN, name, values)
     scaled = lambda h, s, p: reference(module, h, values, s, p)
-    difference = replay_difference(
-        module,
-        values["hidden_size"],
-        _TOKENS,
-        lambda h: scaled(h, input_scale(module, scales), projection(module, scales)),
-    )
-    if difference is None or difference > 1e-4:
-        shown = "fails" if difference is None else f"differs by {difference:.2e}"
-        return NoMatch(PATTERN, name, f"replaying vLLM's Mamba-2 mixer {shown}{_norm_span(module, values)}")
     if (why := changed_replays(module, scales, values["hidden_size"], _TOKENS, scaled)) is not None:
         return NoMatch(PATTERN, name, why)
-    if limits.floor and (scales.input_expr or scales.projection_expr):
-        return NoMatch(PATTERN, name, "a time-step floor beside muP factors, not proven together")
+    spans = "norm_groups" in values  # its gated norm over all channels, however many groups
+    if sum(map(bool, (scales.input_expr or scales.projection_expr, limits.floor, spans))) > 1:
+        return NoMatch(
+            PATTERN, name, "muP factors, a time-step floor or a norm over all groups: not proven together"
+        )
     if limits.floor and (why := _floor_proof(module, values, limits.floor_value)) is not None:
         return NoMatch(PATTERN, name, why)
     return Mamba2Plan(
@@ -101,7 +98,33 @@ def analyze_mamba2(layer: nn.Module, attr: str, config) -> Mamba2Plan | NoMatch:
         projection_scale=scales.projection_expr,
         projection_buffer=scales.projection_buffer,
         time_step_floor=limits.floor,
+        norm_spans_groups=spans,
     )
+
+
+def _replayed(module: nn.Module, values: dict, scales) -> dict | str:
+    """``values`` under which vLLM's formula replays the block; with ``norm_groups`` 1 where
+    only a gated norm over all channels does (transformers' Mamba-2 and Bamba blocks with
+    several groups: vLLM's norm is over each group's, the file's then over one); a str: why
+    neither does."""
+    tries = [values]
+    if values["n_groups"] > 1 and values.get("use_rms_norm", True):
+        tries.append({**values, "norm_groups": 1})
+    differences = []
+    for tried in tries:
+        difference = replay_difference(
+            module,
+            values["hidden_size"],
+            _TOKENS,
+            lambda h, tried=tried: reference(
+                module, h, tried, input_scale(module, scales), projection(module, scales)
+            ),
+        )
+        if difference is not None and difference <= 1e-4:
+            return tried
+        differences.append(difference)
+    shown = "fails" if differences[0] is None else f"differs by {differences[0]:.2e}"
+    return f"replaying vLLM's Mamba-2 mixer {shown}"
 
 
 def _floor_proof(module: nn.Module, values: dict, floor: float) -> str | None:
@@ -292,23 +315,6 @@ def _norm_flags(module: nn.Module, values: dict, expressions: dict) -> tuple[tup
             return f"its norm's switch {name} changes its output, and no expression of its config sets it"
         out.append((f"({expression}) is {value}", f"proven with the norm's {name} {value}"))
     return tuple(out)
-
-
-def _norm_span(module: nn.Module, values: dict) -> str:
-    """Why the replay differs where the block has several groups and its gated norm spans all
-    channels (Bamba's, Granite-4.0-H's): the same formula with one norm group reproduces it."""
-    if values["n_groups"] == 1:
-        return ""
-    whole = {**values, "norm_groups": 1}
-    difference = replay_difference(
-        module, values["hidden_size"], _TOKENS, lambda hidden: reference(module, hidden, whole)
-    )
-    if difference is None or difference > 1e-4:
-        return ""
-    return (
-        f": its gated norm spans all {values['intermediate_size']} channels (replayed within "
-        f"{difference:.1e}), vLLM's MambaMixer2 normalises each of its {values['n_groups']} groups apart"
-    )
 
 
 def reference(

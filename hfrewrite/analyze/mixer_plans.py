@@ -49,6 +49,9 @@ class Mamba2Plan:
     # the config expression of the floor the block's time steps are clamped at after their
     # softplus (NemotronH's time_step_min, analyze/mamba2_floor.py); "" where it has none
     time_step_floor: str = ""
+    # its gated norm spans all channels where its B and C have several groups (transformers'
+    # Mamba-2, Bamba), vLLM's normalising each group's
+    norm_spans_groups: bool = False
 
     vllm_dtype = "float32"
 

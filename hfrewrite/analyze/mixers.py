@@ -99,6 +99,23 @@ def with_layer_test(plan: MixerPlan, layers: list[nn.Module], attention: list[bo
     return dataclasses.replace(plan, layer_test=ast.unparse(test), attention_when=attention_when)
 
 
+def _never_choosing(plan: MixerPlan, cls: type) -> MixerPlan:
+    """``plan`` of an attention-free model's layers, whose forward calls the mixer under no
+    test; one that chooses it per layer (Bamba's, with no attention layer in this config)
+    would call a block no traced layer ran in the layers the test leaves it out of."""
+    tree = method_tree(cls, "forward")
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.If) and (plan.attr in _self_calls(node.body)) != (
+            plan.attr in _self_calls(node.orelse)
+        ):
+            why = (
+                f"no traced layer attends, and `{ast.unparse(node.test)}` chooses self.{plan.attr} per layer: "
+                "convert a config whose layers include attention"
+            )
+            raise Refusal(NoMatch("hybrid_layer", cls.__name__, why))
+    return plan
+
+
 def _self_calls(statements: list[ast.stmt]) -> set[str]:
     """The ``self.<attr>(...)`` calls anywhere in ``statements``."""
     return {
@@ -124,6 +141,8 @@ def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module
         return plan
     if per_layer[lead].decoder.one_block:  # its kind is its class (block_kinds.py): no test
         return plan
+    if not any(has_attention):  # attention-free (a Mamba-2 model): nothing to choose from
+        return _never_choosing(plan, type(layers[0]))
     if any(beside):
         raise Refusal(
             NoMatch(

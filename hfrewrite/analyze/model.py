@@ -24,7 +24,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
-from hfrewrite.analyze.block_kinds import one_block_facts, with_kinds
+from hfrewrite.analyze.block_kinds import lead_layer, one_block_facts
 from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.branches import forward_switches, forward_switches_of_layers, init_switches
 from hfrewrite.analyze.carried_mlp import carry_mlp
@@ -241,15 +241,11 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     per_layer = [
         _layer_facts(t, config, small, layer_type, i) for i, (t, layer_type) in enumerate(zip(traces, types))
     ]
-    # a hybrid model's first attention layer leads: the other mixer's layers agree with it
-    lead = per_layer.index(attention_layers(per_layer)[0])
-    decoder = per_layer[lead].decoder
-    if decoder.one_block:  # one block each, of a kind per layer
-        decoder = with_kinds(decoder, layout.layers, per_layer[lead].attention.module_class)
+    free, lead, decoder = lead_layer(per_layer, layout.layers)
     declined = compare_layers(per_layer)
-    attention = emitted_attention(per_layer, traces, lead, small)
+    attention = None if free else emitted_attention(per_layer, traces, lead, small)
     siblings = head_sibling(config, source.head_kind)
-    if branches:
+    if branches and not free:
         attention_module = traces[lead].module.get_submodule(decoder.attention_block)
         attention, more, branch_configs = _attention_branches(config, small, attention, attention_module)
         declined += more
@@ -283,7 +279,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
     mixer = layers_mixer(mixer_plan(per_layer), per_layer, layout.layers, lead, types)
     counts = tuple(
         (f.attention.num_heads, f.attention.num_kv_heads)
-        for f in attention_layers(per_layer)
+        for f in ([] if free else attention_layers(per_layer))
         if isinstance(f.attention, AttentionPlan)
     )
     return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer, kept, counts)

@@ -28,7 +28,7 @@ class NormFacts:
 def norm_modules(
     layer: nn.Module,
     decoder: DecoderLayerPlan,
-    attention: AttentionPlan | MlaPlan,
+    attention: AttentionPlan | MlaPlan | None,
     final_norm: nn.Module | None,
 ) -> list[nn.Module]:
     """The norms one vLLM norm class must compute: the layer's own, its attention's (q/k, or
@@ -41,6 +41,8 @@ def norm_modules(
         (attention.q_a_norm, attention.kv_a_norm)
         if isinstance(attention, MlaPlan)
         else (attention.q_norm, attention.k_norm)
+        if attention is not None
+        else ()  # an attention-free model's
     )
     attention_module = layer.get_submodule(decoder.attention_block)
     for attr in own_norms:  # (a branch proven on a sibling config may have none here)

@@ -59,14 +59,13 @@ def test_bambas_mixer_is_vllms_with_its_configs_expressions():
     ]
 
 
-def test_bambas_norm_over_all_channels_is_refused_with_two_groups():
-    """Bamba's gated norm spans every channel; vLLM's norms each group's: they differ with two."""
+def test_bambas_norm_over_all_channels_is_kept_with_two_groups():
+    """Bamba's gated norm spans every channel; vLLM's norms each group's: with two groups only
+    the formula with one norm group replays it, and the file's mixer keeps that norm."""
     config = _config(mamba_n_groups=2)
     plan = analyze_mamba2(_layer(_bamba_block(config)), "mamba", config)
-    assert isinstance(plan, NoMatch) and "replaying vLLM's Mamba-2 mixer differs" in plan.reason
-    # the reason, proven by a second replay with one norm group
-    assert "its gated norm spans all 128 channels" in plan.reason, plan.reason
-    assert "normalises each of its 2 groups apart" in plan.reason
+    assert isinstance(plan, Mamba2Plan) and plan.norm_spans_groups, plan
+    assert "config.mamba_n_groups == 1" not in [condition for condition, _ in plan.fixed]
 
 
 def test_another_difference_with_two_groups_is_not_blamed_on_the_norm():
@@ -97,7 +96,7 @@ def test_a_norm_over_each_groups_channels_is_proven_with_two_groups_and_not_fixe
     block = _bamba_block(config)
     block.norm = _grouped(block.norm)
     plan = analyze_mamba2(_layer(block), "mamba", config)
-    assert isinstance(plan, Mamba2Plan), plan
+    assert isinstance(plan, Mamba2Plan) and not plan.norm_spans_groups, plan
     assert [condition for condition, _ in plan.fixed] == [
         'tuple(config.time_step_limit) == (0.0, float("inf"))',
         'config.hidden_act in ("silu", "swish")',

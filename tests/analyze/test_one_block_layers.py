@@ -91,3 +91,20 @@ def test_nemotron_hs_layers_are_its_three_kinds():
 def test_nemotron_hs_ungated_experts_are_refused_with_why():
     with pytest.raises(HfrewriteError, match="ungated.*CUDA, XPU and ROCm only"):
         analyze(resolve("nemotron_h").config)
+
+
+def test_mamba2_is_attention_free_with_its_norm_over_all_groups():
+    """transformers' default Mamba-2: eight groups, every layer one Mamba-2 block."""
+    plan = analyze(resolve("mamba2").config)
+    assert plan.attention is None and plan.decoder_layer.one_block
+    assert isinstance(plan.mixer, Mamba2Plan) and plan.mixer.norm_spans_groups
+    assert plan.decoder_layer.block_kinds.attention_class == ""
+
+
+def test_a_layer_choosing_its_mixer_with_no_attention_traced_is_refused():
+    """Bamba's default config has Mamba-2 layers only; its layer's forward chooses the mixer
+    per layer, the other branch an attention no traced layer ran."""
+    with pytest.raises(
+        HfrewriteError, match="no traced layer attends, and `self.block_type == 'linear_attention'`"
+    ):
+        analyze(resolve("bamba").config)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many
+from hfrewrite.verify.compare import VerifyCase, verify_many
 from hfrewrite.verify.fixtures import make_tiny_checkpoint
+from tests.e2e.golden_checks import assert_equals_hf, assert_native
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "nemotron_h.py"
 SIZES = {
@@ -68,16 +69,8 @@ def reports(tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_nemotron_h_golden_matches_hf(reports, case):
     report = reports[case]
-    assert report.hf_tokens and len(set(report.hf_tokens[3])) > 4, "greedy decoding degenerated into repeats"
-    assert report.generated_tokens == report.hf_tokens, report.summary()
-    assert report.logprob_diff_hf is not None and report.logprob_diff_hf <= LOGPROB_TOL, report.summary()
-    assert report.generated_class.startswith("hfrewrite_generated_"), report.summary()
-    assert report.native_tokens is not None, report.summary()
-    if case == "floored":  # vLLM's own floors no time step
-        assert report.native_tokens != report.hf_tokens, "vLLM's nemotron_h.py now floors: compare with it"
-    else:
-        assert report.native_tokens == report.hf_tokens, report.summary()
-        assert report.logprob_diff_native <= LOGPROB_TOL and report.problems == (), report.summary()
+    assert_equals_hf(report)
+    assert_native(report, case != "floored", "vLLM's nemotron_h.py floors no time step")
 
 
 @pytest.mark.vllm

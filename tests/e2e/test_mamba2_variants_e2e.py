@@ -1,4 +1,6 @@
-"""A Mamba-2 block whose time steps are floored (NemotronH's ``time_step_min``; here Bamba's
+"""Mamba-2 blocks that vLLM's ``MambaMixer2`` alone does not compute, proved in real vLLM.
+
+A block whose time steps are floored (NemotronH's ``time_step_min``; here Bamba's
 ``time_step_limit`` with a floor), proved in real vLLM: the converted file runs its mixer as
 ``FlooredMambaMixer2`` and equals Hugging Face on a tiny float32 checkpoint whose floor sits
 mid-range, so that about half the time steps are raised to it.
@@ -7,6 +9,10 @@ Hugging Face floors the time steps of a multi-token forward (its chunked scan) a
 of a one-token decode step (its recurrent update takes no limits); the file does the same
 with vLLM's prefill and decode tokens. The same file with no floor, or with the decode steps
 floored too, decodes other tokens: both are run, so the test shows it can fail.
+
+A block with two groups whose gated norm spans all channels (transformers' Bamba and
+Mamba-2 blocks) runs as ``SpanNormMambaMixer2`` and equals Hugging Face; the same file with
+vLLM's norm over each group's decodes other tokens.
 """
 
 from __future__ import annotations
@@ -71,3 +77,22 @@ def test_another_floor_decodes_other_tokens(reports, mutation):
     report = reports[1][mutation]
     assert report.generated_tokens is not None, report.summary()
     assert report.generated_tokens != report.hf_tokens, report.summary()
+
+
+@pytest.mark.vllm
+def test_a_norm_over_all_groups_equals_hugging_face(tmp_path):
+    ckpt = make_tiny_checkpoint(
+        "bamba", tmp_path / "ckpt", num_hidden_layers=3, attn_layer_indices=[1], mamba_n_groups=2, **BAMBA
+    )
+    assert main(["convert", str(ckpt), "-o", str(tmp_path / "out"), "--no-verify"]) == 0
+    source = (tmp_path / "out" / "bamba.py").read_text()
+    assert "self.mamba = SpanNormMambaMixer2(" in source and "config.mamba_n_groups == 1" not in source
+    grouped = source.replace("self.mamba = SpanNormMambaMixer2(", "self.mamba = MambaMixer2(")
+    (tmp_path / "grouped.py").write_text(grouped)
+    spanned, per_group = verify_many(
+        [VerifyCase(ckpt, tmp_path / "out" / "bamba.py"), VerifyCase(ckpt, tmp_path / "grouped.py")]
+    )
+    assert spanned.hf_tokens and len(set(spanned.hf_tokens[3])) > 4, "greedy decoding degenerated"
+    assert spanned.generated_tokens == spanned.hf_tokens, spanned.summary()
+    assert spanned.logprob_diff_hf is not None and spanned.logprob_diff_hf <= LOGPROB_TOL, spanned.summary()
+    assert per_group.generated_tokens is not None and per_group.generated_tokens != per_group.hf_tokens
