@@ -419,6 +419,32 @@ FALCON_H1 = ModelSpec(
     label="Falcon-H1 (hybrid: attention and Mamba-2 side by side in every layer, muP multipliers)",
 )
 
+# Layers of one block each (NemotronH): Mamba-2, attention without rope or a relu² MLP by layer,
+# in the released order's proportions (half the layers MLPs, most of the others Mamba-2).
+_NEMOTRON_H = {"mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 8, "mlp_hidden_act": "relu2"}
+NEMOTRON_H = ModelSpec(
+    key="nemotron_h",
+    model_type="nemotron_h",
+    config={
+        **_DENSE,
+        **_NEMOTRON_H,
+        "mamba_num_heads": 32,
+        "num_hidden_layers": 16,
+        "layers_block_type": ["linear_attention", "mlp", "linear_attention", "mlp", "full_attention", "mlp"]
+        + ["linear_attention", "mlp"] * 5,
+    },
+    quick_config={
+        **_SMALL,
+        **_NEMOTRON_H,
+        "n_groups": 2,
+        "mamba_num_heads": 8,
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "full_attention", "mlp"],
+    },
+    golden="nemotron_h.py",
+    label="NemotronH (hybrid: one block per layer, Mamba-2 with floored time steps, attention or MLP)",
+)
+
 MODELS = (
     LLAMA,
     QWEN3_MOE,
@@ -432,6 +458,7 @@ MODELS = (
     AFMOE,
     QWEN3_NEXT,
     FALCON_H1,
+    NEMOTRON_H,
 )
 VLLM_VARIANTS = ("generated", "native", "transformers")
 VARIANTS = (*VLLM_VARIANTS, "hf")
