@@ -49,3 +49,25 @@ def test_a_base_model_checkpoint_loads(tmp_path, capsys, model_type, legacy_buff
     lines = out.strip().splitlines()
     assert lines[-1] == "verified"
     assert all("16 greedy tokens equal" in line for line in lines if line.startswith("prompt "))
+
+
+@pytest.mark.vllm
+def test_gpt_neox_checkpoint_with_its_legacy_buffers_loads(tmp_path, capsys):
+    """Pythia's checkpoints hold ``gpt_neox.layers.N.attention.bias`` and ``masked_bias``,
+    which transformers declares unexpected; the golden, which renames ``embed_out`` to
+    ``lm_head``, loads such a checkpoint and equals Hugging Face on it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    ckpt = make_tiny_checkpoint("gpt_neox", tmp_path / "ckpt", seed=3)
+    tensors = load_file(ckpt / "model.safetensors")
+    config = json.loads((ckpt / "config.json").read_text())
+    n = config["max_position_embeddings"]
+    for i in range(config["num_hidden_layers"]):
+        tensors[f"gpt_neox.layers.{i}.attention.bias"] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        tensors[f"gpt_neox.layers.{i}.attention.masked_bias"] = torch.tensor(-1e9)
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    code = main(["verify", str(ckpt), "--generated", str(GOLDEN / "gpt_neox.py")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.strip().splitlines()[-1] == "verified"
