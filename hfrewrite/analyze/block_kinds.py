@@ -30,6 +30,7 @@ from hfrewrite.analyze.branches import method_tree
 from hfrewrite.analyze.layer_agreement import LayerFacts, attention_free, attention_layers
 from hfrewrite.analyze.leaf_modules import is_experts
 from hfrewrite.analyze.mixers import analyze_mixer
+from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mlp import analyze_mlp
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.plan import BlockKinds, DecoderLayerPlan, NoMatch, Refusal
@@ -39,15 +40,22 @@ PATTERN = "block_kinds"
 
 
 def one_block_facts(
-    traced: Traced, decoder: DecoderLayerPlan, config, small, layer_idx: int
+    traced: Traced, decoder: DecoderLayerPlan | NoMatch, config, small, layer_type: str | None, layer_idx: int
 ) -> LayerFacts | None:
     """The facts of a traced layer of one block (``decoder.blocks``), by what its block
     computes; the decoder plan names it as every kind's (the layers agree on it). None where
-    the block is of no kind (the carried layer's analysis says why)."""
+    the layer is not one block, or its block is of no kind (the carried layer's analysis says
+    why)."""
+    if isinstance(decoder, NoMatch) or len(decoder.blocks) != 1:
+        return None
     block = decoder.blocks[0].block
     decoder = dataclasses.replace(decoder, attention_block=block, mlp_block=block)
     if any(is_attention_leaf(n) for n in traced.nodes_in(block)):
-        attention = analyze_attention(traced, block, small, None, layer_idx)
+        attention = (
+            analyze_mla(traced, block, small, layer_type)
+            if is_mla(traced, block)
+            else analyze_attention(traced, block, small, layer_type, layer_idx)
+        )
         if isinstance(attention, NoMatch):
             raise Refusal(attention)
         return LayerFacts(decoder, attention, None, None, None)

@@ -428,9 +428,8 @@ def _trace_layer(layer: nn.Module, args: tuple, kwargs: dict, layer_masks: bool 
 def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_idx: int) -> LayerFacts:
     """The facts of layer ``layer_idx`` (``small``: the traced config)."""
     decoder, proven = analyze_decoder(traced), None
-    one_block = not isinstance(decoder, NoMatch) and len(decoder.blocks) == 1
-    if one_block and (facts := one_block_facts(traced, decoder, config, small, layer_idx)) is not None:
-        return facts
+    if (facts := one_block_facts(traced, decoder, config, small, layer_type, layer_idx)) is not None:
+        return facts  # a layer of one block (NemotronH's, Mamba-2's)
     if isinstance(decoder, NoMatch) or len(decoder.blocks) != 2:
         if isinstance(decoder, NoMatch):
             why = decoder.reason

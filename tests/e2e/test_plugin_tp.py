@@ -18,7 +18,8 @@ vLLM's ShortConv, each rank its channels (lfm2, converted from golden/configs/lf
 whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba, and
 granitemoehybrid with its carried layers and experts; falcon_h1 with attention beside each Mamba-2
 block and muP factors cut per rank; nemotron_h's one-block layers, its Mamba-2 time steps
-floored from each rank's share of dt_bias), and attention sinks beside a rope base
+floored from each rank's share of dt_bias; mamba2's Mamba-2 layers alone, their norm over
+all channels reduced across ranks), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
 (stablelm, cohere). Greedy tokens
@@ -213,6 +214,12 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "time_step_min": 1.3,
         },
     ),
+    # Mamba-2 layers alone (vLLM's attention-free contract), two groups, one per rank, and the
+    # gated norm over all channels: each rank's sum of squares reduced across both
+    "mamba2-attention-free-norm-over-groups": (
+        "mamba2",
+        {"num_heads": 4, "head_dim": 64, "state_size": 16, "chunk_size": 4, "n_groups": 2},
+    ),
     # attention sinks cut to each rank's heads; each layer's rope base its entry of
     # layer_rope_theta, none at 0; sliding layers
     "granite_swa-sinks-rope-base-per-layer": (
@@ -255,6 +262,7 @@ CLASSES = {
     "cohere": "CohereForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -327,6 +335,7 @@ _FALCON_H1 = {"QKVParallelLinear": 1, "ColumnParallelLinear": 4, "RowParallelLin
 _MAMBA2_GROUPS = {"MergedColumnParallelLinear": 2, "RowParallelLinear": 1}
 LAYER_LIST = {
     "falcon_h1": [_FALCON_H1] * 2,
+    "mamba2": [_MAMBA2_GROUPS] * 2,
     "nemotron_h": [
         _MAMBA2_GROUPS,
         {"ColumnParallelLinear": 1, "RowParallelLinear": 1},
