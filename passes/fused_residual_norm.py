@@ -219,7 +219,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         rows.append(
             FusionRow(
                 plan.decoder_layer.module_class,
-                f"{len(plan.decoder_layer.blocks)} residual adds fused into the norms",
+                f"{len(plan.decoder_layer.blocks)} residual add"
+                f"{'s' if len(plan.decoder_layer.blocks) != 1 else ''} fused into the norms",
             )
         )
     return PassResult(module=module, imports=(vllm_norm,), fused=tuple(rows), matches=renamer.count)
