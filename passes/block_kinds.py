@@ -48,10 +48,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             f"{layer.module_class}: {NAME}: self.{kinds.attr} is not built once from {kinds.table}[{kinds.key}]"
         )
     module = sites.replace_class(module, layer.module_class, cls)
-    if kinds.table not in t.names_used(
-        module.with_changes(body=[n for n in module.body if not _defines(n, kinds.table)])
-    ):
-        module = module.with_changes(body=[n for n in module.body if not _defines(n, kinds.table)])
+    without = module.with_changes(body=[n for n in module.body if not _defines(n, kinds.table)])
+    if kinds.table not in t.names_used(without):  # nothing else reads the table
+        module = without
     shown = ", ".join(f"{key}: {name}" for key, name in kinds.kinds)
     row = FusionRow(
         layer.module_class, f"{kinds.attr}: built by kind ({shown}), as {kinds.table} looks them up"

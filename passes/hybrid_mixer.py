@@ -219,24 +219,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     layer = ctx.plan.decoder_layer
     arguments = row.arguments(mixer, module)
     if isinstance(mixer, Mamba2Plan) and (mixer.input_scale or mixer.projection_scale):
-        row, arguments = _scaled(row, mixer, arguments)
-        module = insert_before(
-            module, layer.module_class, template_class("mamba2.py", "ScaledMambaMixer2", {}, {})
+        arguments = _scales(mixer) + arguments
+        row, module = _templated(
+            row, module, layer.module_class, "ScaledMambaMixer2", "get_tensor_model_parallel_rank"
         )
         module = module.visit(_WithoutRegistration(mixer.projection_buffer, mixer.projection_scale))
     elif isinstance(mixer, Mamba2Plan) and mixer.time_step_floor:  # NemotronH's
-        imports = (*row.imports, "get_forward_context")
-        row = dataclasses.replace(row, vllm_class="FlooredMambaMixer2", imports=imports)
+        row, module = _templated(row, module, layer.module_class, "FlooredMambaMixer2", "get_forward_context")
         arguments = f"time_step_min={mixer.time_step_floor},\n{arguments}"
-        module = insert_before(
-            module, layer.module_class, template_class("mamba2.py", "FlooredMambaMixer2", {}, {})
-        )
     elif isinstance(mixer, Mamba2Plan) and mixer.norm_spans_groups:  # transformers' Mamba-2's
-        imports = (*row.imports, "Mixer2RMSNormGated")
-        row = dataclasses.replace(row, vllm_class="SpanNormMambaMixer2", imports=imports)
-        module = insert_before(
-            module, layer.module_class, template_class("mamba2.py", "SpanNormMambaMixer2", {}, {})
-        )
+        row, module = _templated(row, module, layer.module_class, "SpanNormMambaMixer2", "Mixer2RMSNormGated")
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
@@ -268,14 +260,21 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
 
 
-def _scaled(row: _Row, mixer: Mamba2Plan, arguments: str) -> tuple[_Row, str]:
-    """Falcon-H1's muP factors: vLLM's mixer subclassed to apply them (templates/mamba2.py),
-    built with the source's own expressions of them."""
-    scales = (
+def _scales(mixer: Mamba2Plan) -> str:
+    """The arguments of Falcon-H1's muP factors (ScaledMambaMixer2), the source's own
+    expressions of them."""
+    return (
         f"input_scale={mixer.input_scale or '1.0'},\nprojection_scale={mixer.projection_scale or 'None'},\n"
     )
-    imports = (*row.imports, "get_tensor_model_parallel_rank")
-    return dataclasses.replace(row, vllm_class="ScaledMambaMixer2", imports=imports), scales + arguments
+
+
+def _templated(
+    row: _Row, module: cst.Module, layer: str, vllm_class: str, *imports: str
+) -> tuple[_Row, cst.Module]:
+    """``row`` building templates/mamba2.py's ``vllm_class`` (a subclass of vLLM's mixer),
+    with the names it imports, and ``module`` with that class before the layer's."""
+    row = dataclasses.replace(row, vllm_class=vllm_class, imports=(*row.imports, *imports))
+    return row, insert_before(module, layer, template_class("mamba2.py", vllm_class, {}, {}))
 
 
 class _WithoutRegistration(cst.CSTTransformer):

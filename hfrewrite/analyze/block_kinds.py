@@ -27,6 +27,7 @@ from torch import nn
 
 from hfrewrite.analyze.attention import analyze_attention
 from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.carried_mlp import carry_mlp
 from hfrewrite.analyze.layer_agreement import LayerFacts, attention_free, attention_layers
 from hfrewrite.analyze.leaf_modules import is_experts
 from hfrewrite.analyze.mixers import analyze_mixer
@@ -51,11 +52,7 @@ def one_block_facts(
     block = decoder.blocks[0].block
     decoder = dataclasses.replace(decoder, attention_block=block, mlp_block=block)
     if any(is_attention_leaf(n) for n in traced.nodes_in(block)):
-        attention = (
-            analyze_mla(traced, block, small, layer_type)
-            if is_mla(traced, block)
-            else analyze_attention(traced, block, small, layer_type, layer_idx)
-        )
+        attention = block_attention(traced, block, small, layer_type, layer_idx)
         if isinstance(attention, NoMatch):
             raise Refusal(attention)
         return LayerFacts(decoder, attention, None, None, None)
@@ -76,13 +73,34 @@ def one_block_facts(
         return None
     moe = analyze_moe(traced, block, getattr(config, "hidden_act", None) or "", config)
     why = moe.reason if isinstance(moe, NoMatch) else "a fused MoE as a layer of its own is not proven"
-    if {name for name, _ in experts[0].named_parameters()} == {"up_proj", "down_proj"}:
+    if _ungated(experts[0]):
         why += (
-            " (its experts are ungated, up_proj then down_proj: vLLM 0.32 runs such experts "
+            " (its experts are ungated, one projection in and one out: vLLM 0.32 runs such experts "
             "(is_act_and_mul=False) on CUDA, XPU and ROCm only, not on the CPU build the proofs run on)"
         )
     cls = type(traced.module.get_submodule(block)).__name__
-    raise Refusal(NoMatch(PATTERN, cls, f"a mixture of experts as layer {layer_idx}'s one block: {why}"))
+    declined = NoMatch(PATTERN, cls, f"a mixture of experts as layer {layer_idx}'s one block: {why}")
+    carry_mlp(traced, block, declined, config)  # refuses, saying why the source's block cannot be kept
+    raise Refusal(
+        NoMatch(PATTERN, cls, f"{declined.reason}; its source kept as a layer's one block: not proven")
+    )
+
+
+def block_attention(traced: Traced, block: str, small, layer_type: str | None, layer_idx: int):
+    """The plan of the attention ``block`` (MLA's where its latent shows), or why not."""
+    if is_mla(traced, block):
+        return analyze_mla(traced, block, small, layer_type)
+    return analyze_attention(traced, block, small, layer_type, layer_idx)
+
+
+def _ungated(experts: nn.Module) -> bool:
+    """The experts hold two stacked weights and no more, [E, I, H] and [E, H, I]: a projection
+    in and one out per expert, no gate beside the first (NemotronH's)."""
+    weights = [p for p in experts.parameters() if p.dim() == 3]
+    if len(weights) != 2 or len(list(experts.parameters())) != 2:
+        return False
+    (e, i, h), (e2, h2, i2) = weights[0].shape, weights[1].shape
+    return e == e2 and (i, h) == (i2, h2)
 
 
 def block_kinds(layers: list[nn.Module], attr: str, attention_class: str) -> BlockKinds:

@@ -90,7 +90,8 @@ def kept_mlps(per_layer: list[LayerFacts]) -> tuple[tuple[NoMatch, ...], tuple[K
 def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
     """Layers must agree (dense and MoE MLP blocks may mix); a differing sliding
     window is kept as a declined fact."""
-    first = per_layer[0] if attention_free(per_layer) else attention_layers(per_layer)[0]
+    free = attention_free(per_layer)
+    first = per_layer[0] if free else attention_layers(per_layer)[0]
     for i, facts in enumerate(per_layer):
         if facts.mixer is not None:  # its mixer sits where the attention layers have theirs
             same = _but_the_mixer(facts.decoder) == _but_the_mixer(first.decoder)
@@ -103,7 +104,7 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
             )
         if not same:
             refuse("uniform_layers", f"layer {i} differs", facts.decoder.module_class)
-    if attention_free(per_layer):
+    if free:
         return ()
     windows = [getattr(facts.attention, "sliding_window", None) for facts in attention_layers(per_layer)]
     if len(set(windows)) == 1:

@@ -23,8 +23,7 @@ import torch
 import transformers
 from torch import nn
 
-from hfrewrite.analyze.attention import analyze_attention
-from hfrewrite.analyze.block_kinds import lead_layer, one_block_facts
+from hfrewrite.analyze.block_kinds import block_attention, lead_layer, one_block_facts
 from hfrewrite.analyze.block_output import hidden_output
 from hfrewrite.analyze.branches import forward_switches, forward_switches_of_layers, init_switches
 from hfrewrite.analyze.carried_mlp import carry_mlp
@@ -55,7 +54,6 @@ from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
 from hfrewrite.analyze.logit_softcap import softcap_field
 from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mixers import layer_mixer, layers_mixer, proven_mixer
-from hfrewrite.analyze.mla import analyze_mla, is_mla
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
 from hfrewrite.analyze.model_layout import (
@@ -447,11 +445,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         blocks = decoder.blocks
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
         carried = None
-    block = decoder.attention_block
-    if is_mla(traced, block):
-        attention = analyze_mla(traced, block, small, layer_type)
-    else:
-        attention = analyze_attention(traced, block, small, layer_type, layer_idx)
+    attention = block_attention(traced, decoder.attention_block, small, layer_type, layer_idx)
     attention, mixer = layer_mixer(traced, decoder, attention, small, proven)
     block = decoder.mlp_block
     mlp = (
