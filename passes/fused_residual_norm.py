@@ -118,13 +118,13 @@ def decoder_forward(
         norm[0] = norm[0].with_changes(
             leading_lines=[*([cst.EmptyLine(indent=False)] if i else []), *comments]
         )
-        attends = f"self.{b.block}(positions=positions, hidden_states=hidden_states)"
-        call = attends if b.block in attention_blocks else f"self.{b.block}(hidden_states)"
-        if attention_class:
-            chosen = f"if isinstance(self.{b.block}, {attention_class}):\n    hidden_states = {attends}\n"
-            out += [*norm, t.stmt(f"{chosen}else:\n    hidden_states = self.{b.block}(hidden_states)\n")]
+        attends = f"hidden_states = self.{b.block}(positions=positions, hidden_states=hidden_states)\n"
+        mixes = f"hidden_states = self.{b.block}(hidden_states)\n"
+        if attention_class:  # an attention in some layers only: its class says which
+            call = f"if isinstance(self.{b.block}, {attention_class}):\n    {attends}else:\n    {mixes}"
         else:
-            out += [*norm, t.stmt(f"hidden_states = {call}\n")]
+            call = attends if b.block in attention_blocks else mixes
+        out += [*norm, t.stmt(call)]
         if b.post_norm:  # sandwich norm on the block's output, before the residual add
             out.append(t.stmt(f"hidden_states = self.{b.post_norm}(hidden_states)\n"))
     out.append(t.stmt("return hidden_states, residual\n"))

@@ -58,17 +58,15 @@ def base_model_names(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatem
     for member in body:
         if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
             member = member.visit(WrapWeights("_base_model_names"))
-            if plan.checkpoint_unexpected or skipped:
-                member = member.visit(_IgnoringUnexpected(plan.checkpoint_unexpected, skipped))
             helper = t.stmt(_BASE_MODEL_NAMES.format(base=plan.base_model_attr, roots=roots))
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
-    return out
+    return ignoring_unexpected(out, plan)
 
 
 def ignoring_unexpected(body: list[cst.BaseStatement], plan) -> list[cst.BaseStatement]:
-    """load_weights ignoring the tensors transformers declares unexpected, where its names are
-    renamed rather than read from a base model's checkpoint too (NemotronH's ``mtp.*``)."""
+    """load_weights ignoring the tensors transformers declares unexpected (names ending so, or
+    under a prefix: NemotronH's ``mtp.*``)."""
     skipped = getattr(plan, "checkpoint_skipped", ())
     if not (plan.checkpoint_unexpected or skipped):
         return body
