@@ -35,13 +35,17 @@ anywhere else in the body.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 import libcst.matchers as m
 
+from hfrewrite.analyze.optional_parts import optional_tests_rewritten
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
 from hfrewrite.emit.given_residual import residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.errors import HfrewriteError
 
 NAME = "carry_decoder_layer"
@@ -185,11 +189,14 @@ def carry_forward(
     free_defaults: tuple[str, ...] = (),
     as_list: bool = False,
     mixer: tuple[str, str] | None = None,
+    switches: dict[str, bool] | None = None,
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
     a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
     layer the trace saw return a tuple returns its first element; a hybrid layer's other
-    ``mixer`` (its attribute, its forward's first parameter) is given the hidden states alone."""
+    ``mixer`` (its attribute, its forward's first parameter) is given the hidden states alone;
+    ``switches`` ({ast.dump of a config test: its value on every traced layer}) decide the
+    branches that read the dropped inputs."""
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -202,16 +209,12 @@ def carry_forward(
     body, defaulted = bound_to_defaults(forward, dropped & set(free_defaults))
     dropped -= defaulted
     forward = forward.with_changes(body=body)
-    calls = _count_calls(forward.body, f"self.{attn}")
-    if calls != 1:
-        raise HfrewriteError(f"{name}: {NAME}: self.{attn} is called {calls} times, expected once")
     rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list)
-    body = forward.body.visit(rewriter)
-    body = _mixer_called(body, mixer, name)
-    if rewriter.count != 1:
-        raise HfrewriteError(
-            f"{name}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
-        )
+    body = _mixer_called(_attention_called(forward.body, rewriter), mixer, name)
+    # branches no traced layer took that read what vLLM does not give
+    exprs = t.init_exprs(layer) if t.find_method(layer, "__init__") else {}
+    untaken = _UntakenBranches(switches or {}, exprs, t.code(_init(layer)), dropped)
+    body = body.visit(untaken)
     unpacked = _without_output_tuple(body, dropped | rewriter.extra)
     if unpacked is body and layer_returns_tuple:
         unpacked = body.visit(_FirstReturned())  # `return outputs` of `(hidden_states, ...)`
@@ -231,7 +234,62 @@ def carry_forward(
         body=body,
         whitespace_before_params=sig.whitespace_before_params,
     )
-    return t.set_method(layer, forward)
+    layer = t.set_method(layer, forward)
+    if untaken.taken:  # __init__ builds what that branch ran no more
+        layer = with_traced_branches(layer, untaken.taken, t.init_exprs(layer))
+    return layer
+
+
+def _attention_called(body: cst.BaseSuite, rewriter: _AttentionCall) -> cst.BaseSuite:
+    """``body`` calling its attention (called once) in vLLM's convention; as it is for an
+    attention-free model's layer (``rewriter.func`` is ``self.``: no attention)."""
+    if rewriter.func == "self.":
+        return body
+    calls = _count_calls(body, rewriter.func)
+    if calls != 1:
+        raise HfrewriteError(
+            f"{rewriter.cls}: {NAME}: {rewriter.func} is called {calls} times, expected once"
+        )
+    body = body.visit(rewriter)
+    if rewriter.count != 1:
+        raise HfrewriteError(
+            f"{rewriter.cls}: {NAME}: the attention result is not taken as `out, _ = ...` or `(...)[0]`"
+        )
+    return body
+
+
+def _init(layer: cst.ClassDef) -> cst.CSTNode:
+    return t.find_method(layer, "__init__") or cst.SimpleStatementLine([cst.Pass()])
+
+
+class _UntakenBranches(cst.CSTTransformer):
+    """``if <config switch>: A else: B`` -> the branch every traced layer took, where the other
+    reads inputs vLLM does not give (Granite-4.0's Mamba call, ``**kwargs`` and the cache,
+    in a model whose layers all attend); config_guards then refuses the configs that take it."""
+
+    def __init__(
+        self, switches: dict[str, bool], exprs: dict[str, str], init: str, dropped: set[str]
+    ) -> None:
+        self.switches, self.exprs, self.init, self.dropped = switches, exprs, init, dropped
+        self.taken: list[tuple[str, bool]] = []  # (config test, traced value) of each pruned
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        if isinstance(updated.orelse, cst.If):
+            return updated  # elif chains: left as written
+        try:
+            test = t.config_test(optional_tests_rewritten(t.code(updated.test), self.init), self.exprs)
+        except ValueError:
+            return updated
+        value = self.switches.get(ast.dump(ast.parse(test, mode="eval").body))
+        if value is None:
+            return updated
+        taken = updated.body if value else updated.orelse
+        untaken = updated.orelse if value else updated.body
+        if untaken is None or not t.root_names(untaken) & self.dropped:
+            return updated
+        self.taken.append((test, value))
+        body = list(taken.body.body if isinstance(taken, cst.Else) else (taken.body if taken else ()))
+        return cst.FlattenSentinel(body) if body else cst.RemoveFromParent()
 
 
 class _FirstReturned(cst.CSTTransformer):
@@ -321,6 +379,13 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if plan.decoder_layer.fused:
         return PassResult(module=module)
     layer = plan.decoder_layer
+    switches = {
+        ast.dump(ast.parse(test, mode="eval").body): value
+        for cls, test, value in plan.forward_switches
+        if cls == layer.module_class
+    }
+    if plan.attention is None:  # an attention-free model's layer (Granite-4.0-H's, Mamba-2 only)
+        return _attention_free(module, plan, switches)
     # the layer calls its attention directly, or through wrappers (dbrx's norm_attn_norm)
     owners = [layer.module_class, *layer.attention_wrappers]
     callees = [*layer.attention_wrappers, plan.attention.module_class]
@@ -352,8 +417,27 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             free_defaults=layer.free_defaults if i == 0 else (),
             as_list=last and layer.attention_returns_list,
             mixer=_mixer(module, plan) if i == 0 else None,
+            switches=switches if i == 0 else None,
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"
         rows.append(FusionRow(owner, f"forward carried from the source ({what})"))
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
+
+
+def _attention_free(module: cst.Module, plan, switches: dict[str, bool]) -> PassResult:
+    """The carried forward of an attention-free model's layer: its mixer called alone."""
+    layer = plan.decoder_layer
+    carried = carry_forward(
+        t.find_class(module, layer.module_class),
+        "",
+        "",
+        layer_returns_tuple=layer.returns_tuple,
+        free_defaults=layer.free_defaults,
+        mixer=_mixer(module, plan),
+        switches=switches,
+    )
+    sites = Sites()
+    module = sites.replace_class(module, layer.module_class, carried)
+    row = FusionRow(layer.module_class, "forward carried from the source (residuals and norms as written)")
+    return PassResult(module=module, fused=(row,), matches=sites.count)

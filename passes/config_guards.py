@@ -25,6 +25,7 @@ import ast
 
 import libcst as cst
 
+from hfrewrite.analyze.optional_parts import negated, optional_parts, optional_tests_rewritten
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.after_split import reads_own_attribute
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -58,6 +59,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
                 and not _selector(test)
             )
         )
+        dropped = [(test, value) for test, value in dropped if not _still_built(cls, test)]
         if not dropped:
             continue
         builds = [test for test, _ in dropped if reads_own_attribute(test)]
@@ -100,8 +102,11 @@ def _tested(cls: cst.ClassDef, methods_only: bool = False) -> set[str]:
         def visit_IfExp(self, node: cst.IfExp) -> None:
             _add(node.test)
 
+    init_source = t.code(t.find_method(cls, "__init__")) if t.find_method(cls, "__init__") else ""
+
     def _add(test: cst.BaseExpression) -> None:
-        text = " ".join(t.code(test).split())
+        # `self.shared_mlp is None`: the test under which __init__ builds the part, negated
+        text = optional_tests_rewritten(" ".join(t.code(test).split()), init_source)
         try:
             text = t.config_test(text, {attr: f"({value})" for attr, value in exprs.items()})
         except ValueError:
@@ -118,6 +123,37 @@ def _tested(cls: cst.ClassDef, methods_only: bool = False) -> set[str]:
     else:
         cls.visit(_Tests())
     return found
+
+
+def _still_built(cls: cst.ClassDef, test: str) -> bool:
+    """The emitted ``__init__`` builds an optional part under ``test`` (or its negation), and
+    the class reads every attribute that test decides there (ERNIE's ``shared_experts``,
+    handed to vLLM's MoE, None or not): the class carries both configs as the source does.
+    An attribute it never reads (Granite-4.0's ``mamba`` once no layer calls it) carries
+    nothing."""
+    tree = ast.parse(t.code(cls)).body[0]
+    init = next((f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None:
+        return False
+    read = {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) == "self"
+    }
+    switch = ast.parse(test, mode="eval").body
+    wanted = {ast.dump(switch), ast.dump(negated(switch))}  # built when it holds, or when it fails
+    optional = {attr for attr, part in optional_parts(init).items() if ast.dump(part) in wanted}
+    decided = set(optional)
+    for statement in init.body:
+        if isinstance(statement, ast.If) and ast.dump(statement.test) in wanted:
+            decided |= {
+                n.attr
+                for n in ast.walk(statement)
+                if isinstance(n, ast.Attribute)
+                and isinstance(n.ctx, ast.Store)
+                and ast.unparse(n.value) == "self"
+            }
+    return bool(optional) and decided <= read
 
 
 def _raises_only(statement: cst.BaseStatement) -> bool:

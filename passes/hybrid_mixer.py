@@ -52,6 +52,7 @@ import libcst.matchers as m
 from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba2Plan, MixerPlan, ShortConvPlan
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.emit.templates_io import insert_before, template_class
 from hfrewrite.errors import HfrewriteError
 
@@ -236,11 +237,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if layer.block_kinds is not None:  # its forward calls the block as its class takes it
         if row.writes_into_buffer:
             raise HfrewriteError(f"{mixer.module_class}: {NAME}: a layer of one block writing into a buffer")
-    elif layer.fused:
+    elif layer.fused and ctx.plan.attention is not None:
         forward = _choosing_forward(forward, layer.attention_block, mixer, row)
-    elif row.writes_into_buffer:  # carried: its own test chooses; the call takes the hidden states alone
+    elif row.writes_into_buffer:  # (no attention at all: the fused forward calls the mixer alone)  # carried: its own test chooses; the call takes the hidden states alone
         forward = forward.visit(_IntoBuffer(mixer.attr, forward))
     cls = t.set_method(t.set_method(cls, init), forward)
+    if layer.fused and ctx.plan.attention is None:  # the test choosing the mixer, refused otherwise
+        switches = [
+            (test, value) for owner, test, value in ctx.plan.forward_switches if owner == layer.module_class
+        ]
+        cls = with_traced_branches(cls, switches, t.init_exprs(cls))
     module = sites.replace_class(module, layer.module_class, cls)
     lm = t.find_class(module, ctx.plan.architecture)
     # no attention at all (a Mamba-2 model): vLLM's attention-free contract, no KV cache

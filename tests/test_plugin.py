@@ -278,3 +278,37 @@ def test_check_catches_hand_edits_to_the_plugin_package(tmp_path, capsys):
     assert report.exit_code == 1
     assert any("no module" in p and "gone.py" in p for p in report.problems)
     assert "problem: " in report.format()
+
+
+def test_an_attention_free_architecture_gets_vllms_mamba_hook(tmp_path, monkeypatch):
+    """A model file whose class is ``IsAttentionFree`` (Mamba-2 layers alone): the package
+    lists its architecture and ``register()`` gives it vLLM's Mamba config hook, leaving an
+    entry vLLM already has alone."""
+    package = tmp_path / "my_models"
+    package.mkdir()
+    (package / "bamba.py").write_text(
+        "class BambaForCausalLM(nn.Module, HasInnerState, IsAttentionFree):\n    pass\n"
+    )
+    (package / "llama.py").write_text("class LlamaForCausalLM(nn.Module):\n    pass\n")
+    mapping = {
+        "BambaForCausalLM": "my_models.bamba:BambaForCausalLM",
+        "LlamaForCausalLM": "my_models.llama:LlamaForCausalLM",
+    }
+    free = P.attention_free(package, "my_models", ("__init__", ""), mapping)
+    assert free == ("BambaForCausalLM",)
+    text = P.init_text("my_models", mapping, {}, free)
+    assert 'ATTENTION_FREE = (\n    "BambaForCausalLM",\n)\n' in text
+    registered, hooks = {}, {"Mamba2ForCausalLM": "vLLM's own"}
+    vllm = SimpleNamespace(ModelRegistry=SimpleNamespace(register_model=registered.__setitem__))
+    config = SimpleNamespace(MODELS_CONFIG_MAP=hooks, MambaModelConfig="MambaModelConfig")
+    for name, module in {"vllm": vllm, "vllm.model_executor.models.config": config}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    scope: dict = {"__name__": "my_models"}
+    exec(compile(text, "__init__.py", "exec"), scope)
+    scope["register"]()
+    assert set(registered) == set(mapping)
+    assert hooks == {"Mamba2ForCausalLM": "vLLM's own", "BambaForCausalLM": "MambaModelConfig"}
+    assert P.init_text("my_models", mapping, {}, ()) == INIT.replace(
+        '"LlamaForCausalLM": "my_models.llama:LlamaForCausalLM",\n    "Qwen3ForCausalLM": "my_models.qwen3:Qwen3ForCausalLM"',
+        '"BambaForCausalLM": "my_models.bamba:BambaForCausalLM",\n    "LlamaForCausalLM": "my_models.llama:LlamaForCausalLM"',
+    )

@@ -299,3 +299,21 @@ def test_check_tree_reports_registry_entries_that_do_not_resolve(tree, tiny_dir,
 def test_check_needs_paths_or_a_tree(capsys):
     code, _, err = run(capsys, "check")
     assert code == 2 and err == "hfrewrite: error: give PATH... or --vllm-tree PATH\n"
+
+
+# ------------------------------------------------------------- attention-free models
+
+FREE = "import torch\n\n\nclass BambaForCausalLM(torch.nn.Module, IsAttentionFree):\n    pass\n"
+CONFIG_PY = 'MODELS_CONFIG_MAP: dict[str, type] = {\n    "Mamba2ForCausalLM": MambaModelConfig,\n}\n'
+
+
+def test_an_attention_free_class_needs_vllms_mamba_hook_for_its_architecture(tree):
+    (tree / T.CONFIG_HOOKS).write_text(CONFIG_PY)
+    with pytest.raises(
+        HfrewriteError, match='add "BambaForCausalLM": MambaModelConfig to its MODELS_CONFIG_MAP'
+    ):
+        T.install(tree, FREE, "bamba", ("BambaForCausalLM",), "BambaForCausalLM", False)
+    assert registry(tree) == REGISTRY and not (tree / T.MODELS_DIR / "hfrewrite_bamba.py").exists()
+    (tree / T.CONFIG_HOOKS).write_text(CONFIG_PY.replace("Mamba2ForCausalLM", "BambaForCausalLM"))
+    result = T.install(tree, FREE, "bamba", ("BambaForCausalLM",), "BambaForCausalLM", False)
+    assert result.registered == (("BambaForCausalLM", ("hfrewrite_bamba", "BambaForCausalLM")),)

@@ -15,6 +15,8 @@ from typing import Literal
 
 from torch import nn
 
+from hfrewrite.analyze.optional_parts import AsConfigTest, optional_parts
+
 # which methods' switches: forward and __init__, one of them, or the forward's helpers
 Part = Literal["both", "forward", "init", "helpers"]
 
@@ -95,16 +97,6 @@ def config_switches(module: nn.Module, part: Part = "both") -> tuple[tuple[str, 
     ``__init__`` can evaluate: ``self.config.x`` -> ``config.x``, ``self.attr`` -> the config
     expression ``__init__`` assigns it. Tests on anything else (``self.training``, a computed
     attribute) are left out: they are not config switches."""
-    assigned = {"config": "config"}
-    params = _init_parameters(type(module))
-    for attr, value in init_assignments(type(module)).items():
-        names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-        # the config alone, or the config and the constructor's parameters (LFM2's
-        # `config.layer_types[layer_idx] == "full_attention"`: a switch per layer)
-        if ("config" in names and names <= {"config", "getattr"} | params) or (
-            isinstance(value, ast.Name) and value.id in params  # a constructor flag
-        ):
-            assigned[attr] = ast.unparse(value)
     once = assigned_once(type(module))
     found: tuple = ()
     if part == "helpers":
@@ -117,13 +109,36 @@ def config_switches(module: nn.Module, part: Part = "both") -> tuple[tuple[str, 
             for test, outcome in config_branches(module, "__init__")
             if _self_attrs(test) <= once
         )
-    out = []
-    for test, outcome in found:
-        tree = Substitute(assigned).visit(ast.parse(test, mode="eval"))
-        text = ast.unparse(tree)
-        if "self" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
-            out.append((text, outcome))
-    return tuple(dict.fromkeys(out))
+    form = config_form(type(module))
+    return tuple(
+        dict.fromkeys((text, outcome) for test, outcome in found if (text := form(test)) is not None)
+    )
+
+
+def config_form(cls: type):
+    """A function taking a test of ``cls``'s methods (source) to the form its ``__init__``
+    evaluates, or None where it reads more than the config and the constructor's parameters."""
+    assigned = {"config": "config"}
+    params = _init_parameters(cls)
+    for attr, value in init_assignments(cls).items():
+        names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        # the config alone, or the config and the constructor's parameters (LFM2's
+        # `config.layer_types[layer_idx] == "full_attention"`: a switch per layer)
+        if ("config" in names and names <= {"config", "getattr"} | params) or (
+            isinstance(value, ast.Name) and value.id in params  # a constructor flag
+        ):
+            assigned[attr] = ast.unparse(value)
+    init = method_tree(cls, "__init__")
+    parts = optional_parts(init.body[0]) if init and isinstance(init.body[0], ast.FunctionDef) else {}
+
+    def form(test: str) -> str | None:
+        # `self.mamba is not None`: the config test under which __init__ builds it
+        tree = Substitute(assigned).visit(AsConfigTest(parts).visit(ast.parse(test, mode="eval")))
+        return (
+            None if "self" in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} else ast.unparse(tree)
+        )
+
+    return form
 
 
 def forward_helpers(module: nn.Module) -> tuple[str, ...]:
@@ -298,13 +313,24 @@ def forward_switches(
     ``is_causal``."""
     names = {getattr(p, "module_class", None) for p in plans} - {None}
     modules = [model, base, layer]
-    modules += [next(m for m in model.modules() if type(m).__name__ == n) for n in sorted(names)]
+    # each class's instance in ``layer`` where it has one: a per-layer switch (Cohere2's
+    # sliding window) is read on every traced layer's own instance
+    for n in sorted(names):
+        own = _instance(layer, n)
+        modules.append(own if own is not None else _instance(model, n))
     out = []
     for module in dict.fromkeys(modules):
         cls = type(module).__name__
         found = config_switches(module, part) + (causal_switch(module) if part == "both" else ())
         out += [(cls, test, value) for test, value in found]
     return tuple(dict.fromkeys(out))
+
+
+def _instance(root: nn.Module, class_name: str) -> nn.Module | None:
+    """The first module of ``root`` of that class, in a list so that no module's own truth
+    value (an empty ModuleList's) is asked."""
+    found = [m for m in root.modules() if type(m).__name__ == class_name][:1]
+    return found[0] if found else None
 
 
 def asks_own_attribute(node: ast.AST) -> bool:

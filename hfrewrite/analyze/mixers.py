@@ -10,7 +10,7 @@ import dataclasses
 
 from torch import nn
 
-from hfrewrite.analyze.branches import method_tree
+from hfrewrite.analyze.branches import config_branches, config_form, method_tree
 from hfrewrite.analyze.gated_delta_net import NOT_A_GDN, analyze_gated_delta_net
 from hfrewrite.analyze.mamba2 import NOT_A_MAMBA2, analyze_mamba2
 from hfrewrite.analyze.mixer_plans import MixerPlan
@@ -99,20 +99,29 @@ def with_layer_test(plan: MixerPlan, layers: list[nn.Module], attention: list[bo
     return dataclasses.replace(plan, layer_test=ast.unparse(test), attention_when=attention_when)
 
 
-def _never_choosing(plan: MixerPlan, cls: type) -> MixerPlan:
-    """``plan`` of an attention-free model's layers, whose forward calls the mixer under no
-    test; one that chooses it per layer (Bamba's, with no attention layer in this config)
-    would call a block no traced layer ran in the layers the test leaves it out of."""
-    tree = method_tree(cls, "forward")
+def _never_choosing(plan: MixerPlan, layers: list[nn.Module]) -> MixerPlan:
+    """``plan`` of an attention-free model's layers. Where the forward chooses the mixer per
+    layer (Bamba's ``self.block_type == "linear_attention"``, no attention layer in this
+    config), the test must be a config switch that holds on every traced layer: the file then
+    calls the mixer alone and refuses the configs that fail it (config_guards), never running
+    a block no traced layer ran. Any other test refuses."""
+    cls = type(layers[0])
+    tree, form = method_tree(cls, "forward"), config_form(cls)
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.If) and (plan.attr in _self_calls(node.body)) != (
             plan.attr in _self_calls(node.orelse)
         ):
-            why = (
-                f"no traced layer attends, and `{ast.unparse(node.test)}` chooses self.{plan.attr} per layer: "
-                "convert a config whose layers include attention"
-            )
-            raise Refusal(NoMatch("hybrid_layer", cls.__name__, why))
+            test = ast.unparse(node.test)
+            values = {v for layer in layers for t, v in config_branches(layer) if t == test}
+            if form(test) is None or len(values) != 1:
+                what = (
+                    "on more than the config" if form(test) is None else "differing between the traced layers"
+                )
+                why = (
+                    f"no traced layer attends, and `{test}` chooses self.{plan.attr} per layer, "
+                    f"a test {what}: convert a config whose layers include attention"
+                )
+                raise Refusal(NoMatch("hybrid_layer", cls.__name__, why))
     return plan
 
 
@@ -142,7 +151,7 @@ def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module
     if per_layer[lead].decoder.one_block:  # its kind is its class (block_kinds.py): no test
         return plan
     if not any(has_attention):  # attention-free (a Mamba-2 model): nothing to choose from
-        return _never_choosing(plan, type(layers[0]))
+        return _never_choosing(plan, layers)
     if any(beside):
         raise Refusal(
             NoMatch(

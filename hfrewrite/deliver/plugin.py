@@ -111,6 +111,19 @@ _INIT_WITH_CONFIGS = (
 )
 
 
+# With attention-free models: their table before register(), vLLM's Mamba config hook at its end
+_ATTENTION_FREE_TABLE = (
+    "\n# Architectures of attention-free models (Mamba-2 layers alone): vLLM sizes their state\n"
+    "# blocks in the config hook it gives its own Mamba models, listed by architecture.\n"
+    "ATTENTION_FREE = (\n{archs})\n"
+)
+_ATTENTION_FREE_HOOK = (
+    "\n    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, MambaModelConfig\n\n"
+    "    for architecture in ATTENTION_FREE:\n"
+    "        MODELS_CONFIG_MAP.setdefault(architecture, MambaModelConfig)\n"
+)
+
+
 @dataclass(frozen=True)
 class PluginResult:
     package: str
@@ -179,7 +192,10 @@ def install(
         (
             init,
             init_text(
-                package, mapping, config_shims(init.parent, package, (model_file.stem, generated_text))
+                package,
+                mapping,
+                config_shims(init.parent, package, (model_file.stem, generated_text)),
+                attention_free(init.parent, package, (model_file.stem, generated_text), mapping),
             ),
         ),
         (pyproject, pyproject_text(package)),
@@ -217,10 +233,21 @@ def pyproject_text(package: str) -> str:
     )
 
 
-def init_text(package: str, mapping: dict[str, str], configs: dict[str, str] | None = None) -> str:
+def init_text(
+    package: str, mapping: dict[str, str], configs: dict[str, str] | None = None, attention_free=()
+) -> str:
+    """The package's ``__init__.py``; ``attention_free``: the architectures of ``mapping`` whose
+    classes are attention-free."""
     entries = "".join(f'    "{arch}": "{mapping[arch]}",\n' for arch in sorted(mapping))
     configs = configs or {}
-    return (_INIT_WITH_CONFIGS if configs else _INIT).format(
+    template = _INIT_WITH_CONFIGS if configs else _INIT
+    if attention_free:
+        archs = "".join(f'    "{arch}",\n' for arch in sorted(attention_free))
+        table = _ATTENTION_FREE_TABLE.format(archs=archs)
+        template = (
+            template.replace("\n\ndef register()", f"{table}\n\ndef register()", 1) + _ATTENTION_FREE_HOOK
+        )
+    return template.format(
         version=__version__,
         marker=MARKER,
         package=package,
@@ -244,6 +271,22 @@ def config_shims(package_dir: Path, package: str, new: tuple[str, str]) -> dict[
         for module, text in sorted(texts.items())
         for model_type, cls in shim_classes(text).items()
     }
+
+
+def attention_free(package_dir: Path, package: str, new: tuple[str, str], mapping: dict[str, str]) -> tuple:
+    """The architectures of ``mapping`` whose class (in the package's model files, ``new``
+    standing for the file about to be written) is declared ``IsAttentionFree``."""
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in sorted(Path(package_dir).glob("*.py"))}
+    texts.pop("__init__", None)
+    if new[0] != "__init__":
+        texts[new[0]] = new[1]
+    free = {
+        f"{package}.{module}:{node.name}"
+        for module, text in texts.items()
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ClassDef) and "IsAttentionFree" in {ast.unparse(b) for b in node.bases}
+    }
+    return tuple(arch for arch in sorted(mapping) if mapping[arch] in free)
 
 
 def read_architectures(init: Path) -> dict[str, str]:
@@ -278,7 +321,13 @@ def plugin_problems(init: Path) -> tuple[str, ...]:
     except (HfrewriteError, SyntaxError) as exc:
         return (f"{init}: {exc}",)
     problems = []
-    expected = init_text(package, mapping, config_shims(init.parent, package, ("__init__", "")))
+    new = ("__init__", "")
+    expected = init_text(
+        package,
+        mapping,
+        config_shims(init.parent, package, new),
+        attention_free(init.parent, package, new, mapping),
+    )
     if init.read_text(encoding="utf-8") != expected:
         problems.append(
             f"{init} was edited by hand; rerun `hfrewrite convert MODEL --plugin "

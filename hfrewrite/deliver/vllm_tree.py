@@ -88,6 +88,7 @@ def install(
     registry_path = Path(tree) / REGISTRY
     old = _read(registry_path)
     # All refusals happen here, before anything is written.
+    _has_mamba_hook(tree, generated_text, class_name, archs)
     new, replaced = register(old, {a: (module, class_name) for a in archs}, _owned_by(tree, module), force)
     module_status = write_atomic(module_path, generated_text, force=force)
     registry_status = "unchanged"
@@ -101,6 +102,40 @@ def install(
         registered=tuple((a, (module, class_name)) for a in archs),
         replaced=replaced,
     )
+
+
+CONFIG_HOOKS = MODELS_DIR / "config.py"
+
+
+def _has_mamba_hook(tree: Path, text: str, class_name: str, archs: tuple[str, ...]) -> None:
+    """An attention-free class (Mamba-2 layers alone) runs only where vLLM's
+    ``MODELS_CONFIG_MAP`` gives its architecture a Mamba config hook (vLLM lists its own Mamba
+    models' there): refused otherwise, with where to add it."""
+    free = any(
+        isinstance(node, ast.ClassDef)
+        and node.name == class_name
+        and "IsAttentionFree" in {ast.unparse(b) for b in node.bases}
+        for node in ast.parse(text).body
+    )
+    path = Path(tree) / CONFIG_HOOKS
+    if not free or not path.is_file():
+        return
+    listed = {
+        key.value
+        for node in ast.walk(ast.parse(_read(path)))
+        if isinstance(node, ast.AnnAssign | ast.Assign)
+        and "MODELS_CONFIG_MAP" in ast.unparse(node)
+        and isinstance(node.value, ast.Dict)
+        for key in node.value.keys
+        if isinstance(key, ast.Constant)
+    }
+    missing = [arch for arch in archs if arch not in listed]
+    if missing:
+        raise HfrewriteError(
+            f"{missing[0]} is attention-free (Mamba-2 layers alone) and {CONFIG_HOOKS.as_posix()} gives it "
+            f'no Mamba config hook: add "{missing[0]}": MambaModelConfig to its MODELS_CONFIG_MAP, '
+            "or convert with --plugin, whose package registers the hook"
+        )
 
 
 def _owned_by(tree: Path, new_module: str):

@@ -36,12 +36,21 @@ def taken_init_branches(
         return ast.dump(ast.parse(text, mode="eval").body)
 
     class _Taken(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.elifs: set[int] = set()  # an elif is decided with the `if` it continues
+
+        def visit_If(self, node: cst.If) -> None:
+            if isinstance(node.orelse, cst.If):
+                self.elifs.add(id(node.orelse))
+
         def leave_If(self, original: cst.If, updated: cst.If):
             found = None if keep is not None and keep(updated) else known.get(_key(updated.test))
-            if found is None or isinstance(updated.orelse, cst.If):
+            if found is None or id(original) in self.elifs:
                 return updated
+            if isinstance(updated.orelse, cst.If) and not found[1]:
+                return updated  # the chain goes on: its elif decides
             taken.append(found)
-            orelse = updated.orelse.body.body if updated.orelse else ()
+            orelse = updated.orelse.body.body if isinstance(updated.orelse, cst.Else) else ()
             body = updated.body.body if found[1] else orelse
             return cst.FlattenSentinel([*body]) if body else cst.RemoveFromParent()
 

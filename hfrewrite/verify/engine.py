@@ -33,6 +33,7 @@ from hfrewrite.verify.fixtures import (
     runs_custom_code,
     uses_latent_attention,
 )
+from hfrewrite.verify.vllm_tables import attention_free_hook, config_hooks, config_registry, config_shims
 
 MAX_MODEL_LEN = 128
 KV_CACHE_BYTES = 64 << 20  # plenty for tiny models; a freed LLM returns it
@@ -80,11 +81,23 @@ def hf_greedy(
     Each prompt runs alone (no padding). EOS does not stop generation, as with
     vLLM's ``ignore_eos=True``; logprobs come from the raw logits.
     """
-    import torch
-
     model = hf_model(ckpt, dtype)
     if runs_custom_code(ckpt):  # the repository's own cache code may predate transformers' Cache
         return greedy_without_cache(model, prompts, max_tokens)
+    try:
+        return _generated(model, prompts, max_tokens)
+    except ValueError as exc:
+        # transformers' cache of a model with no attention layer (Bamba's Mamba-2 layers alone)
+        # tracks no length, so generate cannot decode it; the full recompute can
+        if "only contain LinearAttention layers" not in str(exc):
+            raise
+        return greedy_without_cache(model, prompts, max_tokens)
+
+
+def _generated(model, prompts: Sequence[Sequence[int]], max_tokens: int) -> tuple[Tokens, Logprobs]:
+    """Greedy tokens and their logprobs from ``model.generate``, each prompt alone."""
+    import torch
+
     gen_config = model.generation_config
     gen_config.eos_token_id = None
     gen_config.pad_token_id = 0
@@ -211,8 +224,9 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
             return
         model_cls = entry.load_model_cls()
     ModelRegistry.register_model(architecture, model_cls)
+    hooked = attention_free_hook(architecture, model_cls)
     shims = config_shims(sys.modules.get(model_cls.__module__))
-    registry = _config_registry()
+    registry = config_registry()
     before = {model_type: dict.get(registry, model_type) for model_type in shims}
     registry.update(shims)
     try:
@@ -224,30 +238,12 @@ def _registered(architecture: str, model_cls: type | None) -> Iterator[bool]:
             else:
                 registry[model_type] = entry
         loader_utils._MODEL_ARCH_BY_HASH.clear()
+        if hooked:
+            config_hooks().pop(architecture, None)
         if previous is None:
             models.pop(architecture, None)
         else:
             models[architecture] = previous
-
-
-def config_shims(module) -> dict[str, type]:
-    """model type -> class of the config shims a generated module defines (the Hub
-    repository's configuration class, carried for vLLM's transformers: emit/config_shim.py)."""
-    from hfrewrite.emit.config_shim import SHIM_NOTE
-
-    if module is None:
-        return {}
-    return {
-        cls.model_type: cls
-        for cls in vars(module).values()
-        if isinstance(cls, type) and cls.__module__ == module.__name__ and SHIM_NOTE in (cls.__doc__ or "")
-    }
-
-
-def _config_registry() -> dict:
-    from vllm.transformers_utils.config import _CONFIG_REGISTRY
-
-    return _CONFIG_REGISTRY
 
 
 def _native_snapshot() -> dict:
@@ -364,7 +360,7 @@ def _run_engine(
     # the repository's code (as vLLM's own shims do)
     config = json.loads((Path(ckpt) / "config.json").read_text())
     model_type = config.get("model_type")
-    remote = runs_custom_code(ckpt) and model_type not in _config_registry()
+    remote = runs_custom_code(ckpt) and model_type not in config_registry()
     options = {"dtype": "float32", "trust_remote_code": remote, **(llm_kwargs or {})}
     options.update(_mla_backend(ckpt, options))
     options.update(_chunk_blocks(config, options))
