@@ -7,6 +7,7 @@ registers the architectures. tests/e2e/test_plugin_tp.py runs a real plugin in r
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -303,9 +304,10 @@ def test_an_attention_free_architecture_gets_vllms_mamba_hook(tmp_path, monkeypa
     config = SimpleNamespace(MODELS_CONFIG_MAP=hooks, MambaModelConfig="MambaModelConfig")
     for name, module in {"vllm": vllm, "vllm.model_executor.models.config": config}.items():
         monkeypatch.setitem(sys.modules, name, module)
-    scope: dict = {"__name__": "my_models"}
-    exec(compile(text, "__init__.py", "exec"), scope)
-    scope["register"]()
+    (package / "__init__.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_models", raising=False)
+    importlib.import_module("my_models").register()
     assert set(registered) == set(mapping)
     assert hooks == {"Mamba2ForCausalLM": "vLLM's own", "BambaForCausalLM": "MambaModelConfig"}
     assert P.init_text("my_models", mapping, {}, ()) == INIT.replace(
