@@ -21,6 +21,11 @@ as written, with these changes:
 * a layer the trace saw return a tuple (transformers 4.x) returns its first element;
 * a hybrid layer's other mixer (``ModelPlan.mixer``: Granite-4.0-H's Mamba-2) is called with
   the hidden states alone (``self.mamba(hidden_states)``), vLLM's layer keeping its own state;
+  an attention-free model's layer (Mamba-2 layers alone) has no attention call to rewrite;
+* an ``if`` on a config switch (``ModelPlan.forward_switches``: one value on every traced
+  layer) whose other branch reads inputs vLLM does not give (granite-4.0-micro's Mamba call,
+  every layer attending) becomes the branch taken, and ``__init__`` builds only what that
+  branch runs, refusing first the configs that would take the other;
 * nothing else may read the dropped Hugging Face inputs (masks, cache, position ids).
 
 A layer that reaches its attention through wrapper modules (dbrx's ``norm_attn_norm``,

@@ -12,8 +12,12 @@ at the top of the class's ``__init__``, before any layer is built:
     if config.use_bidirectional_attention:
         raise NotImplementedError("hfrewrite: Gemma3TextModel was converted for configs where ...")
 
-Tests are compared as syntax trees, in the form ``__init__`` evaluates. Tests of
-transformers' implementation selectors alone (``config._attn_implementation``) get none.
+Tests are compared as syntax trees, in the form ``__init__`` evaluates (an optional part's
+``self.shared_mlp is None`` as the test under which ``__init__`` builds it). Tests of
+transformers' implementation selectors alone (``config._attn_implementation``) get none, nor
+does an optional part's test where the emitted ``__init__`` still builds the part under it
+and the class reads every attribute that test decides (ERNIE's shared experts, handed to
+vLLM's MoE, None or not).
 
 Preconditions: the class's ``__init__`` has ``config`` (a parameter, or assigned from
 ``vllm_config``) before the guards.

@@ -30,7 +30,9 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
 * in its fused forward, the attention call under the source's test, and in the other branch
   the mixer (ShortConv writes into an output buffer; MambaMixer2 returns its output); a
   carried forward (Granite-4.0-H's) keeps the source's test, and carry_decoder_layer has
-  already given the mixer the hidden states alone (a buffer is made for ShortConv);
+  already given the mixer the hidden states alone (a buffer is made for ShortConv); with no
+  attention at all (Bamba's default config) the fused forward calls the mixer alone, and
+  ``__init__`` takes the branch every traced layer took, refusing the configs taking another;
 * on the causal LM, ``IsHybrid`` (``IsAttentionFree`` where no layer attends: a Mamba-2
   model) and ``HasInnerState`` and the three state classmethods.
 

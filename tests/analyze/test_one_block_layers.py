@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from hfrewrite.analyze.block_kinds import block_kinds
+from hfrewrite.analyze.mixer_plans import ShortConvPlan
+from hfrewrite.analyze.mixers import _never_choosing
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import Mamba2Plan, Refusal
 from hfrewrite.errors import HfrewriteError
@@ -101,10 +103,30 @@ def test_mamba2_is_attention_free_with_its_norm_over_all_groups():
     assert plan.decoder_layer.block_kinds.attention_class == ""
 
 
-def test_a_layer_choosing_its_mixer_with_no_attention_traced_is_refused():
+def test_a_layer_choosing_its_mixer_by_a_config_switch_with_no_attention_traced():
     """Bamba's default config has Mamba-2 layers only; its layer's forward chooses the mixer
-    per layer, the other branch an attention no traced layer ran."""
-    with pytest.raises(
-        HfrewriteError, match="no traced layer attends, and `self.block_type == 'linear_attention'`"
-    ):
-        analyze(resolve("bamba").config)
+    per layer by a config switch that holds on every traced layer: attention-free, the switch
+    refused otherwise by the file (config_guards)."""
+    plan = analyze(resolve("bamba").config)
+    assert plan.attention is None and isinstance(plan.mixer, Mamba2Plan)
+    assert ("BambaDecoderLayer", "layer_type == 'linear_attention'", True) in plan.forward_switches
+
+
+class _Counted(nn.Module):
+    """A layer choosing its mixer by a count it keeps, not by its config."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = len([1, 2])
+        self.mamba = nn.Identity()
+
+    def forward(self, x):
+        if self.calls > 1:
+            return self.mamba(x)
+        return -x
+
+
+def test_a_layer_choosing_its_mixer_by_anything_else_is_refused():
+    plan = ShortConvPlan("Conv", "mamba", 4, False)
+    with pytest.raises(Refusal, match="`self.calls > 1` chooses self.mamba per layer, a test on more"):
+        _never_choosing(plan, [_Counted(), _Counted()])
