@@ -26,7 +26,8 @@ def validate_golden(model_type: str) -> dict:
     from hfrewrite.resolve import resolve
     from hfrewrite.verify.validate import validate_each
 
-    resolved = resolve(model_type)
+    source = ROOT / "golden" / "configs" / model_type  # the config the golden was converted from
+    resolved = resolve(str(source) if source.is_dir() else model_type)
     golden = Generated(f"{model_type}.py", (ROOT / "golden" / f"{model_type}.py").read_text(), (), ())
     configs = list(load_configs(CONFIGS / model_type, model_type))
     made = generate(resolved)  # what convert knows of the file beyond its text: its vLLM dtype
