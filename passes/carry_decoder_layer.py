@@ -195,13 +195,14 @@ def carry_forward(
     as_list: bool = False,
     mixer: tuple[str, str] | None = None,
     switches: dict[str, bool] | None = None,
+    pruned: list | None = None,
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
     a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
     layer the trace saw return a tuple returns its first element; a hybrid layer's other
     ``mixer`` (its attribute, its forward's first parameter) is given the hidden states alone;
     ``switches`` ({ast.dump of a config test: its value on every traced layer}) decide the
-    branches that read the dropped inputs."""
+    branches that read the dropped inputs, each (test, value) it decided added to ``pruned``."""
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -218,8 +219,7 @@ def carry_forward(
     body = _mixer_called(_attention_called(forward.body, rewriter), mixer, name)
     # branches no traced layer took that read what vLLM does not give
     exprs = t.init_exprs(layer) if t.find_method(layer, "__init__") else {}
-    untaken = _UntakenBranches(switches or {}, exprs, t.code(_init(layer)), dropped)
-    body = body.visit(untaken)
+    body = body.visit(untaken := _UntakenBranches(switches or {}, exprs, t.code(_init(layer)), dropped))
     unpacked = _without_output_tuple(body, dropped | rewriter.extra)
     if unpacked is body and layer_returns_tuple:
         unpacked = body.visit(_FirstReturned())  # `return outputs` of `(hidden_states, ...)`
@@ -239,10 +239,26 @@ def carry_forward(
         body=body,
         whitespace_before_params=sig.whitespace_before_params,
     )
-    layer = t.set_method(layer, forward)
-    if untaken.taken:  # __init__ builds what that branch ran no more
-        layer = with_traced_branches(layer, untaken.taken, t.init_exprs(layer))
-    return layer
+    return _init_taken(t.set_method(layer, forward), untaken.taken, pruned)
+
+
+def _init_taken(layer: cst.ClassDef, taken: list, pruned: list | None) -> cst.ClassDef:
+    """``layer`` whose ``__init__`` builds only what the kept branches run (config switches
+    ``taken``, added to ``pruned``), refusing first the configs that take another."""
+    if not taken:
+        return layer
+    if pruned is not None:
+        pruned += taken
+    return with_traced_branches(layer, taken, t.init_exprs(layer))
+
+
+def _pruned_rows(owner: str, pruned: list) -> list[FusionRow]:
+    return [
+        FusionRow(
+            owner, f"config switch `{test}`: the branch every traced layer took kept, the other refused"
+        )
+        for test, _ in dict.fromkeys(pruned)
+    ]
 
 
 def _attention_called(body: cst.BaseSuite, rewriter: _AttentionCall) -> cst.BaseSuite:
@@ -270,7 +286,7 @@ def _init(layer: cst.ClassDef) -> cst.CSTNode:
 class _UntakenBranches(cst.CSTTransformer):
     """``if <config switch>: A else: B`` -> the branch every traced layer took, where the other
     reads inputs vLLM does not give (Granite-4.0's Mamba call, ``**kwargs`` and the cache,
-    in a model whose layers all attend); config_guards then refuses the configs that take it."""
+    in a model whose layers all attend); ``taken`` lists them for ``__init__`` to take too."""
 
     def __init__(
         self, switches: dict[str, bool], exprs: dict[str, str], init: str, dropped: set[str]
@@ -399,8 +415,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         raise HfrewriteError(
             f"{layer.module_class}: {NAME}: {layer.attention_block} is not reached by its wrappers"
         )
-    sites = Sites()
-    rows = []
+    sites, rows, pruned = Sites(), [], []
     # a wrapper returning its attention call as it is returns what the attention returns
     handing_up = [_returns_call(t.find_class(module, w), f"self.{a}") for w, a in zip(callees, attrs[1:])]
     for i, (owner, callee, attr) in enumerate(zip(owners, callees, attrs)):
@@ -423,16 +438,18 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             as_list=last and layer.attention_returns_list,
             mixer=_mixer(module, plan) if i == 0 else None,
             switches=switches if i == 0 else None,
+            pruned=pruned,
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"
         rows.append(FusionRow(owner, f"forward carried from the source ({what})"))
+    rows += _pruned_rows(layer.module_class, pruned)
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
 
 
 def _attention_free(module: cst.Module, plan, switches: dict[str, bool]) -> PassResult:
     """The carried forward of an attention-free model's layer: its mixer called alone."""
-    layer = plan.decoder_layer
+    layer, pruned = plan.decoder_layer, []
     carried = carry_forward(
         t.find_class(module, layer.module_class),
         "",
@@ -441,8 +458,11 @@ def _attention_free(module: cst.Module, plan, switches: dict[str, bool]) -> Pass
         free_defaults=layer.free_defaults,
         mixer=_mixer(module, plan),
         switches=switches,
+        pruned=pruned,
     )
     sites = Sites()
     module = sites.replace_class(module, layer.module_class, carried)
     row = FusionRow(layer.module_class, "forward carried from the source (residuals and norms as written)")
-    return PassResult(module=module, fused=(row,), matches=sites.count)
+    return PassResult(
+        module=module, fused=(row, *_pruned_rows(layer.module_class, pruned)), matches=sites.count
+    )

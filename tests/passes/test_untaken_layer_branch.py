@@ -5,7 +5,7 @@ would take it; ``config_guards`` adds no second guard."""
 
 import dataclasses
 
-from harness import rewrite
+from harness import apply, rewrite
 from hfrewrite.passes import carry_decoder_layer, config_guards
 from plans import llama_like
 
@@ -57,6 +57,8 @@ def test_the_branch_no_layer_took_goes_and_init_refuses_it():
     assert "hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)" in out
     assert f"if ({TEST}):\n            raise NotImplementedError" in out
     assert rewrite(config_guards, out, plan()) == out  # the guard is there: none added
+    rows = [row for row in apply(carry_decoder_layer, SOURCE, plan()).fused if "config switch" in str(row)]
+    assert len(rows) == 1 and TEST in str(rows[0])  # --explain says which branch was kept
 
 
 def test_a_branch_every_layer_took_stays_when_the_other_reads_nothing_dropped():
