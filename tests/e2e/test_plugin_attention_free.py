@@ -4,8 +4,9 @@ vLLM sizes the state blocks of attention-free models in a config hook it lists b
 architecture, for its own Mamba models only: ``BambaForCausalLM`` (Bamba's default config,
 Mamba-2 layers alone) starts no engine without one. The plugin ``convert --plugin`` writes
 lists the architecture and gives it vLLM's Mamba hook in ``register()``; the harness registers
-nothing (``as_registered``). The same package with its list emptied fails to start: the hook
-is what makes the model run.
+nothing (``as_registered``), in one process and with tensor parallelism 2 (each rank half
+the Mamba-2 heads). The same package with its list emptied fails to start: the hook is what
+makes the model run.
 """
 
 from __future__ import annotations
@@ -56,18 +57,26 @@ def runs(tmp_path_factory):
     out = {}
     for name in ("site", "site-unlisted"):
         path = [str(root / name), os.environ.get("PYTHONPATH", "")]
-        env = {"PYTHONPATH": os.pathsep.join(p for p in path if p), "VLLM_HOST_IP": "127.0.0.1"}
+        env = {
+            "PYTHONPATH": os.pathsep.join(p for p in path if p),
+            "VLLM_HOST_IP": "127.0.0.1",  # the tensor-parallel workers' queue stays on loopback
+            "VLLM_CPU_OMP_THREADS_BIND": "0|1",  # one core per tensor-parallel worker
+        }
         batch = [{"kind": "hf", **common}, {"kind": "vllm", **common, "as_registered": True}]
+        if name == "site":  # and with tensor parallelism 2: each rank half the Mamba-2 heads
+            batch.append({**batch[1], "llm_kwargs": {"tensor_parallel_size": 2}})
         out[name], _ = runner.run_worker(batch, timeout=900, env=env)
     return out
 
 
 @pytest.mark.vllm
 def test_the_plugins_hook_serves_the_attention_free_model(runs):
-    hf, served = runs["site"]
-    assert "error" not in served, served.get("error")
-    assert served["model_class"] == f"{PACKAGE}.bamba.BambaForCausalLM"
-    assert served["tokens"] == hf["tokens"] and len(set(hf["tokens"][3])) > 4
+    hf, *served = runs["site"]
+    assert len(served) == 2 and len(set(hf["tokens"][3])) > 4
+    for run in served:  # one process, then tensor parallelism 2
+        assert "error" not in run, run.get("error")
+        assert run["model_class"] == f"{PACKAGE}.bamba.BambaForCausalLM"
+        assert run["tokens"] == hf["tokens"]
 
 
 @pytest.mark.vllm
