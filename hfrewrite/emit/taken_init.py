@@ -63,7 +63,30 @@ def taken_init_branches(
             return updated.body if found[1] else updated.orelse
 
     init = init.visit(_Taken())
+    if taken:
+        init = t.with_body(init, _without_dead_nones(list(init.body.body)))
     return init, t.branch_guards(list(dict.fromkeys(taken)), {}, cls, "__init__")
+
+
+def _without_dead_nones(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """``body`` less each ``self.x = None`` that a later statement of it assigns again with
+    nothing between reading ``self.x`` (a part the taken branch now builds unconditionally:
+    Granite-4.0's ``self.mamba = None`` before ``self.mamba = MambaMixer2(...)``)."""
+    kept = []
+    for i, statement in enumerate(body):
+        attr = t.self_attr_assigned(statement)
+        value = t.assigned_value(statement) if attr else None
+        if attr and m.matches(value, m.Name("None")):
+            later = next((j for j in range(i + 1, len(body)) if t.self_attr_assigned(body[j]) == attr), None)
+            between = body[i + 1 : later] if later is not None else None
+            if (
+                between is not None
+                and not any(attr in t.self_attrs_used(s) for s in between)
+                and (attr not in t.self_attrs_used(t.assigned_value(body[later])))
+            ):
+                continue
+        kept.append(statement)
+    return kept
 
 
 def with_traced_branches(

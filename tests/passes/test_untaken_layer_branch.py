@@ -90,3 +90,12 @@ def test_a_part_the_class_still_reads_carries_its_switch():
     assert rewrite(config_guards, ERNIE_LIKE, shared) == ERNIE_LIKE
     unread = ERNIE_LIKE.replace("FusedMoE(shared_experts=self.shared)", "FusedMoE()")
     assert "if not (config.shared > 0):\n            raise" in rewrite(config_guards, unread, shared)
+
+
+def test_a_none_the_taken_branch_now_overwrites_goes_unless_read_first():
+    out = rewrite(carry_decoder_layer, SOURCE, plan())
+    assert out.count("self.self_attn =") == 1 and "self.mamba = None" in out  # (never built again)
+    read_first = SOURCE.replace(
+        "        self.mamba = None\n", "        self.mamba = None\n        self.kind = self.self_attn\n"
+    )
+    assert rewrite(carry_decoder_layer, read_first, plan()).count("self.self_attn = None") == 1
