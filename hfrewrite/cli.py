@@ -374,6 +374,8 @@ def _write(args: argparse.Namespace, resolved, generated) -> list[str]:
         for table, arch, (module, name) in tree.replaced:
             lines.append(f"  {arch} was {module}.{name} in {table}")
         lines.append(done(tree.registry_status, tree.registry_path))
+        if tree.hooks is not None:  # an attention-free model: vLLM's Mamba config hook
+            lines.append(done(tree.hooks[1], tree.hooks[0]))
         return lines
     from hfrewrite.deliver.plugin import install
 

@@ -132,13 +132,17 @@ def _value(key: str, target: Target) -> cst.BaseExpression:
     return cst.parse_expression(wrapped).elements[0].value
 
 
-def _append(table: cst.Dict, new: dict[str, Target]) -> cst.Dict:
-    """Append ``new`` after the last element, in the table's own multi-line layout."""
+def _append(
+    table: cst.Dict, new: dict, value=None, where: str = f"{TABLE} in {REGISTRY.as_posix()}"
+) -> cst.Dict:
+    """Append ``new`` after the last element, in the table's own multi-line layout; each
+    value as ``value(key, new[key])`` lays it out (a registry target by default)."""
+    value = value or _value
     elements = list(table.elements)
     lead = table.lbrace.whitespace_after
     close = table.rbrace.whitespace_before
     if not (isinstance(lead, cst.ParenthesizedWhitespace) and isinstance(close, cst.ParenthesizedWhitespace)):
-        raise HfrewriteError(f"{TABLE} in {REGISTRY.as_posix()} is not laid out one entry per line")
+        raise HfrewriteError(f"{where} is not laid out one entry per line")
     indent = lead.last_line
     code = cst.Module([]).code_for_node(table)
     header = (
@@ -158,11 +162,11 @@ def _append(table: cst.Dict, new: dict[str, Target]) -> cst.Dict:
     )
     step = cst.Comma(whitespace_after=cst.ParenthesizedWhitespace(indent=True, last_line=indent))
     if not elements:
-        raise HfrewriteError(f"{TABLE} in {REGISTRY.as_posix()} is empty")
+        raise HfrewriteError(f"{where} is empty")
     last_comma = elements[-1].comma
     elements[-1] = elements[-1].with_changes(comma=between)
     added = [
-        cst.DictElement(key=cst.SimpleString(f'"{arch}"'), value=_value(arch, target), comma=step)
+        cst.DictElement(key=cst.SimpleString(f'"{arch}"'), value=value(arch, target), comma=step)
         for arch, target in new.items()
     ]
     added[-1] = added[-1].with_changes(comma=last_comma)

@@ -8,6 +8,10 @@ in the ``_TEXT_GENERATION_MODELS`` table of ``PATH/vllm/model_executor/models/re
 A module counts as hfrewrite's when its file has an ``hfrewrite-source`` header (vLLM's
 own ``llama`` does not): only such entries are remapped without ``force``.
 
+An attention-free model (Mamba-2 layers alone) also gets vLLM's Mamba config hook for each
+architecture in ``PATH/vllm/model_executor/models/config.py`` (``hfrewrite.deliver.config_hooks``):
+vLLM sizes such models' state blocks there and lists only its own.
+
 Nothing is written until every check has passed; the module is written before the registry.
 """
 
@@ -18,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfrewrite.deliver.config_hooks import CONFIG_HOOKS, add_mamba_hooks
 from hfrewrite.deliver.registry_table import REGISTRY, Target, read_tables, register
 from hfrewrite.emit.output import parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
@@ -34,6 +39,7 @@ class TreeResult:
     registry_status: str  # "written" or "unchanged"
     registered: tuple[tuple[str, Target], ...]  # (architecture, target) in table order
     replaced: tuple[tuple[str, str, Target], ...]  # (table, architecture, old target)
+    hooks: tuple[Path, str] | None = None  # config.py and its status, for an attention-free model
 
 
 def models_dir(tree: Path) -> Path:
@@ -88,12 +94,17 @@ def install(
     registry_path = Path(tree) / REGISTRY
     old = _read(registry_path)
     # All refusals happen here, before anything is written.
-    _has_mamba_hook(tree, generated_text, class_name, archs)
     new, replaced = register(old, {a: (module, class_name) for a in archs}, _owned_by(tree, module), force)
+    hooks_path = Path(tree) / CONFIG_HOOKS
+    hooks = _read(hooks_path) if _attention_free(generated_text, class_name) and hooks_path.is_file() else ""
+    new_hooks = add_mamba_hooks(hooks, archs) if hooks else ""
     module_status = write_atomic(module_path, generated_text, force=force)
     registry_status = "unchanged"
     if new != old:
         registry_status = write_atomic(registry_path, new, force=True)
+    hooks_status = "unchanged"
+    if new_hooks != hooks:  # an attention-free model's architectures: vLLM's Mamba config hook
+        hooks_status = write_atomic(hooks_path, new_hooks, force=True)
     return TreeResult(
         module_path=module_path,
         module_status=module_status,
@@ -101,41 +112,18 @@ def install(
         registry_status=registry_status,
         registered=tuple((a, (module, class_name)) for a in archs),
         replaced=replaced,
+        hooks=(hooks_path, hooks_status) if hooks else None,
     )
 
 
-CONFIG_HOOKS = MODELS_DIR / "config.py"
-
-
-def _has_mamba_hook(tree: Path, text: str, class_name: str, archs: tuple[str, ...]) -> None:
-    """An attention-free class (Mamba-2 layers alone) runs only where vLLM's
-    ``MODELS_CONFIG_MAP`` gives its architecture a Mamba config hook (vLLM lists its own Mamba
-    models' there): refused otherwise, with where to add it."""
-    free = any(
+def _attention_free(text: str, class_name: str) -> bool:
+    """The generated class is declared ``IsAttentionFree`` (Mamba-2 layers alone)."""
+    return any(
         isinstance(node, ast.ClassDef)
         and node.name == class_name
         and "IsAttentionFree" in {ast.unparse(b) for b in node.bases}
         for node in ast.parse(text).body
     )
-    path = Path(tree) / CONFIG_HOOKS
-    if not free or not path.is_file():
-        return
-    listed = {
-        key.value
-        for node in ast.walk(ast.parse(_read(path)))
-        if isinstance(node, ast.AnnAssign | ast.Assign)
-        and "MODELS_CONFIG_MAP" in ast.unparse(node)
-        and isinstance(node.value, ast.Dict)
-        for key in node.value.keys
-        if isinstance(key, ast.Constant)
-    }
-    missing = [arch for arch in archs if arch not in listed]
-    if missing:
-        raise HfrewriteError(
-            f"{missing[0]} is attention-free (Mamba-2 layers alone) and {CONFIG_HOOKS.as_posix()} gives it "
-            f'no Mamba config hook: add "{missing[0]}": MambaModelConfig to its MODELS_CONFIG_MAP, '
-            "or convert with --plugin, whose package registers the hook"
-        )
 
 
 def _owned_by(tree: Path, new_module: str):
