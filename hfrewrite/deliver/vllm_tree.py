@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfrewrite.deliver.config_hooks import CONFIG_HOOKS, add_mamba_hooks
+from hfrewrite.deliver.config_hooks import CONFIG_HOOKS, add_mamba_hooks, listed
 from hfrewrite.deliver.registry_table import REGISTRY, Target, read_tables, register
 from hfrewrite.emit.output import parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
@@ -153,8 +153,11 @@ def _module_file(tree: Path, module: str) -> Path | None:
 
 def registry_problems(tree: Path) -> tuple[str, ...]:
     """Registry entries of generated modules that would fail in vLLM: the module is missing
-    or does not define the class. (``hfrewrite check --vllm-tree`` reports them.)"""
+    or does not define the class, or the class is attention-free and ``config.py`` gives its
+    architecture no Mamba config hook. (``hfrewrite check --vllm-tree`` reports them.)"""
     problems = []
+    hooks_path = Path(tree) / CONFIG_HOOKS
+    hooked = listed(_read(hooks_path)) if hooks_path.is_file() else None
     for table, entries in read_tables(_read(Path(tree) / REGISTRY)).items():
         for arch, target in entries.items():
             if target is None:
@@ -173,6 +176,11 @@ def registry_problems(tree: Path) -> tuple[str, ...]:
                 continue  # vLLM's own module
             if cls not in _classes(text, path):
                 problems.append(f"{table} maps {arch} to {module}.{cls}, but {path} defines no class {cls}")
+            elif hooked is not None and arch not in hooked and _attention_free(text, cls):
+                problems.append(
+                    f"{arch} ({module}.{cls}) is attention-free, but {CONFIG_HOOKS.as_posix()} gives it no "
+                    f"Mamba config hook in MODELS_CONFIG_MAP; rerun `hfrewrite convert MODEL --vllm-tree {tree}`"
+                )
     return tuple(problems)
 
 
