@@ -10,7 +10,7 @@ nothing.
 
 from __future__ import annotations
 
-from pathlib import Path
+import ast
 
 import libcst as cst
 
@@ -20,6 +20,15 @@ from hfrewrite.errors import HfrewriteError
 CONFIG_HOOKS = REGISTRY.parent / "config.py"  # in a vLLM source tree
 TABLE = "MODELS_CONFIG_MAP"
 HOOK = "MambaModelConfig"
+
+
+def attention_free_classes(text: str) -> set[str]:
+    """The top-level classes of a generated file declared ``IsAttentionFree``."""
+    return {
+        node.name
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ClassDef) and "IsAttentionFree" in {ast.unparse(b) for b in node.bases}
+    }
 
 
 def listed(text: str) -> set[str]:
@@ -74,7 +83,3 @@ def _parse(text: str) -> cst.Module:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         raise HfrewriteError(f"cannot parse {CONFIG_HOOKS.as_posix()}: {exc.message}") from None
-
-
-def read(path: Path) -> str:
-    return Path(path).read_bytes().decode("utf-8")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfrewrite import __version__
+from hfrewrite.deliver.config_hooks import attention_free_classes
 from hfrewrite.emit.output import write_atomic
 from hfrewrite.errors import HfrewriteError
 
@@ -281,10 +282,7 @@ def attention_free(package_dir: Path, package: str, new: tuple[str, str], mappin
     if new[0] != "__init__":
         texts[new[0]] = new[1]
     free = {
-        f"{package}.{module}:{node.name}"
-        for module, text in texts.items()
-        for node in ast.parse(text).body
-        if isinstance(node, ast.ClassDef) and "IsAttentionFree" in {ast.unparse(b) for b in node.bases}
+        f"{package}.{module}:{cls}" for module, text in texts.items() for cls in attention_free_classes(text)
     }
     return tuple(arch for arch in sorted(mapping) if mapping[arch] in free)
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfrewrite.deliver.config_hooks import CONFIG_HOOKS, add_mamba_hooks, listed
+from hfrewrite.deliver.config_hooks import CONFIG_HOOKS, add_mamba_hooks, attention_free_classes, listed
 from hfrewrite.deliver.registry_table import REGISTRY, Target, read_tables, register
 from hfrewrite.emit.output import parse_header, write_atomic
 from hfrewrite.errors import HfrewriteError
@@ -96,7 +96,11 @@ def install(
     # All refusals happen here, before anything is written.
     new, replaced = register(old, {a: (module, class_name) for a in archs}, _owned_by(tree, module), force)
     hooks_path = Path(tree) / CONFIG_HOOKS
-    hooks = _read(hooks_path) if _attention_free(generated_text, class_name) and hooks_path.is_file() else ""
+    hooks = (
+        _read(hooks_path)
+        if class_name in attention_free_classes(generated_text) and hooks_path.is_file()
+        else ""
+    )
     new_hooks = add_mamba_hooks(hooks, archs) if hooks else ""
     module_status = write_atomic(module_path, generated_text, force=force)
     registry_status = "unchanged"
@@ -113,16 +117,6 @@ def install(
         registered=tuple((a, (module, class_name)) for a in archs),
         replaced=replaced,
         hooks=(hooks_path, hooks_status) if hooks else None,
-    )
-
-
-def _attention_free(text: str, class_name: str) -> bool:
-    """The generated class is declared ``IsAttentionFree`` (Mamba-2 layers alone)."""
-    return any(
-        isinstance(node, ast.ClassDef)
-        and node.name == class_name
-        and "IsAttentionFree" in {ast.unparse(b) for b in node.bases}
-        for node in ast.parse(text).body
     )
 
 
@@ -176,7 +170,7 @@ def registry_problems(tree: Path) -> tuple[str, ...]:
                 continue  # vLLM's own module
             if cls not in _classes(text, path):
                 problems.append(f"{table} maps {arch} to {module}.{cls}, but {path} defines no class {cls}")
-            elif hooked is not None and arch not in hooked and _attention_free(text, cls):
+            elif hooked is not None and arch not in hooked and cls in attention_free_classes(text):
                 problems.append(
                     f"{arch} ({module}.{cls}) is attention-free, but {CONFIG_HOOKS.as_posix()} gives it no "
                     f"Mamba config hook in MODELS_CONFIG_MAP; rerun `hfrewrite convert MODEL --vllm-tree {tree}`"
