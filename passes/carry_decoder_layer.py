@@ -45,7 +45,7 @@ import ast
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.optional_parts import optional_tests_rewritten
+from hfrewrite.analyze.optional_parts import optional_tests
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
 from hfrewrite.emit.given_residual import residual_param
@@ -216,7 +216,8 @@ def carry_forward(
     dropped -= defaulted
     forward = forward.with_changes(body=body)
     rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list)
-    body = _mixer_called(_attention_called(forward.body, rewriter), mixer, name)
+    body = _attention_called(forward.body, rewriter) if attn else forward.body  # (attention-free: none)
+    body = _mixer_called(body, mixer, name)
     # branches no traced layer took that read what vLLM does not give
     exprs = t.init_exprs(layer) if t.find_method(layer, "__init__") else {}
     body = body.visit(untaken := _UntakenBranches(switches or {}, exprs, t.code(_init(layer)), dropped))
@@ -262,10 +263,7 @@ def _pruned_rows(owner: str, pruned: list) -> list[FusionRow]:
 
 
 def _attention_called(body: cst.BaseSuite, rewriter: _AttentionCall) -> cst.BaseSuite:
-    """``body`` calling its attention (called once) in vLLM's convention; as it is for an
-    attention-free model's layer (``rewriter.func`` is ``self.``: no attention)."""
-    if rewriter.func == "self.":
-        return body
+    """``body`` calling its attention (called once) in vLLM's convention."""
     calls = _count_calls(body, rewriter.func)
     if calls != 1:
         raise HfrewriteError(
@@ -291,14 +289,15 @@ class _UntakenBranches(cst.CSTTransformer):
     def __init__(
         self, switches: dict[str, bool], exprs: dict[str, str], init: str, dropped: set[str]
     ) -> None:
-        self.switches, self.exprs, self.init, self.dropped = switches, exprs, init, dropped
+        self.switches, self.exprs, self.dropped = switches, exprs, dropped
+        self.optional = optional_tests(init)  # `self.mamba is not None` as its config test
         self.taken: list[tuple[str, bool]] = []  # (config test, traced value) of each pruned
 
     def leave_If(self, original: cst.If, updated: cst.If):
         if isinstance(updated.orelse, cst.If):
             return updated  # elif chains: left as written
         try:
-            test = t.config_test(optional_tests_rewritten(t.code(updated.test), self.init), self.exprs)
+            test = t.config_test(self.optional(t.code(updated.test)), self.exprs)
         except ValueError:
             return updated
         value = self.switches.get(ast.dump(ast.parse(test, mode="eval").body))

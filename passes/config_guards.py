@@ -29,7 +29,7 @@ import ast
 
 import libcst as cst
 
-from hfrewrite.analyze.optional_parts import negated, optional_parts, optional_tests_rewritten
+from hfrewrite.analyze.optional_parts import negated, optional_parts, optional_tests
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.after_split import reads_own_attribute
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -106,11 +106,13 @@ def _tested(cls: cst.ClassDef, methods_only: bool = False) -> set[str]:
         def visit_IfExp(self, node: cst.IfExp) -> None:
             _add(node.test)
 
-    init_source = t.code(t.find_method(cls, "__init__")) if t.find_method(cls, "__init__") else ""
+    optional = optional_tests(
+        t.code(t.find_method(cls, "__init__")) if t.find_method(cls, "__init__") else ""
+    )
 
     def _add(test: cst.BaseExpression) -> None:
         # `self.shared_mlp is None`: the test under which __init__ builds the part, negated
-        text = optional_tests_rewritten(" ".join(t.code(test).split()), init_source)
+        text = optional(" ".join(t.code(test).split()))
         try:
             text = t.config_test(text, {attr: f"({value})" for attr, value in exprs.items()})
         except ValueError:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from torch import nn
 
-from hfrewrite.analyze.optional_parts import AsConfigTest, optional_parts
+from hfrewrite.analyze.optional_parts import AsConfigTest, optional_parts, self_assignments
 
 # which methods' switches: forward and __init__, one of them, or the forward's helpers
 Part = Literal["both", "forward", "init", "helpers"]
@@ -195,17 +195,7 @@ def assigned_once(cls: type) -> set[str]:
     init = method_tree(cls, "__init__")
     if init is None:
         return set()
-    counts: dict[str, int] = {}
-    for node in ast.walk(init):
-        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                if (
-                    isinstance(target, ast.Attribute)
-                    and isinstance(target.value, ast.Name)
-                    and target.value.id == "self"
-                ):
-                    counts[target.attr] = counts.get(target.attr, 0) + 1
-    return {attr for attr, n in counts.items() if n == 1}
+    return {attr for attr, n in self_assignments(init).items() if n == 1}
 
 
 def _self_attrs(test: str) -> set[str]:

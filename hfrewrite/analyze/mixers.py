@@ -107,12 +107,13 @@ def _never_choosing(plan: MixerPlan, layers: list[nn.Module]) -> MixerPlan:
     a block no traced layer ran. Any other test refuses."""
     cls = type(layers[0])
     tree, form = method_tree(cls, "forward"), config_form(cls)
+    branches = [config_branches(layer) for layer in layers]  # each layer's (test, value)
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.If) and (plan.attr in _self_calls(node.body)) != (
             plan.attr in _self_calls(node.orelse)
         ):
             test = ast.unparse(node.test)
-            values = {v for layer in layers for t, v in config_branches(layer) if t == test}
+            values = {v for found in branches for t, v in found if t == test}
             if form(test) is None or len(values) != 1:
                 what = (
                     "on more than the config" if form(test) is None else "differing between the traced layers"

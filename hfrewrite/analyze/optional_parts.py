@@ -35,12 +35,7 @@ def optional_parts(init: ast.FunctionDef) -> dict[str, ast.expr]:
 
 
 def _optional_parts(init: ast.FunctionDef) -> dict[str, ast.expr]:
-    counts: dict[str, int] = {}
-    for node in ast.walk(init):
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        for target in targets if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign) else []:
-            if _self_attr(target):
-                counts[target.attr] = counts.get(target.attr, 0) + 1
+    counts = self_assignments(init)
     found: dict[str, ast.expr] = {}
     nulled: set[str] = set()
     for statement in init.body:
@@ -78,17 +73,28 @@ class AsConfigTest(ast.NodeTransformer):
         return test if isinstance(node.ops[0], ast.IsNot) else negated(test)
 
 
-def optional_tests_rewritten(test: str, init_source: str) -> str:
-    """``test`` (source) with the optional parts of the ``__init__`` in ``init_source`` as
-    their config tests; unchanged where it tests none."""
+def optional_tests(init_source: str):
+    """A function taking a test (source) to the same with the optional parts of the
+    ``__init__`` in ``init_source`` as their config tests (``__init__`` parsed once)."""
     tree = ast.parse(init_source.strip() + "\n") if init_source else None
     init = tree.body[0] if tree is not None and tree.body else None
-    if not isinstance(init, ast.FunctionDef):
-        return test
-    parts = optional_parts(init)
-    if not parts:
-        return test
-    return ast.unparse(AsConfigTest(parts).visit(ast.parse(test, mode="eval")))
+    parts = optional_parts(init) if isinstance(init, ast.FunctionDef) else {}
+
+    def rewritten(test: str) -> str:
+        return ast.unparse(AsConfigTest(parts).visit(ast.parse(test, mode="eval"))) if parts else test
+
+    return rewritten
+
+
+def self_assignments(tree: ast.AST) -> dict[str, int]:
+    """{attribute: how many statements below ``tree`` assign ``self.<attribute>``}."""
+    counts: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if _self_attr(target):
+                    counts[target.attr] = counts.get(target.attr, 0) + 1
+    return counts
 
 
 def _assigned(statement: ast.stmt) -> tuple[str | None, ast.expr | None]:

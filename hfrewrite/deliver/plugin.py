@@ -263,13 +263,9 @@ def config_shims(package_dir: Path, package: str, new: tuple[str, str]) -> dict[
     carry, with ``new`` (module name, text) standing for the file about to be written."""
     from hfrewrite.emit.config_shim import shim_classes
 
-    texts = {p.stem: p.read_text(encoding="utf-8") for p in sorted(Path(package_dir).glob("*.py"))}
-    texts.pop("__init__", None)
-    if new[0] != "__init__":
-        texts[new[0]] = new[1]
     return {
         model_type: f"{package}.{module}:{cls}"
-        for module, text in sorted(texts.items())
+        for module, text in sorted(_model_files(package_dir, new).items())
         for model_type, cls in shim_classes(text).items()
     }
 
@@ -277,14 +273,21 @@ def config_shims(package_dir: Path, package: str, new: tuple[str, str]) -> dict[
 def attention_free(package_dir: Path, package: str, new: tuple[str, str], mapping: dict[str, str]) -> tuple:
     """The architectures of ``mapping`` whose class (in the package's model files, ``new``
     standing for the file about to be written) is declared ``IsAttentionFree``."""
-    texts = {p.stem: p.read_text(encoding="utf-8") for p in sorted(Path(package_dir).glob("*.py"))}
-    texts.pop("__init__", None)
-    if new[0] != "__init__":
-        texts[new[0]] = new[1]
+    texts = _model_files(package_dir, new)
     free = {
         f"{package}.{module}:{cls}" for module, text in texts.items() for cls in attention_free_classes(text)
     }
     return tuple(arch for arch in sorted(mapping) if mapping[arch] in free)
+
+
+def _model_files(package_dir: Path, new: tuple[str, str]) -> dict[str, str]:
+    """{module name: text} of the package's model files, ``new`` (module name, text) standing
+    for the file about to be written (``("__init__", "")``: none)."""
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in sorted(Path(package_dir).glob("*.py"))}
+    texts.pop("__init__", None)
+    if new[0] != "__init__":
+        texts[new[0]] = new[1]
+    return texts
 
 
 def read_architectures(init: Path) -> dict[str, str]:
