@@ -51,97 +51,23 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba2Plan, MixerPlan, ShortConvPlan
+from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba1Plan, Mamba2Plan, MixerPlan, ShortConvPlan
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.mixer_states import (
+    STATE_IMPORTS,
+    channels,
+    gdn_state,
+    hybrid_lm,
+    mamba1_state,
+    mamba2_state,
+    short_conv_state,
+)
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.emit.templates_io import insert_before, template_class
 from hfrewrite.errors import HfrewriteError
 
 NAME = "hybrid_mixer"
-
-_SHORT_CONV_STATE = """\
-@classmethod
-def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
-    return MambaStateDtypeCalculator.short_conv_state_dtype(
-        vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
-    )
-
-@classmethod
-def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, int]]:
-    # The convolution state of each short-convolution layer: its channels, sharded
-    # over tensor-parallel ranks, by the kernel's length less one.
-    config = vllm_config.model_config.hf_config
-    return MambaStateShapeCalculator.short_conv_state_shape(
-        tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
-        intermediate_size={channels},
-        conv_kernel=config.conv_L_cache,
-    )
-
-@classmethod
-def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
-    return MambaStateCopyFuncCalculator.short_conv_state_copy_func()
-"""
-
-# The state classmethods of a layer with a convolution and a recurrent state (Mamba-2, gated
-# delta nets): ``{kind}`` names vLLM's calculators, ``{shape}`` the shape's body.
-_RECURRENT_STATE = """\
-@classmethod
-def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
-    return MambaStateDtypeCalculator.{kind}_state_dtype(
-        vllm_config.model_config.dtype,
-        vllm_config.cache_config.mamba_cache_dtype,
-        vllm_config.cache_config.mamba_ssm_cache_dtype,
-    )
-
-@classmethod
-def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
-{shape}
-@classmethod
-def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
-    return MambaStateCopyFuncCalculator.{kind}_state_copy_func()
-"""
-
-_MAMBA2_SHAPE = """\
-    # Each Mamba-2 layer's convolution window and recurrent state, sharded over
-    # tensor-parallel ranks by heads and groups.
-    config = vllm_config.model_config.hf_config
-    return MambaStateShapeCalculator.mamba2_state_shape(
-        tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
-        intermediate_size={intermediate_size},
-        n_groups={n_groups},
-        num_heads={num_heads},
-        head_dim={head_dim},
-        state_size={ssm_state_size},
-        conv_kernel={conv_kernel_size},
-        num_spec=vllm_config.num_speculative_tokens,
-    )
-"""
-
-_GDN_SHAPE = """\
-    # Each gated delta net's convolution window over q, k and v, and its recurrent
-    # state per value head, sharded over tensor-parallel ranks.
-    config = vllm_config.model_config.hf_text_config
-    return MambaStateShapeCalculator.gated_delta_net_state_shape(
-        vllm_config.parallel_config.tensor_parallel_size,
-        config.linear_num_key_heads,
-        config.linear_num_value_heads,
-        config.linear_key_head_dim,
-        config.linear_value_head_dim,
-        config.linear_conv_kernel_dim,
-        vllm_config.num_speculative_tokens,
-    )
-"""
-
-_STATE_IMPORTS = (
-    "MambaStateCopyFunc",
-    "MambaStateCopyFuncCalculator",
-    "MambaStateDtypeCalculator",
-    "MambaStateShapeCalculator",
-    "HasInnerState",
-    "get_current_vllm_config",
-    "VllmConfig",
-)
 
 
 @dataclass(frozen=True)
@@ -167,20 +93,19 @@ class _Row:
 
 
 def _short_conv_arguments(plan: ShortConvPlan, module: cst.Module) -> str:
-    channels = _channels(module, plan.module_class)
-    return f"config,\ndim={channels},\nlayer_idx=extract_layer_index(prefix),\n"
-
-
-def _short_conv_state(plan: ShortConvPlan, module: cst.Module) -> str:
-    return _SHORT_CONV_STATE.format(channels=_channels(module, plan.module_class))
+    return f"config,\ndim={channels(module, plan.module_class)},\nlayer_idx=extract_layer_index(prefix),\n"
 
 
 def _mamba2_arguments(plan: Mamba2Plan, module: cst.Module) -> str:
     return "".join(f"{kw}={expr},\n" for kw, expr in plan.args)
 
 
-def _mamba2_state(plan: Mamba2Plan, module: cst.Module) -> str:
-    return _RECURRENT_STATE.format(kind="mamba2", shape=_MAMBA2_SHAPE.format(**dict(plan.args)))
+def _mamba1_shared(plan: Mamba1Plan) -> str:
+    # vLLM's MambaMixer takes no quantization config
+    return (
+        "model_config=get_current_vllm_config().model_config,\n"
+        f'cache_config=cache_config,\nprefix=f"{{prefix}}.{plan.attr}",\n'
+    )
 
 
 def _gdn_arguments(plan: GatedDeltaNetPlan, module: cst.Module) -> str:
@@ -197,15 +122,25 @@ def _gdn_shared(plan: GatedDeltaNetPlan) -> str:
 
 ROWS: dict[type, _Row] = {
     ShortConvPlan: _Row(
-        "ShortConv", _short_conv_arguments, _short_conv_state, True, ("ShortConv", "extract_layer_index")
+        "ShortConv", _short_conv_arguments, short_conv_state, True, ("ShortConv", "extract_layer_index")
     ),
     Mamba2Plan: _Row(
-        "MambaMixer2", _mamba2_arguments, _mamba2_state, False, ("MambaMixer2",), lambda plan: plan.fixed
+        "MambaMixer2", _mamba2_arguments, mamba2_state, False, ("MambaMixer2",), lambda plan: plan.fixed
+    ),
+    # vLLM's MambaMixer, with its scan in torch where vLLM's CPU build has no kernel for it
+    Mamba1Plan: _Row(
+        "TorchScanMambaMixer",
+        _mamba2_arguments,
+        mamba1_state,
+        True,
+        ("MambaMixer",),
+        lambda plan: plan.fixed,
+        _mamba1_shared,
     ),
     GatedDeltaNetPlan: _Row(
         "QwenGatedDeltaNetAttention",
         _gdn_arguments,
-        lambda plan, module: _RECURRENT_STATE.format(kind="gated_delta_net", shape=_GDN_SHAPE),
+        gdn_state,
         False,
         ("QwenGatedDeltaNetAttention",),
         lambda plan: plan.fixed,
@@ -232,16 +167,20 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         arguments = f"time_step_min={mixer.time_step_floor},\n{arguments}"
     elif isinstance(mixer, Mamba2Plan) and mixer.norm_spans_groups:  # transformers' Mamba-2's
         row, module = _templated(row, module, layer.module_class, "SpanNormMambaMixer2", "Mixer2RMSNormGated")
+    elif isinstance(mixer, Mamba1Plan):
+        row, module = _templated(row, module, layer.module_class, "TorchScanMambaMixer", *_SCAN_IMPORTS)
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
     forward = t.find_method(cls, "forward")
-    if layer.block_kinds is not None:  # its forward calls the block as its class takes it
-        if row.writes_into_buffer:
-            raise HfrewriteError(f"{mixer.module_class}: {NAME}: a layer of one block writing into a buffer")
-    elif layer.fused and ctx.plan.attention is not None:
+    one_block = layer.block_kinds is not None  # its forward calls the block as its class takes it
+    if one_block and layer.block_kinds.table and row.writes_into_buffer:
+        raise HfrewriteError(
+            f"{mixer.module_class}: {NAME}: a layer choosing its block by kind, writing into a buffer"
+        )
+    if not one_block and layer.fused and ctx.plan.attention is not None:
         forward = _choosing_forward(forward, layer.attention_block, mixer, row)
-    elif row.writes_into_buffer:  # (no attention at all: the fused forward calls the mixer alone)  # carried: its own test chooses; the call takes the hidden states alone
+    elif row.writes_into_buffer:  # a carried forward's own test chooses; no attention: the mixer alone
         forward = forward.visit(_IntoBuffer(mixer.attr, forward))
     cls = t.set_method(t.set_method(cls, init), forward)
     if layer.fused and ctx.plan.attention is None:  # the test choosing the mixer, refused otherwise
@@ -254,7 +193,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     # no attention at all (a Mamba-2 model): vLLM's attention-free contract, no KV cache
     contract = "IsHybrid" if ctx.plan.attention is not None else "IsAttentionFree"
     module = sites.replace_class(
-        module, ctx.plan.architecture, _hybrid_lm(lm, row.state_methods(mixer, module), contract)
+        module, ctx.plan.architecture, hybrid_lm(lm, row.state_methods(mixer, module), contract)
     )
     fused = FusionRow(
         layer.module_class,
@@ -262,7 +201,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
     return PassResult(
         module=module,
-        imports=(*row.imports, *_STATE_IMPORTS, contract),
+        imports=(*row.imports, *STATE_IMPORTS, contract),
         fused=(fused,),
         matches=sites.count,
     )
@@ -276,13 +215,27 @@ def _scales(mixer: Mamba2Plan) -> str:
     )
 
 
+# what templates/mamba1.py's TorchScanMambaMixer reads besides vLLM's MambaMixer
+_SCAN_IMPORTS = (
+    "pairwise",
+    "get_forward_context",
+    "split_batch_to_prefill_and_decode",
+    "is_conv_state_dim_first",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "current_platform",
+)
+
+
 def _templated(
     row: _Row, module: cst.Module, layer: str, vllm_class: str, *imports: str
 ) -> tuple[_Row, cst.Module]:
-    """``row`` building templates/mamba2.py's ``vllm_class`` (a subclass of vLLM's mixer),
-    with the names it imports, and ``module`` with that class before the layer's."""
+    """``row`` building the ``vllm_class`` of templates/mamba2.py (templates/mamba1.py for
+    Mamba-1's; a subclass of vLLM's mixer), with the names it imports, and ``module`` with
+    that class before the layer's."""
     row = dataclasses.replace(row, vllm_class=vllm_class, imports=(*row.imports, *imports))
-    return row, insert_before(module, layer, template_class("mamba2.py", vllm_class, {}, {}))
+    file = "mamba1.py" if row.state_methods is mamba1_state else "mamba2.py"
+    return row, insert_before(module, layer, template_class(file, vllm_class, {}, {}))
 
 
 class _WithoutRegistration(cst.CSTTransformer):
@@ -328,27 +281,6 @@ class _WithoutRegistration(cst.CSTTransformer):
 
     def leave_For(self, original, updated):
         return cst.RemoveFromParent() if not updated.body.body else updated
-
-
-def _channels(module: cst.Module, block: str) -> str:
-    """The block's channel count as an expression of the ``config`` its ``__init__`` takes:
-    its Conv1d's ``in_channels``, each ``self.x`` replaced by what ``__init__`` assigns it."""
-    cls = t.find_class(module, block)
-    init = t.find_method(cls, "__init__")
-    convs = [
-        t.assigned_value(s)
-        for s in (n for n in t.walk(init.body) if isinstance(n, cst.SimpleStatementLine))
-        if t.self_attr_assigned(s) == "conv" and t.call_name(t.assigned_value(s)) == "nn.Conv1d"
-    ]
-    if len(convs) != 1:
-        raise HfrewriteError(f"{block}: {NAME}: self.conv is not built once as nn.Conv1d")
-    channels = t.resolved_self(t.code(t.arg(convs[0], 0, "in_channels")), t.init_exprs(cls))
-    params = [p.name.value for p in init.params.params]
-    if len(params) < 2 or params[1] != "config" or t.root_names(t.expr(channels)) - {"config"}:
-        raise HfrewriteError(
-            f"{block}: {NAME}: its channels ({channels}) are not an expression of its config"
-        )
-    return channels
 
 
 class _BuildMixer(cst.CSTTransformer):
@@ -463,10 +395,15 @@ class _IntoBuffer(cst.CSTTransformer):
         if not isinstance(call.args[0].value, cst.Name):  # computed once, then read twice
             name = "mixer_input" if "mixer_input" not in self.taken else "mixer_input_"
             first, stream = [t.stmt(f"{name} = {stream}\n")], name
+        buffer, last = target.value, []
+        if buffer == stream:  # `x = self.mixer(x)`: its output goes to a buffer of its own
+            buffer = "output" if "output" not in self.taken else "mixer_output"
+            last = [t.stmt(f"{target.value} = {buffer}\n")]
         statements = [
             *first,
-            t.stmt(f"{target.value} = torch.empty_like({stream})\n"),
-            t.stmt(f"{self.func}({stream}, {target.value})\n"),
+            t.stmt(f"{buffer} = torch.empty_like({stream})\n"),
+            t.stmt(f"{self.func}({stream}, {buffer})\n"),
+            *last,
         ]
         statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
         return cst.FlattenSentinel(statements)
@@ -481,20 +418,3 @@ class _IntoBuffer(cst.CSTTransformer):
 
 def _indented(lines: str) -> str:
     return "".join(f"    {line}\n" for line in lines.splitlines())
-
-
-def _hybrid_lm(lm: cst.ClassDef, state_methods: str, contract: str) -> cst.ClassDef:
-    """The causal LM as a hybrid (or attention-free) model: the interfaces and the state
-    classmethods."""
-    bases = [*lm.bases, cst.Arg(cst.Name("HasInnerState")), cst.Arg(cst.Name(contract))]
-    methods = list(cst.parse_module(state_methods).body)
-    members = list(lm.body.body)
-    at = next((i for i, s in enumerate(members) if isinstance(s, cst.FunctionDef)), len(members))
-    methods = [s.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for s in methods]
-    if (
-        at < len(members) and not members[at].leading_lines
-    ):  # the methods that followed stay a blank line apart
-        members[at] = members[at].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-    return lm.with_changes(
-        bases=bases, body=lm.body.with_changes(body=[*members[:at], *methods, *members[at:]])
-    )

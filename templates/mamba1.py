@@ -4,10 +4,9 @@ vLLM's CPU build too.
 Parsed with libcst by ``passes/hybrid_mixer.py``, never imported at run time.
 """
 
-import itertools
+from itertools import pairwise
 
 import torch
-import torch.nn.functional as F
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_mixer import (
     MambaMixer,
@@ -105,10 +104,10 @@ class TorchScanMambaMixer(MambaMixer):
         time_step, B, C = self._ssm_transform(x.contiguous())
         bias = self._time_proj_bias()
         dt = time_step.transpose(-2, -1).float()
-        dt = F.softplus(dt if bias is None else dt + bias)
+        dt = torch.nn.functional.softplus(dt if bias is None else dt + bias)
         B, C, x32 = B.float(), C.float(), x.float()
         out = torch.empty_like(x)
-        for seq, (start, end) in enumerate(itertools.pairwise(starts)):
+        for seq, (start, end) in enumerate(pairwise(starts)):
             state = ssm_state[slots[seq]].float()
             if resumed is not None and not resumed[seq]:
                 state = torch.zeros_like(state)
@@ -117,6 +116,6 @@ class TorchScanMambaMixer(MambaMixer):
                 state = torch.exp(dt[i, :, None] * self.A) * state + (dt[i] * x32[i])[:, None] * B[i]
                 rows.append(state @ C[i])
             y = torch.stack(rows) + self.D.float() * x32[start:end]
-            out[start:end] = (y * F.silu(gate[start:end].float())).to(out.dtype)
+            out[start:end] = (y * torch.nn.functional.silu(gate[start:end].float())).to(out.dtype)
             ssm_state[slots[seq]] = state.to(ssm_state.dtype)
         return out

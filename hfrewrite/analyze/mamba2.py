@@ -232,12 +232,12 @@ def _arguments(cls: type, config, sizes: dict) -> dict | str:
     chosen = {}
     for kw, want in sizes.items():
         if kw != "groups_times_state":
-            chosen[kw] = _one(exprs, kw, lambda v, want=want: type(v) is type(want) and v == want)
+            chosen[kw] = one_expression(exprs, kw, lambda v, want=want: type(v) is type(want) and v == want)
             if chosen[kw] is None:
                 return f"no expression of its config in __init__ gives {kw} ({want})"
     for kw in ("activation", "n_groups", "ssm_state_size"):
         kind = str if kw == "activation" else int
-        chosen[kw] = _one(exprs, kw, lambda v, kind=kind: type(v) is kind)
+        chosen[kw] = one_expression(exprs, kw, lambda v, kind=kind: type(v) is kind)
         if chosen[kw] is None:
             return f"no expression of its config in __init__ gives {kw}"
     groups, state = chosen["n_groups"][1], chosen["ssm_state_size"][1]
@@ -246,7 +246,7 @@ def _arguments(cls: type, config, sizes: dict) -> dict | str:
     return chosen
 
 
-def _one(exprs, kw: str, fits) -> tuple[str, object] | None:
+def one_expression(exprs, kw: str, fits) -> tuple[str, object] | None:
     """The expression of ``exprs`` fitting: the only one, or the one assigned to ``kw``."""
     found: dict[tuple[str, str], set[str]] = {}
     for attr, code, value in exprs:

@@ -65,6 +65,30 @@ class Mamba2Plan:
 
 
 @dataclass(frozen=True)
+class Mamba1Plan:
+    """A Mamba-1 block proven to compute vLLM's ``MambaMixer`` (analyze/mamba1.py)."""
+
+    module_class: str  # the source's block class, e.g. "MambaMixer"
+    attr: str  # the decoder layer's child holding it, e.g. "mixer"
+    # MambaMixer's arguments, each the expression of the block's config its __init__ sizes
+    # the block with, proven equal to the traced block's structure
+    args: tuple[tuple[str, str], ...]
+    fixed: tuple[tuple[str, str], ...] = ()  # as Mamba2Plan's: silu where vLLM applies it
+    layer_test: str = ""
+    attention_when: bool = True
+
+    vllm_dtype = "float32"
+
+    def arg(self, name: str) -> str:
+        return dict(self.args)[name]
+
+    @property
+    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
+        """vLLM's MambaMixer loads ``A_log`` as its ``A``, which its loader makes ``-exp(A_log)``."""
+        return ((f".{self.attr}.A_log", f".{self.attr}.A"),)
+
+
+@dataclass(frozen=True)
 class GatedDeltaNetPlan:
     """A gated delta net proven to compute vLLM's ``QwenGatedDeltaNetAttention``
     (analyze/gated_delta_net.py)."""
@@ -101,4 +125,4 @@ class GatedDeltaNetPlan:
         )
 
 
-MixerPlan = ShortConvPlan | Mamba2Plan | GatedDeltaNetPlan
+MixerPlan = ShortConvPlan | Mamba2Plan | Mamba1Plan | GatedDeltaNetPlan

@@ -12,6 +12,7 @@ from torch import nn
 
 from hfrewrite.analyze.branches import config_branches, config_form, method_tree
 from hfrewrite.analyze.gated_delta_net import NOT_A_GDN, analyze_gated_delta_net
+from hfrewrite.analyze.mamba1 import NOT_A_MAMBA1, analyze_mamba1
 from hfrewrite.analyze.mamba2 import NOT_A_MAMBA2, analyze_mamba2
 from hfrewrite.analyze.mixer_plans import MixerPlan
 from hfrewrite.analyze.plan import NoMatch, Refusal
@@ -20,6 +21,7 @@ from hfrewrite.analyze.short_conv import NOT_A_CONV, analyze_short_conv
 ROWS = (
     (analyze_short_conv, NOT_A_CONV),
     (analyze_mamba2, NOT_A_MAMBA2),
+    (analyze_mamba1, NOT_A_MAMBA1),
     (analyze_gated_delta_net, NOT_A_GDN),
 )
 

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 from hfrewrite.analyze.attention_calls import AttentionCall
-from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba2Plan, MixerPlan, ShortConvPlan  # noqa: F401 - re-exported
+from hfrewrite.analyze.mixer_plans import (  # noqa: F401 - re-exported
+    GatedDeltaNetPlan,
+    Mamba1Plan,
+    Mamba2Plan,
+    MixerPlan,
+    ShortConvPlan,
+)
 from hfrewrite.analyze.mla_cache import MlaCache
 from hfrewrite.analyze.mlp_forms import KeptMlp, MlpForm
 from hfrewrite.analyze.moe_plan import MoePlan

@@ -20,16 +20,6 @@ class _Kind:
     shapes: Callable[[nn.Module], bool] = lambda block: True
 
 
-def _selective_scan(block: nn.Module) -> bool:
-    """Mamba-1's shapes: a state per channel (A_log [inner, state]), time steps projected up
-    from a rank of their own, x_proj giving that rank and B and C."""
-    a_log, dt_proj = block.A_log, block.dt_proj
-    if a_log.dim() != 2 or not isinstance(dt_proj, nn.Linear) or not isinstance(block.x_proj, nn.Linear):
-        return False
-    inner, state = a_log.shape
-    return dt_proj.out_features == inner and block.x_proj.out_features == dt_proj.in_features + 2 * state
-
-
 def _forget_gate(block: nn.Module) -> bool:
     """Kimi's shapes: a forget gate with a decay and a time-step bias of its own, a depthwise
     convolution over the projected q, k and v."""
@@ -47,14 +37,6 @@ def _fused_qkv(block: nn.Module) -> bool:
 
 
 KINDS = (
-    _Kind(
-        frozenset({"in_proj", "conv1d", "x_proj", "dt_proj", "out_proj"}),
-        frozenset({"A_log", "D"}),
-        "a Mamba-1 selective-scan block (x_proj, dt_proj, A_log, D): vLLM runs such blocks as its "
-        "MambaMixer, but its CPU build (0.32) has no selective-scan kernel "
-        "(torch.ops._C.selective_scan_fwd), so no file holding one could run or be validated here",
-        _selective_scan,
-    ),
     _Kind(
         frozenset({"q_proj", "k_proj", "v_proj", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_proj"}),
         frozenset(),

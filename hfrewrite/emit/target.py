@@ -41,10 +41,15 @@ VLLM: dict[str, str] = {
     "MambaStateCopyFuncCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaStateDtypeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaStateShapeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
+    "is_conv_state_dim_first": "vllm.model_executor.layers.mamba.mamba_utils",
+    "MambaMixer": "vllm.model_executor.layers.mamba.mamba_mixer",
+    "split_batch_to_prefill_and_decode": "vllm.model_executor.layers.mamba.mamba_mixer",
     "MambaMixer2": "vllm.model_executor.layers.mamba.mamba_mixer2",
     "Mixer2RMSNormGated": "vllm.model_executor.layers.mamba.mamba_mixer2",
     "QwenGatedDeltaNetAttention": "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
     "ShortConv": "vllm.model_executor.layers.mamba.short_conv",
+    "causal_conv1d_fn": "vllm.model_executor.layers.mamba.ops.causal_conv1d",
+    "causal_conv1d_update": "vllm.model_executor.layers.mamba.ops.causal_conv1d",
     "HasInnerState": "vllm.model_executor.models.interfaces",
     "IsHybrid": "vllm.model_executor.models.interfaces",
     "IsAttentionFree": "vllm.model_executor.models.interfaces",
@@ -62,6 +67,7 @@ VLLM: dict[str, str] = {
     "make_empty_intermediate_tensors_factory": "vllm.model_executor.models.utils",
     "make_layers": "vllm.model_executor.models.utils",
     "maybe_prefix": "vllm.model_executor.models.utils",
+    "current_platform": "vllm.platforms",
     "IntermediateTensors": "vllm.sequence",
 }
 
@@ -69,6 +75,7 @@ VLLM: dict[str, str] = {
 OTHER: dict[str, str] = {
     "Iterable": "collections.abc",
     "islice": "itertools",
+    "pairwise": "itertools",
     "replace": "dataclasses",
     "PretrainedConfig": "transformers",  # annotates Hub custom code's configuration
 }
