@@ -47,8 +47,6 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ),
         # HRM runs two stacks of layers in cycles.
         ("hrm_text", "its lists sit deeper (L_module.layers, H_module.layers)"),
-        # Mamba-1 mixes with a selective scan, which vLLM's CPU build has no kernel for.
-        ("mamba", "MambaBlock: decoder_layer: a Mamba-1 selective-scan block"),
         # MiniMax's lightning-attention layers (its MoE router's softmax is not attention).
         ("minimax", "MiniMaxDecoderLayer: decoder_layer: a lightning-attention block"),
         # RecurrentGemma's RG-LRU: no softmax attention, no mixer hfrewrite knows.

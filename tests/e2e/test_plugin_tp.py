@@ -19,7 +19,9 @@ whose Mamba-2 layers run as vLLM's MambaMixer2, each rank half the heads (bamba,
 granitemoehybrid with its carried layers and experts; falcon_h1 with attention beside each Mamba-2
 block and muP factors cut per rank; nemotron_h's one-block layers, its Mamba-2 time steps
 floored from each rank's share of dt_bias; mamba2's Mamba-2 layers alone, their norm over
-all channels reduced across ranks), and attention sinks beside a rope base
+all channels reduced across ranks), one whose Mamba-1 layers run as vLLM's MambaMixer, each
+rank half the channels and their states (falcon_mamba, with its norms of the time steps, B
+and C after the row-parallel x_proj), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
 (stablelm, cohere). Greedy tokens
@@ -220,6 +222,9 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
         "mamba2",
         {"num_heads": 4, "head_dim": 64, "state_size": 16, "chunk_size": 4, "n_groups": 2},
     ),
+    # Mamba-1 layers alone: each rank half the channels, its share of A, D and the states; the
+    # time steps, B and C normed after x_proj's reduction across ranks
+    "falcon_mamba-selective-scan": ("falcon_mamba", {"state_size": 8, "mixer_rms_eps": 1e-3}),
     # attention sinks cut to each rank's heads; each layer's rope base its entry of
     # layer_rope_theta, none at 0; sliding layers
     "granite_swa-sinks-rope-base-per-layer": (
@@ -263,6 +268,7 @@ CLASSES = {
     "falcon_h1": "FalconH1ForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -333,7 +339,10 @@ _GATED = {
 _FALCON_H1 = {"QKVParallelLinear": 1, "ColumnParallelLinear": 4, "RowParallelLinear": 3}
 # two groups over two ranks: each rank its own, the projections merged as without parallelism
 _MAMBA2_GROUPS = {"MergedColumnParallelLinear": 2, "RowParallelLinear": 1}
+# Mamba-1: in_proj merged (x, gate), conv1d and dt_proj by channels, x_proj and out_proj by rows
+_MAMBA1 = {"MergedColumnParallelLinear": 1, "ColumnParallelLinear": 2, "RowParallelLinear": 2}
 LAYER_LIST = {
+    "falcon_mamba": [_MAMBA1] * 2,
     "falcon_h1": [_FALCON_H1] * 2,
     "mamba2": [_MAMBA2_GROUPS] * 2,
     "nemotron_h": [
