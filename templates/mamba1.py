@@ -61,7 +61,13 @@ class TorchScanMambaMixer(MambaMixer):
             )
             slots = metadata.state_indices_tensor_d[:, 0].tolist()
             outputs.append(
-                self.scan(conv_out, split.gate_d.transpose(0, 1), list(range(decodes + 1)), slots, None)
+                self.scan(
+                    conv_out,
+                    split.gate_d.transpose(0, 1),
+                    list(range(decodes + 1)),
+                    slots,
+                    None,
+                )
             )
         if prefills > 0:
             conv_out = causal_conv1d_fn(
@@ -113,9 +119,14 @@ class TorchScanMambaMixer(MambaMixer):
                 state = torch.zeros_like(state)
             rows = []
             for i in range(start, end):
-                state = torch.exp(dt[i, :, None] * self.A) * state + (dt[i] * x32[i])[:, None] * B[i]
+                state = (
+                    torch.exp(dt[i, :, None] * self.A) * state
+                    + (dt[i] * x32[i])[:, None] * B[i]
+                )
                 rows.append(state @ C[i])
             y = torch.stack(rows) + self.D.float() * x32[start:end]
-            out[start:end] = (y * torch.nn.functional.silu(gate[start:end].float())).to(out.dtype)
+            out[start:end] = (y * torch.nn.functional.silu(gate[start:end].float())).to(
+                out.dtype
+            )
             ssm_state[slots[seq]] = state.to(ssm_state.dtype)
         return out

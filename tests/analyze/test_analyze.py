@@ -15,7 +15,7 @@ from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.norm import analyze_norm, config_fields
 from hfrewrite.analyze.norm_kinds import NormKind
-from hfrewrite.analyze.plan import LinearFact, NoMatch, NormPlan, ResidualBlock
+from hfrewrite.analyze.plan import LinearFact, Mamba1Plan, NoMatch, NormPlan, ResidualBlock
 from hfrewrite.analyze.qkv_layouts import QkvLayout
 from hfrewrite.analyze.rope_styles import RopeLayers
 from hfrewrite.analyze.trace import opaque_attention, trace
@@ -142,13 +142,13 @@ def test_linear_attention_model_is_refused():
     # recognised by its parts as a kind vLLM has a layer for that cannot run here
     with pytest.raises(HfrewriteError) as e:
         plan_of("kimi_linear")
-    assert str(e.value) == ("kimi_linear: KimiLinearDeltaAttention: vllm_attention: " + KINDS[1].reason)
+    assert str(e.value) == ("kimi_linear: KimiLinearDeltaAttention: vllm_attention: " + KINDS[0].reason)
 
 
-def test_model_without_attention_and_mlp_blocks_is_refused():
-    with pytest.raises(HfrewriteError) as e:
-        plan_of("mamba")
-    assert str(e.value) == "mamba: MambaBlock: decoder_layer: " + KINDS[0].reason
+def test_a_model_of_selective_scans_alone_is_attention_free():
+    # Mamba-1's layers: a norm and the mixer, no attention, no MLP
+    plan = plan_of("mamba")
+    assert plan.attention is None and isinstance(plan.mixer, Mamba1Plan)
 
 
 def test_a_recurrent_mixer_of_no_known_kind_is_refused_as_such():
@@ -171,7 +171,7 @@ def test_a_routers_softmax_is_not_taken_for_attention():
     # computes a softmax over a linear's logits: that is no attention form gone unrecognised
     with pytest.raises(HfrewriteError) as e:
         plan_of("minimax")
-    assert str(e.value) == "minimax: MiniMaxDecoderLayer: decoder_layer: " + KINDS[2].reason
+    assert str(e.value) == "minimax: MiniMaxDecoderLayer: decoder_layer: " + KINDS[1].reason
 
 
 def test_activation_without_fused_kernel_keeps_its_act_between_column_shards():

@@ -100,13 +100,17 @@ class _NoSkip(MambaMixer):
 def test_a_block_computing_something_else_is_not_replaced():
     block, config = _mamba(cls=_NoSkip)
     plan = analyze_mamba1(_layer(block), "mixer", config)
-    assert isinstance(plan, NoMatch) and plan.reason.startswith("replaying vLLM's Mamba-1 mixer differs by"), plan
+    assert isinstance(plan, NoMatch) and plan.reason.startswith(
+        "replaying vLLM's Mamba-1 mixer differs by"
+    ), plan
 
 
 def test_a_time_step_projection_without_bias_is_not_vllms():
     block, config = _mamba()
     block.dt_proj = nn.Linear(block.dt_proj.in_features, block.dt_proj.out_features, bias=False)
-    assert analyze_mamba1(_layer(block), "mixer", config) == NoMatch("mamba1", "MambaMixer", "dt_proj has no bias")
+    assert analyze_mamba1(_layer(block), "mixer", config) == NoMatch(
+        "mamba1", "MambaMixer", "dt_proj has no bias"
+    )
 
 
 def test_an_activation_other_than_silu_is_not_vllms():

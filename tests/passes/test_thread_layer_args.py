@@ -107,10 +107,11 @@ def test_both_classes_of_a_conditional_construction_get_the_layer_args():
         'if config.mlp_layer_types[layer_idx] == "sparse" '
         'else DenseMLP(config, quant_config = quant_config, prefix = f"{prefix}.mlp")'
     ) in after
+    # the decoder layer takes all three, as make_layers builds it (prune_unused_params drops the unread)
     assert (
-        'def __init__(self, config, layer_idx, quant_config: QuantizationConfig | None = None, prefix: str = ""):'
-        in after
-    )
+        "def __init__(self, config, layer_idx, cache_config: CacheConfig | None = None, "
+        'quant_config: QuantizationConfig | None = None, prefix: str = ""):'
+    ) in after
 
 
 BEFORE_WRAPPED_TABLE = """\
