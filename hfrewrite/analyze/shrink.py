@@ -162,6 +162,21 @@ def _shrink_layer_kinds(config, small) -> None:
     for field, distinct in kinds.items():
         set_layer_kinds(config, small, field, distinct + distinct[-1:] * (n - len(distinct)))
     _shrink_layer_patterns(config, small, n)
+    _shrink_layer_periods(config, small, n)
+
+
+def _shrink_layer_periods(config, small, n: int) -> None:
+    """A kind of layer placed every ``<kind>_period`` layers from ``<kind>_offset`` (Jamba's
+    attention layers, one in 8) placed every ``n`` layers instead, at offset 0 or 1 as it was
+    first or not, so that the shrunk layers hold it and the others both."""
+    for name, period in sorted(vars(config).items()):
+        stem = name.removesuffix("_period")
+        offset = getattr(config, f"{stem}_offset", None)
+        if stem == name or type(period) is not int or type(offset) is not int or not 0 <= offset < period:
+            continue
+        if period > n:
+            _set(small, name, n)
+            _set(small, f"{stem}_offset", min(offset, 1))
 
 
 def _shrink_dense_layers(config, small) -> None:
