@@ -8,7 +8,9 @@ Matches every class ``__init__`` that, after the earlier passes, reads one of th
 Emits keyword parameters ``cache_config: CacheConfig | None = None``,
 ``quant_config: QuantizationConfig | None = None``, ``prefix: str = ""`` on those classes, and
 ``cache_config=cache_config, ..., prefix=f"{prefix}.x"`` at each construction site (both
-classes of ``self.x = A(...) if cond else B(...)``, hy_v3's dense or sparse MLP).
+classes of ``self.x = A(...) if cond else B(...)``, hy_v3's dense or sparse MLP). The decoder
+layer takes all three, as ``make_layers`` builds it with them (a Mamba-1 layer reads no
+``quant_config``: prune_unused_params then drops it from both sides).
 
 A part built through a local alias of its class chosen by literals (Bamba's
 ``ffn_layer_class = BambaMLP if num_experts == 1 else None``) is built by the class's name.
