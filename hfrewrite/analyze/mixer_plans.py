@@ -26,8 +26,23 @@ class ShortConvPlan:
         return ()  # ShortConv's parts load under the checkpoint's names
 
 
+class _BuiltFromArguments:
+    """A Mamba mixer vLLM builds from arguments (``args``: keyword, config expression), whose
+    loader takes the checkpoint's ``A_log`` as its ``A`` and makes it ``-exp(A_log)``."""
+
+    attr: str
+    args: tuple[tuple[str, str], ...]
+
+    def arg(self, name: str) -> str:
+        return dict(self.args)[name]
+
+    @property
+    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
+        return ((f".{self.attr}.A_log", f".{self.attr}.A"),)
+
+
 @dataclass(frozen=True)
-class Mamba2Plan:
+class Mamba2Plan(_BuiltFromArguments):
     """A Mamba-2 block proven to compute vLLM's ``MambaMixer2`` (analyze/mamba2.py)."""
 
     module_class: str  # the source's block class, e.g. "BambaMixer"
@@ -55,17 +70,9 @@ class Mamba2Plan:
 
     vllm_dtype = "float32"
 
-    def arg(self, name: str) -> str:
-        return dict(self.args)[name]
-
-    @property
-    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
-        """vLLM's MambaMixer2 loads ``A_log`` as its ``A``, which its loader makes ``-exp(A_log)``."""
-        return ((f".{self.attr}.A_log", f".{self.attr}.A"),)
-
 
 @dataclass(frozen=True)
-class Mamba1Plan:
+class Mamba1Plan(_BuiltFromArguments):
     """A Mamba-1 block proven to compute vLLM's ``MambaMixer`` (analyze/mamba1.py)."""
 
     module_class: str  # the source's block class, e.g. "MambaMixer"
@@ -78,14 +85,6 @@ class Mamba1Plan:
     attention_when: bool = True
 
     vllm_dtype = "float32"
-
-    def arg(self, name: str) -> str:
-        return dict(self.args)[name]
-
-    @property
-    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
-        """vLLM's MambaMixer loads ``A_log`` as its ``A``, which its loader makes ``-exp(A_log)``."""
-        return ((f".{self.attr}.A_log", f".{self.attr}.A"),)
 
 
 @dataclass(frozen=True)
