@@ -98,6 +98,11 @@ class TorchScanMambaMixer(MambaMixer):
             self.conv1d.weight.size(0), self.conv1d.weight.size(2)
         )
         decodes, prefills = metadata.num_decode_tokens, metadata.num_prefill_tokens
+        if decodes != metadata.num_decodes:  # speculative tokens: several per sequence
+            raise NotImplementedError(
+                "hfrewrite: TorchScanMambaMixer steps one token per decoding "
+                "sequence on CPU"
+            )
         split = split_batch_to_prefill_and_decode(
             hidden_states_BC, gate, prefills, decodes
         )
