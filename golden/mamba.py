@@ -116,16 +116,8 @@ class TorchScanMambaMixer(MambaMixer):
                 self.activation,
                 conv_state_indices=metadata.state_indices_tensor_d,
             )
-            slots = metadata.state_indices_tensor_d[:, 0].tolist()
-            outputs.append(
-                self.scan(
-                    conv_out,
-                    split.gate_d.transpose(0, 1),
-                    list(range(decodes + 1)),
-                    slots,
-                    None,
-                )
-            )
+            slots = metadata.state_indices_tensor_d[:, 0].long()
+            outputs.append(self.step(conv_out, split.gate_d.transpose(0, 1), slots))
         if prefills > 0:
             conv_out = causal_conv1d_fn(
                 split.hidden_states_BC_p,
@@ -156,38 +148,64 @@ class TorchScanMambaMixer(MambaMixer):
         gate: torch.Tensor,
         starts: list[int],
         slots: list[int],
-        resumed: list[bool] | None,
+        resumed: list[bool],
     ) -> torch.Tensor:
-        """The selective scan of each sequence of ``x`` [tokens, channels] (the tokens
-        of sequence i are ``starts[i]:starts[i + 1]``, its state
+        """The selective scan of each prefill sequence of ``x`` [tokens, channels] (the
+        tokens of sequence i are ``starts[i]:starts[i + 1]``, its state
         ``ssm_state[slots[i]]``), from its cached state where ``resumed`` says it has
-        one (always where None), writing its last state back: ``s = exp(dt A) s + dt B
-        x``, ``y = C s + D x``,
-        times ``silu(gate)``."""
+        one, token by token, writing its last state back."""
         ssm_state = self.kv_cache[1]
+        dt, B, C, x = self.scan_inputs(x)
+        out = torch.empty_like(gate)
+        for seq, (start, end) in enumerate(pairwise(starts)):
+            state = ssm_state[slots[seq]].float()[None]
+            if not resumed[seq]:
+                state = torch.zeros_like(state)
+            for i in range(start, end):
+                token = slice(i, i + 1)
+                state = self.advance(state, dt[token], x[token], B[token])
+                out[token] = self.gated(state, C[token], x[token], gate[token]).to(
+                    out.dtype
+                )
+            ssm_state[slots[seq]] = state[0].to(ssm_state.dtype)
+        return out
+
+    def step(
+        self, x: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """One token of each decoding sequence (``x`` [sequences, channels], the states
+        ``ssm_state[slots]``), all sequences at once, writing their states back."""
+        ssm_state = self.kv_cache[1]
+        dt, B, C, x = self.scan_inputs(x)
+        state = self.advance(ssm_state[slots].float(), dt, x, B)
+        ssm_state[slots] = state.to(ssm_state.dtype)
+        return self.gated(state, C, x, gate).to(gate.dtype)
+
+    def scan_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The time steps (after their bias and softplus), B, C and ``x`` of each token
+        of ``x`` [tokens, channels], in float32."""
         time_step, B, C = self._ssm_transform(x.contiguous())
         bias = self._time_proj_bias()
         dt = time_step.transpose(-2, -1).float()
         dt = torch.nn.functional.softplus(dt if bias is None else dt + bias)
-        B, C, x32 = B.float(), C.float(), x.float()
-        out = torch.empty_like(x)
-        for seq, (start, end) in enumerate(pairwise(starts)):
-            state = ssm_state[slots[seq]].float()
-            if resumed is not None and not resumed[seq]:
-                state = torch.zeros_like(state)
-            rows = []
-            for i in range(start, end):
-                state = (
-                    torch.exp(dt[i, :, None] * self.A) * state
-                    + (dt[i] * x32[i])[:, None] * B[i]
-                )
-                rows.append(state @ C[i])
-            y = torch.stack(rows) + self.D.float() * x32[start:end]
-            out[start:end] = (y * torch.nn.functional.silu(gate[start:end].float())).to(
-                out.dtype
-            )
-            ssm_state[slots[seq]] = state.to(ssm_state.dtype)
-        return out
+        return dt, B.float(), C.float(), x.float()
+
+    def advance(
+        self, state: torch.Tensor, dt: torch.Tensor, x: torch.Tensor, B: torch.Tensor
+    ) -> torch.Tensor:
+        """``s = exp(dt A) s + dt B x`` for states [n, channels, state], one token
+        each."""
+        return (
+            torch.exp(dt[..., None] * self.A) * state
+            + (dt * x)[..., None] * B[:, None, :]
+        )
+
+    def gated(
+        self, state: torch.Tensor, C: torch.Tensor, x: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor:
+        """``(C s + D x) * silu(gate)``, one token of each state."""
+        y = (state @ C[..., None]).squeeze(-1) + self.D.float() * x
+        return y * torch.nn.functional.silu(gate.float())
 
 
 class MambaBlock(nn.Module):
