@@ -111,11 +111,15 @@ class TorchScanMambaMixer(MambaMixer):
             for i in range(start, end):
                 token = slice(i, i + 1)
                 state = self.advance(state, dt[token], x[token], B[token])
-                out[token] = self.gated(state, C[token], x[token], gate[token]).to(out.dtype)
+                out[token] = self.gated(state, C[token], x[token], gate[token]).to(
+                    out.dtype
+                )
             ssm_state[slots[seq]] = state[0].to(ssm_state.dtype)
         return out
 
-    def step(self, x: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, x: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
         """One token of each decoding sequence (``x`` [sequences, channels], the states
         ``ssm_state[slots]``), all sequences at once, writing their states back."""
         ssm_state = self.kv_cache[1]
@@ -137,7 +141,10 @@ class TorchScanMambaMixer(MambaMixer):
         self, state: torch.Tensor, dt: torch.Tensor, x: torch.Tensor, B: torch.Tensor
     ) -> torch.Tensor:
         """``s = exp(dt A) s + dt B x`` for states [n, channels, state], one token each."""
-        return torch.exp(dt[..., None] * self.A) * state + (dt * x)[..., None] * B[:, None, :]
+        return (
+            torch.exp(dt[..., None] * self.A) * state
+            + (dt * x)[..., None] * B[:, None, :]
+        )
 
     def gated(
         self, state: torch.Tensor, C: torch.Tensor, x: torch.Tensor, gate: torch.Tensor
