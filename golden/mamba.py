@@ -76,9 +76,10 @@ class TorchScanMambaMixer(MambaMixer):
     """vLLM's Mamba-1 mixer. vLLM's CPU build has no selective-scan kernel for prefills
     (``selective_scan_fwd``), its CPU state-update kernel is Mamba-2's (one decay per
     head, where Mamba-1 has one per channel and state), and its CPU GEMMs need
-    contiguous rows: there the scan runs in torch, token by token in float32, after
-    vLLM's causal convolution kernels, and the output projection reads a contiguous
-    copy. On every other platform this is vLLM's mixer as it is."""
+    contiguous rows: there the scan runs in torch in float32 after vLLM's causal
+    convolution kernels (token by token within a prefill, all decoding sequences in
+    one step), and the output projection reads a contiguous copy. On every other
+    platform this is vLLM's mixer as it is."""
 
     def forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor) -> None:
         if not current_platform.is_cpu():
