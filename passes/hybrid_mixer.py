@@ -100,7 +100,7 @@ def _short_conv_arguments(plan: ShortConvPlan, module: cst.Module) -> str:
     return f"config,\ndim={channels(module, plan.module_class)},\nlayer_idx=extract_layer_index(prefix),\n"
 
 
-def _mamba2_arguments(plan: Mamba2Plan, module: cst.Module) -> str:
+def _keyword_arguments(plan: Mamba2Plan | Mamba1Plan, module: cst.Module) -> str:
     return "".join(f"{kw}={expr},\n" for kw, expr in plan.args)
 
 
@@ -129,12 +129,12 @@ ROWS: dict[type, _Row] = {
         "ShortConv", _short_conv_arguments, short_conv_state, True, ("ShortConv", "extract_layer_index")
     ),
     Mamba2Plan: _Row(
-        "MambaMixer2", _mamba2_arguments, mamba2_state, False, ("MambaMixer2",), lambda plan: plan.fixed
+        "MambaMixer2", _keyword_arguments, mamba2_state, False, ("MambaMixer2",), lambda plan: plan.fixed
     ),
     # vLLM's MambaMixer, with its scan in torch where vLLM's CPU build has no kernel for it
     Mamba1Plan: _Row(
         "TorchScanMambaMixer",
-        _mamba2_arguments,
+        _keyword_arguments,
         mamba1_state,
         True,
         ("MambaMixer",),
@@ -172,7 +172,9 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     elif isinstance(mixer, Mamba2Plan) and mixer.norm_spans_groups:  # transformers' Mamba-2's
         row, module = _templated(row, module, layer.module_class, "SpanNormMambaMixer2", "Mixer2RMSNormGated")
     elif isinstance(mixer, Mamba1Plan):
-        row, module = _templated(row, module, layer.module_class, "TorchScanMambaMixer", *_SCAN_IMPORTS)
+        row, module = _templated(
+            row, module, layer.module_class, "TorchScanMambaMixer", *_SCAN_IMPORTS, file="mamba1.py"
+        )
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
@@ -232,13 +234,11 @@ _SCAN_IMPORTS = (
 
 
 def _templated(
-    row: _Row, module: cst.Module, layer: str, vllm_class: str, *imports: str
+    row: _Row, module: cst.Module, layer: str, vllm_class: str, *imports: str, file: str = "mamba2.py"
 ) -> tuple[_Row, cst.Module]:
-    """``row`` building the ``vllm_class`` of templates/mamba2.py (templates/mamba1.py for
-    Mamba-1's; a subclass of vLLM's mixer), with the names it imports, and ``module`` with
-    that class before the layer's."""
+    """``row`` building the ``vllm_class`` of ``templates/<file>`` (a subclass of vLLM's
+    mixer), with the names it imports, and ``module`` with that class before the layer's."""
     row = dataclasses.replace(row, vllm_class=vllm_class, imports=(*row.imports, *imports))
-    file = "mamba1.py" if row.state_methods is mamba1_state else "mamba2.py"
     return row, insert_before(module, layer, template_class(file, vllm_class, {}, {}))
 
 

@@ -191,9 +191,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = t.replace_class(module, owner, t.find_class(module, owner).visit(chosen))
     module = module.with_changes(body=[_without_class_aliases(node) for node in module.body])
     needs = _needs(module)
-    if (
-        layer.module_class in needs
-    ):  # make_layers builds it with all three (prune_unused_params drops the unread)
+    if layer.module_class in needs:  # make_layers passes all three; prune_unused_params drops the unread
         needs[layer.module_class] = list(ARGS)
     imports = tuple(
         sym
