@@ -120,15 +120,16 @@ def _sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> _Sour
         sizes, act, renormalize, guards = flat_sources(module, built, moe, block_exprs)
         routing = routing_kwargs(moe, {"router": {}, "block": block_exprs}, name)
     elif moe.carried_router:  # the source's router runs as it is: its own code is the proof
-        sizes, act = stacked_sources(module, built, moe)
+        sizes, act = stacked_sources(module, built, moe, t.init_exprs(block))
         renormalize, guards, routing = (
             None,
             "",
             {"custom_routing_function": "self.route"},
         )
     else:
-        sizes, act = stacked_sources(module, built, moe)
-        router_cls = t.find_class(module, moe.router_class)
+        sizes, act = stacked_sources(module, built, moe, t.init_exprs(block))
+        linear = moe.router_class == "Linear"  # the block's own Linear: the block routes (Jamba)
+        router_cls = block if linear else t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
         renormalize, guards = source_renormalize(router_cls, router, moe, name)
         guards += swiglu_guard(module, moe) + input_weight_guard(moe, sizes["top_k"])

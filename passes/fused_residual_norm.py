@@ -198,29 +198,29 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         ]
     )
     rows = [FusionRow(plan.norm.module_class, f"-> vllm {vllm_norm} ({renamer.count} uses)")]
-    if plan.decoder_layer.fused:
-        layer = t.find_class(module, plan.decoder_layer.module_class)
+    for decoder in plan.decoder_layers if plan.decoder_layer.fused else ():
+        layer = t.find_class(module, decoder.module_class)
         # the analysis's attention child, however __init__ builds it (a class table)
         attention_blocks = (
-            _blocks_of_class(layer, plan.attention.module_class) | {plan.decoder_layer.attention_block}
-            if plan.attention is not None
-            else set()  # attention-free
+            _blocks_of_class(layer, plan.attention.module_class) | {decoder.attention_block}
+            if plan.attention is not None and decoder is plan.decoder_layer
+            else set()  # attention-free, or the mixer's own layer class (Jamba's)
         )
         layer = t.set_method(
             layer,
             decoder_forward(
                 t.find_method(layer, "forward"),
-                plan.decoder_layer.blocks,
+                decoder.blocks,
                 attention_blocks,
-                plan.decoder_layer.block_kinds.attention_class if plan.decoder_layer.block_kinds else "",
+                decoder.block_kinds.attention_class if decoder.block_kinds else "",
             ),
         )
-        module = t.replace_class(module, plan.decoder_layer.module_class, layer)
+        module = t.replace_class(module, decoder.module_class, layer)
         rows.append(
             FusionRow(
-                plan.decoder_layer.module_class,
-                f"{len(plan.decoder_layer.blocks)} residual add"
-                f"{'s' if len(plan.decoder_layer.blocks) != 1 else ''} fused into the norms",
+                decoder.module_class,
+                f"{len(decoder.blocks)} residual add"
+                f"{'s' if len(decoder.blocks) != 1 else ''} fused into the norms",
             )
         )
     return PassResult(module=module, imports=(vllm_norm,), fused=tuple(rows), matches=renamer.count)

@@ -158,7 +158,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if mixer is None:
         return PassResult(module=module)
     row = ROWS[type(mixer)]
-    layer = ctx.plan.decoder_layer
+    layer = ctx.plan.mixer_layer or ctx.plan.decoder_layer  # (Jamba's mixer layers: a class of their own)
     arguments = row.arguments(mixer, module)
     if isinstance(mixer, Mamba2Plan) and (mixer.input_scale or mixer.projection_scale):
         arguments = _scales(mixer) + arguments
@@ -184,7 +184,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         raise HfrewriteError(
             f"{mixer.module_class}: {NAME}: a layer choosing its block by kind, writing into a buffer"
         )
-    if not one_block and layer.fused and ctx.plan.attention is not None:
+    own_class = ctx.plan.mixer_layer is not None  # its layers call the mixer alone
+    if not one_block and layer.fused and ctx.plan.attention is not None and not own_class:
         forward = _choosing_forward(forward, layer.attention_block, mixer, row)
     elif row.writes_into_buffer:  # a carried forward's own test chooses; no attention: the mixer alone
         forward = forward.visit(_IntoBuffer(mixer.attr, forward))

@@ -171,11 +171,11 @@ class _ChosenAttention(cst.CSTTransformer):
         return updated
 
 
-def _without_class_aliases(node: cst.CSTNode) -> cst.CSTNode:
+def _without_class_aliases(node: cst.CSTNode, classes: set[str]) -> cst.CSTNode:
     """A class whose ``__init__`` builds a part through a local alias of its class (Bamba's
-    ``ffn_layer_class``), building it by the class's name."""
+    ``ffn_layer_class``), building it by the class's name (``classes``: the file's own)."""
     init = t.find_method(node, "__init__") if isinstance(node, cst.ClassDef) else None
-    folded = folded_class_aliases(init) if init is not None else None
+    folded = folded_class_aliases(init, classes) if init is not None else None
     return t.set_method(node, folded) if folded is not init else node
 
 
@@ -189,10 +189,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if tables and len(attrs) == 1 + len(layer.attention_wrappers):
         chosen = _ChosenAttention(attrs[-1], attention, tables)
         module = t.replace_class(module, owner, t.find_class(module, owner).visit(chosen))
-    module = module.with_changes(body=[_without_class_aliases(node) for node in module.body])
+    classes = {node.name.value for node in module.body if isinstance(node, cst.ClassDef)}
+    module = module.with_changes(body=[_without_class_aliases(node, classes) for node in module.body])
     needs = _needs(module)
-    if layer.module_class in needs:  # make_layers passes all three; prune_unused_params drops the unread
-        needs[layer.module_class] = list(ARGS)
+    for (
+        decoder
+    ) in ctx.plan.decoder_layers:  # make_layers passes all three; prune_unused_params drops the unread
+        if decoder.module_class in needs:
+            needs[decoder.module_class] = list(ARGS)
     imports = tuple(
         sym
         for a, sym in (

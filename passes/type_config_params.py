@@ -12,13 +12,19 @@ configuration class only the repository defines (vLLM loads it with ``trust_remo
 ``config: PretrainedConfig``, its base.
 
 Preconditions (otherwise the parameter stays as it is): the class is imported in the
-module (custom code: ``PretrainedConfig`` is imported when used); the callee is referenced only by direct calls; every call passes the argument
-(no default fills it) as a plain name, not rebound in the calling function.
+module (custom code: ``PretrainedConfig`` is imported when used); the callee is referenced
+only by direct calls, or as an entry of a module-level table of classes that is only indexed
+and called (Jamba's ``ALL_DECODER_LAYER_TYPES[...](config, ...)``: a call of each entry);
+every call passes the argument (no default fills it) as a plain name, not rebound in the
+calling function.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
+import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.pass_api import PassContext, PassResult
@@ -79,16 +85,24 @@ def _assignments(fn: cst.FunctionDef) -> dict[str, list[str]]:
 def _typed(module: cst.Module, config_class: str) -> dict[str, set[str]]:
     """Callee -> its parameters that receive the model configuration (fixpoint)."""
     defs = t.callable_defs(module)
-    direct = t.direct_calls(module)
+    tables = _class_tables(module)
+    # a class named in a table is called through it: its entry is no other use (the table left
+    # out, and a call of each of its classes put in its place)
+    body = [n for n in module.body if id(n) not in tables.ids]
+    calls = [t.stmt(f"{cls}()\n") for classes in tables.classes.values() for cls in classes]
+    direct = t.direct_calls(module.with_changes(body=[*body, *calls]))
     caller_of = {id(fn): name for name, fn in defs.items()}
     typed: dict[str, set[str]] = {name: set() for name in defs}  # proven by the flow only
     assigned = {name: _assignments(fn) for name, fn in defs.items()}
     params_of = {name: {p.name.value for p in _params(fn)} for name, fn in defs.items()}
     calls_of: dict[str, list[tuple[str | None, cst.Call, set[str]]]] = {}
     for fn, call, shadowed in _all_calls(module):
+        caller = caller_of.get(id(fn)) if fn is not None else None
         if isinstance(call.func, cst.Name):
-            caller = caller_of.get(id(fn)) if fn is not None else None
             calls_of.setdefault(call.func.value, []).append((caller, call, shadowed))
+        elif m.matches(call.func, m.Subscript(value=m.Name())):  # `TABLE[key](...)`: each class of it
+            for cls in tables.classes.get(call.func.value.value, ()):
+                calls_of.setdefault(cls, []).append((caller, call, shadowed))
 
     def is_config(arg: cst.BaseExpression, caller: str | None, shadowed: set[str]) -> bool:
         if caller is None or not isinstance(arg, cst.Name) or arg.value in shadowed:
@@ -118,6 +132,40 @@ def _typed(module: cst.Module, config_class: str) -> dict[str, set[str]]:
                     typed[callee].add(name)
                     changed = True
     return typed
+
+
+@dataclass(frozen=True)
+class _Tables:
+    classes: dict[str, tuple[str, ...]]  # module-level dicts of names -> those names (Jamba's
+    ids: set[int]  # ALL_DECODER_LAYER_TYPES, which make_layers' lambda indexes and calls)
+
+
+def _class_tables(module: cst.Module) -> _Tables:
+    """The module's ``NAME = {key: Name, ...}`` statements, read only as ``NAME[...](...)``."""
+    classes, ids = {}, set()
+    for node in module.body:
+        one = node.body[0] if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 else None
+        if (
+            isinstance(one, cst.Assign)
+            and len(one.targets) == 1
+            and isinstance(one.targets[0].target, cst.Name)
+            and isinstance(one.value, cst.Dict)
+            and one.value.elements
+            and all(
+                isinstance(e, cst.DictElement) and isinstance(e.value, cst.Name) for e in one.value.elements
+            )
+        ):
+            name = one.targets[0].target.value
+            uses = [n for n in t.walk(module) if isinstance(n, cst.Name) and n.value == name]
+            called = [
+                n
+                for n in t.walk(module)
+                if isinstance(n, cst.Call) and m.matches(n.func, m.Subscript(value=m.Name(name)))
+            ]
+            if len(uses) == len(called) + 1:  # its definition, and each use an indexed call
+                classes[name] = tuple(e.value.value for e in one.value.elements)
+                ids.add(id(node))
+    return _Tables(classes, ids)
 
 
 def _params(fn: cst.FunctionDef) -> list[cst.Param]:

@@ -73,7 +73,9 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     at = t.expr("extract_layer_index(prefix)")
     args = [a.with_changes(value=m.replace(a.value, m.Name(index), at)) for a in layer.args]  # not keywords
     extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
-    call = f"{t.code(layer.func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
+    # the class too may be chosen by the index (Jamba's ALL_DECODER_LAYER_TYPES[...[i]])
+    func = m.replace(layer.func, m.Name(index), at)
+    call = f"{t.code(func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
     return (
         f"self.start_layer, self.end_layer, self.{attr} = make_layers(\n"
         f"    {count},\n    lambda prefix: {call},\n"
@@ -102,20 +104,45 @@ def folded_layer_loop(statements: list[cst.BaseStatement], attr: str) -> list[cs
         ):
             continue
         xs = empty.body[0].targets[0].target.value
-        appended = loop.body.body[0] if len(loop.body.body) == 1 else None
+        *locals_, appended = loop.body.body
         call = m.Call(func=m.Attribute(value=m.Name(xs), attr=m.Name("append")), args=[m.Arg(value=m.Call())])
+        bound = _bound_locals(locals_)
         if not (
             m.matches(appended, m.SimpleStatementLine(body=[m.Expr(value=call)]))
+            and bound is not None
             and loop.orelse is None
             and m.matches(t.assigned_value(built), _module_list_of(xs))
         ):
             continue
-        element = t.code(appended.body[0].value.args[0].value)
+        element = t.code(_substituted(appended.body[0].value.args[0].value, bound))
         stacked = t.stmt(
             f"self.{attr} = nn.ModuleList([{element} for {t.code(loop.target)} in {t.code(loop.iter)}])\n"
         )
         return [*out[:i], stacked.with_changes(leading_lines=empty.leading_lines), *out[i + 3 :]]
     return out
+
+
+def _bound_locals(statements: list[cst.BaseStatement]) -> dict[str, cst.BaseExpression] | None:
+    """The loop body's ``name = <expression>`` lines before its append (Jamba's ``layer_class =
+    ALL_DECODER_LAYER_TYPES[config.layers_block_type[i]]``), each expression with the earlier
+    names substituted; None when a line is anything else."""
+    bound: dict[str, cst.BaseExpression] = {}
+    one_name = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name())])])
+    for statement in statements:
+        if not m.matches(statement, one_name):
+            return None
+        assign = statement.body[0]
+        bound[assign.targets[0].target.value] = _substituted(assign.value, bound)
+    return bound
+
+
+def _substituted(expression: cst.BaseExpression, bound: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """``expression`` with each name ``bound`` holds replaced by its (parenthesised) expression."""
+    for name, value in bound.items():
+        atomic = isinstance(value, cst.Name | cst.Attribute | cst.Subscript | cst.Call)
+        value = value if atomic else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        expression = m.replace(expression, m.Name(name), value)
+    return expression
 
 
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:

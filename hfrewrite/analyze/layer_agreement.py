@@ -225,11 +225,13 @@ def mixer_plan(per_layer: list[LayerFacts]) -> MixerPlan | None:
 
 
 def _but_the_mixer(decoder: DecoderLayerPlan) -> DecoderLayerPlan:
-    """``decoder`` less what names or returns its first block's mixer."""
+    """``decoder`` less what names or returns its first block's mixer, and its class (a
+    class of its own for the mixer's layers: analyze/layer_classes.py)."""
     mixer = decoder.attention_block
     blocks = tuple(dataclasses.replace(b, block="") if b.block == mixer else b for b in decoder.blocks)
     return dataclasses.replace(
         decoder,
+        module_class="",
         blocks=blocks,
         attention_block="",
         attention_returns_tuple=False,

@@ -153,6 +153,8 @@ def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module
         return plan
     if per_layer[lead].decoder.one_block:  # its kind is its class (block_kinds.py): no test
         return plan
+    if len({type(layer) for layer in layers}) > 1:  # the mixer's layers' own class (layer_classes.py)
+        return plan
     if not any(has_attention):  # attention-free (a Mamba-2 model): nothing to choose from
         return _never_choosing(plan, layers)
     if any(beside):

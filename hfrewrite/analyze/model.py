@@ -48,6 +48,7 @@ from hfrewrite.analyze.layer_agreement import (
     mixer_plan,
     one_kind,
 )
+from hfrewrite.analyze.layer_classes import layer_norms, mixer_layer, unrun_classes
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
@@ -62,7 +63,6 @@ from hfrewrite.analyze.model_layout import (
     flattened,
     model_layout,
 )
-from hfrewrite.analyze.model_norms import norm_facts, norm_modules
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.moe_variants import with_other_routings
 from hfrewrite.analyze.plan import (
@@ -131,7 +131,10 @@ def _analyze(
     transposed_classes, transposed = swap_transposed_linears(model)  # Conv1D -> nn.Linear
     linear_classes = prove_linear_classes(model)  # before any trace: its linear leaves
     layout = model_layout(model, config, small)
-    run = example_run(model, layout)
+    try:
+        run = example_run(model, layout)
+    except Refusal as failed:
+        raise unrun_classes(layout.layers, failed) from failed.__cause__
     flipped = flipped_tie(small, build_model)
     if flipped is not None:
         initialise_empty(flipped)
@@ -190,6 +193,7 @@ class _LayerPlans:
     mixer: MixerPlan | None  # a hybrid model's other mixer
     kept_mlps: tuple[KeptMlp, ...]  # feed-forward classes kept from the source
     head_counts: tuple[tuple[int, int], ...] = ()  # each attention layer's (heads, kv heads)
+    mixer_layer: DecoderLayerPlan | None = None  # the mixer's layers' class, when not the decoder's
 
 
 def _shrunk(config: transformers.PretrainedConfig, heads: int) -> transformers.PretrainedConfig:
@@ -261,9 +265,9 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         declined += more
         siblings += routings
 
-    layer = traces[lead].module
     final = layout.base.get_submodule(run.final_norm) if run.final_norm else None
-    norms = norm_facts(norm_modules(layer, decoder, attention, final), small, decoder)
+    own_class = mixer_layer(per_layer, decoder)  # the mixer's layers, a class of their own (Jamba)
+    norms = layer_norms(traces, per_layer, lead, decoder, attention, final, own_class, small)
     decoder, declined = norms.decoder, declined + norms.declined
     if per_layer[lead].declined is not None:  # the layer shape itself was not fusable
         declined += (per_layer[lead].declined,)
@@ -280,7 +284,9 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
         for f in ([] if free else attention_layers(per_layer))
         if isinstance(f.attention, AttentionPlan)
     )
-    return _LayerPlans(decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer, kept, counts)
+    return _LayerPlans(
+        decoder, attention, mlp, moe, norms.norm, declined, siblings, mixer, kept, counts, own_class
+    )
 
 
 def _with_routings(config, moe: MoePlan, model: nn.Module) -> tuple[MoePlan, tuple, tuple]:
@@ -355,6 +361,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         kept_mlps=plans.kept_mlps,
         sibling_configs=plans.siblings,
         mixer=plans.mixer,
+        mixer_layer=plans.mixer_layer,
         linear_classes=source.linear_classes,
         position_embedding=run.position,
         base_init_switches=init_switches(base, small),

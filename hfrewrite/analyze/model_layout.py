@@ -54,9 +54,6 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     )
     layers = list(base.get_submodule(layers_attr))
     _refuse_other_towers(base, layers_attr)
-    if len({type(layer) for layer in layers}) != 1:
-        refuse("model_layout", "decoder layers of several classes", type(base).__name__)
-
     parts = outside_stack(base, layers_attr) if nested else list(base.named_children())
     embeds = [name for name, child in parts if isinstance(child, nn.Embedding)]
     embeds += [name for name, child in parts if buffer_table(child)]  # XGLM's

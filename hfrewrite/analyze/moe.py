@@ -183,6 +183,9 @@ def _stacked_plan(
     width = value(hidden).shape[-1]
     transposed = experts_mod.gate_up_proj.shape[1] == width != experts_mod.gate_up_proj.shape[2]
     intermediate = experts_mod.down_proj.shape[1 if transposed else 2]
+    router = block.get_submodule(facts["router"])
+    if type(router) is nn.Linear:  # the block's own Linear: the block routes, and holds top_k
+        facts = {**facts, "top_k_attr": int_attr(block, facts["top_k"])}
     return MoePlan(
         module_class=cls,
         router_class=type(block.get_submodule(facts["router"])).__name__,

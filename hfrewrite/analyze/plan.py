@@ -437,3 +437,11 @@ class ModelPlan:
     flat_head: str = ""
     # A hybrid model's other layers' mixer (LFM2's short convolutions, Bamba's Mamba-2)
     mixer: MixerPlan | None = None
+    # ... and those layers' own class, where it is not ``decoder_layer``'s (Jamba's
+    # JambaMambaDecoderLayer; analyze/layer_classes.py): rewritten with this plan
+    mixer_layer: DecoderLayerPlan | None = None
+
+    @property
+    def decoder_layers(self) -> tuple[DecoderLayerPlan, ...]:
+        """The decoder-layer classes the file rewrites: the attention layers' first."""
+        return (self.decoder_layer,) + ((self.mixer_layer,) if self.mixer_layer else ())

@@ -15,9 +15,13 @@ import libcst as cst
 from hfrewrite.emit import cst_tools as t
 
 
-def folded_class_aliases(fn: cst.FunctionDef) -> cst.FunctionDef:
+def folded_class_aliases(
+    fn: cst.FunctionDef, classes: frozenset[str] | set[str] = frozenset()
+) -> cst.FunctionDef:
     """``fn`` with each alias chosen by literal locals replaced by its class where called,
-    the alias and the literals no longer read dropped."""
+    and each alias choosing between two of ``classes`` (the file's own) by another test
+    replaced by that choice between their calls; the alias and the literals no longer read
+    dropped."""
     literals: dict[str, object] = {}
     aliases: dict[str, str] = {}
     dropped: set[int] = set()
@@ -36,7 +40,7 @@ def folded_class_aliases(fn: cst.FunctionDef) -> cst.FunctionDef:
             continue
         except (ValueError, SyntaxError):
             pass
-        chosen = _chosen(one.value, literals)
+        chosen = _chosen(one.value, literals) or _either(one.value, body[i + 1 :], classes)
         if chosen is not None:
             aliases[name] = chosen
             dropped.add(i)
@@ -72,11 +76,39 @@ def _chosen(value: cst.BaseExpression, literals: dict[str, object]) -> str | Non
     return taken.value if isinstance(taken, cst.Name) and taken.value != "None" else None
 
 
+def _either(value: cst.BaseExpression, after: list[cst.BaseStatement], classes) -> cst.IfExp | None:
+    """``A if <test> else B`` of two of ``classes`` whose test reads names no later statement
+    assigns (Jamba's ``JambaSparseMoeBlock if num_experts > 1 else JambaMLP``): each call of
+    the alias may be written ``A(...) if <test> else B(...)``. Else None."""
+    if not (
+        isinstance(value, cst.IfExp)
+        and isinstance(value.body, cst.Name)
+        and isinstance(value.orelse, cst.Name)
+        and {value.body.value, value.orelse.value} <= set(classes)
+    ):
+        return None
+    assigned = {
+        t.dotted(target.target)
+        for statement in after
+        for assign in ([statement.body[0]] if isinstance(statement, cst.SimpleStatementLine) else [])
+        if isinstance(assign, cst.Assign)
+        for target in assign.targets
+    }
+    return None if t.root_names(value.test) & assigned else value
+
+
 class _Called(cst.CSTTransformer):
-    def __init__(self, aliases: dict[str, str]) -> None:
+    """Each call of an alias as its class, or as the choice of either class's call."""
+
+    def __init__(self, aliases: dict[str, str | cst.IfExp]) -> None:
         self.aliases = aliases
 
     def leave_Call(self, original, updated):
-        if isinstance(updated.func, cst.Name) and updated.func.value in self.aliases:
-            return updated.with_changes(func=cst.Name(self.aliases[updated.func.value]))
+        chosen = self.aliases.get(updated.func.value) if isinstance(updated.func, cst.Name) else None
+        if isinstance(chosen, str):
+            return updated.with_changes(func=cst.Name(chosen))
+        if chosen is not None:
+            return chosen.with_changes(
+                body=updated.with_changes(func=chosen.body), orelse=updated.with_changes(func=chosen.orelse)
+            )
         return updated

@@ -174,14 +174,18 @@ def input_weight_guard(moe, top_k: str) -> str:
     return f"if {top_k} != 1:\n    raise NotImplementedError({message!r})\n"
 
 
-def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str], str]:
-    """Sizes and activation, as the source's router and stacked-experts classes assign them."""
+def stacked_sources(
+    module: cst.Module, built: dict, moe, block_exprs: dict[str, str]
+) -> tuple[dict[str, str], str]:
+    """Sizes and activation, as the source's router and stacked-experts classes assign them
+    (``block_exprs``: the block's ``__init__`` assignments, read for a router of its own)."""
     name = moe.module_class
-    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class)):
+    linear = block_linear_router(built, moe, block_exprs)
+    for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class))[linear is not None :]:
         call = built.get(attr)
         if t.call_name(call) != cls or not call.args or not m.matches(call.args[0].value, m.Name("config")):
             raise HfrewriteError(f"{name}: {NAME}: self.{attr} is not {cls}(config)")
-    router = t.init_exprs(t.find_class(module, moe.router_class))
+    router = linear if linear is not None else t.init_exprs(t.find_class(module, moe.router_class))
     experts = t.init_exprs(t.find_class(module, moe.experts_class))
     act = experts.get("act_fn", "")
     if moe.activation == "swigluoai":  # gpt_oss's clamped swiglu: vLLM's activation of that name
@@ -207,6 +211,21 @@ def stacked_sources(module: cst.Module, built: dict, moe) -> tuple[dict[str, str
     if missing:
         raise HfrewriteError(f"{name}: {NAME}: the source does not name {', '.join(missing)}")
     return sizes, act[len("ACT2FN[") : -1]
+
+
+def block_linear_router(built: dict, moe, block: dict[str, str]) -> dict[str, str] | None:
+    """The sizes of a router that is the block's own ``nn.Linear(H, E)`` beside stacked
+    experts (Jamba's; the block routes, and holds top_k in the attribute analysis found by
+    value), as the router-class names ``stacked_sources`` reads: None for a router class."""
+    router = built.get(moe.router)
+    if moe.router_class != "Linear" or not builds(router, nn_call("Linear")) or not moe.top_k_attr:
+        return None
+    resolved = {
+        "num_experts": t.code(t.arg(router, 1, "out_features")),
+        "hidden_dim": t.code(t.arg(router, 0, "in_features")),
+        "top_k": f"self.{moe.top_k_attr}",
+    }
+    return {k: t.resolved_self(v, block) for k, v in resolved.items()}
 
 
 def built_with_block_config(experts: cst.BaseExpression, expert_cls: cst.ClassDef, moe) -> bool:

@@ -228,3 +228,49 @@ class LlamaDecoderLayer(nn.Module):
         self.kind = cls
 """
     assert rewrite(thread_layer_args, before, llama_like()) == before
+
+
+_EITHER = """\
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.down_proj = RowParallelLinear(1, 1, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+
+class LlamaMoE(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.down_proj = RowParallelLinear(1, 1, quant_config=quant_config, prefix=f"{prefix}.down_proj")
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        num_experts = config.layers_num_experts[layer_idx]
+        ffn_layer_class = LlamaMoE if num_experts > 1 else LlamaMLP
+        self.feed_forward = ffn_layer_class(config)
+"""
+
+
+def test_a_part_built_through_an_alias_chosen_per_layer_is_built_by_either_class():
+    """Jamba: ``ffn_layer_class = JambaSparseMoeBlock if num_experts > 1 else JambaMLP`` on the
+    layer's own count: each of the two calls gets its quant_config and prefix."""
+    out = rewrite(thread_layer_args, _EITHER, llama_like())
+    assert (
+        'self.feed_forward = LlamaMoE(config, quant_config = quant_config, prefix = f"{prefix}.feed_forward") '
+        'if num_experts > 1 else LlamaMLP(config, quant_config = quant_config, prefix = f"{prefix}.feed_forward")'
+    ) in out
+    assert "ffn_layer_class" not in out
+
+
+def test_an_alias_of_a_class_the_file_does_not_define_stays():
+    before = _EITHER.replace("LlamaMoE if", "Attention if")
+    assert "ffn_layer_class(config" in rewrite(thread_layer_args, before, llama_like())
+
+
+def test_an_alias_whose_test_changes_before_its_call_stays():
+    before = _EITHER.replace(
+        "        self.feed_forward = ffn_layer_class(config)\n",
+        "        num_experts = 1\n        self.feed_forward = ffn_layer_class(config)\n",
+    )
+    assert "ffn_layer_class(config" in rewrite(thread_layer_args, before, llama_like())

@@ -94,3 +94,21 @@ def test_the_mlp_config_stays_untyped_without_proof(old, new, why):
 def test_nothing_is_typed_when_the_class_is_not_imported():
     code, matches = typed(one_change("from transformers import LlamaConfig\n", ""))
     assert matches == 0 and "def __init__(self, config, size=None):" in code
+
+
+TABLED = one_change(
+    "        self.layers = make_layers(2, lambda prefix: LlamaDecoderLayer(config))\n",
+    "        self.layers = make_layers(2, lambda prefix: LAYERS[config.kinds[0]](config))\n",
+).replace("\n\nclass LlamaModel", '\n\nLAYERS = {"attention": LlamaDecoderLayer}\n\n\nclass LlamaModel')
+
+
+def test_the_config_is_followed_through_a_table_of_layer_classes():
+    """Jamba's base model builds each layer as ``ALL_DECODER_LAYER_TYPES[kind](config, ...)``:
+    a call of each class of the table."""
+    code, _ = typed(TABLED)
+    assert "def __init__(self, config: LlamaConfig, size=None):" in code
+
+
+def test_a_table_read_otherwise_than_called_is_no_proof():
+    code, _ = typed(TABLED + "\nKINDS = list(LAYERS)\n")
+    assert "def __init__(self, config, size=None):" in code

@@ -364,6 +364,29 @@ def test_a_layer_stack_built_by_a_loop_is_made_by_make_layers_with_the_index_whe
     assert "decoder_layers" not in after
 
 
+def test_a_layer_class_chosen_in_the_loop_is_chosen_by_the_prefix_index():
+    """Jamba names each layer's class in the loop before appending it: the lambda chooses the
+    class by the layer's index too."""
+    looped = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "        self.layers = nn.ModuleList(\n"
+        "            [LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]\n"
+        "        )\n",
+        "        decoder_layers = []\n"
+        "        for i in range(config.num_hidden_layers):\n"
+        "            layer_class = LAYER_CLASSES[config.kinds[i]]\n"
+        "            decoder_layers.append(layer_class(config, layer_idx=i))\n"
+        "        self.layers = nn.ModuleList(decoder_layers)\n",
+    )
+    assert looped != BEFORE_LLAMA_MODEL_AND_CAUSAL_LM
+    after = rewrite(vllm_model_interface, looped, llama_like())
+    assert (
+        "            lambda prefix: LAYER_CLASSES[config.kinds[extract_layer_index(prefix)]](config, "
+        "layer_idx=extract_layer_index(prefix), cache_config=cache_config, "
+        "quant_config=quant_config, prefix=prefix),\n"
+    ) in after
+    assert "layer_class" not in after
+
+
 def test_a_loop_that_does_more_than_append_layers_is_not_a_stack():
     looped = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
         "        self.layers = nn.ModuleList(\n"
