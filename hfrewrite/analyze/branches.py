@@ -337,15 +337,17 @@ def asks_own_attribute(node: ast.AST) -> bool:
 
 
 def forward_switches_of_layers(model: nn.Module, base: nn.Module, layers, *plans) -> tuple:
-    """``forward_switches`` with the first layer, less the tests whose value differs between
-    the traced ``layers`` (Llama-4's ``layer_idx in config.moe_layers``): each layer took its
-    own branch there, and the analysis proved every layer."""
+    """``forward_switches`` with the first layer of each class (layers of two classes: Jamba's),
+    less the tests whose value differs between the traced ``layers`` (Llama-4's ``layer_idx
+    in config.moe_layers``): each layer took its own branch there, and the analysis proved
+    every layer."""
     per_layer = [forward_switches(model, base, layer, *plans) for layer in layers]
     values: dict[tuple[str, str], set[bool]] = {}
     for switches in per_layer:
         for cls, test, value in switches:
             values.setdefault((cls, test), set()).add(value)
-    return tuple(s for s in per_layer[0] if len(values[s[:2]]) == 1)
+    firsts = {type(layer): i for i, layer in reversed(list(enumerate(layers)))}.values()
+    return tuple(dict.fromkeys(s for i in sorted(firsts) for s in per_layer[i] if len(values[s[:2]]) == 1))
 
 
 def with_config_attrs(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:

@@ -71,3 +71,8 @@ def layer_norms(traces, per_layer, lead, decoder, attention, final, own_class, s
     if own_class is not None and not norms.decoder.fused:
         refuse("model_layout", f"{SEVERAL} whose norms are not one vLLM norm", own_class.module_class)
     return norms
+
+
+def one_per_class(layers: list[nn.Module]) -> list[nn.Module]:
+    """The first layer of each class, in order: a switch of each class's code is read."""
+    return list({type(layer): layer for layer in reversed(layers)}.values())[::-1]

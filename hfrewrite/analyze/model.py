@@ -48,7 +48,7 @@ from hfrewrite.analyze.layer_agreement import (
     mixer_plan,
     one_kind,
 )
-from hfrewrite.analyze.layer_classes import layer_norms, mixer_layer, unrun_classes
+from hfrewrite.analyze.layer_classes import layer_norms, mixer_layer, one_per_class, unrun_classes
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
@@ -375,10 +375,18 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
             type(model).__name__,
             soft_cap,
         ),
-        helper_switches=forward_switches(
-            model, base, layers[0], plans.attention, plans.mlp, plans.moe, part="helpers"
+        helper_switches=tuple(
+            dict.fromkeys(
+                s
+                for layer in one_per_class(layers)
+                for s in forward_switches(
+                    model, base, layer, plans.attention, plans.mlp, plans.moe, part="helpers"
+                )
+            )
         ),
-        init_switches_tested=_init_only(model, base, layers[0], plans),
+        init_switches_tested=tuple(
+            dict.fromkeys(s for layer in one_per_class(layers) for s in _init_only(model, base, layer, plans))
+        ),
     )
 
 
