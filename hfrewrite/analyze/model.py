@@ -375,24 +375,24 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
             type(model).__name__,
             soft_cap,
         ),
-        helper_switches=tuple(
-            dict.fromkeys(
-                s
-                for layer in one_per_class(layers)
-                for s in forward_switches(
-                    model, base, layer, plans.attention, plans.mlp, plans.moe, part="helpers"
-                )
-            )
-        ),
-        init_switches_tested=tuple(
-            dict.fromkeys(s for layer in one_per_class(layers) for s in _init_only(model, base, layer, plans))
-        ),
+        helper_switches=_per_class(layers, lambda layer: _helpers(model, base, layer, plans)),
+        init_switches_tested=_per_class(layers, lambda layer: _init_only(model, base, layer, plans)),
     )
 
 
 def _mtp_layers_field(config) -> str | None:
     """The config field counting multi-token-prediction layers, if the config has one."""
     return next((f for f in MTP_FIELDS if hasattr(config, f) and hasattr(config, "num_hidden_layers")), None)
+
+
+def _per_class(layers: list[nn.Module], found) -> tuple:
+    """What ``found`` gives for the first layer of each decoder-layer class, once each."""
+    return tuple(dict.fromkeys(s for layer in one_per_class(layers) for s in found(layer)))
+
+
+def _helpers(model, base, layer, plans) -> tuple:
+    """The switches of the methods the forwards call (branches.py, ``part="helpers"``)."""
+    return forward_switches(model, base, layer, plans.attention, plans.mlp, plans.moe, part="helpers")
 
 
 def _init_only(model, base, layer, plans) -> tuple[tuple[str, str], ...]:
