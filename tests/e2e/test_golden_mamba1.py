@@ -16,10 +16,6 @@ sequences' decode steps: still Hugging Face's tokens.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +23,7 @@ import pytest
 from hfrewrite.verify import runner
 from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, _max_diff, verify_many
 from hfrewrite.verify.fixtures import make_tiny_checkpoint
-from tests.e2e.golden_checks import assert_equals_hf
+from tests.e2e.golden_checks import assert_equals_hf, assert_native_with_files_mixer
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 CASES = {
@@ -35,20 +31,6 @@ CASES = {
     "mamba-biases": ("mamba", {"state_size": 8, "use_bias": True, "conv_kernel": 3}),
     "falcon_mamba": ("falcon_mamba", {"state_size": 8, "mixer_rms_eps": 1e-3}),
 }
-# vLLM's own model with the file's mixer, in a process of its own (vLLM's class is patched there)
-_SWAPPED = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("golden_under_test", sys.argv[1])
-golden = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(golden)
-import vllm.model_executor.models.mamba as native
-native.MambaMixer = golden.TorchScanMambaMixer
-from hfrewrite.verify.engine import hf_greedy, vllm_run
-hf_tokens, hf_logprobs = hf_greedy(sys.argv[2])
-run = vllm_run(sys.argv[2])
-print(json.dumps({"tokens": run["tokens"], "logprobs": run["logprobs"], "class": run["model_class"],
-                  "hf_tokens": hf_tokens, "hf_logprobs": hf_logprobs}))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -80,25 +62,10 @@ def test_vllms_own_mamba_cannot_run_on_this_cpu_build(reports, case):
 @pytest.mark.vllm
 @pytest.mark.parametrize("case", ["mamba", "falcon_mamba"])
 def test_vllms_own_mamba_with_the_files_mixer_decodes_the_files_tokens(reports, case):
-    report = reports[case]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    done = subprocess.run(
-        [sys.executable, "-c", _SWAPPED, report.generated_module, report.ckpt],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    native = json.loads(done.stdout.strip().splitlines()[-1])
     # (vLLM runs FalconMamba's architecture as its MambaForCausalLM too)
-    assert native["class"] == "vllm.model_executor.models.mamba.MambaForCausalLM"
-    assert native["hf_tokens"] == report.hf_tokens  # the same checkpoint and prompts
-    assert native["tokens"] == report.generated_tokens
-    diff = _max_diff(native["tokens"], native["logprobs"], native["hf_tokens"], native["hf_logprobs"])
-    assert diff is not None and diff <= LOGPROB_TOL
+    assert_native_with_files_mixer(
+        reports[case], "vllm.model_executor.models.mamba", "vllm.model_executor.models.mamba.MambaForCausalLM"
+    )
 
 
 @pytest.mark.vllm
