@@ -47,6 +47,7 @@ import libcst.matchers as m
 
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.expert_sources import (
+    block_linear_router,
     bound_init_exprs,
     built_with_block_config,
     flat_sources,
@@ -127,9 +128,11 @@ def _sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> _Sour
             {"custom_routing_function": "self.route"},
         )
     else:
-        sizes, act = stacked_sources(module, built, moe, t.init_exprs(block))
-        linear = moe.router_class == "Linear"  # the block's own Linear: the block routes (Jamba)
-        router_cls = block if linear else t.find_class(module, moe.router_class)
+        block_exprs = t.init_exprs(block)
+        sizes, act = stacked_sources(module, built, moe, block_exprs)
+        # the block's own nn.Linear: the block routes (Jamba's), its code holds the renormalisation
+        own = block_linear_router(module, built, moe, block_exprs) is not None
+        router_cls = block if own else t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
         renormalize, guards = source_renormalize(router_cls, router, moe, name)
         guards += swiglu_guard(module, moe) + input_weight_guard(moe, sizes["top_k"])

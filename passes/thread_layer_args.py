@@ -192,9 +192,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     classes = {node.name.value for node in module.body if isinstance(node, cst.ClassDef)}
     module = module.with_changes(body=[_without_class_aliases(node, classes) for node in module.body])
     needs = _needs(module)
-    for (
-        decoder
-    ) in ctx.plan.decoder_layers:  # make_layers passes all three; prune_unused_params drops the unread
+    # make_layers passes all three to every layer class; prune_unused_params drops the unread
+    for decoder in ctx.plan.decoder_layers:
         if decoder.module_class in needs:
             needs[decoder.module_class] = list(ARGS)
     imports = tuple(

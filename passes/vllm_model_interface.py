@@ -74,7 +74,7 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     args = [a.with_changes(value=m.replace(a.value, m.Name(index), at)) for a in layer.args]  # not keywords
     extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
     # the class too may be chosen by the index (Jamba's ALL_DECODER_LAYER_TYPES[...[i]])
-    func = m.replace(layer.func, m.Name(index), at)
+    func = t.replace_names(layer.func, {index: at})
     call = f"{t.code(func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
     return (
         f"self.start_layer, self.end_layer, self.{attr} = make_layers(\n"
@@ -138,11 +138,16 @@ def _bound_locals(statements: list[cst.BaseStatement]) -> dict[str, cst.BaseExpr
 
 def _substituted(expression: cst.BaseExpression, bound: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
     """``expression`` with each name ``bound`` holds replaced by its (parenthesised) expression."""
-    for name, value in bound.items():
-        atomic = isinstance(value, cst.Name | cst.Attribute | cst.Subscript | cst.Call)
-        value = value if atomic else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        expression = m.replace(expression, m.Name(name), value)
-    return expression
+    atomic = cst.Name | cst.Attribute | cst.Subscript | cst.Call
+    return t.replace_names(
+        expression,
+        {
+            name: value
+            if isinstance(value, atomic)
+            else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            for name, value in bound.items()
+        },
+    )
 
 
 def rewrite_base_model(cls: cst.ClassDef, ctx: PassContext) -> cst.ClassDef:

@@ -15,6 +15,7 @@ from typing import Literal
 
 from torch import nn
 
+from hfrewrite.analyze.layer_classes import one_per_class
 from hfrewrite.analyze.optional_parts import AsConfigTest, optional_parts, self_assignments
 
 # which methods' switches: forward and __init__, one of them, or the forward's helpers
@@ -346,8 +347,16 @@ def forward_switches_of_layers(model: nn.Module, base: nn.Module, layers, *plans
     for switches in per_layer:
         for cls, test, value in switches:
             values.setdefault((cls, test), set()).add(value)
-    firsts = {type(layer): i for i, layer in reversed(list(enumerate(layers)))}.values()
-    return tuple(dict.fromkeys(s for i in sorted(firsts) for s in per_layer[i] if len(values[s[:2]]) == 1))
+    firsts = {id(layer) for layer in one_per_class(layers)}
+    return tuple(
+        dict.fromkeys(
+            s
+            for layer, switches in zip(layers, per_layer)
+            if id(layer) in firsts
+            for s in switches
+            if len(values[s[:2]]) == 1
+        )
+    )
 
 
 def with_config_attrs(test: ast.expr, assigned: dict[str, ast.expr]) -> ast.expr:

@@ -33,10 +33,8 @@ def mixer_layer(per_layer: list, lead: DecoderLayerPlan) -> DecoderLayerPlan | N
             "layers and one for a hybrid's other mixer",
             lead.module_class,
         )
-    decoder = plans.pop()
-    if decoder.module_class == lead.module_class or any(
-        facts.mixer is not None for facts in per_layer if facts.attention is not None
-    ):
+    decoder = plans.pop()  # (of the other class: the attention layers are all of lead's)
+    if any(facts.mixer is not None for facts in per_layer if facts.attention is not None):
         refuse("model_layout", f"{SEVERAL}, the mixer's in the attention layers' too", lead.module_class)
     if not (lead.fused and decoder.fused):
         refuse(

@@ -188,7 +188,7 @@ def _stacked_plan(
         facts = {**facts, "top_k_attr": int_attr(block, facts["top_k"])}
     return MoePlan(
         module_class=cls,
-        router_class=type(block.get_submodule(facts["router"])).__name__,
+        router_class=type(router).__name__,
         experts=relative(call.target, path),
         experts_class=type(experts_mod).__name__,
         num_experts=int(num_experts),

@@ -180,7 +180,7 @@ def stacked_sources(
     """Sizes and activation, as the source's router and stacked-experts classes assign them
     (``block_exprs``: the block's ``__init__`` assignments, read for a router of its own)."""
     name = moe.module_class
-    linear = block_linear_router(built, moe, block_exprs)
+    linear = block_linear_router(module, built, moe, block_exprs)
     for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class))[linear is not None :]:
         call = built.get(attr)
         if t.call_name(call) != cls or not call.args or not m.matches(call.args[0].value, m.Name("config")):
@@ -213,18 +213,17 @@ def stacked_sources(
     return sizes, act[len("ACT2FN[") : -1]
 
 
-def block_linear_router(built: dict, moe, block: dict[str, str]) -> dict[str, str] | None:
+def block_linear_router(module: cst.Module, built: dict, moe, block: dict[str, str]) -> dict[str, str] | None:
     """The sizes of a router that is the block's own ``nn.Linear(H, E)`` beside stacked
     experts (Jamba's; the block routes, and holds top_k in the attribute analysis found by
     value), as the router-class names ``stacked_sources`` reads: None for a router class."""
-    router = built.get(moe.router)
-    if moe.router_class != "Linear" or not builds(router, nn_call("Linear")) or not moe.top_k_attr:
+    if moe.router_class != "Linear" or not moe.top_k_attr:  # the traced router: nn.Linear (moe.py)
         return None
-    resolved = {
-        "num_experts": t.code(t.arg(router, 1, "out_features")),
-        "hidden_dim": t.code(t.arg(router, 0, "in_features")),
-        "top_k": f"self.{moe.top_k_attr}",
-    }
+    found = router_sizes(module, built.get(moe.router), moe)
+    if found is None or found[1]:  # the source builds another (a router class has __init__ expressions)
+        return None
+    (num_experts, hidden), _ = found
+    resolved = {"num_experts": num_experts, "hidden_dim": hidden, "top_k": f"self.{moe.top_k_attr}"}
     return {k: t.resolved_self(v, block) for k, v in resolved.items()}
 
 
