@@ -8,6 +8,8 @@ a gated MLP whose act vLLM has no ``*AndMul`` for (proven to read gate and up la
 one ``[gate; up]`` Linear becomes ``MergedColumnParallelLinear(I, [2I // 2] * 2)``, so each
 rank's output is its gate columns then its up columns, which the source's ``chunk`` splits),
 and an attention's output gate (``o(attn * act(gate(x)))``, proven by replay), column-parallel.
+An output projection after a norm of the whole attention output takes the gathered heads
+(``input_is_parallel=False``: each rank keeps its part of the input).
 The Linears of an MLP class kept from the source (no form fits it, proven per token) become
 ``ReplicatedLinear``: the whole weight on every rank, loaded and quantized as vLLM's linears.
 
@@ -78,9 +80,11 @@ def rewrite(
     attr: str,
     kind: str = "RowParallelLinear",
     reduce_param: bool = False,
+    whole_input: bool = False,
 ) -> cst.ClassDef:
     """``reduce_param``: the class takes ``reduce_results: bool = True`` and passes it on
-    (a MoE block's shared expert is built with False: vLLM's MoE runner reduces it)."""
+    (a MoE block's shared expert is built with False: vLLM's MoE runner reduces it);
+    ``whole_input``: every rank is given the whole input (``input_is_parallel=False``)."""
     name = cls.name.value
     init = t.find_method(cls, "__init__")
     body = list(init.body.body)
@@ -97,6 +101,7 @@ def rewrite(
     body[i] = t.stmt(
         f"self.{attr} = {kind}(\n    {t.code(size_in)},\n    {sizes},\n"
         f"    bias={bias_src},\n{'    reduce_results=reduce_results,' + chr(10) if reduce_param else ''}"
+        f"{'    input_is_parallel=False,' + chr(10) if whole_input else ''}"
         "    quant_config=quant_config,\n"
         f'    prefix=f"{{prefix}}.{attr}",\n)\n'
     ).with_changes(leading_lines=body[i].leading_lines)
@@ -118,6 +123,8 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     gate = None if att is None or isinstance(att, MlaPlan) else att.output_gate
     if gate is not None and not gate.packed:  # sharded as the heads are (packed: in qkv_proj)
         targets.append((att.module_class, att.output_gate.attr, "ColumnParallelLinear"))
+    # the output projection after a norm of the whole attention output: its input gathered
+    gathered = (att.module_class, att.o.attr) if targets and att.output_norm else None
     moe = ctx.plan.moe
     shared = moe is not None and moe.shared_expert is not None
     if mlp is not None:
@@ -134,7 +141,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = t.replace_class(
             module,
             cls_name,
-            rewrite(t.find_class(module, cls_name), attr, kind, reduce_param),
+            rewrite(t.find_class(module, cls_name), attr, kind, reduce_param, (cls_name, attr) == gathered),
         )
         pairwise = mlp is not None and mlp.form is MlpForm.PAIRWISE and cls_name == mlp.module_class
         note = f" ({mlp.form.label})" if pairwise and kind != "RowParallelLinear" else ""

@@ -32,6 +32,10 @@ A number times k (analyze/path_scale.py) is folded into the scale; one times v, 
 narrower than q's and k's (zero-padded around ``self.attn``), are emit/value_heads.py's. Sinks
 built on some layers only (``nn.Parameter(...) if is_swa else None``) keep the source's test.
 
+A norm of the whole attention output before its projection (analyze/output_norm.py: BitNet's
+sub-norm) is the source's module, called after ``self.attn`` on the heads all ranks gather;
+``row_parallel`` then builds the projection with ``input_is_parallel=False``.
+
 An output gate the analysis proved by replay (analyze/output_gate.py: the attention output
 times ``act(gate(x))``, per lane or per head: AFMoE, Laguna) is computed after ``self.attn``
 from the table row's expression, in float32 where the source computes it so; ``row_parallel``
@@ -474,6 +478,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if att.output_gate is not None:
         rows.append(
             FusionRow(att.module_class, f"output gate kept: {att.output_gate.describe()} (proven by replay)")
+        )
+    if att.output_norm:
+        imports.append("tensor_model_parallel_all_gather")
+        rows.append(
+            FusionRow(
+                att.module_class,
+                f"{att.output_norm} kept over the whole output, the ranks' heads gathered (proven per token)",
+            )
         )
     if att.q_norm:
         where = att.qk_norm_order.value

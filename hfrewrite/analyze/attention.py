@@ -45,6 +45,8 @@ from hfrewrite.analyze.leaf_modules import is_head_norm
 from hfrewrite.analyze.manual_attention import by_hand_facts, no_attention_reason
 from hfrewrite.analyze.norm_kinds import QkNormOrder
 from hfrewrite.analyze.output_gate import output_gate
+from hfrewrite.analyze.output_gates import OutputGate
+from hfrewrite.analyze.output_norm import output_norm
 from hfrewrite.analyze.path_scale import path_scales
 from hfrewrite.analyze.plan import AttentionPlan, LinearFact, NoMatch, Refusal, RopeTable, refuse
 from hfrewrite.analyze.position_scale import peel_position_scale
@@ -101,7 +103,7 @@ def _analyze(
     if proj.fused is None:
         _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
     o_node, adds_residual = _output_projection(traced, path, scope, call)
-    gate = _output_path(traced, path, scope, call, o_node, proj, heads)
+    gate, norm = _output_path(traced, path, scope, call, o_node, proj, heads)
     options = call_options(call, path, heads.num_heads)
     fact, fused, head_dim = rope.fact, proj.fused, heads.head_dim
     return AttentionPlan(
@@ -139,6 +141,7 @@ def _analyze(
         sinks=options.sinks,
         adds_residual=adds_residual,
         output_gate=gate,
+        output_norm=norm,
     )
 
 
@@ -454,9 +457,10 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
 
 def _output_path(
     traced: Traced, path: str, scope: set[Node], call: Node, o_node: Node, proj: _Projections, heads: Heads
-):
-    """The output gate between the attention and its projection, or None; the rest of that
-    path layout alone, and without a gate, the projection reading the heads as vLLM lays them."""
+) -> tuple[OutputGate | None, str | None]:
+    """The output gate between the attention and its projection, or None, and the norm of the
+    whole output there (analyze/output_norm.py), or None; the rest of that path layout alone,
+    and without either, the projection reading the heads as vLLM lays them."""
     qkv_linears = list({n: None for f in proj.feeders.values() for n in linears_feeding(f, scope, traced)})
     packed_q = proj.feeders["q"] if heads.packed else None
     gate, on_output = output_gate(
@@ -469,9 +473,12 @@ def _output_path(
             "half: the other half is no output gate the replay proves",
         )
     only_layout(on_output, traced, "the attention output")
-    if gate is None:
+    norm = output_norm(traced, path, call, o_node, on_output)
+    if gate is not None and norm is not None:
+        refuse("vllm_attention", "the attention output is both gated and normalised before its projection")
+    if gate is None and norm is None:
         prove_output_layout(call, o_node)
-    return gate
+    return gate, norm
 
 
 def _count(n: int) -> str:

@@ -161,6 +161,9 @@ class AttentionPlan:
     adds_residual: bool = False
     # the attention output times act(gate(x)) before its projection (analyze/output_gate.py)
     output_gate: OutputGate | None = None
+    # the attention's norm module over the whole output [heads * head_dim] before its
+    # projection (BitNet's attn_sub_norm; analyze/output_norm.py): kept, the heads gathered
+    output_norm: str | None = None
 
 
 @dataclass(frozen=True)

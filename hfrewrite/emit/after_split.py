@@ -74,6 +74,13 @@ if self.tp_size > 1:
     k = k.chunk(self.tp_size, dim=-1)[self.tp_rank]
 """
 
+_OUTPUT_NORM = """\
+# The source's norm over every head's output, before the output projection: under
+# tensor parallelism each rank holds a slice of the heads, gathered first (the
+# projection then takes the whole input and keeps its rank's part).
+attn_output = self.{norm}(tensor_model_parallel_all_gather(attn_output.contiguous()))
+"""
+
 
 @dataclass(frozen=True)
 class AfterSplit:
@@ -201,6 +208,8 @@ def _allowed_calls(att: AttentionPlan) -> set[str]:
     allowed |= set(att.replaced_calls)  # the analysis accounts for all they compute
     if (gate := att.output_gate) is not None:  # the proven gate: its projection and activation
         allowed |= {gate.attr, *gate.activation.calls, "mul", *(("float", "to") if gate.upcast else ())}
+    if att.output_norm:  # the proven norm of the whole output: the tail calls it
+        allowed |= {att.output_norm}
     if att.rotary_dim is not None and att.rotary_dim < att.head_dim:
         allowed |= {"cat"}  # partial rope: the proven rope region re-joins the passed lanes
     return allowed
@@ -366,6 +375,7 @@ def forward_tail(att: AttentionPlan, norms: str, source: AfterSplit, residual: s
         + "attn_output = self.attn(q, k, v)\n"
         + after_attention(att, HEAD_DIM)
         + (gated_output(att.output_gate) if att.output_gate else "")
+        + (_OUTPUT_NORM.format(norm=att.output_norm) if att.output_norm else "")
         + f"attn_output = self.{att.o.attr}(attn_output)\n"
         + (f"return attn_output + {residual}\n" if att.adds_residual else "return attn_output\n")
     )

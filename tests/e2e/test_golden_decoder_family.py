@@ -228,6 +228,9 @@ CASES |= {
     # ernie4_5: interleaved rope, tied; then with its biases switched on (use_bias)
     "ernie4_5-interleaved-rope": ("ernie4_5", {}),
     "ernie4_5-biases": ("ernie4_5", {"use_bias": True}),
+    # bitnet: a norm over the whole attention output before o_proj (the source's module kept,
+    # the heads gathered), and a norm inside the MLP (the source's block kept, replicated)
+    "bitnet-output-sub-norms": ("bitnet", {}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {
