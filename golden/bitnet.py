@@ -39,8 +39,8 @@ from vllm.distributed import (
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
     QKVParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -77,24 +77,25 @@ class BitNetMLP(nn.Module):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
-        self.gate_proj = ReplicatedLinear(
+        self.gate_proj = ColumnParallelLinear(
             self.hidden_size,
             self.intermediate_size,
             bias=False,
             quant_config=quant_config,
             prefix=f"{prefix}.gate_proj",
         )
-        self.up_proj = ReplicatedLinear(
+        self.up_proj = ColumnParallelLinear(
             self.hidden_size,
             self.intermediate_size,
             bias=False,
             quant_config=quant_config,
             prefix=f"{prefix}.up_proj",
         )
-        self.down_proj = ReplicatedLinear(
+        self.down_proj = RowParallelLinear(
             self.intermediate_size,
             self.hidden_size,
             bias=False,
+            input_is_parallel=False,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
@@ -103,7 +104,11 @@ class BitNetMLP(nn.Module):
 
     def forward(self, x):
         down_proj, _ = self.down_proj(
-            self.ffn_sub_norm(self.act_fn(self.gate_proj(x)[0]) * self.up_proj(x)[0])
+            self.ffn_sub_norm(
+                tensor_model_parallel_all_gather(
+                    self.act_fn(self.gate_proj(x)[0]) * self.up_proj(x)[0]
+                )
+            )
         )
         return down_proj
 

@@ -9,7 +9,9 @@ one ``[gate; up]`` Linear becomes ``MergedColumnParallelLinear(I, [2I // 2] * 2)
 rank's output is its gate columns then its up columns, which the source's ``chunk`` splits),
 and an attention's output gate (``o(attn * act(gate(x)))``, proven by replay), column-parallel.
 An output projection after a norm of the whole attention output takes the gathered heads
-(``input_is_parallel=False``: each rank keeps its part of the input).
+(``input_is_parallel=False``: each rank keeps its part of the input), as a down projection
+after a norm of the whole intermediate takes the gathered columns (BitNet's ``ffn_sub_norm``,
+which forward then calls on ``tensor_model_parallel_all_gather`` of its input).
 The Linears of an MLP class kept from the source (no form fits it, proven per token) become
 ``ReplicatedLinear``: the whole weight on every rank, loaded and quantized as vLLM's linears.
 
@@ -61,6 +63,30 @@ class _Unpack(cst.CSTTransformer):
         if t.call_name(updated) == self.func:
             return cst.Subscript(updated, [cst.SubscriptElement(cst.Index(cst.Integer("0")))])
         return updated
+
+
+class _GatheredNormInput(cst.CSTTransformer):
+    """``self.<norm>(y)`` -> ``self.<norm>(tensor_model_parallel_all_gather(y))``."""
+
+    def __init__(self, norm: str) -> None:
+        self.func, self.count = f"self.{norm}", 0
+
+    def leave_Call(self, original, updated):
+        if t.call_name(updated) != self.func or len(updated.args) != 1:
+            return updated
+        self.count += 1
+        gathered = t.expr(f"tensor_model_parallel_all_gather({t.code(updated.args[0].value)})")
+        return updated.with_changes(args=[updated.args[0].with_changes(value=gathered)])
+
+
+def gathered_norm_input(cls: cst.ClassDef, norm: str) -> cst.ClassDef:
+    """``cls`` whose forward gives its one call of ``self.<norm>`` every rank's columns."""
+    forward = t.find_method(cls, "forward")
+    gather = _GatheredNormInput(norm)
+    forward = forward.visit(gather)
+    if gather.count != 1:
+        raise HfrewriteError(f"{cls.name.value}: {NAME}: self.{norm} is not called once in forward")
+    return t.set_method(cls, forward)
 
 
 def _assignment(init: cst.FunctionDef, attr: str) -> int | None:
@@ -124,11 +150,20 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     if gate is not None and not gate.packed:  # sharded as the heads are (packed: in qkv_proj)
         targets.append((att.module_class, att.output_gate.attr, "ColumnParallelLinear"))
     # the output projection after a norm of the whole attention output: its input gathered
-    gathered = (att.module_class, att.o.attr) if targets and att.output_norm else None
+    gathered = {(att.module_class, att.o.attr)} if targets and att.output_norm else set()
     moe = ctx.plan.moe
     shared = moe is not None and moe.shared_expert is not None
     if mlp is not None:
         targets.append((mlp.module_class, mlp.down.attr, "RowParallelLinear"))
+        if mlp.inner_norm:  # the norm inside reads every rank's columns: down takes them all
+            gathered.add((mlp.module_class, mlp.down.attr))
+            cls = gathered_norm_input(t.find_class(module, mlp.module_class), mlp.inner_norm)
+            module = t.replace_class(module, mlp.module_class, cls)
+            rows.append(
+                FusionRow(
+                    mlp.module_class, f"{mlp.inner_norm} kept over every rank's columns (proven per token)"
+                )
+            )
         # ungated or pairwise: gate and up by columns, the source's act proven per lane
         targets += [(mlp.module_class, attr, kind) for attr, kind in mlp.form.column_sharded(mlp)]
     for kept in [k for k in ctx.plan.kept_mlps if k.linears]:  # the whole weight on every rank
@@ -141,14 +176,15 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = t.replace_class(
             module,
             cls_name,
-            rewrite(t.find_class(module, cls_name), attr, kind, reduce_param, (cls_name, attr) == gathered),
+            rewrite(t.find_class(module, cls_name), attr, kind, reduce_param, (cls_name, attr) in gathered),
         )
         pairwise = mlp is not None and mlp.form is MlpForm.PAIRWISE and cls_name == mlp.module_class
         note = f" ({mlp.form.label})" if pairwise and kind != "RowParallelLinear" else ""
         rows.append(FusionRow(cls_name, f"{attr} -> {kind}{note}"))
     return PassResult(
         module=module,
-        imports=tuple(sorted({k for *_, k in targets})),
+        imports=tuple(sorted({k for *_, k in targets}))
+        + (("tensor_model_parallel_all_gather",) if mlp is not None and mlp.inner_norm else ()),
         fused=tuple(rows),
         matches=len(rows),
     )

@@ -66,6 +66,7 @@ from hfrewrite.emit.after_split import (
     untaken_guards,
 )
 from hfrewrite.emit.attention_body import AttentionCallKwargs, config_switch, unrecognised
+from hfrewrite.emit.attention_rows import kept_rows, replacement_row
 from hfrewrite.emit.chunked_attention import chunked_attention
 from hfrewrite.emit.given_residual import projection_at, residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
@@ -411,14 +412,6 @@ def _with_code_before(module: cst.Module, code: str, before: str) -> cst.Module:
     return module.with_changes(body=[*module.body[:at], *cst.parse_module(code).body, *module.body[at:]])
 
 
-# what the q/k norms normalise over, in the explain row
-_NORMED_OVER = {
-    "head": "head",
-    "each_head": "head, weights per head: each rank its own heads",
-    "all_heads": "all_heads",
-}
-
-
 def _with_template(module: cst.Module, before: str, file: str, name: str) -> cst.Module:
     """``module`` with the class or function ``name`` of ``templates/<file>`` before the class
     ``before``, once however many attention classes need it."""
@@ -427,34 +420,14 @@ def _with_template(module: cst.Module, before: str, file: str, name: str) -> cst
     return insert_before(module, before, template_class(file, name, {}, {}))
 
 
-def _described(att: AttentionPlan, hybrid: bool = False) -> str:
-    """The ``--explain`` row of the attention's replacement: what ran, and its positions."""
-    style = att.rope_style.label
-    rope = (
-        f"{att.rope_turn.builds} ({att.rope_turn.how}{style} style, rotary dim {att.rotary_dim} of {att.head_dim}"
-        + (", parameters per layer type" if att.rope_per_layer_type else "")
-        + "; proven by replay)"
-    )
-    softcap = f", logit soft cap {att.logit_softcap:g}" if att.logit_softcap else ""
-    if att.alibi:
-        rope = f"ALiBi slopes x {att.alibi} (bias proven by replay)"
-    elif positionless(att) and hybrid:
-        rope = "no rope (the hybrid's other mixer sees the order)"
-    elif positionless(att):
-        rope = "no rope (learned or fixed positions added to the embeddings)"
-    called = att.attention_call.label
-    window = "; windows read off the mask buffer" if att.window_mask else ""
-    return f"{called} -> vllm Attention{softcap} + {rope}{window}"
-
-
 def run(module: cst.Module, ctx: PassContext) -> PassResult:
     att = ctx.plan.attention
     if att is None or isinstance(att, MlaPlan):  # attention-free; passes/mla_attention.py
         return PassResult(module=module)
     cls = t.find_class(module, att.module_class)
     cls, notes = rewrite_attention(cls, ctx, frozenset(t.top_level_names(module)))
-    rows = [FusionRow(att.module_class, _described(att, hybrid=ctx.plan.mixer is not None))]
-    rows += [FusionRow(att.module_class, note) for note in notes]
+    described = [replacement_row(att, hybrid=ctx.plan.mixer is not None), *notes, *kept_rows(att)]
+    rows = [FusionRow(att.module_class, row) for row in described]
     imports = ["Attention", att.rope_turn.vllm_import]
     if att.alibi:
         imports = ["Attention", "get_tensor_model_parallel_rank"]
@@ -463,38 +436,16 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         module = _with_code_before(module, CAUSAL_WINDOW, att.module_class)
     if att.attention_chunk:
         imports.append("ChunkedLocalAttention")
-        rows.append(FusionRow(att.module_class, "chunked layers -> ChunkedLocalAttention (masks checked)"))
     if att.rope_table is not None:
         module = _with_code_before(module, SOURCE_ROPE_THETA, att.module_class)
     if att.sinks:
         imports += ["set_weight_attrs", "sharded_weight_loader"]
-        rows.append(
-            FusionRow(att.module_class, f"{att.sinks} -> Attention(sinks=...), one per head of each rank")
-        )
     sites = Sites()
     module = sites.replace_class(module, att.module_class, cls)
     if att.rope_turn is RopeTurn.REVERSED:
         module = _with_template(module, att.module_class, "rope.py", "ReversedRotaryEmbedding")
-    if att.output_gate is not None:
-        rows.append(
-            FusionRow(att.module_class, f"output gate kept: {att.output_gate.describe()} (proven by replay)")
-        )
     if att.output_norm:
         imports.append("tensor_model_parallel_all_gather")
-        rows.append(
-            FusionRow(
-                att.module_class,
-                f"{att.output_norm} kept over the whole output, the ranks' heads gathered (proven per token)",
-            )
-        )
-    if att.q_norm:
-        where = att.qk_norm_order.value
-        rows.append(
-            FusionRow(
-                att.module_class,
-                f"{att.q_norm}/{att.k_norm} kept (over {_NORMED_OVER[att.qk_norm_over]}, {where} the rope)",
-            )
-        )
     if att.qk_norm_over == "each_head":
         imports += ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size"]
         module = _with_template(module, att.module_class, "head_norm.py", "norm_rank_heads")

@@ -18,7 +18,7 @@ column-sharded projections (:mod:`hfrewrite.analyze.mlp_pairwise`).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -28,8 +28,10 @@ from transformers.activations import ACT2FN
 from hfrewrite.analyze.block_output import adds_given_tensor, read_outputs
 from hfrewrite.analyze.dataflow import ancestors, path_nodes
 from hfrewrite.analyze.fused_qkv import forward_code, source_line
+from hfrewrite.analyze.leaf_modules import is_norm
 from hfrewrite.analyze.mlp_forms import MlpForm
 from hfrewrite.analyze.mlp_pairwise import OWN_ACT, function_of, lanewise, pairwise_fused, pairwise_separate
+from hfrewrite.analyze.output_norm import normalises_each_token
 from hfrewrite.analyze.plan import LinearFact, MlpPlan, NoMatch
 from hfrewrite.analyze.q_prescale import factor_of
 from hfrewrite.analyze.trace import Traced, is_identity_dropout, past_identity_dropouts, relative, value
@@ -96,11 +98,13 @@ def analyze_mlp(traced: Traced, path: str, config, container: bool = False) -> M
         return pairwise_fused(traced, path, cls, linears, down) or fused or ungated
     if len(linears) != 3:
         return NoMatch(PATTERN, cls, f"{len(linears)} linears instead of gate, up and down")
-    product = _gated_product(path, cls, linears, down)
+    reader, norm = _inner_norm(traced, path, down)
+    product = _gated_product(path, cls, linears, down, reader.args[0])
     gated = product if isinstance(product, NoMatch) else _gated(traced, path, cls, product, down, config)
     if isinstance(gated, MlpPlan):
-        return gated
-    return pairwise_separate(traced, path, cls, linears, down) or gated
+        return replace(gated, inner_norm=norm)
+    pairwise = pairwise_separate(traced, path, cls, linears, down, reader)
+    return replace(pairwise, inner_norm=norm) if pairwise else gated
 
 
 def _scaled_output(traced: Traced, path: str, output: Node, ends: dict) -> Node | None:
@@ -150,9 +154,29 @@ class _GatedProduct:
     up: Node
 
 
-def _gated_product(path: str, cls: str, linears: list, down: Node) -> _GatedProduct | NoMatch:
-    """The ``act(gate(x)) * up(x)`` that ``down`` reads, gate and up two of ``linears``."""
-    product = down.args[0]
+def _inner_norm(traced: Traced, path: str, down: Node) -> tuple[Node, str | None]:
+    """What reads the intermediate: a norm over all of it that ``down`` reads (BitNet's
+    ``down(ffn_sub_norm(act(gate(x)) * up(x)))``) and its attribute, the norm proven to read
+    a value nothing else reads and to normalise each token alone, so that the file can
+    gather the ranks' columns before it; else ``down`` itself and None."""
+    norm = down.args[0] if down.args else None
+    if not (isinstance(norm, Node) and norm.op == "call_module" and is_norm(traced.submodule(norm))):
+        return down, None
+    given = norm.args[0] if norm.args else None
+    if (
+        isinstance(given, Node)
+        and len(given.users) == 1
+        and len(norm.users) == 1
+        and torch.is_tensor(value(given))
+        and normalises_each_token(traced.submodule(norm), value(given), value(norm))
+    ):
+        return norm, relative(norm.target, path)
+    return down, None
+
+
+def _gated_product(path: str, cls: str, linears: list, down: Node, product) -> _GatedProduct | NoMatch:
+    """The ``act(gate(x)) * up(x)`` that ``down`` reads (``product``, past an inner norm),
+    gate and up two of ``linears``."""
     if not (
         isinstance(product, Node)
         and product.op in ("call_function", "call_method")

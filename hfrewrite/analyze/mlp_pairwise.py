@@ -28,16 +28,20 @@ _RANKS = (2, 4)  # the column blocks each check replays
 OWN_ACT = "the source's own activation"  # MlpPlan.activation where the source's act stays
 
 
-def pairwise_separate(traced: Traced, path: str, cls: str, linears: list[Node], down: Node) -> MlpPlan | None:
-    """``down(f(gate(x), up(x)))`` with ``f`` lane-wise per gate/up pair; else None."""
+def pairwise_separate(
+    traced: Traced, path: str, cls: str, linears: list[Node], down: Node, reader: Node | None = None
+) -> MlpPlan | None:
+    """``down(f(gate(x), up(x)))`` with ``f`` lane-wise per gate/up pair; else None.
+    ``reader``: what reads ``f``'s value where not ``down`` (a norm inside: analyze/mlp.py)."""
     gate, up = [n for n in linears if n is not down]
+    reader = reader or down
     if gate.args[0] is not up.args[0] or value(gate).shape != value(up).shape:
         return None
-    fn = function_of(traced, (gate, up), down.args[0])
-    if fn is None or not _read_only_by_down(fn.nodes, (gate, up), down):
+    fn = function_of(traced, (gate, up), reader.args[0])
+    if fn is None or not _read_only_by_down(fn.nodes, (gate, up), reader):
         return None
     g, u = value(gate), value(up)
-    if not lanewise(lambda cols: fn(g[..., cols], u[..., cols]), value(down.args[0]), g.shape[-1]):
+    if not lanewise(lambda cols: fn(g[..., cols], u[..., cols]), value(reader.args[0]), g.shape[-1]):
         return None
     g_fact, u_fact, d = (traced.linear_fact(n, path) for n in (gate, up, down))
     return MlpPlan(cls, g_fact, u_fact, d, "", OWN_ACT, form=MlpForm.PAIRWISE)

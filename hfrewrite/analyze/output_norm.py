@@ -43,12 +43,12 @@ def output_norm(traced: Traced, path: str, call: Node, o_node: Node, on_path: li
     normed, read = value(norm), value(o_node.args[0]) if o_node.args else None
     if not (torch.is_tensor(normed) and torch.is_tensor(read) and torch.equal(normed, read)):
         refuse(_PASS, "the output projection does not read the norm of the attention output as it is")
-    if not _per_token(traced.submodule(norm), value(norm.args[0]), normed):
+    if not normalises_each_token(traced.submodule(norm), value(norm.args[0]), normed):
         refuse(_PASS, "the norm of the attention output does not normalise each token alone")
     return relative(norm.target, path)
 
 
-def _per_token(module: torch.nn.Module, given: torch.Tensor, normed: torch.Tensor) -> bool:
+def normalises_each_token(module: torch.nn.Module, given: torch.Tensor, normed: torch.Tensor) -> bool:
     """``module`` gives ``normed``'s rows on ``given`` flattened to ``[tokens, features]``
     (vLLM's layout), and the first token's row on that token alone."""
     rows = given.reshape(-1, given.shape[-1])

@@ -51,22 +51,37 @@ def test_a_clamped_swiglu_on_one_gate_up_linear_runs_as_written_on_merged_column
     assert '"w_gate_up": ["w_gate_up"]' in text  # the checkpoint's [gate; up] tensor, split at load
 
 
-def test_an_mlp_with_an_inner_norm_is_kept_from_the_source(tmp_path, monkeypatch):
+def test_an_mlp_with_an_inner_norm_runs_on_gathered_columns(tmp_path, monkeypatch):
+    # NormFormer's FFN: the LayerNorm over the whole intermediate is kept and given every
+    # rank's columns; gate and up merged with vLLM's *AndMul, down taking the whole input
     repo = _repo(tmp_path, monkeypatch, "inner_norm")
     plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
-    assert plan.mlp is None and plan.moe is None
-    (kept,) = [d for d in plan.declined if d.pattern == "carried_mlp"]
-    assert kept.module_class == "FeedForward"
-    assert "the source's block is kept" in kept.reason and "fuse_gate_up" in kept.reason
+    assert (plan.mlp.form, plan.mlp.inner_norm, plan.mlp.down.attr) == (MlpForm.AND_MUL, "inner_norm", "w_down")
+    assert plan.kept_mlps == ()
     text = _convert(repo, tmp_path / "out")
-    assert plan.kept_mlps == (KeptMlp("FeedForward", ("w_down", "w_gate", "w_up")),)
-    # the class as written, its Linears vLLM's ReplicatedLinear: the whole weight on every rank
-    assert (
-        "self.w_up = ReplicatedLinear(" in text
-        and "self.inner_norm = nn.LayerNorm(config.intermediate_size)" in text
+    for line in (
+        "self.inner_norm = nn.LayerNorm(config.intermediate_size)",
+        "self.gate_up_proj = MergedColumnParallelLinear(",
+        "input_is_parallel=False,",
+        "self.inner_norm(tensor_model_parallel_all_gather(self.act_fn(gate_up)))",
+    ):
+        assert line in text, line
+    assert "ReplicatedLinear" not in text
+
+
+def test_a_norm_mixing_tokens_inside_an_mlp_is_not_gathered(tmp_path, monkeypatch):
+    # the same block with a norm over the sequence: no gather before it computes the source's
+    repo = _repo(tmp_path, monkeypatch, "inner_norm")
+    modeling = next(repo.glob("modeling_*.py"))
+    modeling.write_text(
+        modeling.read_text().replace(
+            "self.inner_norm = nn.LayerNorm(config.intermediate_size)", "self.inner_norm = SequenceNorm()"
+        )
+        + "\n\nclass SequenceNorm(nn.Module):\n    def forward(self, x):\n"
+        "        return x - x.mean(dim=-2, keepdim=True)\n"
     )
-    assert "self.inner_norm(F.silu(self.w_gate(x)[0]) * self.w_up(x)[0])" in text
-    assert "MergedColumnParallelLinear" not in text and "self.attn = Attention(" in text
+    plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
+    assert plan.mlp is None or plan.mlp.inner_norm is None, plan.mlp
 
 
 @pytest.mark.parametrize(

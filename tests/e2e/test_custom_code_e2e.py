@@ -39,7 +39,7 @@ def _offline(monkeypatch):
         ("interface_llama", None),
         ("tinyllama_renamed", None),
         ("tinyllama_renamed", "by_hand"),  # its attention written out by hand (matmul, softmax)
-        ("tinyllama_renamed", "inner_norm"),  # an MLP no rewrite fits, kept from the source
+        ("tinyllama_renamed", "inner_norm"),  # a LayerNorm inside the MLP, on gathered columns
         ("tinyllama_renamed", "sequential"),  # torch's nn.Sequential MLP: a parallel pair
         ("fusedqkv_postnorm", None),
         ("fusedqkv_postnorm", "per_head"),  # q apart, k and v in one Linear per kv head

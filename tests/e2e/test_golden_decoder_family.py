@@ -228,8 +228,9 @@ CASES |= {
     # ernie4_5: interleaved rope, tied; then with its biases switched on (use_bias)
     "ernie4_5-interleaved-rope": ("ernie4_5", {}),
     "ernie4_5-biases": ("ernie4_5", {"use_bias": True}),
-    # bitnet: a norm over the whole attention output before o_proj (the source's module kept,
-    # the heads gathered), and a norm inside the MLP (the source's block kept, replicated)
+    # bitnet: norms over the whole attention output and the whole MLP intermediate, before
+    # o_proj and down_proj (the source's modules, the ranks' heads or columns gathered); relu2
+    # between gate and up, each column-sharded
     "bitnet-output-sub-norms": ("bitnet", {}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.

