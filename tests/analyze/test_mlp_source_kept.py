@@ -56,7 +56,11 @@ def test_an_mlp_with_an_inner_norm_runs_on_gathered_columns(tmp_path, monkeypatc
     # rank's columns; gate and up merged with vLLM's *AndMul, down taking the whole input
     repo = _repo(tmp_path, monkeypatch, "inner_norm")
     plan = analysis.analyze(transformers.AutoConfig.from_pretrained(repo, trust_remote_code=True))
-    assert (plan.mlp.form, plan.mlp.inner_norm, plan.mlp.down.attr) == (MlpForm.AND_MUL, "inner_norm", "w_down")
+    assert (plan.mlp.form, plan.mlp.inner_norm, plan.mlp.down.attr) == (
+        MlpForm.AND_MUL,
+        "inner_norm",
+        "w_down",
+    )
     assert plan.kept_mlps == ()
     text = _convert(repo, tmp_path / "out")
     for line in (
