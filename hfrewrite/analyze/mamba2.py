@@ -173,7 +173,7 @@ def _sizes(module: nn.Module, normed: bool = True) -> dict | str:
 def init_expressions(cls: type, config) -> list[tuple[str, str, object]]:
     """(attribute, expression of ``config``, its value on ``config``) for each
     ``self.<attribute> = ...`` of ``cls.__init__`` that reads the config alone, earlier
-    attributes substituted into later ones."""
+    attributes substituted into later ones; a float or a string the source writes itself."""
     tree = method_tree(cls, "__init__")
     found: dict[str, ast.expr] = {}
 
@@ -194,7 +194,10 @@ def init_expressions(cls: type, config) -> list[tuple[str, str, object]]:
     out = []
     for attr, expr in found.items():
         names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
-        if "config" not in names or names - {"config", "int", "float", "tuple"}:
+        # an eps or a name written in the source (Zamba2's `Norm(..., eps=1e-5)`, its
+        # `self.activation = "silu"`): every config's (never a size: an int must read the config)
+        written = isinstance(expr, ast.Constant) and type(expr.value) in (float, str)
+        if not written and ("config" not in names or names - {"config", "int", "float", "tuple"}):
             continue
         code = ast.unparse(expr)
         try:

@@ -98,12 +98,11 @@ def shrink_config(
 
 
 def _rebuilt(small):
-    """A repository's configuration built again from the shrunk values: a class that derives
-    fields in its ``__init__`` (OpenELM's head counts per layer, from ``model_dim``,
-    ``head_dim`` and the layer count) derives them from the shrunk ones, as it will when a
-    checkpoint saved from this config is loaded; ``small`` itself where that does not build."""
-    if not getattr(small, "auto_map", None):
-        return small
+    """The configuration built again from the shrunk values: a class that derives fields in
+    its ``__init__`` or ``__post_init__`` (OpenELM's head counts per layer, from ``model_dim``,
+    ``head_dim`` and the layer count; Zamba2's ``mamba_headdim`` and ``hybrid_layer_ids``)
+    derives them from the shrunk ones, as it will when a checkpoint saved from this config is
+    loaded; ``small`` itself where that does not build."""
     cls = type(small)
     computed = _derived(cls)
     if not computed:

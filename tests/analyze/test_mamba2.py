@@ -148,6 +148,20 @@ def test_init_expressions_substitute_earlier_attributes_in_source_order():
     assert "layer_idx" not in found  # reads the layer's index, not the config
 
 
+def test_init_expressions_take_an_eps_or_a_name_the_source_writes_but_never_a_size():
+    from transformers.models.zamba2.modeling_zamba2 import Zamba2MambaMixer
+
+    found = {attr: code for attr, code, _ in init_expressions(Zamba2MambaMixer, transformers.Zamba2Config())}
+    assert found["norm(eps=)"] == "1e-05"  # `Zamba2RMSNormGated(..., eps=1e-5)`: every config's
+    assert found["activation"] == "'silu'"
+    assert found["num_heads"] == "config.n_mamba_heads"
+    # an int written in the source is no size of the config's
+    assert all(
+        type(value) is not int or "config" in code
+        for _, code, value in init_expressions(Zamba2MambaMixer, transformers.Zamba2Config())
+    )
+
+
 def test_a_layers_child_with_a_mixers_parts_that_fails_its_proof_gives_the_reason():
     """A carried layer without attention: the child that is a Mamba-2 block but fails its
     proof refuses with that reason, not a generic one."""
