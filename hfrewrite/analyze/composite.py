@@ -29,10 +29,9 @@ _LAYER_COUNTS = ("num_hidden_layers", "num_layers", "depth", "num_global_layers"
 
 
 def text_part(config) -> transformers.PretrainedConfig | None:
-    """The text config nested in a composite ``config`` (one without a vocabulary of its own),
-    when transformers has a causal LM for it; else None."""
-    if getattr(config, "vocab_size", None) is not None:
-        return None
+    """The text config nested in a composite ``config`` (whose ``get_text_config`` is another
+    config: Gemma-3's, Llama-4's; Fuyu's, which also keeps a vocabulary size of its own), when
+    transformers has a causal LM for it; else None."""
     text = config.get_text_config()
     if text is config or getattr(text, "vocab_size", None) is None:
         return None

@@ -1,8 +1,9 @@
 """Multimodal checkpoints served as their text model (passes/composite_text.py), in real vLLM
 against Hugging Face: the goldens of ``llama4`` (Llama-4's released layout:
 ``Llama4ForConditionalGeneration``, text model under ``language_model.``), ``gemma3``
-(Gemma-3 4B and up) and ``got_ocr2`` (whose text model is Qwen2's, from another modeling
-file) load tiny random multimodal checkpoints saved by transformers, vision tower included,
+(Gemma-3 4B and up), ``got_ocr2`` (whose text model is Qwen2's, from another modeling
+file) and ``fuyu`` (Persimmon's text model beside a linear patch embedding, its config
+holding a vocabulary size of its own besides its text config's) load tiny random multimodal checkpoints saved by transformers, vision tower included,
 and generate what the multimodal class generates from text. A Gemma-3 checkpoint written
 with transformers 5's names in memory (``model.language_model.``) loads the same. vLLM's
 own classes for these architectures are multimodal: the comparison is with Hugging Face.
@@ -35,7 +36,7 @@ TEXT = {
         "attention_chunk_size": 32,
     }
 }
-CASES = ("llama4", "gemma3", "got_ocr2", "gemma3-in-memory-names")
+CASES = ("llama4", "gemma3", "got_ocr2", "gemma3-in-memory-names", "fuyu")
 
 
 def _checkpoint(model_type: str, out: Path, seed: int) -> Path:
