@@ -102,15 +102,21 @@ def _rebuilt(small):
     its ``__init__`` or ``__post_init__`` (OpenELM's head counts per layer, from ``model_dim``,
     ``head_dim`` and the layer count; Zamba2's ``mamba_headdim`` and ``hybrid_layer_ids``)
     derives them from the shrunk ones, as it will when a checkpoint saved from this config is
-    loaded; ``small`` itself where that does not build."""
+    loaded. Only those fields are taken from the new build; every other one stays as shrunk
+    (the class's ``model_type`` put on the instance, too); ``small`` itself where that does
+    not build."""
     cls = type(small)
     computed = _derived(cls)
     if not computed:
         return small  # nothing derived: as shrunk
     try:  # what the class computes itself (no parameter of its __init__) is left to it
-        return cls.from_dict({k: v for k, v in small.to_dict().items() if k not in computed})
+        fresh = cls.from_dict({k: v for k, v in small.to_dict().items() if k not in computed})
     except Exception:  # noqa: BLE001 - a class that cannot take its own dict back: as shrunk
         return small
+    for name in sorted(computed):
+        if name in vars(fresh):
+            _set(small, name, getattr(fresh, name))
+    return small
 
 
 def _derived(cls: type) -> set[str]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import transformers
+from torch import nn
 
 from hfrewrite.analyze.layer_agreement import LayerFacts
-from hfrewrite.analyze.layer_classes import mixer_layer
+from hfrewrite.analyze.layer_classes import mixer_layer, unrun_classes
 from hfrewrite.analyze.mixer_plans import ShortConvPlan
 from hfrewrite.analyze.model import analyze
-from hfrewrite.analyze.plan import DecoderLayerPlan, Refusal, ResidualBlock
+from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, Refusal, ResidualBlock
 from hfrewrite.errors import HfrewriteError
 
 
@@ -93,6 +94,24 @@ def test_carried_forwards_of_two_classes_are_refused():
         mixer_layer(per_layer, per_layer[0].decoder)
 
 
-def test_a_model_whose_shrunk_copy_cannot_run_says_its_layers_are_of_several_classes():
-    with pytest.raises(HfrewriteError, match="decoder layers are of several classes: Zamba2HybridLayer"):
+def test_an_example_run_that_fails_says_its_layers_are_of_several_classes():
+    class HybridLayer(nn.Module):
+        pass
+
+    class MambaLayer(nn.Module):
+        pass
+
+    failed = Refusal(NoMatch("example run", "M", "RuntimeError: shape"))
+    said = unrun_classes([MambaLayer(), HybridLayer()], failed).no_match.reason
+    assert (
+        said
+        == "RuntimeError: shape (the shrunk model's decoder layers are of several classes: HybridLayer, MambaLayer)"
+    )
+    assert unrun_classes([MambaLayer(), MambaLayer()], failed) is failed
+
+
+def test_zamba2_is_refused_on_its_hybrid_layer():
+    # its shrunk copy runs (the sizes its config derives follow the shrunk ones): the refusal
+    # names the layer that wraps a shared transformer block beside a Mamba layer
+    with pytest.raises(HfrewriteError, match="Zamba2HybridLayer: decoder_layer: expected one attention"):
         analyze(transformers.AutoConfig.for_model("zamba2"))
