@@ -121,18 +121,18 @@ def _sources(module: cst.Module, block: cst.ClassDef, built: dict, moe) -> _Sour
         sizes, act, renormalize, guards = flat_sources(module, built, moe, block_exprs)
         routing = routing_kwargs(moe, {"router": {}, "block": block_exprs}, name)
     elif moe.carried_router:  # the source's router runs as it is: its own code is the proof
-        sizes, act = stacked_sources(module, built, moe, t.init_exprs(block))
+        linear = block_linear_router(module, built, moe, t.init_exprs(block))
+        sizes, act = stacked_sources(module, built, moe, linear)
         renormalize, guards, routing = (
             None,
             "",
             {"custom_routing_function": "self.route"},
         )
     else:
-        block_exprs = t.init_exprs(block)
-        sizes, act = stacked_sources(module, built, moe, block_exprs)
+        linear = block_linear_router(module, built, moe, t.init_exprs(block))
+        sizes, act = stacked_sources(module, built, moe, linear)
         # the block's own nn.Linear: the block routes (Jamba's), its code holds the renormalisation
-        own = block_linear_router(module, built, moe, block_exprs) is not None
-        router_cls = block if own else t.find_class(module, moe.router_class)
+        router_cls = block if linear is not None else t.find_class(module, moe.router_class)
         router = t.init_exprs(router_cls)
         renormalize, guards = source_renormalize(router_cls, router, moe, name)
         guards += swiglu_guard(module, moe) + input_weight_guard(moe, sizes["top_k"])

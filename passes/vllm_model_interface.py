@@ -71,7 +71,8 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     layer = lc.elt
     # the loop index, wherever the call reads it (Bamba's config.layers_block_type[i] too)
     at = t.expr("extract_layer_index(prefix)")
-    args = [a.with_changes(value=m.replace(a.value, m.Name(index), at)) for a in layer.args]  # not keywords
+    # the index's own name, never an attribute of that name (not keywords)
+    args = [a.with_changes(value=t.replace_names(a.value, {index: at})) for a in layer.args]
     extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
     # the class too may be chosen by the index (Jamba's ALL_DECODER_LAYER_TYPES[...[i]])
     func = t.replace_names(layer.func, {index: at})

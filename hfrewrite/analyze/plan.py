@@ -245,7 +245,7 @@ class MlpPlan:
     form: MlpForm = MlpForm.AND_MUL  # analyze/mlp_forms.py: how the file shards it
     init_switches: tuple[tuple[str, bool], ...] = ()  # its __init__'s, on config alone: traced branch built
     # a norm over the whole intermediate between the product and down (BitNet's ffn_sub_norm):
-    # kept, the ranks' columns gathered before it (analyze/mlp.py's _past_inner_norm)
+    # kept, the ranks' columns gathered before it (analyze/mlp.py's _inner_norm)
     inner_norm: str | None = None
 
     def __post_init__(self) -> None:

@@ -175,12 +175,11 @@ def input_weight_guard(moe, top_k: str) -> str:
 
 
 def stacked_sources(
-    module: cst.Module, built: dict, moe, block_exprs: dict[str, str]
+    module: cst.Module, built: dict, moe, linear: dict[str, str] | None = None
 ) -> tuple[dict[str, str], str]:
     """Sizes and activation, as the source's router and stacked-experts classes assign them
-    (``block_exprs``: the block's ``__init__`` assignments, read for a router of its own)."""
+    (``linear``: the sizes of a router that is the block's own Linear, ``block_linear_router``'s)."""
     name = moe.module_class
-    linear = block_linear_router(module, built, moe, block_exprs)
     for attr, cls in ((moe.router, moe.router_class), (moe.experts, moe.experts_class))[linear is not None :]:
         call = built.get(attr)
         if t.call_name(call) != cls or not call.args or not m.matches(call.args[0].value, m.Name("config")):
