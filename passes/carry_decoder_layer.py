@@ -394,18 +394,34 @@ def _mixer(module: cst.Module, plan) -> tuple[str, str] | None:
     )
 
 
-def run(module: cst.Module, ctx: PassContext) -> PassResult:
-    plan = ctx.plan
-    if plan.decoder_layer.fused:
-        return PassResult(module=module)
-    layer = plan.decoder_layer
-    switches = {
+def _switches(plan, layer) -> dict[str, bool]:
+    return {
         ast.dump(ast.parse(test, mode="eval").body): value
         for cls, test, value in plan.forward_switches
         if cls == layer.module_class
     }
+
+
+def run(module: cst.Module, ctx: PassContext) -> PassResult:
+    plan = ctx.plan
+    if plan.decoder_layer.fused:
+        return PassResult(module=module)
+    result = _carried(module, plan)
+    own = plan.mixer_layer  # the mixer's layers, a class of their own (OLMo-hybrid's): carried too
+    if own is None:
+        return result
+    more = _attention_free(result.module, plan, _switches(plan, own), own)
+    return PassResult(
+        module=more.module, fused=result.fused + more.fused, matches=result.matches + more.matches
+    )
+
+
+def _carried(module: cst.Module, plan) -> PassResult:
+    """The attention layers' class carried (the mixer's too where they are one class)."""
+    layer = plan.decoder_layer
+    switches = _switches(plan, layer)
     if plan.attention is None:  # an attention-free model's layer (Granite-4.0-H's, Mamba-2 only)
-        return _attention_free(module, plan, switches)
+        return _attention_free(module, plan, switches, layer)
     # the layer calls its attention directly, or through wrappers (dbrx's norm_attn_norm)
     owners = [layer.module_class, *layer.attention_wrappers]
     callees = [*layer.attention_wrappers, plan.attention.module_class]
@@ -435,7 +451,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             residual=residual,
             free_defaults=layer.free_defaults if i == 0 else (),
             as_list=last and layer.attention_returns_list,
-            mixer=_mixer(module, plan) if i == 0 else None,
+            mixer=_mixer(module, plan) if i == 0 and plan.mixer_layer is None else None,
             switches=switches if i == 0 else None,
             pruned=pruned,
         )
@@ -446,9 +462,10 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)
 
 
-def _attention_free(module: cst.Module, plan, switches: dict[str, bool]) -> PassResult:
-    """The carried forward of an attention-free model's layer: its mixer called alone."""
-    layer, pruned = plan.decoder_layer, []
+def _attention_free(module: cst.Module, plan, switches: dict[str, bool], layer) -> PassResult:
+    """The carried forward of a layer without attention (an attention-free model's, or a
+    hybrid's mixer layers of a class of their own): its mixer called alone."""
+    pruned = []
     carried = carry_forward(
         t.find_class(module, layer.module_class),
         "",

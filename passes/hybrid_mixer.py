@@ -159,22 +159,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
         return PassResult(module=module)
     row = ROWS[type(mixer)]
     layer = ctx.plan.mixer_layer or ctx.plan.decoder_layer  # (Jamba's mixer layers: a class of their own)
-    arguments = row.arguments(mixer, module)
-    if isinstance(mixer, Mamba2Plan) and (mixer.input_scale or mixer.projection_scale):
-        arguments = _scales(mixer) + arguments
-        row, module = _templated(
-            row, module, layer.module_class, "ScaledMambaMixer2", "get_tensor_model_parallel_rank"
-        )
-        module = module.visit(_WithoutRegistration(mixer.projection_buffer, mixer.projection_scale))
-    elif isinstance(mixer, Mamba2Plan) and mixer.time_step_floor:  # NemotronH's
-        row, module = _templated(row, module, layer.module_class, "FlooredMambaMixer2", "get_forward_context")
-        arguments = f"time_step_min={mixer.time_step_floor},\n{arguments}"
-    elif isinstance(mixer, Mamba2Plan) and mixer.norm_spans_groups:  # transformers' Mamba-2's
-        row, module = _templated(row, module, layer.module_class, "SpanNormMambaMixer2", "Mixer2RMSNormGated")
-    elif isinstance(mixer, Mamba1Plan):
-        row, module = _templated(
-            row, module, layer.module_class, "TorchScanMambaMixer", *_SCAN_IMPORTS, file="mamba1.py"
-        )
+    row, module, arguments = _subclassed(mixer, row, module, layer.module_class)
     sites = Sites()
     cls = t.find_class(module, layer.module_class)
     init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
@@ -214,12 +199,54 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     )
 
 
+def _subclassed(mixer: MixerPlan, row: _Row, module: cst.Module, layer: str) -> tuple[_Row, cst.Module, str]:
+    """The row, the module (with a template's subclass of vLLM's layer before ``layer``'s
+    class where the block needs one) and the arguments vLLM's class is built with."""
+    arguments = row.arguments(mixer, module)
+    if isinstance(mixer, Mamba2Plan) and (mixer.input_scale or mixer.projection_scale):
+        arguments = _scales(mixer) + arguments
+        row, module = _templated(row, module, layer, "ScaledMambaMixer2", "get_tensor_model_parallel_rank")
+        module = module.visit(_WithoutRegistration(mixer.projection_buffer, mixer.projection_scale))
+    elif isinstance(mixer, Mamba2Plan) and mixer.time_step_floor:  # NemotronH's
+        row, module = _templated(row, module, layer, "FlooredMambaMixer2", "get_forward_context")
+        arguments = f"time_step_min={mixer.time_step_floor},\n{arguments}"
+    elif isinstance(mixer, Mamba2Plan) and mixer.norm_spans_groups:  # transformers' Mamba-2's
+        row, module = _templated(row, module, layer, "SpanNormMambaMixer2", "Mixer2RMSNormGated")
+    elif isinstance(mixer, Mamba1Plan):
+        row, module = _templated(row, module, layer, "TorchScanMambaMixer", *_SCAN_IMPORTS, file="mamba1.py")
+    elif isinstance(mixer, GatedDeltaNetPlan) and mixer.layout == "olmo":
+        row, module = _templated(
+            OLMO_GDN, module, layer, "TorchOlmoGatedDeltaNet", *_OLMO_IMPORTS, file="gated_delta_net.py"
+        )
+    return row, module, arguments
+
+
 def _scales(mixer: Mamba2Plan) -> str:
     """The arguments of Falcon-H1's muP factors (ScaledMambaMixer2), the source's own
     expressions of them."""
     return (
         f"input_scale={mixer.input_scale or '1.0'},\nprojection_scale={mixer.projection_scale or 'None'},\n"
     )
+
+
+# OLMo-hybrid's: vLLM's OlmoHybridGatedDeltaNetAttention, writing into the buffer it is given,
+# with its delta rule in torch where vLLM's CPU build has no kernel for it
+OLMO_GDN = dataclasses.replace(
+    ROWS[GatedDeltaNetPlan],
+    writes_into_buffer=True,
+    imports=("OlmoHybridGatedDeltaNetAttention",),
+    shared=lambda plan: f'vllm_config=get_current_vllm_config(),\nprefix=f"{{prefix}}.{plan.attr}",\n',
+)
+# what templates/gated_delta_net.py's TorchOlmoGatedDeltaNet reads besides vLLM's layer
+_OLMO_IMPORTS = (
+    "mock",
+    "get_forward_context",
+    "olmo_gdn_linear_attn",
+    "is_conv_state_dim_first",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "current_platform",
+)
 
 
 # what templates/mamba1.py's TorchScanMambaMixer reads besides vLLM's MambaMixer

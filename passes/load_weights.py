@@ -37,6 +37,7 @@ from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
 from hfrewrite.emit.weight_streams import (
     WrapWeights,
     base_model_names,
+    concatenated_convs,
     ignoring_unexpected,
     transposing_linears,
 )
@@ -325,10 +326,15 @@ def _stacked_shards(module: cst.Module, plan) -> dict[str, list[_Shard]]:
             for site in sites
             for attr, shard in ((mlp.gate.attr, "0"), (mlp.up.attr, "1"))
         ]
-    # a hybrid's mixer whose vLLM layer fuses projections the checkpoint keeps apart
+    # a hybrid's mixer whose vLLM layer fuses projections the checkpoint keeps apart; named
+    # under its layer's child where its names are also the attention's, and mapped first
+    # (vLLM's mapper applies every stacked name a tensor's name holds, in order)
+    scope = getattr(plan.mixer, "stacked_scope", "")
+    mixer = {}
     for fused, projection, shard in getattr(plan.mixer, "stacked_shards", ()):
-        stacks.setdefault(fused, []).append(_Shard(projection, f".{projection}", shard))
-    return stacks
+        key = f".{scope}.{projection}" if scope else f".{projection}"
+        mixer.setdefault(fused, []).append(_Shard(projection, key, shard))
+    return {**mixer, **stacks} if scope else {**stacks, **mixer}
 
 
 def _packed_modules(plan, stacks: dict[str, list[_Shard]]) -> str:
@@ -370,7 +376,7 @@ def _weights_mapper(plan, stacks: dict[str, list[_Shard]]) -> str:
         for fused, parts in stacks.items()
         for _, key, shard in parts
     )
-    renames = plan.moe.checkpoint_renames if plan.moe is not None else ()
+    renames = plan.moe.checkpoint_renames if plan.moe is not None else plan.checkpoint_renames
     substr = "".join(f'        "{old}": "{new}",\n' for old, new in renames)
     mapper = "hf_to_vllm_mapper = WeightsMapper(\n"
     renamed = plan.checkpoint_prefix_renames
@@ -426,6 +432,8 @@ def _with_checkpoint_helpers(
         body = _reshaping_head(body, plan.lm_head, plan.lm_head_weight)
     if experts_need_splitting(moe):
         body = experts_one_by_one(body, module, moe)
+    if getattr(plan.mixer, "conv_sources", ()):
+        body = concatenated_convs(body, plan.mixer)
     if plan.mtp_layers_field:
         body = _on_load_weights(body, lambda load: _skipping_mtp_layers(load, plan))
     if isinstance(att, MlaPlan) and att.q_switch is not None:

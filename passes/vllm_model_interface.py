@@ -59,29 +59,41 @@ def _layer_stack(value: cst.BaseExpression, cls: str, attr: str) -> str:
     generator, OpenELM's `nn.ModuleList(Layer(...) for i in range(N))`)."""
     lc = value.args[0].value if builds(value, nn_call("ModuleList")) and value.args else None
     gen = lc.for_in if isinstance(lc, cst.ListComp | cst.GeneratorExp) else None
+    # one class, or one of two chosen by the index (OLMo-hybrid's `A(...) if ... else B(...)`)
+    elt = lc.elt if gen is not None else None
+    calls = [elt.body, elt.orelse] if isinstance(elt, cst.IfExp) else [elt]
     if (
         gen is None
         or gen.inner_for_in is not None
         or t.call_name(gen.iter) != "range"
         or not isinstance(gen.target, cst.Name)
-        or not isinstance(lc.elt, cst.Call)
+        or not all(isinstance(c, cst.Call) for c in calls)
     ):
         raise HfrewriteError(f"{cls}: {NAME}: self.{attr} is not ModuleList([... for i in range(N)])")
     index, count = gen.target.value, t.code(gen.iter.args[0].value)
-    layer = lc.elt
     # the loop index, wherever the call reads it (Bamba's config.layers_block_type[i] too)
     at = t.expr("extract_layer_index(prefix)")
-    # the index's own name, never an attribute of that name (not keywords)
-    args = [a.with_changes(value=t.replace_names(a.value, {index: at})) for a in layer.args]
-    extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
-    # the class too may be chosen by the index (Jamba's ALL_DECODER_LAYER_TYPES[...[i]])
-    func = t.replace_names(layer.func, {index: at})
-    call = f"{t.code(func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
+    built = [_layer_call(c, index, at) for c in calls]
+    call = (
+        built[0]
+        if len(built) == 1
+        else f"{built[0]} if {t.code(t.replace_names(elt.test, {index: at}))} else {built[1]}"
+    )
     return (
         f"self.start_layer, self.end_layer, self.{attr} = make_layers(\n"
         f"    {count},\n    lambda prefix: {call},\n"
         f'    prefix=f"{{prefix}}.{attr}",\n)\n'
     )
+
+
+def _layer_call(layer: cst.Call, index: str, at: cst.BaseExpression) -> str:
+    """``layer`` with vLLM's arguments, the loop ``index`` read as ``at``."""
+    # the index's own name, never an attribute of that name (not keywords)
+    args = [a.with_changes(value=t.replace_names(a.value, {index: at})) for a in layer.args]
+    extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
+    # the class too may be chosen by the index (Jamba's ALL_DECODER_LAYER_TYPES[...[i]])
+    func = t.replace_names(layer.func, {index: at})
+    return f"{t.code(func)}({', '.join(t.code(a).rstrip(', ') for a in args)}, {extra})"
 
 
 def _module_list_of(name: str) -> m.Call:

@@ -110,7 +110,7 @@ def _attention_free(tree: ast.Module) -> bool:
 
 def _layer_forwards(tree: ast.Module) -> set[int]:
     """``forward`` of the decoder-layer classes ``make_layers`` builds through a table of
-    classes (Jamba's ``ALL_DECODER_LAYER_TYPES``): the base model calls every layer alike, with
+    classes (Jamba's ``ALL_DECODER_LAYER_TYPES``) or a test choosing one: the base model calls every layer alike, with
     vLLM's ``positions``, which a layer of another mixer has no use for."""
     tables = {
         target.id: {v.id for v in node.value.values if isinstance(v, ast.Name)}
@@ -119,16 +119,28 @@ def _layer_forwards(tree: ast.Module) -> set[int]:
         for target in node.targets
         if isinstance(target, ast.Name)
     }
-    built = {
-        name
+    lambdas = [
+        lam.body
         for call in ast.walk(tree)
         if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("make_layers")
         for lam in call.args
         if isinstance(lam, ast.Lambda)
-        and isinstance(lam.body, ast.Call)
-        and isinstance(lam.body.func, ast.Subscript)
-        and isinstance(lam.body.func.value, ast.Name)
-        for name in tables.get(lam.body.func.value.id, ())
+    ]
+    built = {
+        name
+        for body in lambdas
+        if isinstance(body, ast.Call)
+        and isinstance(body.func, ast.Subscript)
+        and isinstance(body.func.value, ast.Name)
+        for name in tables.get(body.func.value.id, ())
+    }
+    # or chosen by a test (OLMo-hybrid's `A(...) if config.layer_types[i] == ... else B(...)`)
+    built |= {
+        branch.func.id
+        for body in lambdas
+        if isinstance(body, ast.IfExp)
+        for branch in (body.body, body.orelse)
+        if isinstance(branch, ast.Call) and isinstance(branch.func, ast.Name)
     }
     return {
         id(fn)

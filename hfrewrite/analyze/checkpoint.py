@@ -50,6 +50,30 @@ def checkpoint_renames(model_type: str) -> tuple[tuple[str, str], ...]:
     return tuple(renames)
 
 
+def concatenated_sources(model_type: str, target: str) -> tuple[str, ...]:
+    """The checkpoint's names of the tensors transformers concatenates along dim 0 into the
+    parameter named ``<...>.<target>`` at load (OLMo-hybrid's ``linear_attn.q_conv1d.weight``,
+    ``k_conv1d``, ``v_conv1d`` into ``linear_attn.conv1d.weight``), each as the last module
+    name (``q_conv1d``), in order; () where no rule does."""
+    for rule in get_checkpoint_conversion_mapping(model_type) or ():
+        targets = getattr(rule, "target_patterns", None) or ()
+        operations = getattr(rule, "operations", None) or ()
+        concat = [
+            op for op in operations if type(op).__name__ == "Concatenate" and getattr(op, "dim", None) == 0
+        ]
+        if list(targets) != [target] or len(operations) != 1 or not concat:
+            continue
+        prefix = target.rpartition(".")[0].rpartition(".")[0]
+        names = []
+        for source in rule.source_patterns:
+            parent, _, last = source.removesuffix(f".{target.rpartition('.')[2]}").rpartition(".")
+            if parent != prefix or not re.fullmatch(r"\w+", last):
+                return ()
+            names.append(last)
+        return tuple(names)
+    return ()
+
+
 def _literal(pattern: str) -> bool:
     """A pattern whose only regex metacharacters are dots."""
     return re.escape(pattern).replace("\\.", ".") == pattern

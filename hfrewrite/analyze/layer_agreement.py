@@ -92,9 +92,17 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
     window is kept as a declined fact."""
     free = attention_free(per_layer)
     first = per_layer[0] if free else attention_layers(per_layer)[0]
+    # the mixer's layers of a class of their own agree with the first of that class
+    # (analyze/layer_classes.py: each class has its own decoder plan)
+    own = {f.decoder.module_class: f for f in reversed(per_layer) if f.mixer is not None}
     for i, facts in enumerate(per_layer):
         if facts.mixer is not None:  # its mixer sits where the attention layers have theirs
-            same = _but_the_mixer(facts.decoder) == _but_the_mixer(first.decoder)
+            lead = (
+                first
+                if facts.decoder.module_class == first.decoder.module_class
+                else own[facts.decoder.module_class]
+            )
+            same = _but_the_mixer(facts.decoder) == _but_the_mixer(lead.decoder)
         elif facts.attention is None:  # a layer whose one block is an MLP (block_kinds.py)
             same = facts.decoder == first.decoder
         else:

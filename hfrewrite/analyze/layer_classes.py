@@ -7,6 +7,8 @@ classes refuses."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from hfrewrite.analyze.model_norms import NormFacts, norm_facts, norm_modules
@@ -36,13 +38,15 @@ def mixer_layer(per_layer: list, lead: DecoderLayerPlan) -> DecoderLayerPlan | N
     decoder = plans.pop()  # (of the other class: the attention layers are all of lead's)
     if any(facts.mixer is not None for facts in per_layer if facts.attention is not None):
         refuse("model_layout", f"{SEVERAL}, the mixer's in the attention layers' too", lead.module_class)
-    if not (lead.fused and decoder.fused):
+    if lead.fused and not decoder.fused:
         refuse(
             "model_layout",
-            f"{SEVERAL} whose forwards are not pre-norm residual blocks vLLM's norms fuse",
+            f"{SEVERAL}, the attention layers' forward fused and the mixer layers' carried",
             decoder.module_class,
         )
-    return decoder
+    # attention layers carried from the source (OLMo-hybrid's post-norms): the mixer's
+    # layers are carried too, each returning its hidden states alone as the model expects
+    return decoder if lead.fused else dataclasses.replace(decoder, blocks=())
 
 
 def unrun_classes(layers: list[nn.Module], failed: Refusal) -> Refusal:
@@ -63,10 +67,12 @@ def layer_norms(traces, per_layer, lead, decoder, attention, final, own_class, s
     the mixer's layers of a class of their own, theirs: one vLLM norm or the source's."""
     modules = norm_modules(traces[lead].module, decoder, attention, final)
     if own_class is not None:
-        at = next(i for i, facts in enumerate(per_layer) if facts.decoder == own_class)
+        at = next(
+            i for i, facts in enumerate(per_layer) if facts.decoder.module_class == own_class.module_class
+        )
         modules += norm_modules(traces[at].module, own_class, None, None)
     norms = norm_facts(modules, small, decoder)
-    if own_class is not None and not norms.decoder.fused:
+    if own_class is not None and norms.norm is None:
         refuse("model_layout", f"{SEVERAL} whose norms are not one vLLM norm", own_class.module_class)
     return norms
 

@@ -89,8 +89,8 @@ class Mamba1Plan(_BuiltFromArguments):
 
 @dataclass(frozen=True)
 class GatedDeltaNetPlan:
-    """A gated delta net proven to compute vLLM's ``QwenGatedDeltaNetAttention``
-    (analyze/gated_delta_net.py)."""
+    """A gated delta net proven to compute vLLM's ``QwenGatedDeltaNetAttention`` or
+    ``OlmoHybridGatedDeltaNetAttention`` (analyze/gated_delta_net.py)."""
 
     module_class: str  # the source's block class, e.g. "Qwen3_5GatedDeltaNet"
     attr: str  # the decoder layer's child holding it, e.g. "linear_attn"
@@ -100,20 +100,39 @@ class GatedDeltaNetPlan:
     fixed: tuple[tuple[str, str], ...] = ()  # as Mamba2Plan's: silu where vLLM applies it
     layer_test: str = ""
     attention_when: bool = True
-    # vLLM's CPU kernel of gated delta nets asserts bfloat16 inputs (ops/cpu/gdn_attention.py)
-    vllm_dtype = "bfloat16"
     # the config's layer_types entry of the attention layers: a config with it in every
     # layer builds no gated delta net, and validates in float32 ("": none found)
     attention_layer_type: str = ""
+    # analyze/gated_delta_net.py's LAYOUTS: "separate" (Qwen3.5), "interleaved" (Qwen3-Next),
+    # "olmo" (q, k, v, g, b, a apart: vLLM's OlmoHybridGatedDeltaNetAttention)
+    layout: str = "separate"
+    # the checkpoint's convolutions concatenated into conv1d at load by transformers
+    # (OLMo-hybrid's q_conv1d, k_conv1d, v_conv1d), in order: vLLM's conv1d shards 0, 1, 2
+    conv_sources: tuple[str, ...] = ()
+
+    @property
+    def vllm_dtype(self) -> str:
+        """vLLM's CPU kernel of Qwen's gated delta net asserts bfloat16 inputs
+        (ops/cpu/gdn_attention.py); the file's OLMo layer runs its rule in torch there."""
+        return "float32" if self.layout == "olmo" else "bfloat16"
 
     @property
     def checkpoint_suffix_renames(self) -> tuple[tuple[str, str], ...]:
         return ()
 
     @property
+    def stacked_scope(self) -> str:
+        """The layer's child the stacked names are qualified by ("": unqualified): OLMo's
+        q_proj, k_proj, v_proj are also its attention layers' names."""
+        return self.attr if self.layout == "olmo" else ""
+
+    @property
     def stacked_shards(self) -> tuple[tuple[str, str, str], ...]:
         """(vLLM's fused projection, the checkpoint's projection, its shard id as code);
         none where the checkpoint's projections are vLLM's own (interleaved)."""
+        if self.layout == "olmo":
+            projections = tuple(("in_proj_qkvg", name, str(i)) for i, name in enumerate(OLMO_QKVG))
+            return projections + tuple(("conv1d", name, str(i)) for i, name in enumerate(self.conv_sources))
         if self.interleaved:
             return ()
         return (
@@ -122,6 +141,10 @@ class GatedDeltaNetPlan:
             ("in_proj_ba", "in_proj_b", "0"),
             ("in_proj_ba", "in_proj_a", "1"),
         )
+
+
+# the projections vLLM's OLMo layer loads into in_proj_qkvg's shards 0 to 3
+OLMO_QKVG = ("q_proj", "k_proj", "v_proj", "g_proj")
 
 
 MixerPlan = ShortConvPlan | Mamba2Plan | Mamba1Plan | GatedDeltaNetPlan

@@ -326,6 +326,7 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
     config, small, model, run = source.config, source.small, source.model, source.run
     base, head, layers = source.layout.base, source.layout.head, source.layout.layers
     soft_cap = softcap_field(model, head) if run.logits_postprocessed else None
+    prefixes = checkpoint_prefix_renames(config.model_type) + checkpoint_prefix_renames(type(model).__name__)
     return ModelPlan(
         model_type=config.model_type,
         # the causal-LM class the source defines; a config may name another architecture
@@ -344,8 +345,8 @@ def _model_plan(source: _SourceModel, plans: _LayerPlans) -> ModelPlan:
         logits_postprocessed=run.logits_postprocessed,
         logit_soft_cap=soft_cap,
         embeddings_transformed=run.embeddings_transformed,
-        checkpoint_prefix_renames=checkpoint_prefix_renames(config.model_type)
-        + checkpoint_prefix_renames(type(model).__name__),
+        checkpoint_prefix_renames=prefixes,
+        checkpoint_renames=tuple(r for r in checkpoint_renames(config.model_type) if r not in prefixes),
         checkpoint_roots=checkpoint_roots(model),
         checkpoint_unexpected=unexpected_suffixes(model),
         checkpoint_skipped=unexpected_prefixes(model),

@@ -382,6 +382,9 @@ class ModelPlan:
     embeddings_transformed: bool = False
     # Hub checkpoint name prefix -> module name prefix (transformers' own load-time renames)
     checkpoint_prefix_renames: tuple[tuple[str, str], ...] = ()
+    # ... and substrings (OLMo-hybrid's ``attention_layer_norm`` -> ``input_layernorm``), those
+    # a MoE plan does not already hold; not the prefix renames above
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # the causal LM's children holding parameters (analyze/checkpoint.py): a checkpoint tensor
     # under none of them was saved from the base model alone, and gets the base model's prefix
     checkpoint_roots: tuple[str, ...] = ()

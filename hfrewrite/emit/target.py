@@ -47,6 +47,8 @@ VLLM: dict[str, str] = {
     "MambaMixer2": "vllm.model_executor.layers.mamba.mamba_mixer2",
     "Mixer2RMSNormGated": "vllm.model_executor.layers.mamba.mamba_mixer2",
     "QwenGatedDeltaNetAttention": "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
+    "OlmoHybridGatedDeltaNetAttention": "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn",
+    "olmo_gdn_linear_attn": "vllm.model_executor.layers.mamba.gdn",
     "ShortConv": "vllm.model_executor.layers.mamba.short_conv",
     "causal_conv1d_fn": "vllm.model_executor.layers.mamba.ops.causal_conv1d",
     "causal_conv1d_update": "vllm.model_executor.layers.mamba.ops.causal_conv1d",
@@ -77,6 +79,7 @@ OTHER: dict[str, str] = {
     "islice": "itertools",
     "pairwise": "itertools",
     "replace": "dataclasses",
+    "mock": "unittest",
     "PretrainedConfig": "transformers",  # annotates Hub custom code's configuration
 }
 

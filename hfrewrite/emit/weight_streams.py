@@ -123,3 +123,44 @@ def transposing_linears(body: list[cst.BaseStatement], plan) -> list[cst.BaseSta
             out.append(helper.with_changes(leading_lines=member.leading_lines))
         out.append(member)
     return out
+
+
+_CONCATENATED = """\
+def _concatenated_convs(self, weights):
+    # transformers concatenates the checkpoint's {names} into one
+    # {attr}.conv1d at load, however the checkpoint splits them (one saved by transformers
+    # splits evenly): this concatenates them too and gives each shard its q, k, v channels.
+    config = self.config
+    key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+    sizes = [key_dim, key_dim, config.linear_num_value_heads * config.linear_value_head_dim]
+    parts = {{}}
+    for name, tensor in weights:
+        owner, _, last = name.rpartition(".")
+        owner, _, part = owner.rpartition(".")
+        if last != "weight" or part not in {sources}:
+            yield name, tensor
+            continue
+        parts.setdefault(owner, {{}})[part] = tensor
+        if len(parts[owner]) == {count}:
+            held = parts.pop(owner)
+            joined = torch.cat([held[source] for source in {sources}])
+            for source, piece in zip({sources}, joined.split(sizes)):
+                yield f"{{owner}}.{{source}}.weight", piece
+"""
+
+
+def concatenated_convs(body: list[cst.BaseStatement], mixer) -> list[cst.BaseStatement]:
+    """load_weights taking a gated delta net's convolutions that transformers concatenates at
+    load (OLMo-hybrid's ``q_conv1d``, ``k_conv1d``, ``v_conv1d``: ``GatedDeltaNetPlan.conv_sources``)
+    together, re-split into the q, k and v channels vLLM's conv1d loads as shards 0, 1, 2."""
+    sources = f"({_tuple_items(mixer.conv_sources)})"
+    helper = _CONCATENATED.format(
+        names=", ".join(mixer.conv_sources), attr=mixer.attr, sources=sources, count=len(mixer.conv_sources)
+    )
+    out = []
+    for member in body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == "load_weights":
+            member = member.visit(WrapWeights("_concatenated_convs"))
+            out.append(t.stmt(helper).with_changes(leading_lines=member.leading_lines))
+        out.append(member)
+    return out

@@ -130,7 +130,7 @@ def test_interleaved_replay_differs_from_the_flat_reading():
     hidden = torch.randn(1, 5, 64)
     with torch.no_grad():
         want = block(hidden)
-        interleaved = gated_delta_net.reference(block, hidden, sizes, interleaved=True)
+        interleaved = gated_delta_net.reference(block, hidden, sizes, "interleaved")
         qkvz, ba = block.in_proj_qkvz, block.in_proj_ba
         flat = nn.Module()
         flat.in_proj_qkv = nn.Linear(64, 96, bias=False)  # q, k: 2 heads of 16; v: 4 of 8

@@ -88,10 +88,18 @@ def test_any_other_split_of_classes_is_refused(per_layer):
         mixer_layer(per_layer, per_layer[0].decoder)
 
 
-def test_carried_forwards_of_two_classes_are_refused():
+def test_a_carried_mixer_class_beside_fused_attention_layers_is_refused():
     per_layer = [_facts("A", True, False), _facts("B", False, True, fused=False)]
-    with pytest.raises(Refusal, match="not pre-norm residual blocks"):
+    with pytest.raises(Refusal, match="attention layers' forward fused and the mixer layers' carried"):
         mixer_layer(per_layer, per_layer[0].decoder)
+
+
+def test_carried_attention_layers_carry_the_mixer_class_too():
+    """OLMo-hybrid's attention layers are post-norm (carried); its gated-delta-net layers,
+    pre-norm, are carried too, so that every layer returns its hidden states alone."""
+    per_layer = [_facts("A", True, False, fused=False), _facts("B", False, True)]
+    own = mixer_layer(per_layer, per_layer[0].decoder)
+    assert (own.module_class, own.fused) == ("B", False)
 
 
 def test_an_example_run_that_fails_says_its_layers_are_of_several_classes():
