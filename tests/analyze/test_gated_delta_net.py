@@ -146,3 +146,59 @@ def test_interleaved_replay_differs_from_the_flat_reading():
         misread = gated_delta_net.reference(flat, hidden, sizes)
     assert torch.allclose(want, interleaved, atol=1e-5)
     assert not torch.allclose(want, misread, atol=1e-3)
+
+
+def _olmo(**changes):
+    from transformers.models.olmo_hybrid.modeling_olmo_hybrid import OlmoHybridGatedDeltaNet
+
+    config = transformers.OlmoHybridConfig(**{**SIZES, "linear_value_head_dim": 24, **changes})
+    torch.manual_seed(0)
+    block = OlmoHybridGatedDeltaNet(config, layer_idx=0)
+    with torch.no_grad():
+        for param in (block.dt_bias, block.o_norm.weight):
+            param.normal_(1.0, 0.3)
+    return block, config
+
+
+def test_olmo_hybrids_gated_delta_net_is_vllms_olmo_layer():
+    """OLMo-hybrid keeps q, k, v, the gate g, b and a apart, and doubles beta where the config
+    allows negative eigenvalues: vLLM's OlmoHybridGatedDeltaNetAttention, both values of
+    the switch replayed, the checkpoint's convolutions taken from transformers' table."""
+    block, config = _olmo()
+    assert config.linear_allow_neg_eigval is True
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
+    assert isinstance(plan, GatedDeltaNetPlan), plan
+    assert (plan.layout, plan.vllm_dtype, plan.stacked_scope) == ("olmo", "float32", "linear_attn")
+    # the switch is proven for both values: the file need not pin it
+    assert [condition for condition, _ in plan.fixed] == ['config.hidden_act in ("silu", "swish")']
+    assert plan.stacked_shards == (
+        ("in_proj_qkvg", "q_proj", "0"),
+        ("in_proj_qkvg", "k_proj", "1"),
+        ("in_proj_qkvg", "v_proj", "2"),
+        ("in_proj_qkvg", "g_proj", "3"),
+        ("conv1d", "q_conv1d", "0"),
+        ("conv1d", "k_conv1d", "1"),
+        ("conv1d", "v_conv1d", "2"),
+    )
+
+
+def test_an_olmo_block_not_doubling_beta_as_its_config_says_is_refused():
+    block, config = _olmo()
+    block.allow_neg_eigval = False  # the config says True: vLLM's layer would double beta
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
+    assert isinstance(plan, NoMatch) and plan.reason.startswith("replaying vLLM's gated delta net differs"), plan
+
+
+def test_an_olmo_norm_epsilon_other_than_vllms_fixed_one_is_refused():
+    block, config = _olmo()
+    block.o_norm.variance_epsilon = 1e-6  # vLLM's OLMo layer builds its norm with 1e-5 whatever
+    plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
+    assert isinstance(plan, NoMatch) and "where vLLM's layer takes 1e-05" in plan.reason, plan
+
+
+def test_concatenated_sources_read_transformers_table():
+    from hfrewrite.analyze.checkpoint import concatenated_sources
+
+    assert concatenated_sources("olmo_hybrid", "linear_attn.conv1d.weight") == ("q_conv1d", "k_conv1d", "v_conv1d")
+    assert concatenated_sources("olmo_hybrid", "mamba.conv1d.weight") == ()
+    assert concatenated_sources("qwen3_5_text", "linear_attn.conv1d.weight") == ()
