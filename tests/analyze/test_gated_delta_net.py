@@ -186,7 +186,9 @@ def test_an_olmo_block_not_doubling_beta_as_its_config_says_is_refused():
     block, config = _olmo()
     block.allow_neg_eigval = False  # the config says True: vLLM's layer would double beta
     plan = analyze_gated_delta_net(_layer(block), "linear_attn", config)
-    assert isinstance(plan, NoMatch) and plan.reason.startswith("replaying vLLM's gated delta net differs"), plan
+    assert isinstance(plan, NoMatch) and plan.reason.startswith("replaying vLLM's gated delta net differs"), (
+        plan
+    )
 
 
 def test_an_olmo_norm_epsilon_other_than_vllms_fixed_one_is_refused():
@@ -199,6 +201,10 @@ def test_an_olmo_norm_epsilon_other_than_vllms_fixed_one_is_refused():
 def test_concatenated_sources_read_transformers_table():
     from hfrewrite.analyze.checkpoint import concatenated_sources
 
-    assert concatenated_sources("olmo_hybrid", "linear_attn.conv1d.weight") == ("q_conv1d", "k_conv1d", "v_conv1d")
+    assert concatenated_sources("olmo_hybrid", "linear_attn.conv1d.weight") == (
+        "q_conv1d",
+        "k_conv1d",
+        "v_conv1d",
+    )
     assert concatenated_sources("olmo_hybrid", "mamba.conv1d.weight") == ()
     assert concatenated_sources("qwen3_5_text", "linear_attn.conv1d.weight") == ()
