@@ -21,7 +21,9 @@ as written, with these changes:
 * a layer the trace saw return a tuple (transformers 4.x) returns its first element;
 * a hybrid layer's other mixer (``ModelPlan.mixer``: Granite-4.0-H's Mamba-2) is called with
   the hidden states alone (``self.mamba(hidden_states)``), vLLM's layer keeping its own state;
-  an attention-free model's layer (Mamba-2 layers alone) has no attention call to rewrite;
+  an attention-free model's layer (Mamba-2 layers alone) has no attention call to rewrite,
+  nor has the mixer's own class beside carried attention layers (OLMo-hybrid's gated delta
+  net layers, carried so that every layer returns its hidden states alone);
 * an ``if`` on a config switch (``ModelPlan.forward_switches``: one value on every traced
   layer) whose other branch reads inputs vLLM does not give (granite-4.0-micro's Mamba call,
   every layer attending) becomes the branch taken, and ``__init__`` builds only what that

@@ -4,7 +4,7 @@ Matches the decoder layer when the analysis proved its other mixer one of vLLM's
 layers (``ModelPlan.mixer``): a gated short convolution (LFM2's ``Lfm2ShortConv``) as
 ``ShortConv``, a Mamba-2 block (Bamba's ``BambaMixer``) as ``MambaMixer2``, a Mamba-1 block
 (Mamba's, FalconMamba's) as ``MambaMixer``, a gated delta net (Qwen3.5's, Qwen3-Next's) as
-``QwenGatedDeltaNetAttention``, each replayed against vLLM's formula; and the layer forward's own test choosing it (``self.is_attention_layer``,
+``QwenGatedDeltaNetAttention`` (OLMo-hybrid's as ``OlmoHybridGatedDeltaNetAttention``), each replayed against vLLM's formula; and the layer forward's own test choosing it (``self.is_attention_layer``,
 proven on every traced layer). Each kind is one row (``ROWS``): how vLLM builds it, how the
 layer calls it, and the classmethods vLLM sizes its state with.
 
@@ -27,6 +27,10 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   ``FlooredMambaMixer2``, built with the source's expression of the floor; one whose gated
   norm spans all channels however many groups it has (``Mamba2Plan.norm_spans_groups``) as
   ``SpanNormMambaMixer2``;
+* OLMo-hybrid's gated delta net as ``TorchOlmoGatedDeltaNet`` (templates/gated_delta_net.py):
+  vLLM's ``OlmoHybridGatedDeltaNetAttention``, writing into the buffer it is given, its delta
+  rule run in torch on vLLM's CPU build (which has no kernel for it), its convolution's loader
+  taking the shard id the weights mapper gives;
 * a Mamba-1 block as ``TorchScanMambaMixer`` (templates/mamba1.py): vLLM's ``MambaMixer``,
   its scan run in torch on vLLM's CPU build, which has no kernel for it; built with the
   source's expressions of its sizes and norms, without a quantization config (vLLM's takes

@@ -18,6 +18,15 @@ Experts in a layout the fused-MoE runner's loader does not read go through
 ``[E * I, H]`` tensors (dbrx) and stacked, transposed, interleaved, biased ones (gpt_oss,
 whose w13 is interleaved back after loading for vLLM's ``swigluoai`` kernels).
 
+A hybrid's mixer whose vLLM layer fuses projections the checkpoint keeps apart stacks them
+too, named under the layer's child where the attention's projections share their names
+(OLMo-hybrid's ``.linear_attn.q_proj`` into ``in_proj_qkvg``, mapped before the attention's
+``.q_proj``); its convolutions that transformers concatenates at load (``q_conv1d``,
+``k_conv1d``, ``v_conv1d``) go through ``_concatenated_convs``, which joins them and splits
+them again by the q, k and v widths (a checkpoint saved by transformers splits them evenly).
+transformers' plain substring renames of the model type (OLMo-hybrid's
+``attention_layer_norm`` -> ``input_layernorm``) are the mapper's ``orig_to_new_substr``.
+
 Preconditions: the causal-LM class has ``load_weights`` reading ``self.hf_to_vllm_mapper``.
 """
 

@@ -7,7 +7,9 @@ Emits, following vLLM's ``llama.py``:
 * base model: ``@support_torch_compile``, ``nn.Module`` base, ``__init__(*, vllm_config,
   prefix="")`` whose body keeps the source's statements, with the decoder stack
   ``nn.ModuleList([Layer(config, i) for i in range(N)])`` rewritten to
-  ``make_layers(N, lambda prefix: Layer(config, extract_layer_index(prefix), ...))`` and the
+  ``make_layers(N, lambda prefix: Layer(config, extract_layer_index(prefix), ...))`` (a
+  stack choosing one of two classes by a test of the index, OLMo-hybrid's ``A(config, i) if
+  config.layer_types[i] == ... else B(config, i)``, keeps that test on the index) and the
   final norm built on the last pipeline stage only; ``embed_input_ids`` and the pipeline-
   parallel ``forward(input_ids, positions, intermediate_tensors, inputs_embeds)`` from
   ``templates/causal_lm.py``.

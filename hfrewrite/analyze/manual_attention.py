@@ -68,7 +68,8 @@ NO_MIXER_REASON = (
     "no softmax attention call, and the block is no mixer hfrewrite proves one of vLLM's layers "
     "(a gated short convolution: ShortConv; a Mamba-2 block: MambaMixer2; a Mamba-1 block: "
     "MambaMixer; a gated delta net laid out as Qwen3.5's or Qwen3-Next's: "
-    "QwenGatedDeltaNetAttention): a linear-attention or other "
+    "QwenGatedDeltaNetAttention, or as OLMo-hybrid's: OlmoHybridGatedDeltaNetAttention): a "
+    "linear-attention or other "
     "recurrent mixer is not converted"
 )
 

@@ -8,8 +8,9 @@ then attention) and with attention first; two key heads shared by four value hea
 values of different widths, so the three convolutions transformers writes (split evenly, not
 by q, k, v) must be concatenated and split again at load: greedy tokens equal Hugging Face's
 and chosen-token logprobs within 1e-4, across 16 decode steps (the cached states read back),
-beta doubled (``linear_allow_neg_eigval``) or not. A checkpoint without rope (the released
-ones have none), which the golden was not converted for, is refused by the file at load.
+beta doubled (``linear_allow_neg_eigval``) or not. The golden is converted from a config
+without rope, as transformers notes the released checkpoints are (golden/configs/olmo_hybrid);
+a checkpoint with rope, which it was not converted for, is refused by the file at load.
 
 vLLM 0.32's own ``olmo_hybrid.py`` is not compared: its gating and delta-rule kernels are
 triton only, and it loads neither the norms' checkpoint names (``attention_layer_norm``) nor
@@ -38,6 +39,7 @@ SIZES = {
     "linear_key_head_dim": 32,
     "linear_value_head_dim": 48,
     "vocab_size": 512,
+    "rope_parameters": {"rope_type": "default", "rope_theta": None},  # as released
 }
 LINEAR, FULL = "linear_attention", "full_attention"
 CASES: dict[str, tuple[list[str], dict]] = {
@@ -83,13 +85,13 @@ def test_olmo_hybrid_layers_are_vllms(reports):
 
 
 @pytest.mark.vllm
-def test_a_checkpoint_without_rope_is_refused_by_the_file(tmp_path):
-    ckpt = _ckpt(tmp_path / "nope", [LINEAR, FULL], 7)
+def test_a_checkpoint_with_rope_is_refused_by_the_file(tmp_path):
+    ckpt = _ckpt(tmp_path / "rope", [LINEAR, FULL], 7)
     config = json.loads((ckpt / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "default", "rope_theta": None}
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     (ckpt / "config.json").write_text(json.dumps(config))
     (report,) = verify_many([VerifyCase(ckpt, GOLDEN)], native=False)
     assert report.generated_tokens is None, report.summary()
-    assert "config.rope_parameters.get('rope_theta') is not None` is True" in report.errors.get(
-        "generated", ""
-    ), report.summary()
+    assert "config.rope_parameters.get('rope_theta') is not None` is False" in report.errors.get("generated", ""), (
+        report.summary()
+    )

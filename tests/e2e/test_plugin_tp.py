@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # types converted from a config directory rather than their bare default config
 SOURCES = {
     model_type: str(ROOT / "golden" / "configs" / model_type)
-    for model_type in ("lfm2", "bamba", "granitemoehybrid", "nemotron_h")
+    for model_type in ("lfm2", "bamba", "granitemoehybrid", "nemotron_h", "olmo_hybrid")
 }
 LFM2 = {"conv_dim": 128, "block_dim": 128, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0}
 QWEN_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
@@ -257,6 +257,7 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "linear_num_value_heads": 4,
             "linear_key_head_dim": 32,
             "linear_value_head_dim": 48,
+            "rope_parameters": {"rope_type": "default", "rope_theta": None},  # as released
         },
     ),
 }
