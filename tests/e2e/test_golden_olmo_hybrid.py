@@ -92,6 +92,6 @@ def test_a_checkpoint_with_rope_is_refused_by_the_file(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(config))
     (report,) = verify_many([VerifyCase(ckpt, GOLDEN)], native=False)
     assert report.generated_tokens is None, report.summary()
-    assert "config.rope_parameters.get('rope_theta') is not None` is False" in report.errors.get("generated", ""), (
-        report.summary()
-    )
+    assert "config.rope_parameters.get('rope_theta') is not None` is False" in report.errors.get(
+        "generated", ""
+    ), report.summary()
