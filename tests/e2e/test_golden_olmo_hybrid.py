@@ -8,6 +8,7 @@ then attention) and with attention first; two key heads shared by four value hea
 values of different widths, so the three convolutions transformers writes (split evenly, not
 by q, k, v) must be concatenated and split again at load: greedy tokens equal Hugging Face's
 and chosen-token logprobs within 1e-4, across 16 decode steps (the cached states read back),
+and with long prompts prefilled in chunks beside other sequences' decode steps,
 beta doubled (``linear_allow_neg_eigval``) or not. The golden is converted from a config
 without rope, as transformers notes the released checkpoints are (golden/configs/olmo_hybrid);
 a checkpoint with rope, which it was not converted for, is refused by the file at load.
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, verify_many
+from hfrewrite.verify import runner
+from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, _max_diff, verify_many
 from hfrewrite.verify.fixtures import make_tiny_checkpoint
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "olmo_hybrid.py"
@@ -82,6 +84,33 @@ def test_olmo_hybrid_layers_are_vllms(reports):
     assert structure, reports["released-order"].summary()
     counted = {kind: n for kind, n in structure[0].items() if n}
     assert counted == {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 3, "RowParallelLinear": 2}
+
+
+@pytest.mark.vllm
+def test_chunked_prefills_resume_their_cached_states(reports):
+    """Prompts of 40 and 33 tokens with 16 tokens a step: each is prefilled in chunks, the
+    later ones starting from the convolution and recurrent states the earlier ones cached,
+    while the short prompt's decode steps run in the same batches."""
+    report = reports["released-order"]
+    common = {
+        "ckpt": report.ckpt,
+        "prompts": [list(range(3, 43)), list(range(100, 133)), [5, 6, 7]],
+        "max_tokens": 8,
+        "architecture": report.architecture,
+        "generated_module": report.generated_module,
+    }
+    budget = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True, "max_num_seqs": 4}
+    (hf, chunked), info = runner.run_worker(
+        [{"kind": "hf", **common}, {"kind": "vllm", **common, "llm_kwargs": budget}]
+    )
+    assert "error" not in hf and "error" not in chunked, (
+        hf.get("error"),
+        chunked.get("error"),
+        info["stderr_tail"],
+    )
+    assert chunked["tokens"] == hf["tokens"]
+    diff = _max_diff(chunked["tokens"], chunked["logprobs"], hf["tokens"], hf["logprobs"])
+    assert diff is not None and diff <= LOGPROB_TOL
 
 
 @pytest.mark.vllm
