@@ -49,6 +49,21 @@ def mixer_layer(per_layer: list, lead: DecoderLayerPlan) -> DecoderLayerPlan | N
     return decoder if lead.fused else dataclasses.replace(decoder, blocks=())
 
 
+def carried_with_attention(per_layer: list, own_class: DecoderLayerPlan | None) -> tuple[NoMatch, ...]:
+    """--explain's row for the mixer's own class carried although its forward would fuse:
+    the attention layers' class is carried (OLMo-hybrid's post-norms)."""
+    if own_class is None or own_class.fused:
+        return ()
+    traced = next(f.decoder for f in per_layer if f.decoder.module_class == own_class.module_class)
+    if not traced.fused:
+        return ()
+    why = (
+        "its forward would fuse, and is carried from the source as the attention layers' class "
+        "is: every layer returns its hidden states alone"
+    )
+    return (NoMatch("fused_residual_norm", own_class.module_class, why),)
+
+
 def unrun_classes(layers: list[nn.Module], failed: Refusal) -> Refusal:
     """``failed`` (the shrunk model's example run), saying so where the layers are of several
     classes: the run fails before the analysis can tell whether it follows them (Zamba2's)."""

@@ -48,7 +48,13 @@ from hfrewrite.analyze.layer_agreement import (
     mixer_plan,
     one_kind,
 )
-from hfrewrite.analyze.layer_classes import layer_norms, mixer_layer, one_per_class, unrun_classes
+from hfrewrite.analyze.layer_classes import (
+    carried_with_attention,
+    layer_norms,
+    mixer_layer,
+    one_per_class,
+    unrun_classes,
+)
 from hfrewrite.analyze.layer_defaults import free_defaults
 from hfrewrite.analyze.linear_classes import prove_linear_classes
 from hfrewrite.analyze.lm_head import EMBEDDING, head_kind
@@ -267,6 +273,7 @@ def _layer_plans(source: _SourceModel, branches: bool) -> _LayerPlans:
 
     final = layout.base.get_submodule(run.final_norm) if run.final_norm else None
     own_class = mixer_layer(per_layer, decoder)  # the mixer's layers, a class of their own (Jamba)
+    declined += carried_with_attention(per_layer, own_class)
     norms = layer_norms(traces, per_layer, lead, decoder, attention, final, own_class, small)
     decoder, declined = norms.decoder, declined + norms.declined
     if per_layer[lead].declined is not None:  # the layer shape itself was not fusable

@@ -9,7 +9,7 @@ import transformers
 from torch import nn
 
 from hfrewrite.analyze.layer_agreement import LayerFacts
-from hfrewrite.analyze.layer_classes import mixer_layer, unrun_classes
+from hfrewrite.analyze.layer_classes import carried_with_attention, mixer_layer, unrun_classes
 from hfrewrite.analyze.mixer_plans import ShortConvPlan
 from hfrewrite.analyze.model import analyze
 from hfrewrite.analyze.plan import DecoderLayerPlan, NoMatch, Refusal, ResidualBlock
@@ -100,6 +100,11 @@ def test_carried_attention_layers_carry_the_mixer_class_too():
     per_layer = [_facts("A", True, False, fused=False), _facts("B", False, True)]
     own = mixer_layer(per_layer, per_layer[0].decoder)
     assert (own.module_class, own.fused) == ("B", False)
+    # --explain says why a forward that would fuse is carried
+    (row,) = carried_with_attention(per_layer, own)
+    assert (row.pattern, row.module_class) == ("fused_residual_norm", "B")
+    assert "carried from the source as the attention layers' class is" in row.reason
+    assert carried_with_attention(per_layer, None) == ()
 
 
 def test_an_example_run_that_fails_says_its_layers_are_of_several_classes():
