@@ -182,16 +182,6 @@ class OlmoHybridAttention(nn.Module):
         return attn_output
 
 
-# NOTE: the FLA package computes `x / torch.sqrt((x * x).sum(dim=dim, keepdim=True) +
-# eps)` instead, so if we align with the GatedRMSNorm, maybe we can make that change as
-# well.
-def l2norm(x: torch.FloatTensor, dim: int = -1, eps: float = 1e-6):
-    """This function is intended to align with the l2norm implementation in the FLA
-    library."""
-    inv_norm = torch.rsqrt((x * x).sum(dim=dim, keepdim=True) + eps)
-    return x * inv_norm
-
-
 class OlmoHybridMLP(nn.Module):
     def __init__(
         self,
@@ -342,8 +332,8 @@ class TorchOlmoGatedDeltaNet(OlmoHybridGatedDeltaNetAttention):
                 conv_state_indices=slots[:decodes],
             )
         q, k, v = (x[0].float() for x in self.rearrange_mixed_qkv(mixed_qkv))
-        q = self.l2norm(q) * self.head_k_dim**-0.5
-        k = self.l2norm(k)
+        q = self.unit_length(q) * self.head_k_dim**-0.5
+        k = self.unit_length(k)
         beta = b[:tokens].float().sigmoid() * (2.0 if self.allow_neg_eigval else 1.0)
         decay = torch.exp(
             -self.A_log.float().exp()
@@ -386,7 +376,7 @@ class TorchOlmoGatedDeltaNet(OlmoHybridGatedDeltaNetAttention):
         core_attn_out[:tokens] = out.to(core_attn_out.dtype)
 
     @staticmethod
-    def l2norm(x: torch.Tensor) -> torch.Tensor:
+    def unit_length(x: torch.Tensor) -> torch.Tensor:
         """Each head's vector over its L2 norm (epsilon 1e-6 inside, as vLLM's
         kernels)."""
         return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
