@@ -387,6 +387,24 @@ def test_a_layer_class_chosen_in_the_loop_is_chosen_by_the_prefix_index():
     assert "layer_class" not in after
 
 
+def test_a_layer_class_chosen_by_a_test_of_the_index_keeps_that_test():
+    """OLMo-hybrid builds ``A(config, i) if config.layer_types[i] == ... else B(config, i)``:
+    each branch gets vLLM's arguments, and the test reads the prefix's index too."""
+    chosen = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
+        "[LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]",
+        "[MixerLayer(config, layer_idx) if config.layer_types[layer_idx] == 'linear' "
+        "else LlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]",
+    )
+    assert chosen != BEFORE_LLAMA_MODEL_AND_CAUSAL_LM
+    after = rewrite(vllm_model_interface, chosen, llama_like())
+    extra = "cache_config=cache_config, quant_config=quant_config, prefix=prefix"
+    assert (
+        f"            lambda prefix: MixerLayer(config, extract_layer_index(prefix), {extra}) "
+        "if config.layer_types[extract_layer_index(prefix)] == 'linear' "
+        f"else LlamaDecoderLayer(config, extract_layer_index(prefix), {extra}),\n"
+    ) in after
+
+
 def test_a_loop_that_does_more_than_append_layers_is_not_a_stack():
     looped = BEFORE_LLAMA_MODEL_AND_CAUSAL_LM.replace(
         "        self.layers = nn.ModuleList(\n"
