@@ -41,16 +41,18 @@ KINDS = (
         frozenset({"q_proj", "k_proj", "v_proj", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_proj"}),
         frozenset(),
         "a Kimi delta attention block (a forget gate per channel, a convolution on q, k and v): "
-        "vLLM runs such blocks as its KimiDeltaAttention, on triton kernels only, none on CPU, so "
-        "no file holding one could run or be validated here",
+        "vLLM runs such blocks as its KimiDeltaAttention, on triton kernels only, none on CPU, and "
+        "hfrewrite has no CPU path of its own for it (as it has for Mamba-1 blocks and OLMo-hybrid's "
+        "gated delta nets), so no file holding one could run or be validated here",
         _forget_gate,
     ),
     _Kind(
         frozenset({"qkv_proj", "output_gate", "norm", "out_proj"}),
         frozenset(),
         "a lightning-attention block (MiniMax's linear attention): vLLM runs such blocks as its "
-        "MiniMaxText01LinearAttention, whose decode is a triton kernel only, none on CPU, so no "
-        "file holding one could run or be validated here",
+        "MiniMaxText01LinearAttention, whose decode is a triton kernel only, none on CPU, and "
+        "hfrewrite has no CPU path of its own for it (as it has for Mamba-1 blocks and OLMo-hybrid's "
+        "gated delta nets), so no file holding one could run or be validated here",
         _fused_qkv,
     ),
 )
