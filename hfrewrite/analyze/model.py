@@ -63,12 +63,7 @@ from hfrewrite.analyze.manual_attention import fold_manual_attention
 from hfrewrite.analyze.mixers import layer_mixer, layers_mixer, proven_mixer
 from hfrewrite.analyze.mla_variants import with_other_branches
 from hfrewrite.analyze.mlp import analyze_inline_mlp, analyze_mlp
-from hfrewrite.analyze.model_layout import (
-    ModelLayout,
-    embedding_subclass,
-    flattened,
-    model_layout,
-)
+from hfrewrite.analyze.model_layout import ModelLayout, embedding_subclass, flattened, model_layout
 from hfrewrite.analyze.moe import analyze_moe
 from hfrewrite.analyze.moe_variants import with_other_routings
 from hfrewrite.analyze.plan import (
@@ -91,11 +86,7 @@ from hfrewrite.analyze.rope_constants import prove_rope_constants
 from hfrewrite.analyze.shrink import HEADS, shrink_config
 from hfrewrite.analyze.slice_writes import fold_slice_writes
 from hfrewrite.analyze.tied_head import flipped_tie, head_sibling, tied_target
-from hfrewrite.analyze.trace import (
-    Traced,
-    trace,
-    value,
-)
+from hfrewrite.analyze.trace import Traced, trace, value
 from hfrewrite.analyze.transposed_linears import swap_transposed_linears
 from hfrewrite.analyze.vllm_sizes import vllm_sizes
 from hfrewrite.errors import CannotBuild, HfrewriteError

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from hfrewrite.verify import runner
 from hfrewrite.verify.compare import LOGPROB_TOL, VerifyReport, _max_diff
 
 
@@ -28,6 +29,31 @@ def assert_native(report: VerifyReport, equal: bool, differs_because: str) -> No
         return
     assert report.native_tokens == report.hf_tokens, report.summary()
     assert report.logprob_diff_native <= LOGPROB_TOL and report.problems == (), report.summary()
+
+
+def assert_chunked_prefills_equal_hf(report: VerifyReport) -> None:
+    """Prompts of 40 and 33 tokens with 16 tokens a step: each is prefilled in chunks, the
+    later ones starting from the states the earlier ones cached, while the short prompt's
+    decode steps run in the same batches; still Hugging Face's tokens and logprobs."""
+    common = {
+        "ckpt": report.ckpt,
+        "prompts": [list(range(3, 43)), list(range(100, 133)), [5, 6, 7]],
+        "max_tokens": 8,
+        "architecture": report.architecture,
+        "generated_module": report.generated_module,
+    }
+    budget = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True, "max_num_seqs": 4}
+    (hf, chunked), info = runner.run_worker(
+        [{"kind": "hf", **common}, {"kind": "vllm", **common, "llm_kwargs": budget}]
+    )
+    assert "error" not in hf and "error" not in chunked, (
+        hf.get("error"),
+        chunked.get("error"),
+        info["stderr_tail"],
+    )
+    assert chunked["tokens"] == hf["tokens"]
+    diff = _max_diff(chunked["tokens"], chunked["logprobs"], hf["tokens"], hf["logprobs"])
+    assert diff is not None and diff <= LOGPROB_TOL
 
 
 # vLLM's own model file with its Mamba-1 mixer swapped for the golden's, run in a process of its

@@ -20,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from hfrewrite.verify import runner
-from hfrewrite.verify.compare import LOGPROB_TOL, VerifyCase, _max_diff, verify_many
+from hfrewrite.verify.compare import VerifyCase, verify_many
 from hfrewrite.verify.fixtures import make_tiny_checkpoint
-from tests.e2e.golden_checks import assert_equals_hf, assert_native_with_files_mixer
+from tests.e2e.golden_checks import (
+    assert_chunked_prefills_equal_hf,
+    assert_equals_hf,
+    assert_native_with_files_mixer,
+)
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 CASES = {
@@ -83,26 +86,6 @@ def test_mamba1_layers_are_vllms(reports, case):
 
 @pytest.mark.vllm
 def test_chunked_prefills_resume_their_cached_states(reports):
-    """Prompts of 40 and 33 tokens with 16 tokens a step: each is prefilled in chunks, the
-    later ones starting from the convolution and recurrent states the earlier ones cached,
-    while the short prompt's decode steps run in the same batches."""
-    report = reports["mamba"]
-    common = {
-        "ckpt": report.ckpt,
-        "prompts": [list(range(3, 43)), list(range(100, 133)), [5, 6, 7]],
-        "max_tokens": 8,
-        "architecture": report.architecture,
-        "generated_module": report.generated_module,
-    }
-    budget = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True, "max_num_seqs": 4}
-    (hf, chunked), info = runner.run_worker(
-        [{"kind": "hf", **common}, {"kind": "vllm", **common, "llm_kwargs": budget}]
-    )
-    assert "error" not in hf and "error" not in chunked, (
-        hf.get("error"),
-        chunked.get("error"),
-        info["stderr_tail"],
-    )
-    assert chunked["tokens"] == hf["tokens"]
-    diff = _max_diff(chunked["tokens"], chunked["logprobs"], hf["tokens"], hf["logprobs"])
-    assert diff is not None and diff <= LOGPROB_TOL
+    """Long prompts prefilled in chunks, each chunk resuming the convolution and recurrent
+    states the last one cached, beside another sequence's decode steps."""
+    assert_chunked_prefills_equal_hf(reports["mamba"])
