@@ -1,8 +1,9 @@
 """Decoder layers of two classes: a hybrid whose layers of its other mixer are a class of
 their own beside its attention layers' (Jamba's ``JambaMambaDecoderLayer`` beside
-``JambaAttentionDecoderLayer``, chosen per layer by the base model). The file keeps both
-classes; each is rewritten with its own decoder plan, and the layers must agree on all
-else (compare_layers: the mixer, and the class that holds it, aside). Any other split of
+``JambaAttentionDecoderLayer``, OLMo-hybrid's gated-delta-net layers beside its post-norm
+attention layers, chosen per layer by the base model). The file keeps both classes; each is
+rewritten with its own decoder plan, the layers of each class agreeing with one another
+(compare_layers), both fused into vLLM's residual norms or both carried. Any other split of
 classes refuses."""
 
 from __future__ import annotations
