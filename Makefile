@@ -25,7 +25,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	qwen3_5_text qwen3_5_moe_text qwen3_5 qwen3_5_moe qwen3_next mimo_v2_flash falcon_h1 mamba2 \
 	mamba falcon_mamba jamba bitnet fuyu
 # goldens converted from a config under golden/configs/ (golden/configs/README.md says why)
-GOLDEN_CONFIGS := lfm2 lfm2_moe bamba granitemoehybrid granitemoe_swa minicpm3 nemotron_h olmo_hybrid
+GOLDEN_CONFIGS := lfm2 lfm2_moe bamba granitemoehybrid granitemoe_swa minicpm3 nemotron_h olmo_hybrid minimax
 
 .PHONY: setup analysis-setup quant-setup demo lint test test-fast golden coverage docs fuzz validation-cost hub-configs
 

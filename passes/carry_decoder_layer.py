@@ -387,6 +387,13 @@ def _appends_dropped(statement: cst.BaseStatement, name: str, dropped: set[str])
     return True
 
 
+def _mixer_apart(plan) -> bool:
+    """Whether the attention layers' forward calls a mixer of its own (not where the mixer's
+    layers are a class of their own, nor where one child holds attention or the mixer by
+    layer, MiniMax's: hybrid_mixer chooses the call by the child's class)."""
+    return plan.mixer_layer is None and not plan.mixer_shares_child
+
+
 def _mixer(module: cst.Module, plan) -> tuple[str, str] | None:
     """A hybrid layer's other mixer: its attribute and its forward's first parameter."""
     if plan.mixer is None:
@@ -453,7 +460,7 @@ def _carried(module: cst.Module, plan) -> PassResult:
             residual=residual,
             free_defaults=layer.free_defaults if i == 0 else (),
             as_list=last and layer.attention_returns_list,
-            mixer=_mixer(module, plan) if i == 0 and plan.mixer_layer is None else None,
+            mixer=_mixer(module, plan) if i == 0 and _mixer_apart(plan) else None,
             switches=switches if i == 0 else None,
             pruned=pruned,
         )

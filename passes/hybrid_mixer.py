@@ -51,7 +51,6 @@ Preconditions: the layer's forward is vLLM's fused-residual one (fused_residual_
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,13 +58,22 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba1Plan, Mamba2Plan, MixerPlan, ShortConvPlan
+from hfrewrite.analyze.mixer_plans import (
+    GatedDeltaNetPlan,
+    LightningPlan,
+    Mamba1Plan,
+    Mamba2Plan,
+    MixerPlan,
+    ShortConvPlan,
+)
 from hfrewrite.emit import cst_tools as t
+from hfrewrite.emit.mixer_init import fixed_check, without_overwritten
 from hfrewrite.emit.mixer_states import (
     STATE_IMPORTS,
     channels,
     gdn_state,
     hybrid_lm,
+    lightning_state,
     mamba1_state,
     mamba2_state,
     short_conv_state,
@@ -98,6 +106,8 @@ class _Row:
         "cache_config=cache_config,\nquant_config=quant_config,\n"
         f'prefix=f"{{prefix}}.{plan.attr}",\n'
     )
+    # the call's arguments after the hidden states and the buffer (lightning attention's positions)
+    extra_call_args: str = ""
 
 
 def _short_conv_arguments(plan: ShortConvPlan, module: cst.Module) -> str:
@@ -154,6 +164,21 @@ ROWS: dict[type, _Row] = {
         lambda plan: plan.fixed,
         _gdn_shared,
     ),
+    # vLLM's lightning attention, its norm's epsilon the block's, its recurrence in torch
+    # where vLLM's CPU build has no kernel for it
+    LightningPlan: _Row(
+        "TorchMiniMaxLinearAttention",
+        lambda plan, module: "config,\n",
+        lightning_state,
+        True,
+        ("MiniMaxText01LinearAttention",),
+        lambda plan: plan.fixed,
+        lambda plan: (
+            f'vllm_config=get_current_vllm_config(),\nprefix=f"{{prefix}}.{plan.attr}",\n'
+            f"norm_eps={plan.norm_eps},\n"
+        ),
+        ", positions",
+    ),
 }
 
 
@@ -165,8 +190,14 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
     layer = ctx.plan.mixer_layer or ctx.plan.decoder_layer  # (Jamba's mixer layers: a class of their own)
     row, module, arguments = _subclassed(mixer, row, module, layer.module_class)
     sites = Sites()
+    # one child holding attention or the mixer by layer (MiniMax's), not a layer of one block
+    # (NemotronH's) nor the mixer's own class (Jamba's)
+    shared_child = ctx.plan.mixer_shares_child
     cls = t.find_class(module, layer.module_class)
-    init = t.find_method(cls, "__init__").visit(_BuildMixer(mixer, row, arguments))
+    init = t.find_method(cls, "__init__")
+    init = (without_overwritten(init, mixer.attr) if shared_child else init).visit(
+        _BuildMixer(mixer, row, arguments)
+    )
     forward = t.find_method(cls, "forward")
     one_block = layer.block_kinds is not None  # its forward calls the block as its class takes it
     if one_block and layer.block_kinds.table and row.writes_into_buffer:
@@ -174,7 +205,7 @@ def run(module: cst.Module, ctx: PassContext) -> PassResult:
             f"{mixer.module_class}: {NAME}: a layer choosing its block by kind, writing into a buffer"
         )
     own_class = ctx.plan.mixer_layer is not None  # its layers call the mixer alone
-    if not one_block and layer.fused and ctx.plan.attention is not None and not own_class:
+    if shared_child or (not one_block and layer.fused and ctx.plan.attention is not None and not own_class):
         forward = _choosing_forward(forward, layer.attention_block, mixer, row)
     elif row.writes_into_buffer:  # a carried forward's own test chooses; no attention: the mixer alone
         forward = forward.visit(_IntoBuffer(mixer.attr, forward))
@@ -218,6 +249,16 @@ def _subclassed(mixer: MixerPlan, row: _Row, module: cst.Module, layer: str) -> 
         row, module = _templated(row, module, layer, "SpanNormMambaMixer2", "Mixer2RMSNormGated")
     elif isinstance(mixer, Mamba1Plan):
         row, module = _templated(row, module, layer, "TorchScanMambaMixer", *_SCAN_IMPORTS, file="mamba1.py")
+    elif isinstance(mixer, LightningPlan):
+        row, module = _templated(
+            row,
+            module,
+            layer,
+            "TorchMiniMaxLinearAttention",
+            "get_forward_context",
+            "current_platform",
+            file="lightning_attention.py",
+        )
     elif isinstance(mixer, GatedDeltaNetPlan) and mixer.layout == "olmo":
         row, module = _templated(
             OLMO_GDN, module, layer, "TorchOlmoGatedDeltaNet", *_OLMO_IMPORTS, file="gated_delta_net.py"
@@ -348,24 +389,8 @@ class _BuildMixer(cst.CSTTransformer):
             raise HfrewriteError(
                 f"{self.mixer.module_class}: {NAME}: not built once as self.{self.mixer.attr} from the layer's config"
             )
-        checks = "".join(t.code(_fixed_check(*fixed)) for fixed in self.row.checks(self.mixer))
+        checks = "".join(t.code(fixed_check(*fixed)) for fixed in self.row.checks(self.mixer))
         return t.with_body(updated, t.guards_first(list(updated.body.body), checks))
-
-
-def _fixed_check(condition: str, why: str) -> cst.BaseStatement:
-    """A check that the config meets ``condition``, as the one the file was proven with."""
-    message = f"hfrewrite: this file needs {condition}: {why}"
-    return t.stmt(f"if {_negated(condition)}:\n    raise ValueError({message!r})\n")
-
-
-def _negated(condition: str) -> str:
-    """``a != b`` for ``a == b``, ``a not in b`` for ``a in b``, else ``not (...)``."""
-    tree = ast.parse(condition, mode="eval").body
-    flipped = {ast.Eq: ast.NotEq, ast.In: ast.NotIn}
-    if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in flipped:
-        tree.ops = [flipped[type(tree.ops[0])]()]
-        return ast.unparse(tree)
-    return f"not ({condition})"
 
 
 def _choosing_forward(
@@ -397,7 +422,8 @@ def _choosing_forward(
     target = body[at].body[0].targets[0].target.value
     if row.writes_into_buffer:
         output = "output" if "output" not in t.names_used(forward) else "mixed"
-        other = f"{output} = torch.empty_like({stream})\nself.{mixer.attr}({stream}, {output})\n{target} = {output}\n"
+        called = f"self.{mixer.attr}({stream}, {output}{row.extra_call_args})"
+        other = f"{output} = torch.empty_like({stream})\n{called}\n{target} = {output}\n"
     else:
         other = f"{target} = self.{mixer.attr}({stream})\n"
     attended = t.code(body[at]).strip() + "\n"

@@ -399,7 +399,7 @@ def _weights_mapper(plan, stacks: dict[str, list[_Shard]]) -> str:
         mapper += f"    orig_to_new_prefix={{\n{prefixes}    }},\n"
     suffixes = plan.mixer.checkpoint_suffix_renames if plan.mixer is not None else ()
     if suffixes:  # a hybrid's mixer parts vLLM names otherwise (Mamba-2's A_log loaded as A)
-        pairs = ", ".join(f'"{old}": "{new}"' for old, new in suffixes)
+        pairs = ", ".join(f'"{old}": ' + ("None" if new is None else f'"{new}"') for old, new in suffixes)
         mapper += f"    orig_to_new_suffix={{{pairs}}},\n"
     if substr:
         mapper += f"    orig_to_new_substr={{\n{substr}    }},\n"

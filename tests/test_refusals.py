@@ -47,8 +47,6 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         ),
         # HRM runs two stacks of layers in cycles.
         ("hrm_text", "its lists sit deeper (L_module.layers, H_module.layers)"),
-        # MiniMax's lightning-attention layers (its MoE router's softmax is not attention).
-        ("minimax", "MiniMaxDecoderLayer: decoder_layer: a lightning-attention block"),
         # RecurrentGemma's RG-LRU: no softmax attention, no mixer hfrewrite knows.
         ("recurrent_gemma", "RecurrentGemmaRecurrentBlock: vllm_attention: no softmax attention call"),
         # Phi-4-multimodal builds its vision and audio encoders under the embedding.

@@ -147,4 +147,40 @@ class GatedDeltaNetPlan:
 OLMO_QKVG = ("q_proj", "k_proj", "v_proj", "g_proj")
 
 
-MixerPlan = ShortConvPlan | Mamba2Plan | Mamba1Plan | GatedDeltaNetPlan
+@dataclass(frozen=True)
+class LightningPlan:
+    """A lightning-attention block proven to compute vLLM's ``MiniMaxText01LinearAttention``
+    (analyze/lightning_attention.py), under the attribute the layers' attention has too."""
+
+    module_class: str  # the source's block class, e.g. "MiniMaxLightningAttention"
+    attr: str  # the decoder layer's child holding it, e.g. "self_attn"
+    fixed: tuple[tuple[str, str], ...] = ()  # (condition, why) each config must meet
+    # the block's norm epsilon as code (vLLM's class builds 1e-5; the file's layer takes this)
+    norm_eps: str = "1e-06"
+    # the layer's own choice: its class (``isinstance(self.<attr>, <attention class>)``)
+    layer_test: str = ""
+    attention_when: bool = True
+
+    # the block's persistent buffers (its decay tables, computed from the config and the
+    # layer's index, which transformers saves): vLLM's class computes its own, proven equal
+    buffers: tuple[str, ...] = ()
+
+    vllm_dtype = "float32"  # the file's layer runs its recurrence in torch on CPU
+
+    # the one of them holding each head's decay rate, loaded into the file's ``slope_rate``
+    rates: str = ""
+
+    @property
+    def checkpoint_suffix_renames(self) -> tuple[tuple[str, str | None], ...]:
+        # vLLM's class builds its parts under the checkpoint's names; the tables derived from
+        # the rates are skipped
+        renames = []
+        for name in self.buffers:
+            if name != self.rates:
+                renames.append((f".{self.attr}.{name}", None))
+            elif name != "slope_rate":  # the file's layer keeps them under vLLM's name
+                renames.append((f".{self.attr}.{name}", f".{self.attr}.slope_rate"))
+        return tuple(renames)
+
+
+MixerPlan = ShortConvPlan | Mamba2Plan | Mamba1Plan | GatedDeltaNetPlan | LightningPlan

@@ -12,6 +12,7 @@ from torch import nn
 
 from hfrewrite.analyze.branches import config_branches, config_form, method_tree
 from hfrewrite.analyze.gated_delta_net import NOT_A_GDN, analyze_gated_delta_net
+from hfrewrite.analyze.lightning_attention import NOT_LIGHTNING, analyze_lightning
 from hfrewrite.analyze.mamba1 import NOT_A_MAMBA1, analyze_mamba1
 from hfrewrite.analyze.mamba2 import NOT_A_MAMBA2, analyze_mamba2
 from hfrewrite.analyze.mixer_plans import MixerPlan
@@ -23,15 +24,22 @@ ROWS = (
     (analyze_mamba2, NOT_A_MAMBA2),
     (analyze_mamba1, NOT_A_MAMBA1),
     (analyze_gated_delta_net, NOT_A_GDN),
+    (analyze_lightning, NOT_LIGHTNING),
 )
+# the kinds whose proof needs the layer's index in the stack (its decay rates depend on it)
+_BY_INDEX = {analyze_lightning}
 
 
-def analyze_mixer(layer: nn.Module, attr: str, config) -> MixerPlan | NoMatch | None:
-    """The plan of the first kind ``layer.<attr>`` proves to be; else the refusal of a kind
-    it has the parts of (None: it is of no kind here)."""
+def analyze_mixer(
+    layer: nn.Module, attr: str, config, layer_idx: int | None = None
+) -> MixerPlan | NoMatch | None:
+    """The plan of the first kind ``layer.<attr>`` (the layer at ``layer_idx`` of the stack)
+    proves to be; else the refusal of a kind it has the parts of (None: it is of no kind here)."""
     specific = None
     for analyze, not_this_kind in ROWS:
-        plan = analyze(layer, attr, config)
+        plan = (
+            analyze(layer, attr, config, layer_idx) if analyze in _BY_INDEX else analyze(layer, attr, config)
+        )
         if not isinstance(plan, NoMatch):
             return plan
         if plan.reason != not_this_kind:
@@ -45,10 +53,10 @@ def mixer_child(layer: nn.Module, config) -> str:
     return proven_mixer(layer, config)[0]
 
 
-def proven_mixer(layer: nn.Module, config) -> tuple[str, MixerPlan | None]:
+def proven_mixer(layer: nn.Module, config, layer_idx: int | None = None) -> tuple[str, MixerPlan | None]:
     """``mixer_child`` and its plan (None where there is none)."""
     plans = {
-        name: analyze_mixer(layer, name, config)
+        name: analyze_mixer(layer, name, config, layer_idx)
         for name, child in layer.named_children()
         if any(True for _ in child.parameters())
     }
@@ -163,10 +171,27 @@ def layers_mixer(plan: MixerPlan | None, per_layer: list, layers: list[nn.Module
                 "hybrid_layer", plan.module_class, "some layers hold the mixer beside attention, others not"
             )
         )
+    if per_layer[lead].decoder.attention_block == plan.attr:  # one child, attention or the mixer by layer
+        return by_class(plan, layers, has_attention, lead)
     plan = with_layer_test(plan, layers, has_attention, per_layer[lead].decoder.attention_block)
     if plan.vllm_dtype != "float32":  # validated in float32 with attention in every layer
         plan = dataclasses.replace(plan, attention_layer_type=attention_layer_type(types, has_attention))
     return plan
+
+
+def by_class(plan: MixerPlan, layers: list[nn.Module], has_attention: list[bool], lead: int) -> MixerPlan:
+    """``plan`` where one child of the layer holds the attention in some layers and the mixer
+    in the others (MiniMax's ``self_attn``, built by a test in ``__init__``): the layer's
+    forward chooses by the child's class, the attention layers' on every traced layer."""
+    attention = type(layers[lead].get_submodule(plan.attr))
+    for layer, attends in zip(layers, has_attention):
+        if isinstance(layer.get_submodule(plan.attr), attention) is not attends:
+            why = (
+                f"self.{plan.attr} is a {attention.__name__} in a layer without attention, or not in one with"
+            )
+            raise Refusal(NoMatch("hybrid_layer", type(layer).__name__, why))
+    test = f"isinstance(self.{plan.attr}, {attention.__name__})"
+    return dataclasses.replace(plan, layer_test=test, attention_when=True)
 
 
 def attention_layer_type(types: list, has_attention: list[bool]) -> str:
@@ -179,7 +204,7 @@ def attention_layer_type(types: list, has_attention: list[bool]) -> str:
     return next(iter(kinds))
 
 
-def layer_mixer(traced, decoder, attention, small, proven) -> tuple:
+def layer_mixer(traced, decoder, attention, small, proven, layer_idx: int | None = None) -> tuple:
     """(attention, None) for a layer whose mixer is attention, or (attention, plan) with a
     mixer beside it (Falcon-H1); (None, plan) for a hybrid model's layer whose mixer is a
     proven one; else the refusal of the two that says why (the attention's, unless the block
@@ -188,7 +213,7 @@ def layer_mixer(traced, decoder, attention, small, proven) -> tuple:
         return attention, proven if decoder.mixer_block else None
     block = decoder.attention_block
     mixer = proven if proven is not None and proven.attr == block else None
-    mixer = mixer or (analyze_mixer(traced.module, block, small) if block else None)
+    mixer = mixer or (analyze_mixer(traced.module, block, small, layer_idx) if block else None)
     if mixer is not None and not isinstance(mixer, NoMatch):
         return None, mixer
     raise Refusal(mixer or attention)

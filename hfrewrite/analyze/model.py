@@ -448,7 +448,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         else:
             found = ", ".join(f"{b.norm}->{b.block}" for b in decoder.blocks)
             why = f"expected two pre-norm residual blocks (attention, MLP), found {found}"
-        child, proven = proven_mixer(traced.module, small)
+        child, proven = proven_mixer(traced.module, small, layer_idx)
         decoder = carried_layer(traced, child)
         carried = NoMatch(
             "fused_residual_norm",
@@ -460,7 +460,7 @@ def _layer_facts(traced: Traced, config, small, layer_type: str | None, layer_id
         decoder = dataclasses.replace(decoder, attention_block=blocks[0].block, mlp_block=blocks[1].block)
         carried = None
     attention = block_attention(traced, decoder.attention_block, small, layer_type, layer_idx)
-    attention, mixer = layer_mixer(traced, decoder, attention, small, proven)
+    attention, mixer = layer_mixer(traced, decoder, attention, small, proven, layer_idx)
     block = decoder.mlp_block
     mlp = (
         analyze_inline_mlp(traced, decoder.mlp_linears)

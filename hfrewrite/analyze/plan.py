@@ -14,6 +14,7 @@ from typing import NoReturn
 from hfrewrite.analyze.attention_calls import AttentionCall
 from hfrewrite.analyze.mixer_plans import (  # noqa: F401 - re-exported
     GatedDeltaNetPlan,
+    LightningPlan,
     Mamba1Plan,
     Mamba2Plan,
     MixerPlan,
@@ -449,6 +450,19 @@ class ModelPlan:
     # ... and those layers' own class, where it is not ``decoder_layer``'s (Jamba's
     # JambaMambaDecoderLayer; analyze/layer_classes.py): rewritten with this plan
     mixer_layer: DecoderLayerPlan | None = None
+
+    @property
+    def mixer_shares_child(self) -> bool:
+        """Whether one child of the layer holds the attention in some layers and the mixer in
+        the others (MiniMax's ``self_attn``, chosen by class): not a layer of one block by kind
+        (NemotronH's), nor the mixer's layers of a class of their own (Jamba's)."""
+        layer, mixer = self.decoder_layer, self.mixer
+        return (
+            mixer is not None
+            and self.mixer_layer is None
+            and layer.block_kinds is None
+            and mixer.attr == layer.attention_block
+        )
 
     @property
     def decoder_layers(self) -> tuple[DecoderLayerPlan, ...]:

@@ -28,14 +28,6 @@ def _forget_gate(block: nn.Module) -> bool:
     return {"A_log", "dt_bias"} <= gate and bool(convs)
 
 
-def _fused_qkv(block: nn.Module) -> bool:
-    """One projection to q, k and v of the width the output projection reads, a gate of it."""
-    parts = (block.qkv_proj, block.output_gate, block.out_proj)
-    if not all(isinstance(p, nn.Linear) for p in parts):
-        return False
-    return block.qkv_proj.out_features == 3 * block.out_proj.in_features
-
-
 KINDS = (
     _Kind(
         frozenset({"q_proj", "k_proj", "v_proj", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_proj"}),
@@ -45,15 +37,6 @@ KINDS = (
         "hfrewrite has no CPU path of its own for it (as it has for Mamba-1 blocks and OLMo-hybrid's "
         "gated delta nets), so no file holding one could run or be validated here",
         _forget_gate,
-    ),
-    _Kind(
-        frozenset({"qkv_proj", "output_gate", "norm", "out_proj"}),
-        frozenset(),
-        "a lightning-attention block (MiniMax's linear attention): vLLM runs such blocks as its "
-        "MiniMaxText01LinearAttention, whose decode is a triton kernel only, none on CPU, and "
-        "hfrewrite has no CPU path of its own for it (as it has for Mamba-1 blocks and OLMo-hybrid's "
-        "gated delta nets), so no file holding one could run or be validated here",
-        _fused_qkv,
     ),
 )
 

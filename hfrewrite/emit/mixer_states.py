@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfrewrite.analyze.mixer_plans import GatedDeltaNetPlan, Mamba1Plan, Mamba2Plan, ShortConvPlan
+from hfrewrite.analyze.mixer_plans import (
+    GatedDeltaNetPlan,
+    LightningPlan,
+    Mamba1Plan,
+    Mamba2Plan,
+    ShortConvPlan,
+)
 from hfrewrite.emit import cst_tools as t
 from hfrewrite.errors import HfrewriteError
 
@@ -31,6 +37,29 @@ def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tup
 @classmethod
 def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
     return MambaStateCopyFuncCalculator.short_conv_state_copy_func()
+"""
+
+_LIGHTNING_STATE = """\
+@classmethod
+def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+    return MambaStateDtypeCalculator.linear_attention_state_dtype(
+        vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
+    )
+
+@classmethod
+def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+    # Each lightning-attention layer's state, a [head_dim, head_dim] matrix per head, the
+    # heads sharded over tensor-parallel ranks.
+    config = vllm_config.model_config.hf_config
+    return MambaStateShapeCalculator.linear_attention_state_shape(
+        num_heads=config.num_attention_heads,
+        tp_size=vllm_config.parallel_config.tensor_parallel_size,
+        head_dim=config.head_dim,
+    )
+
+@classmethod
+def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, ...]:
+    return MambaStateCopyFuncCalculator.linear_attention_state_copy_func()
 """
 
 # The state classmethods of a layer with a convolution and a recurrent state (Mamba-2, gated
@@ -158,3 +187,7 @@ def hybrid_lm(lm: cst.ClassDef, state_methods: str, contract: str) -> cst.ClassD
 
 def gdn_state(plan: GatedDeltaNetPlan, module: cst.Module) -> str:
     return _RECURRENT_STATE.format(kind="gated_delta_net", shape=_GDN_SHAPE)
+
+
+def lightning_state(plan: LightningPlan, module: cst.Module) -> str:
+    return _LIGHTNING_STATE

@@ -43,6 +43,7 @@ VLLM: dict[str, str] = {
     "MambaStateShapeCalculator": "vllm.model_executor.layers.mamba.mamba_utils",
     "is_conv_state_dim_first": "vllm.model_executor.layers.mamba.mamba_utils",
     "MambaMixer": "vllm.model_executor.layers.mamba.mamba_mixer",
+    "MiniMaxText01LinearAttention": "vllm.model_executor.layers.mamba.linear.minimax_linear_attn",
     "split_batch_to_prefill_and_decode": "vllm.model_executor.layers.mamba.mamba_mixer",
     "MambaMixer2": "vllm.model_executor.layers.mamba.mamba_mixer2",
     "Mixer2RMSNormGated": "vllm.model_executor.layers.mamba.mamba_mixer2",
