@@ -41,7 +41,11 @@ def _layer(config=None, index: int = 0) -> nn.Module:
 def test_minimaxs_lightning_attention_is_vllms():
     plan = analyze_lightning(_layer(), "self_attn", _config(), layer_idx=0)
     assert isinstance(plan, LightningPlan), plan
-    assert (plan.module_class, plan.attr, plan.vllm_dtype) == ("MiniMaxLightningAttention", "self_attn", "float32")
+    assert (plan.module_class, plan.attr, plan.vllm_dtype) == (
+        "MiniMaxLightningAttention",
+        "self_attn",
+        "float32",
+    )
     # transformers' norm keeps 1e-6, vLLM's class builds 1e-5: the file's layer takes the block's
     assert plan.norm_eps == "1e-06"
     # the decay rates are the buffer that replays the block; the tables derived from them are skipped
