@@ -31,6 +31,13 @@ Emits, as vLLM's ``lfm2.py`` and ``granitemoehybrid.py`` do:
   vLLM's ``OlmoHybridGatedDeltaNetAttention``, writing into the buffer it is given, its delta
   rule run in torch on vLLM's CPU build (which has no kernel for it), its convolution's loader
   taking the shard id the weights mapper gives;
+* MiniMax's lightning attention as ``TorchMiniMaxLinearAttention``
+  (templates/lightning_attention.py): vLLM's ``MiniMaxText01LinearAttention`` with the
+  block's norm epsilon and the checkpoint's decay rates, writing into a buffer (with the
+  positions), its recurrence in torch on vLLM's CPU build; where one child holds it or the
+  attention by layer, the forward chooses the call by that child's class
+  (``isinstance(self.self_attn, <attention class>)``) and ``__init__`` loses the first
+  construction of the child that its own test then overwrites;
 * a Mamba-1 block as ``TorchScanMambaMixer`` (templates/mamba1.py): vLLM's ``MambaMixer``,
   its scan run in torch on vLLM's CPU build, which has no kernel for it; built with the
   source's expressions of its sizes and norms, without a quantization config (vLLM's takes
