@@ -459,6 +459,7 @@ class ModelPlan:
         layer, mixer = self.decoder_layer, self.mixer
         return (
             mixer is not None
+            and self.attention is not None  # (an attention-free model's layer holds the mixer alone)
             and self.mixer_layer is None
             and layer.block_kinds is None
             and mixer.attr == layer.attention_block
