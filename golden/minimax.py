@@ -317,26 +317,12 @@ class MiniMaxDecoderLayer(nn.Module):
                 'hfrewrite: this file needs getattr(config, "head_dim", '
                 "None) is not None: vLLM's lightning attention reads config.head_dim"
             )
-        if config.num_attention_heads not in (
-            1,
-            2,
-            4,
-            8,
-            16,
-            32,
-            64,
-            128,
-            256,
-            512,
-            1024,
-            2048,
-            4096,
-        ):
+        if bin(config.num_attention_heads).count("1") != 1:
             raise ValueError(
-                "hfrewrite: this file needs config.num_attention_heads in "
-                "(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096): "
-                "vLLM's decay slopes equal the traced block's for a "
-                "power-of-two head count"
+                "hfrewrite: this file needs "
+                'bin(config.num_attention_heads).count("1") == 1: vLLM\'s '
+                "decay slopes equal the traced block's for a power-of-two "
+                "head count"
             )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(

@@ -35,7 +35,7 @@ CHILDREN = ("qkv_proj", "output_gate", "norm", "out_proj")
 NOT_LIGHTNING = f"not a lightning-attention block ({', '.join(CHILDREN)})"
 _TOKENS = 7
 # vLLM computes these slopes for every head count, the block for powers of two alone
-_POWER_OF_TWO = f"config.num_attention_heads in {tuple(2**i for i in range(13))}"
+_POWER_OF_TWO = 'bin(config.num_attention_heads).count("1") == 1'
 
 
 def analyze_lightning(
