@@ -168,10 +168,12 @@ def test_a_scale_each_layer_computes_for_itself_is_carried():
 
 def test_a_routers_softmax_is_not_taken_for_attention():
     # MiniMax's lightning-attention layers hold no attention call, and their MoE router
-    # computes a softmax over a linear's logits: that is no attention form gone unrecognised
-    with pytest.raises(HfrewriteError) as e:
-        plan_of("minimax")
-    assert str(e.value) == "minimax: MiniMaxDecoderLayer: decoder_layer: " + KINDS[1].reason
+    # computes a softmax over a linear's logits: that is no attention form gone unrecognised;
+    # the lightning block is the layer's mixer, under the child its attention layers use
+    plan = plan_of("minimax")
+    assert type(plan.mixer).__name__ == "LightningPlan" and plan.mixer.attr == "self_attn"
+    assert plan.attention.module_class == "MiniMaxAttention" and plan.moe is not None
+    assert plan.mixer.layer_test == "isinstance(self.self_attn, MiniMaxAttention)"
 
 
 def test_activation_without_fused_kernel_keeps_its_act_between_column_shards():
