@@ -133,7 +133,8 @@ def _mamba1_shared(plan: Mamba1Plan) -> str:
     )
 
 
-def _gdn_arguments(plan: GatedDeltaNetPlan, module: cst.Module) -> str:
+def _config_argument(plan: GatedDeltaNetPlan | LightningPlan, module: cst.Module) -> str:
+    """vLLM's gated delta nets and lightning attention read their sizes off the config itself."""
     return "config,\n"
 
 
@@ -164,7 +165,7 @@ ROWS: dict[type, _Row] = {
     ),
     GatedDeltaNetPlan: _Row(
         "QwenGatedDeltaNetAttention",
-        _gdn_arguments,
+        _config_argument,
         gdn_state,
         False,
         ("QwenGatedDeltaNetAttention",),
@@ -175,7 +176,7 @@ ROWS: dict[type, _Row] = {
     # where vLLM's CPU build has no kernel for it
     LightningPlan: _Row(
         "TorchMiniMaxLinearAttention",
-        lambda plan, module: "config,\n",
+        _config_argument,
         lightning_state,
         True,
         ("MiniMaxText01LinearAttention",),

@@ -56,7 +56,7 @@ def one_block_facts(
         if isinstance(attention, NoMatch):
             raise Refusal(attention)
         return LayerFacts(decoder, attention, None, None, None)
-    mixer = analyze_mixer(traced.module, block, small)
+    mixer = analyze_mixer(traced.module, block, small, layer_idx)
     if isinstance(mixer, NoMatch):
         raise Refusal(mixer)
     if mixer is not None:

@@ -54,6 +54,7 @@ LAYOUTS = (
     Layout("interleaved", ("in_proj_qkvz", "in_proj_ba"), "norm", "out_proj"),
     Layout("olmo", ("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "a_proj"), "o_norm", "o_proj", 1e-5),
 )
+_LAYOUT = {x.name: x for x in LAYOUTS}
 PARAMETERS = ("A_log", "dt_bias")
 NOT_A_GDN = (
     "not a gated delta net ("
@@ -221,9 +222,7 @@ def _projected(module: nn.Module, hidden: torch.Tensor, sizes: dict, layout: str
     projections taken apart per key head as vLLM's layer does (``[q k v z]`` and ``[b a]``
     per key head, the value heads of a key head consecutive)."""
     if layout != "interleaved":
-        parts = [
-            module.get_submodule(n)(hidden) for n in next(x for x in LAYOUTS if x.name == layout).projections
-        ]
+        parts = [module.get_submodule(n)(hidden) for n in _LAYOUT[layout].projections]
         return (torch.cat(parts[:3], dim=-1), *parts[3:]) if layout == "olmo" else tuple(parts)
     heads_k, heads_v = sizes["linear_num_key_heads"], sizes["linear_num_value_heads"]
     dk, dv, per = sizes["linear_key_head_dim"], sizes["linear_value_head_dim"], heads_v // heads_k
@@ -266,9 +265,9 @@ def reference(
     o = torch.stack(out, dim=1)
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + sizes["rms_norm_eps"])
     z = z.float().reshape(batch, tokens, heads_v, dv)
-    norm = module.get_submodule("o_norm" if layout == "olmo" else "norm")
+    norm = module.get_submodule(_LAYOUT[layout].norm)
     o = (norm.weight.float() * o * F.silu(z)).reshape(batch, tokens, heads_v * dv)
-    return module.get_submodule("o_proj" if layout == "olmo" else "out_proj")(o.to(hidden.dtype))
+    return module.get_submodule(_LAYOUT[layout].out)(o.to(hidden.dtype))
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,6 @@ vLLM's class reads its sizes from the config (``num_attention_heads``, ``head_di
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
@@ -26,7 +25,7 @@ from torch import nn
 
 from hfrewrite.analyze.mamba2 import init_expressions
 from hfrewrite.analyze.mixer_plans import LightningPlan
-from hfrewrite.analyze.mixer_replay import random_input
+from hfrewrite.analyze.mixer_replay import block_output, random_input, relative_difference
 from hfrewrite.analyze.plan import NoMatch
 
 PATTERN = "lightning_attention"
@@ -34,7 +33,7 @@ PATTERN = "lightning_attention"
 CHILDREN = ("qkv_proj", "output_gate", "norm", "out_proj")
 NOT_LIGHTNING = f"not a lightning-attention block ({', '.join(CHILDREN)})"
 _TOKENS = 7
-# vLLM computes these slopes for every head count, the block for powers of two alone
+# vLLM's slopes equal transformers' (``base^(h + 1)``) for a power-of-two head count alone
 _POWER_OF_TWO = 'bin(config.num_attention_heads).count("1") == 1'
 
 
@@ -59,13 +58,11 @@ def analyze_lightning(
         )
     heads, layers = sizes["heads"], config.num_hidden_layers
     hidden = random_input(module, 2, _TOKENS, sizes["hidden"])
-    got = _block_output(module, hidden)
+    got = block_output(module, hidden, none_for_required=True)
     eps = sizes["eps"]
     with torch.no_grad():
         want = reference(module, hidden, heads, vllm_slopes(heads, layer_idx, layers), eps)
-    difference = None
-    if got is not None and got.shape == want.shape:
-        difference = float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+    difference = relative_difference(got, want)
     if difference is None or difference > 1e-4:
         shown = "fails" if difference is None else f"differs by {difference:.2e}"
         return NoMatch(PATTERN, name, f"replaying vLLM's lightning attention at layer {layer_idx} {shown}")
@@ -95,7 +92,7 @@ def _rates(module: nn.Module, hidden, got, heads: int, eps: float, buffers: tupl
             continue
         with torch.no_grad():
             want = reference(module, hidden, heads, rates.reshape(heads).float(), eps)
-        if float((got - want).abs().max() / want.abs().max().clamp_min(1e-12)) < 1e-5:
+        if relative_difference(got, want) < 1e-5:
             found.append(name)
     return found[0] if len(found) == 1 else ""
 
@@ -105,24 +102,6 @@ def _eps_code(cls: type, config, eps: float) -> str:
     it, or the traced value where it passes none (the norm class's own default)."""
     passed = [code for attr, code, _ in init_expressions(cls, config) if attr == "norm(eps=)"]
     return passed[0] if passed else repr(eps)
-
-
-def _block_output(module: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
-    """The block's output on ``hidden``, every other parameter its forward requires given
-    None (no rotary tables, no mask, no cache: a prefill from a zero state); None where it
-    does not run so."""
-    required = [
-        p
-        for p in inspect.signature(module.forward).parameters.values()
-        if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD
-    ]
-    try:
-        with torch.no_grad():
-            got = module(hidden, *([None] * (len(required) - 1)))
-    except Exception:  # noqa: BLE001 - a block that needs more than its hidden states
-        return None
-    got = got[0] if isinstance(got, tuple) else got
-    return got if torch.is_tensor(got) else None
 
 
 def _sizes(module: nn.Module, config) -> dict | str:

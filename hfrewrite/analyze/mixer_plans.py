@@ -164,11 +164,10 @@ class LightningPlan:
     # the block's persistent buffers (its decay tables, computed from the config and the
     # layer's index, which transformers saves): vLLM's class computes its own, proven equal
     buffers: tuple[str, ...] = ()
-
-    vllm_dtype = "float32"  # the file's layer runs its recurrence in torch on CPU
-
     # the one of them holding each head's decay rate, loaded into the file's ``slope_rate``
     rates: str = ""
+
+    vllm_dtype = "float32"  # the file's layer runs its recurrence in torch on CPU
 
     @property
     def checkpoint_suffix_renames(self) -> tuple[tuple[str, str | None], ...]:

@@ -3,6 +3,7 @@ formula of the vLLM layer it would become."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,12 @@ def replay_difference(
         return None
     with torch.no_grad():
         want = formula(hidden)
+    return relative_difference(got, want)
+
+
+def relative_difference(got: torch.Tensor | None, want: torch.Tensor) -> float | None:
+    """The largest difference between ``got`` and ``want``, relative to the largest value of
+    ``want``; None where ``got`` is not a tensor of its shape."""
     if not (torch.is_tensor(got) and got.shape == want.shape):
         return None
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
@@ -32,11 +39,24 @@ def random_input(module: nn.Module, batch: int, tokens: int, width: int, seed: i
     return torch.randn(batch, tokens, width, generator=generator, dtype=next(module.parameters()).dtype)
 
 
-def block_output(module: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
-    """The block's output on ``hidden`` alone; None where it needs more than its hidden states."""
+def block_output(
+    module: nn.Module, hidden: torch.Tensor, none_for_required: bool = False
+) -> torch.Tensor | None:
+    """The block's output on ``hidden`` alone; None where it needs more than its hidden states.
+    With ``none_for_required``, every other parameter its forward requires is given None (no
+    rotary tables, no mask, no cache: MiniMax's lightning attention, a prefill from a zero
+    state)."""
+    rest = []
+    if none_for_required:
+        required = [
+            p
+            for p in inspect.signature(module.forward).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
+        rest = [None] * (len(required) - 1)
     with torch.no_grad():
         try:
-            got = module(hidden)
+            got = module(hidden, *rest)
         except Exception:  # noqa: BLE001 - a block that needs more than its hidden states
             return None
     return got[0] if isinstance(got, tuple) else got
