@@ -38,6 +38,21 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "zamba",
             "(the config itself builds: the shrunk copy the analysis traces does not, a limit of hfrewrite)",
         ),
+        # AXK2's input norm is gated by an MLP of its own: two children beside the attention
+        # hold linears, each named with its class.
+        (
+            "axk2",
+            "2 children beside the attention in self_attn (AXK2Attention) hold linears "
+            "(input_layernorm (AXK2GatedRMSNorm), mlp (AXK2MLP))",
+        ),
+        # LongCat-Flash runs two attentions in every layer.
+        ("longcat_flash", "2 children attend (self_attn.0 (LongcatFlashMLA), self_attn.1 (LongcatFlashMLA))"),
+        # DeepSeek-V4 mixes its residual streams (hyper-connections) before the final norm.
+        ("deepseek_v4", "(the last layer's output is read by hc_head (DeepseekV4HyperHead))"),
+        # Inkling convolves k over time before its attention.
+        ("inkling_text", "the k path computes add in k_sconv (InklingShortConvolution)"),
+        # ModernBERT-decoder's token embedding sits in a module with a norm after it.
+        ("modernbert-decoder", "it sits deeper (embeddings.tok_embeddings, inside ModernBertDecoderEmbeddings)"),
         # PLBart's decoder used alone: its config is the encoder-decoder family's.
         ("plbart", "PLBartDecoderWrapper: model_layout: an encoder-decoder model (is_encoder_decoder)"),
         # BERT's causal LM: its layers sit in encoder.layer, not in a list under the base model.

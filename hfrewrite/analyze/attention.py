@@ -233,7 +233,7 @@ def _rope(
     products = {product for product, _, _ in scales.values()}
     for role, stop in stops.items():  # projection -> rope (or attention): layout, casts, norms only
         nodes = [*path_nodes(stop, feeders[role], scope), stop]
-        only_layout([n for n in nodes if n not in products], traced, f"the {role} path")
+        only_layout([n for n in nodes if n not in products], traced, f"the {role} path", path)
     rope, norm_after = None, None
     if rope_in["q"] is not None:
         rope = prove_rope([(rope_in[r], args[r]) for r in "qk"], config, head_dim, layer_type, layer_idx)
@@ -472,7 +472,7 @@ def _output_path(
             f"{proj.q.attr} projects 2 x {heads.num_heads} heads x {heads.head_dim}, its attention reading "
             "half: the other half is no output gate the replay proves",
         )
-    only_layout(on_output, traced, "the attention output")
+    only_layout(on_output, traced, "the attention output", path)
     norm = output_norm(traced, path, call, o_node, on_output)
     if gate is not None and norm is not None:
         refuse("vllm_attention", "the attention output is both gated and normalised before its projection")

@@ -164,6 +164,25 @@ def _uncast(node: object) -> object:
     return node
 
 
+def _parts_reason(traced: Traced, attending: set, others: list[str]) -> str:
+    """Why a layer is not one attention and one MLP: its children named with their classes."""
+
+    def named(paths) -> str:
+        return ", ".join(f"{p} ({type(traced.module.get_submodule(p)).__name__})" for p in sorted(paths))
+
+    if None in attending:
+        return "the layer calls its attention in its own forward, not in a child module"
+    if len(attending) > 1:
+        return (
+            f"{len(attending)} children attend ({named(attending)}): the analysis proves one attention "
+            "per layer"
+        )
+    beside = f"beside the attention in {named(attending)}"
+    if not others:
+        return f"no child {beside} holds linears (no MLP)"
+    return f"{len(others)} children {beside} hold linears ({named(others)}): the analysis proves one MLP"
+
+
 def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
     """A layer whose forward is carried: which direct submodule attends (it holds the
     attention call, or is a hybrid model's other ``mixer``) and which is the MLP (the other
@@ -185,11 +204,7 @@ def carried_layer(traced: Traced, mixer: str = "") -> DecoderLayerPlan:
         refuse("decoder_layer", no_attention_reason(traced.graph.nodes, traced), cls)
     inline = _inline_mlp(traced, others)
     if len(attending) != 1 or None in attending or (len(others) != 1 and not inline):
-        refuse(
-            "decoder_layer",
-            f"expected one attention and one MLP submodule, found {sorted(map(str, attending))} and {others}",
-            cls,
-        )
+        refuse("decoder_layer", _parts_reason(traced, attending, others), cls)
     path, wrappers = attending.pop(), []
     while (inner := _wrapped_attention(traced, path)) is not None:
         wrappers.append(type(traced.module.get_submodule(path)).__name__)

@@ -265,9 +265,11 @@ def _final_norm(
     if not norms and _same(last, head_in):  # GPT-1: the lm_head reads the last layer's output
         return "", False
     if len(norms) != 1:
+        readers = [f"{n} ({type(c).__name__})" for n, c in children if n in calls and _same(calls[n][0], last)]
+        read = f" (the last layer's output is read by {', '.join(readers)})" if readers else ""
         refuse(
             "model_layout",
-            "no one child normalises the last layer's output into the lm_head",
+            f"no one child normalises the last layer's output into the lm_head{read}",
             type(base).__name__,
         )
     return norms[0], scaled

@@ -10,7 +10,7 @@ from torch.fx import Node
 
 from hfrewrite.analyze.leaf_modules import is_head_norm
 from hfrewrite.analyze.plan import refuse
-from hfrewrite.analyze.trace import Traced, value
+from hfrewrite.analyze.trace import Traced, relative, scopes, value
 
 # What may lie between a projection and the attention (and between the attention and the
 # output projection) besides the proven rope and q/k norms: the rewrite re-derives the
@@ -150,7 +150,9 @@ def prove_output_layout(call: Node, o_node: Node) -> None:
         )
 
 
-def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
+def only_layout(nodes: list[Node], traced: Traced, what: str, path: str) -> None:
+    """Each node moves lanes or heads only; else a refusal naming the op and, below the
+    attention module ``path``, the submodule it ran in."""
     for n in nodes:
         if _shape_arithmetic(n):
             continue  # `x.size()[:-1] + (heads, head_dim)`: sizes for a view, no tensor data
@@ -164,8 +166,20 @@ def only_layout(nodes: list[Node], traced: Traced, what: str) -> None:
             name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
             refuse(
                 "vllm_attention",
-                f"{what} computes {name}, which the rewrite would not keep",
+                f"{what} computes {name}{_ran_in(n, traced, path)}, which the rewrite would not keep",
             )
+
+
+def _ran_in(node: Node, traced: Traced, path: str) -> str:
+    """`` in <module> (<class>)``: the innermost module below ``path`` a node ran in, or ""."""
+    ran_in = scopes(node)
+    if not ran_in or ran_in[-1] == path:
+        return ""
+    try:
+        inner = type(traced.module.get_submodule(ran_in[-1])).__name__
+    except AttributeError:
+        return ""
+    return f" in {relative(ran_in[-1], path)} ({inner})"
 
 
 def norm_through_layout(node: Node, traced: Traced) -> Node | None:

@@ -58,7 +58,7 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     embeds = [name for name, child in parts if isinstance(child, nn.Embedding)]
     embeds += [name for name, child in parts if buffer_table(child)]  # XGLM's
     if not embeds:
-        refuse("model_layout", "expected an Embedding child, found none", type(base).__name__)
+        refuse("model_layout", _no_embedding_reason(base, layers_attr), type(base).__name__)
     heads = [name for name, child in model.named_children() if is_head(child, small)]
     if nested and not heads:  # ChatGLM's transformer.output_layer
         heads = [
@@ -71,6 +71,21 @@ def model_layout(model: nn.Module, config, small) -> ModelLayout:
     if len(heads) != 1:
         refuse("model_layout", f"expected one lm_head Linear child, found {heads}", type(model).__name__)
     return ModelLayout(base_attr, base, inner, layers_attr, layers, embeds, heads[0], bool(nested))
+
+
+def _no_embedding_reason(base: nn.Module, layers_attr: str) -> str:
+    """No Embedding child: where the embeddings sit instead, if deeper."""
+    deeper = [
+        f"{name}, inside {type(base.get_submodule(name.rsplit('.', 1)[0])).__name__}"
+        for name, m in outside_stack(base, layers_attr)
+        if isinstance(m, nn.Embedding)
+    ]
+    if not deeper:
+        return "expected an Embedding child, found none"
+    return (
+        f"no Embedding is a child of the base model: it sits deeper ({'; '.join(deeper)}), and the analysis "
+        "reads the tokens' embedding off a child of the base model"
+    )
 
 
 def _refuse_other_towers(base: nn.Module, layers_attr: str) -> None:
