@@ -42,8 +42,10 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         # hold linears, each named with its class.
         (
             "axk2",
-            "2 children beside the attention in self_attn (AXK2Attention) hold linears "
-            "(input_layernorm (AXK2GatedRMSNorm), mlp (AXK2MLP))",
+            (
+                "2 children beside the attention in self_attn (AXK2Attention) hold linears "
+                "(input_layernorm (AXK2GatedRMSNorm), mlp (AXK2MLP))"
+            ),
         ),
         # LongCat-Flash runs two attentions in every layer.
         ("longcat_flash", "2 children attend (self_attn.0 (LongcatFlashMLA), self_attn.1 (LongcatFlashMLA))"),
