@@ -54,7 +54,10 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
         # Inkling convolves k over time before its attention.
         ("inkling_text", "the k path computes add in k_sconv (InklingShortConvolution)"),
         # ModernBERT-decoder's token embedding sits in a module with a norm after it.
-        ("modernbert-decoder", "it sits deeper (embeddings.tok_embeddings, inside ModernBertDecoderEmbeddings)"),
+        (
+            "modernbert-decoder",
+            "it sits deeper (embeddings.tok_embeddings, inside ModernBertDecoderEmbeddings)",
+        ),
         # PLBart's decoder used alone: its config is the encoder-decoder family's.
         ("plbart", "PLBartDecoderWrapper: model_layout: an encoder-decoder model (is_encoder_decoder)"),
         # BERT's causal LM: its layers sit in encoder.layer, not in a list under the base model.

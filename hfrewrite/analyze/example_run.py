@@ -265,7 +265,9 @@ def _final_norm(
     if not norms and _same(last, head_in):  # GPT-1: the lm_head reads the last layer's output
         return "", False
     if len(norms) != 1:
-        readers = [f"{n} ({type(c).__name__})" for n, c in children if n in calls and _same(calls[n][0], last)]
+        readers = [
+            f"{n} ({type(c).__name__})" for n, c in children if n in calls and _same(calls[n][0], last)
+        ]
         read = f" (the last layer's output is read by {', '.join(readers)})" if readers else ""
         refuse(
             "model_layout",

@@ -126,5 +126,8 @@ def test_an_example_run_that_fails_says_its_layers_are_of_several_classes():
 def test_zamba2_is_refused_on_its_hybrid_layer():
     # its shrunk copy runs (the sizes its config derives follow the shrunk ones): the refusal
     # names the layer that wraps a shared transformer block beside a Mamba layer
-    with pytest.raises(HfrewriteError, match=r"Zamba2HybridLayer: decoder_layer: 2 children beside the attention in shared_transformer \(Zamba2AttentionDecoderLayer\) hold linears"):
+    with pytest.raises(
+        HfrewriteError,
+        match=r"Zamba2HybridLayer: decoder_layer: 2 children beside the attention in shared_transformer \(Zamba2AttentionDecoderLayer\) hold linears",
+    ):
         analyze(transformers.AutoConfig.for_model("zamba2"))
