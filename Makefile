@@ -23,7 +23,7 @@ GOLDEN_TYPES := llama mistral qwen2 qwen3 qwen3_moe mixtral qwen2_moe olmoe \
 	aria_text cohere2_moe afmoe laguna axk1 granite_swa youtu ctrl llama4_text \
 	llama4 gemma3 got_ocr2 mellum olmo2 glm4 seed_oss ernie4_5 \
 	qwen3_5_text qwen3_5_moe_text qwen3_5 qwen3_5_moe qwen3_next mimo_v2_flash falcon_h1 mamba2 \
-	mamba falcon_mamba jamba bitnet fuyu
+	mamba falcon_mamba jamba bitnet fuyu gpt_neox_japanese
 # goldens converted from a config under golden/configs/ (golden/configs/README.md says why)
 GOLDEN_CONFIGS := lfm2 lfm2_moe bamba granitemoehybrid granitemoe_swa minicpm3 nemotron_h olmo_hybrid minimax
 

@@ -52,6 +52,7 @@ from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
 from hfrewrite.emit.given_residual import residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
+from hfrewrite.emit.returned_parameters import returned_at, unpacked
 from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.errors import HfrewriteError
 
@@ -83,10 +84,12 @@ class _AttentionCall(cst.CSTTransformer):
         returns_tuple: bool,
         residual: tuple | None = None,
         as_list: bool = False,
+        returned: dict[int, str] | None = None,
     ) -> None:
         self.func, self.first, self.cls = f"self.{attr}", first, cls
         self.returns_tuple, self.as_list = returns_tuple, as_list
         self.residual = residual  # (parameter, the callee's forward): the tensor it adds
+        self.returned = returned or {}  # tuple index -> the callee's parameter it returns there
         self.count = 0
         self.extra: set[str] = set()
 
@@ -121,12 +124,12 @@ class _AttentionCall(cst.CSTTransformer):
         value = updated.value
         target = updated.targets[0].target if len(updated.targets) == 1 else None
         if self.returns_tuple and t.call_name(value) == self.func and isinstance(target, cst.Tuple):
-            first = target.elements[0].value
             rest = [e.value for e in target.elements[1:]]
             if not all(isinstance(r, cst.Name) for r in rest):
                 raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are unpacked")
-            self.extra |= {r.value for r in rest} - {"_"}  # (attention weights) must go unread
-            return updated.with_changes(targets=[cst.AssignTarget(first)], value=self._call(value))
+            read_off = [r.value for i, r in enumerate(rest, 1) if i in self.returned]  # (its own params)
+            self.extra |= {r.value for r in rest} - {"_", *read_off}  # (attention weights) must go unread
+            return unpacked(updated, self.returned, self.func, self._call(value))
         if self.returns_tuple and t.call_name(original.value) == self.func and isinstance(target, cst.Name):
             # `outputs = self.attn(...)` read as `outputs[0]`, `outputs[1:]`: a one-tuple (no extras)
             one = (cst.List if self.as_list else cst.Tuple)([cst.Element(self._call(value))])
@@ -198,13 +201,15 @@ def carry_forward(
     mixer: tuple[str, str] | None = None,
     switches: dict[str, bool] | None = None,
     pruned: list | None = None,
+    returned: dict[int, str] | None = None,
 ) -> cst.ClassDef:
     """``layer`` with its forward taking vLLM's arguments and calling ``self.<attn>`` so;
     a ``wrapper`` (a module between the layer and its attention) keeps its return type; a
     layer the trace saw return a tuple returns its first element; a hybrid layer's other
     ``mixer`` (its attribute, its forward's first parameter) is given the hidden states alone;
     ``switches`` ({ast.dump of a config test: its value on every traced layer}) decide the
-    branches that read the dropped inputs, each (test, value) it decided added to ``pruned``."""
+    branches that read the dropped inputs, each (test, value) it decided added to ``pruned``;
+    ``returned``: {tuple index: the attention's parameter its forward returns there}."""
     name = layer.name.value
     forward = t.find_method(layer, "forward")
     hidden = _first_param(forward)
@@ -217,7 +222,7 @@ def carry_forward(
     body, defaulted = bound_to_defaults(forward, dropped & set(free_defaults))
     dropped -= defaulted
     forward = forward.with_changes(body=body)
-    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list)
+    rewriter = _AttentionCall(attn, attn_first, name, returns_tuple, residual, as_list, returned)
     body = _attention_called(forward.body, rewriter) if attn else forward.body  # (attention-free: none)
     body = _mixer_called(body, mixer, name)
     # branches no traced layer took that read what vLLM does not give
@@ -463,6 +468,7 @@ def _carried(module: cst.Module, plan) -> PassResult:
             mixer=_mixer(module, plan) if i == 0 and _mixer_apart(plan) else None,
             switches=switches if i == 0 else None,
             pruned=pruned,
+            returned=returned_at(callee_forward, plan.attention, callee) if last else None,
         )
         module = sites.replace_class(module, owner, carried)
         what = "residuals and norms as written" if i == 0 else f"wraps {callee}"

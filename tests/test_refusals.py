@@ -20,12 +20,6 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "kimi_linear",
             "KimiLinearDeltaAttention: vllm_attention: a Kimi delta attention block",
         ),
-        # GPT-NeoX-Japanese's attention (by hand, folded) returns its output projection's
-        # bias apart, for the layer to add: the projection does not end the block.
-        (
-            "gpt_neox_japanese",
-            "GPTNeoXJapaneseAttention: vllm_attention: the output projection does not end the block",
-        ),
         # transformers' own default LFM2-MoE config has no layer_types and builds no model:
         # the user is told to convert a real config instead.
         (

@@ -102,7 +102,7 @@ def _analyze(
     qk_norm_over = _qk_norm_over(traced, path, norms, heads)
     if proj.fused is None:
         _prove_head_layouts(traced, path, args, proj.feeders, rope, norms, heads, qk_norm_over)
-    o_node, adds_residual = _output_projection(traced, path, scope, call)
+    o_node, adds_residual, returned = _output_projection(traced, path, scope, call)
     gate, norm = _output_path(traced, path, scope, call, o_node, proj, heads)
     options = call_options(call, path, heads.num_heads)
     fact, fused, head_dim = rope.fact, proj.fused, heads.head_dim
@@ -140,6 +140,7 @@ def _analyze(
         **by_hand_facts(call, path),
         sinks=options.sinks,
         adds_residual=adds_residual,
+        returned_parameters=returned,
         output_gate=gate,
         output_norm=norm,
     )
@@ -435,11 +436,14 @@ def _head_norm(
     return relative(norms[0].target, path) if norms else None
 
 
-def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) -> tuple[Node, bool]:
-    """The one Linear that consumes the attention output and ends the block, and whether the
+def _output_projection(
+    traced: Traced, path: str, scope: set[Node], call: Node
+) -> tuple[Node, bool, tuple[str, ...]]:
+    """The one Linear that consumes the attention output and ends the block, whether the
     block adds a tensor it was given to that Linear's output (BLOOM's ``dropout_add(out,
-    residual)``: the residual add inside the attention). Outputs the layer's hidden states
-    never read (attention weights returned beside) do not count."""
+    residual)``: the residual add inside the attention), and the parameters of its own it
+    returns beside (GPT-NeoX-Japanese's ``dense_bias``, added by its layer). Outputs the
+    layer's hidden states never read (attention weights returned beside) do not count."""
     consumers = linears_fed_by(call, scope, traced)
     if len(consumers) != 1:
         refuse(
@@ -448,11 +452,21 @@ def _output_projection(traced: Traced, path: str, scope: set[Node], call: Node) 
         )
     end = past_identity_dropouts(consumers[0], traced, path)
     outputs = read_outputs(traced, path)
+    returned = tuple(relative(o.target, path) for o in outputs if _own_parameter(o, traced, path))
+    outputs = [o for o in outputs if not _own_parameter(o, traced, path)]
     if outputs == [end]:
-        return consumers[0], False
-    if len(outputs) == 1 and adds_given_tensor(outputs[0], end, traced, path):
-        return consumers[0], True
+        return consumers[0], False, returned
+    if len(outputs) == 1 and adds_given_tensor(outputs[0], end, traced, path) and not returned:
+        return consumers[0], True, ()
     refuse("vllm_attention", "the output projection does not end the block")
+
+
+def _own_parameter(node: Node, traced: Traced, path: str) -> bool:
+    """``node`` reads a parameter the attention module at ``path`` holds itself."""
+    if node.op != "get_attr" or not path or not node.target.startswith(f"{path}."):
+        return False
+    name = relative(node.target, path)
+    return "." not in name and name in dict(traced.module.get_submodule(path).named_parameters(recurse=False))
 
 
 def _output_path(

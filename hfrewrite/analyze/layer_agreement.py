@@ -151,6 +151,7 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         **_NO_NORMS,
         q_position_scale=None,
         sinks=None,
+        returned_parameters=(),
     )
 
 
@@ -183,6 +184,13 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     sinks = {a.sinks for a in plans if a.sinks}
     if len(sinks) > 1:
         refuse("uniform_layers", "layers pass different attention sinks", plans[0].module_class)
+    # parameters returned beside the output on some layers only (GPT-NeoX-Japanese's last
+    # layer's dense_bias; None elsewhere): the carried layer reads the attribute, as the source's
+    returned = {a.returned_parameters for a in plans if a.returned_parameters}
+    if len(returned) > 1:
+        refuse(
+            "uniform_layers", "layers return different parameters beside their output", plans[0].module_class
+        )
     chosen = roped[0] if roped else plans[0]
     norms = dict(zip(_NO_NORMS, normed.pop())) if normed else {}
     return dataclasses.replace(
@@ -193,6 +201,7 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
         qk_norm_layers_some=bool(norms) and any(not (a.q_norm or a.k_norm) for a in plans),
         q_position_scale=_q_scale(plans),
         sinks=sinks.pop() if sinks else None,
+        returned_parameters=returned.pop() if returned else (),
     )
 
 

@@ -200,9 +200,11 @@ def _roles(traced: Traced, path: str, scope: set[Node], call: Node) -> _Roles:
         q_a_norm = _norm_between(traced, scope, q_a, q_b, "the query projections")
         if q_a.args[0] is not x:
             refuse(PATTERN, "the query and latent kv projections read different inputs")
-    o, adds_residual = _output_projection(traced, path, scope, call)
+    o, adds_residual, returned = _output_projection(traced, path, scope, call)
     if adds_residual:
         refuse(PATTERN, "the block adds a tensor it is given to its output projection")
+    if returned:
+        refuse(PATTERN, f"the block returns parameters of its own beside its output: {list(returned)}")
     extra = set(traced.linears_in(path)) - {q_a, q_b, kv_a, kv_b, o}
     if extra:
         refuse(

@@ -160,6 +160,9 @@ class AttentionPlan:
     rope_table: RopeTable | None = None
     # The block returns its output projection plus a tensor it is given (BLOOM, TeleChat)
     adds_residual: bool = False
+    # parameters of its own the block returns beside its output, for the layer to read
+    # (GPT-NeoX-Japanese's dense_bias, which its layer adds): the carried layer reads them off it
+    returned_parameters: tuple[str, ...] = ()
     # the attention output times act(gate(x)) before its projection (analyze/output_gate.py)
     output_gate: OutputGate | None = None
     # the attention's norm module over the whole output [heads * head_dim] before its

@@ -232,6 +232,10 @@ CASES |= {
     # o_proj and down_proj (the source's modules, the ranks' heads or columns gathered); relu2
     # between gate and up, each column-sharded
     "bitnet-output-sub-norms": ("bitnet", {}),
+    # gpt_neox_japanese: the last layer's attention returns its output projection's bias
+    # apart (dense_bias), which the layer adds with the residual: the file's layer reads it
+    # off the attention; attention by hand over [batch * heads] with baddbmm, fused per-head qkv
+    "gpt_neox_japanese-bias-returned-apart": ("gpt_neox_japanese", {}),
 }
 # Configs that turn on a branch the conversion never saw: the file refuses them at load.
 REFUSED_AT_LOAD = {

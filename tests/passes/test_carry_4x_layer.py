@@ -183,3 +183,51 @@ def test_a_wrapper_handing_the_attention_tuple_up_returns_vllms_tensor():
         base, decoder_layer=layer, attention=dataclasses.replace(base.attention, module_class="SelfAttention")
     )
     assert_rewrites(carry_decoder_layer, HANDING_UP_BEFORE, HANDING_UP_AFTER, wrapped)
+
+
+RETURNED_BEFORE = """\
+class Attention(nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        return self.dense(hidden_states), None, self.dense_bias
+
+
+class Layer(nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        attn_output, attn_weights, attn_bias = self.attention(self.ln(hidden_states), attention_mask=attention_mask)
+        if attn_bias is not None:
+            attn_output = attn_output + attn_bias
+        return attn_output + hidden_states
+"""
+
+RETURNED_AFTER = """\
+class Attention(nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        return self.dense(hidden_states), None, self.dense_bias
+
+
+class Layer(nn.Module):
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        attn_output, attn_bias = self.attention(positions=positions, hidden_states=self.ln(hidden_states)), self.attention.dense_bias
+        if attn_bias is not None:
+            attn_output = attn_output + attn_bias
+        return attn_output + hidden_states
+"""
+
+
+def _returning(returned: tuple[str, ...]):
+    base = llama_like()
+    layer = DecoderLayerPlan("Layer", (), attention_block="attention")
+    attention = dataclasses.replace(base.attention, module_class="Attention", returned_parameters=returned)
+    return dataclasses.replace(base, decoder_layer=layer, attention=attention)
+
+
+def test_a_parameter_the_attention_returns_is_read_off_it():
+    """GPT-NeoX-Japanese's attention returns its dense_bias for the layer to add (the
+    analysis proved that output is the block's own parameter): the layer reads it off the
+    block, and the attention weights beside it still go unread."""
+    assert_rewrites(carry_decoder_layer, RETURNED_BEFORE, RETURNED_AFTER, _returning(("dense_bias",)))
+
+
+def test_an_extra_output_not_proven_a_parameter_stays_refused():
+    with pytest.raises(HfrewriteError, match="the forward reads attn_bias, which vLLM does not give"):
+        rewrite(carry_decoder_layer, RETURNED_BEFORE, _returning(()))
