@@ -52,6 +52,17 @@ HFREWRITE = Path(sys.executable).parent / "hfrewrite"
             "modernbert-decoder",
             "it sits deeper (embeddings.tok_embeddings, inside ModernBertDecoderEmbeddings)",
         ),
+        # DeepSeek-V3.2's sparse-attention indexer: linears beside the latent attention's,
+        # named with the module that holds them.
+        (
+            "deepseek_v32",
+            "other linears in the block: ['indexer.weights_proj', 'indexer.wk', 'indexer.wq_b'], in indexer (DeepseekV32Indexer)",
+        ),
+        # MiniMax-M3's attention runs its indexer under a test: the statement's header line.
+        (
+            "minimax_m3_vl_text",
+            "forward does something vLLM's attention would not: if self.indexer is not None:",
+        ),
         # PLBart's decoder used alone: its config is the encoder-decoder family's.
         ("plbart", "PLBartDecoderWrapper: model_layout: an encoder-decoder model (is_encoder_decoder)"),
         # BERT's causal LM: its layers sit in encoder.layer, not in a list under the base model.

