@@ -52,7 +52,7 @@ from hfrewrite.emit import cst_tools as t
 from hfrewrite.emit.dropped_defaults import bound_to_defaults
 from hfrewrite.emit.given_residual import residual_param
 from hfrewrite.emit.pass_api import FusionRow, PassContext, PassResult, Sites
-from hfrewrite.emit.returned_parameters import returned_at, unpacked
+from hfrewrite.emit.returned_parameters import read_off, returned_at, unpacked
 from hfrewrite.emit.taken_init import with_traced_branches
 from hfrewrite.errors import HfrewriteError
 
@@ -451,7 +451,7 @@ def _carried(module: cst.Module, plan) -> PassResult:
         last = i == len(owners) - 1
         tuple_result = layer.attention_returns_tuple and all(handing_up[i:])
         callee_forward = t.find_method(t.find_class(module, callee), "forward")
-        residual = None
+        residual, returned = None, returned_at(callee_forward, plan.attention, callee) if last else {}
         if last and getattr(plan.attention, "adds_residual", False):  # (MLA never does)
             param = residual_param(callee_forward, plan.attention.o.attr, callee)
             residual = (param, callee_forward)
@@ -468,10 +468,10 @@ def _carried(module: cst.Module, plan) -> PassResult:
             mixer=_mixer(module, plan) if i == 0 and _mixer_apart(plan) else None,
             switches=switches if i == 0 else None,
             pruned=pruned,
-            returned=returned_at(callee_forward, plan.attention, callee) if last else None,
+            returned=returned,
         )
         module = sites.replace_class(module, owner, carried)
-        what = "residuals and norms as written" if i == 0 else f"wraps {callee}"
+        what = ("residuals and norms as written" if i == 0 else f"wraps {callee}") + read_off(returned, attr)
         rows.append(FusionRow(owner, f"forward carried from the source ({what})"))
     rows += _pruned_rows(layer.module_class, pruned)
     return PassResult(module=module, fused=tuple(rows), matches=sites.count)

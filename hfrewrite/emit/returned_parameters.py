@@ -57,3 +57,11 @@ def _returns(forward: cst.FunctionDef) -> list[cst.Return]:
 
     forward.visit(_Find())
     return found
+
+
+def read_off(returned: dict[int, str], attr: str) -> str:
+    """The ``--explain`` note of the parameters the carried layer reads off its attention."""
+    if not returned:
+        return ""
+    names = ", ".join(sorted(returned.values()))
+    return f"; {names} read off self.{attr}, which returns it beside its output"
