@@ -101,6 +101,9 @@ def _generated(model, prompts: Sequence[Sequence[int]], max_tokens: int) -> tupl
     gen_config = model.generation_config
     gen_config.eos_token_id = None
     gen_config.pad_token_id = 0
+    # a released config's `use_mtp` (MiniMax-M2.7) asks generate for multi-token-prediction
+    # drafts, from MTP layers the main model's greedy decode does not need
+    gen_config.use_mtp = False
     tokens, logprobs = [], []
     with torch.no_grad():
         for prompt in prompts:
