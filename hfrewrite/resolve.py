@@ -148,9 +148,15 @@ def _model_type(data: dict, model_id: str, trust_remote_code: bool) -> str:
     known = _is_known_type(model_type)
     if "auto_map" in data:
         if not trust_remote_code:
+            native = (
+                f" (transformers has its own {model_type!r}: to convert that instead, remove auto_map "
+                "from config.json)"
+                if known
+                else ""
+            )
             raise HfrewriteError(
                 f"{model_id}: config.json uses Hub custom code (auto_map); refusing without "
-                "--trust-remote-code"
+                f"--trust-remote-code{native}"
             )
         if not known and _custom_model_class(data) is None:
             raise HfrewriteError(

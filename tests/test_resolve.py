@@ -104,6 +104,17 @@ def test_auto_map_refused_without_trust(tmp_path):
     assert r.model_type == "llama" and r.trust_remote_code
 
 
+def test_auto_map_refusal_names_transformers_own_type_where_there_is_one(tmp_path):
+    # MPT-7B's config.json names its repository's code, and transformers has its own mpt:
+    # the line says how to convert that one; a type only Hub code has gets no such hint
+    d = write_config(tmp_path / "m", {**TINY, "auto_map": {"AutoConfig": "x.Y"}})
+    with pytest.raises(HfrewriteError, match="transformers has its own 'llama': to convert that instead"):
+        resolve(str(d))
+    custom = write_config(tmp_path / "c", {"model_type": "mycustom", "auto_map": {"AutoConfig": "x.Y"}})
+    with pytest.raises(HfrewriteError, match=r"refusing without --trust-remote-code$"):
+        resolve(str(custom))
+
+
 def test_auto_map_to_the_repository_code_is_not_replaced_by_transformers_own(tmp_path):
     # model_type llama, but the checkpoint runs its own modeling file: that file is the
     # source (here it is missing, and the error says which class failed), never
