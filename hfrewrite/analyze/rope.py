@@ -145,6 +145,10 @@ def _inv_freq(
 ) -> tuple[torch.Tensor, float] | None:
     kind = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
+    if kind == "dynamic" and params.get("alpha"):
+        # vLLM's DynamicNTKAlphaRotaryEmbedding (Hunyuan's NTK alpha): a default rope whose
+        # base is raised by alpha ** (rotary_dim / (rotary_dim - 2)), at every length
+        kind, base = "default", base * float(params["alpha"]) ** (rotary_dim / (rotary_dim - 2))
     if kind == "default":
         exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
         return 1.0 / base**exponent, 1.0
