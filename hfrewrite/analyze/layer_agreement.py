@@ -102,16 +102,16 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
                 if facts.decoder.module_class == first.decoder.module_class
                 else own[facts.decoder.module_class]
             )
-            same = _but_the_mixer(facts.decoder) == _but_the_mixer(lead.decoder)
+            pairs = [(_but_the_mixer(facts.decoder), _but_the_mixer(lead.decoder))]
         elif facts.attention is None:  # a layer whose one block is an MLP (block_kinds.py)
-            same = facts.decoder == first.decoder
+            pairs = [(facts.decoder, first.decoder)]
         else:
-            same = (facts.decoder, _no_window(facts.attention)) == (
-                first.decoder,
-                _no_window(first.attention),
-            )
-        if not same:
-            refuse("uniform_layers", f"layer {i} differs", facts.decoder.module_class)
+            pairs = [
+                (facts.decoder, first.decoder),
+                (_no_window(facts.attention), _no_window(first.attention)),
+            ]
+        if differing := next(((a, b) for a, b in pairs if a != b), None):
+            refuse("uniform_layers", f"layer {i} differs{_in_fields(*differing)}", facts.decoder.module_class)
     if free:
         return ()
     windows = [getattr(facts.attention, "sliding_window", None) for facts in attention_layers(per_layer)]
@@ -121,13 +121,22 @@ def compare_layers(per_layer: list[LayerFacts]) -> tuple[NoMatch, ...]:
     return (NoMatch("uniform_sliding_window", first.attention.module_class, reason),)
 
 
+def _in_fields(theirs, ours) -> str:
+    """`` in <the fields two plans of one kind differ in>``, or "" where they are not."""
+    if type(theirs) is not type(ours) or not dataclasses.is_dataclass(ours):
+        return ""
+    fields = [f.name for f in dataclasses.fields(ours) if getattr(theirs, f.name) != getattr(ours, f.name)]
+    return f" in {', '.join(fields)}" if fields else ""
+
+
 def _no_window(attention: AttentionPlan) -> AttentionPlan:
     """The facts layers must share: sliding windows and sinks may differ, and rope may be absent
     on some layers (NoPE: cohere2's global layers), never different where present; so may
     the scale of a call through transformers' interface, whose ``scaling=`` expression the
     file carries (GPT-2's ``scale_attn_by_inverse_layer_idx``: each layer's own); so may the
     head counts and the projections' sizes (OpenELM's layer-wise scaling), where the file
-    sizes each layer by the source's own expressions (emitted_attention.py)."""
+    sizes each layer by the source's own expressions (emitted_attention.py), and so may the
+    sizes of an output gate's projection."""
     if isinstance(attention, MlaPlan):
         return attention
     carried = attention.attention_call is AttentionCall.INTERFACE
@@ -152,7 +161,14 @@ def _no_window(attention: AttentionPlan) -> AttentionPlan:
         q_position_scale=None,
         sinks=None,
         returned_parameters=(),
+        output_gate=_unsized(attention.output_gate),
     )
+
+
+def _unsized(gate):
+    """An output gate without its sizes: its Linear is built from the source's expressions too
+    (Laguna-XS.2's one gate per head, 48 or 64 heads by layer)."""
+    return None if gate is None else dataclasses.replace(gate, in_features=0, out_features=0)
 
 
 # q/k norms may be absent on some layers (Llama-4's NoPE layers): their file keeps the
@@ -171,10 +187,11 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     if isinstance(plans[0], MlaPlan):
         return plans[0]
     roped = [a for a in plans if a.rope_layers is not RopeLayers.NONE]
-    if (
-        len({(a.rope_style, a.rotary_dim, a.rope_turn, a.rope_base_field, a.replaced_calls) for a in roped})
-        > 1
-    ):
+    # rope parameters per layer type (Laguna-XS.2's partial YaRN on full layers, whole-head
+    # default rope on sliding ones): each layer's width was proven against its own type's
+    # parameters, which the file hands get_rope, so the widths may differ
+    width = (lambda a: None) if _widths_per_type(roped) else (lambda a: a.rotary_dim)
+    if len({(a.rope_style, width(a), a.rope_turn, a.rope_base_field, a.replaced_calls) for a in roped}) > 1:
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     normed = {_norms(a) for a in plans if a.q_norm or a.k_norm}
     if len(normed) > 1:
@@ -191,7 +208,7 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
         refuse(
             "uniform_layers", "layers return different parameters beside their output", plans[0].module_class
         )
-    chosen = roped[0] if roped else plans[0]
+    chosen = min(roped, key=lambda a: a.rotary_dim or a.head_dim) if roped else plans[0]  # (partial first)
     norms = dict(zip(_NO_NORMS, normed.pop())) if normed else {}
     return dataclasses.replace(
         chosen,
@@ -203,6 +220,12 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
         sinks=sinks.pop() if sinks else None,
         returned_parameters=returned.pop() if returned else (),
     )
+
+
+def _widths_per_type(roped: list[AttentionPlan]) -> bool:
+    """Each layer's rope parameters are its layer type's, and its width is theirs: none read a
+    width of lanes from a config field of its own (GPT-J's rotary_dim)."""
+    return bool(roped) and all(a.rope_per_layer_type and not a.rotary_dim_field for a in roped)
 
 
 def _q_scale(plans: list[AttentionPlan]) -> tuple[str, ...] | None:
