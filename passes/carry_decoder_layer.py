@@ -127,8 +127,8 @@ class _AttentionCall(cst.CSTTransformer):
             rest = [e.value for e in target.elements[1:]]
             if not all(isinstance(r, cst.Name) for r in rest):
                 raise HfrewriteError(f"{self.cls}: {NAME}: the attention's extra outputs are unpacked")
-            read_off = [r.value for i, r in enumerate(rest, 1) if i in self.returned]  # (its own params)
-            self.extra |= {r.value for r in rest} - {"_", *read_off}  # (attention weights) must go unread
+            params = [r.value for i, r in enumerate(rest, 1) if i in self.returned]  # read off the block
+            self.extra |= {r.value for r in rest} - {"_", *params}  # (attention weights) must go unread
             return unpacked(updated, self.returned, self.func, self._call(value))
         if self.returns_tuple and t.call_name(original.value) == self.func and isinstance(target, cst.Name):
             # `outputs = self.attn(...)` read as `outputs[0]`, `outputs[1:]`: a one-tuple (no extras)

@@ -452,8 +452,9 @@ def _output_projection(
         )
     end = past_identity_dropouts(consumers[0], traced, path)
     outputs = read_outputs(traced, path)
-    returned = tuple(relative(o.target, path) for o in outputs if _own_parameter(o, traced, path))
-    outputs = [o for o in outputs if not _own_parameter(o, traced, path)]
+    own = [o for o in outputs if _own_parameter(o, traced, path)]
+    returned = tuple(relative(o.target, path) for o in own)
+    outputs = [o for o in outputs if o not in own]
     if outputs == [end]:
         return consumers[0], False, returned
     if len(outputs) == 1 and adds_given_tensor(outputs[0], end, traced, path) and not returned:

@@ -190,8 +190,12 @@ def rope_layers(per_layer: list[LayerFacts]) -> AttentionPlan:
     # rope parameters per layer type (Laguna-XS.2's partial YaRN on full layers, whole-head
     # default rope on sliding ones): each layer's width was proven against its own type's
     # parameters, which the file hands get_rope, so the widths may differ
-    width = (lambda a: None) if _widths_per_type(roped) else (lambda a: a.rotary_dim)
-    if len({(a.rope_style, width(a), a.rope_turn, a.rope_base_field, a.replaced_calls) for a in roped}) > 1:
+    per_type = _widths_per_type(roped)
+    kinds = {
+        (a.rope_style, None if per_type else a.rotary_dim, a.rope_turn, a.rope_base_field, a.replaced_calls)
+        for a in roped
+    }
+    if len(kinds) > 1:
         refuse("uniform_layers", "layers differ in their rope", plans[0].module_class)
     normed = {_norms(a) for a in plans if a.q_norm or a.k_norm}
     if len(normed) > 1:
